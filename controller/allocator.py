@@ -1,0 +1,223 @@
+"""Allocator: a pure function from a `Snapshot` of tasks and live workers to a `Plan`.
+
+Tasks are ranked by (-priority, seq, id). One pass:
+
+1. Keep: each task keeps its live nodes that still match its selector, up to max_nodes
+   (highest worker ids dropped first). A worker listed by two tasks stays with the higher-ranked.
+2. Reach min (gang), in rank order: a task below min_nodes takes free matching workers (by id);
+   if they are not enough it preempts strictly lower-priority tasks: their surplus above
+   min_nodes first, then whole tasks, lowest priority and youngest first. It preempts only if it
+   then reaches min_nodes; otherwise it gets nothing and releases what it kept. If a task that
+   kept nodes fails, its priority level is decided again with those nodes free from the start.
+3. Fairness: step 2 runs for every task before any task grows past min_nodes.
+4. Grow: in rank order, each task holding >= min_nodes grows toward max_nodes from free workers.
+
+Deterministic (everything is sorted) and stable: allocating again on the applied plan moves
+nothing. `TaskView.running` is informational; the state is derived from `nodes`.
+"""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+@dataclass(frozen=True)
+class TaskView:
+    """An active task as the allocator sees it."""
+
+    id: str
+    priority: int  # higher number = more important
+    min_nodes: int  # >= 1
+    max_nodes: int | None  # None = no upper bound
+    seq: float  # submission order (smaller = older); ties broken by id
+    selector: Mapping[str, str] = field(default_factory=dict)
+    nodes: frozenset[str] = frozenset()
+    running: bool = False
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    """A live worker and its labels."""
+
+    id: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Active tasks (queued / running / waiting) and live workers."""
+
+    tasks: tuple[TaskView, ...]
+    workers: tuple[WorkerView, ...]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Every live worker id mapped to its task id, or None when idle."""
+
+    assignment: Mapping[str, str | None]
+    _nodes: Mapping[str, frozenset[str]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        by_task: dict[str, set[str]] = {}
+        for worker, task in self.assignment.items():
+            if task is not None:
+                by_task.setdefault(task, set()).add(worker)
+        object.__setattr__(self, "_nodes", {t: frozenset(ws) for t, ws in by_task.items()})
+
+    def nodes_of(self, task_id: str) -> frozenset[str]:
+        """The node set the plan gives `task_id` (empty if none)."""
+        return self._nodes.get(task_id, frozenset())
+
+    def moves(self, snapshot: Snapshot) -> dict[str, str | None]:
+        """Only the workers whose task differs from the snapshot (worker -> new task or None)."""
+        current = _current_tasks(snapshot.tasks)
+        return {w: t for w, t in sorted(self.assignment.items()) if current.get(w) != t}
+
+
+def matches(worker: WorkerView, task: TaskView) -> bool:
+    """True if the worker has every label of the task's selector."""
+    return all(worker.labels.get(key) == value for key, value in task.selector.items())
+
+
+def allocate(snapshot: Snapshot) -> Plan:
+    """Decide which live worker serves which task (see the module docstring)."""
+    run = _Pass(snapshot)
+    run.reach_mins()
+    run.grow()
+    assignment: dict[str, str | None] = dict.fromkeys(run.ids)
+    for task, held in zip(run.order, run.held, strict=True):
+        assignment.update(dict.fromkeys(held, task.id))
+    return Plan(MappingProxyType(assignment))
+
+
+def _rank(task: TaskView) -> tuple[int, float, str]:
+    return (-task.priority, task.seq, task.id)
+
+
+def _current_tasks(tasks: Iterable[TaskView]) -> dict[str, str]:
+    """Worker -> task listing it in `nodes`; the higher-ranked task wins a double listing."""
+    current: dict[str, str] = {}
+    for task in sorted(tasks, key=_rank):
+        for worker in task.nodes:
+            current.setdefault(worker, task.id)
+    return current
+
+
+class _Pass:
+    """Mutable state of one allocation: node sets in rank order and the free pool."""
+
+    def __init__(self, snapshot: Snapshot) -> None:
+        self.order = sorted(snapshot.tasks, key=_rank)
+        if len({t.id for t in self.order}) != len(self.order):
+            raise ValueError("duplicate task id in snapshot")
+        self.workers = {w.id: w for w in snapshot.workers}
+        self.ids = sorted(self.workers)
+        current = _current_tasks(self.order)
+        self.held: list[list[str]] = []
+        for task in self.order:
+            mine = sorted(
+                w
+                for w in task.nodes
+                if current[w] == task.id and w in self.workers and self._fits(w, task)
+            )
+            self.held.append(mine[: self._max(task)])
+        self.free = set(self.ids).difference(*self.held)
+
+    def _fits(self, worker: str, task: TaskView) -> bool:
+        return matches(self.workers[worker], task)
+
+    def _min(self, i: int) -> int:
+        return max(1, self.order[i].min_nodes)
+
+    def _max(self, task: TaskView) -> int:
+        return len(self.workers) if task.max_nodes is None else task.max_nodes
+
+    def _free_fits(self, task: TaskView, limit: int) -> list[str]:
+        """Up to `limit` free workers matching `task`, by id."""
+        found: list[str] = []
+        for w in self.ids if self.free and limit > 0 else ():
+            if w in self.free and self._fits(w, task):
+                found.append(w)
+                if len(found) == limit:
+                    break
+        return found
+
+    def reach_mins(self) -> None:
+        """Step 2, one priority level at a time."""
+        start = 0
+        while start < len(self.order):
+            end = start
+            while end < len(self.order) and self.order[end].priority == self.order[start].priority:
+                end += 1
+            self._settle_level(start, end)
+            start = end
+
+    def _settle_level(self, start: int, end: int) -> None:
+        """Run step 2 on one level; a task that kept nodes but fails is stripped and the level
+        rerun, so older tasks of the level can use those nodes (otherwise the next pass would)."""
+        level = range(start, end)
+        if not any(0 < len(self.held[i]) < self._min(i) for i in level):
+            for i in level:
+                self._reach_min(i)
+            return
+        saved = ([list(h) for h in self.held], set(self.free))
+        while (failed := next((i for i in level if not self._reach_min(i)), None)) is not None:
+            self.held, self.free = [list(h) for h in saved[0]], set(saved[1])
+            self.free.update(self.held[failed])
+            self.held[failed] = []
+            saved = ([list(h) for h in self.held], set(self.free))
+
+    def _reach_min(self, i: int) -> bool:
+        """Bring task i to min_nodes or to nothing; False if it failed while holding nodes."""
+        task, mine = self.order[i], self.held[i]
+        need = self._min(i) - len(mine)
+        if need <= 0:
+            return True
+        if self._min(i) > self._max(task):  # can never be satisfied
+            return self._release(i)
+        picks = self._free_fits(task, need)
+        taken = set(picks)
+        lower = []  # strictly lower-priority tasks holding nodes: lowest, youngest first
+        for j in range(len(self.order) - 1, i, -1):
+            if self.order[j].priority >= task.priority or len(picks) == need:
+                break
+            if self.held[j]:
+                lower.append(j)
+        touched: dict[int, bool] = {}  # victim -> preempted whole
+        for whole in (False, True):
+            for j in lower:
+                room = len(self.held[j]) if whole else len(self.held[j]) - self._min(j)
+                for w in reversed(self.held[j]):
+                    if len(picks) == need or room <= 0:
+                        break
+                    if w not in taken and self._fits(w, task):
+                        picks.append(w)
+                        taken.add(w)
+                        touched[j] = whole or touched.get(j, False)
+                        room -= 1
+        if len(picks) < need:
+            return self._release(i)
+        for j, whole in touched.items():
+            rest = [w for w in self.held[j] if w not in taken]
+            if whole:
+                self.free.update(rest)
+            self.held[j] = [] if whole else rest
+        self.free -= taken
+        self.held[i] = sorted(mine + picks)
+        return True
+
+    def _release(self, i: int) -> bool:
+        """Gang failure: task i gets nothing; False if it had kept nodes."""
+        mine, self.held[i] = self.held[i], []
+        self.free.update(mine)
+        return not mine
+
+    def grow(self) -> None:
+        """Step 4: tasks at >= min_nodes grow toward max_nodes, in rank order."""
+        for i, task in enumerate(self.order):
+            mine = self.held[i]
+            if len(mine) >= self._min(i):
+                extra = self._free_fits(task, self._max(task) - len(mine))
+                self.free.difference_update(extra)
+                self.held[i] = sorted(mine + extra)

@@ -1,0 +1,103 @@
+"""The controller process: hold the leader lease, wake on the events stream, reconcile.
+
+Replicas: one holds ``qw:controller:leader`` (TTL ``lease_ttl``, renewed every pass); the
+others poll for it a few times per TTL and take over within the TTL when the leader dies.
+All state lives in Redis, so a controller that dies loses nothing.
+
+The leader wakes on every new event (``XREAD BLOCK`` on ``qw:events``: submissions, workers
+joining and leaving, members lost, completions, priority changes) and reconciles at once;
+a periodic pass every ``reconcile_interval`` is the backstop.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from controller.reconciler import Reconciler
+from queueworks import events
+from queueworks.connection import connect, redact_url
+from queueworks.keys import Keys
+from queueworks.logs import get_logger
+from queueworks.scripts import Scripts
+from queueworks.settings import Settings
+
+
+class Controller:
+    def __init__(self, settings: Settings, *, controller_id: str | None = None) -> None:
+        self.settings = settings
+        self.id = controller_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.keys = Keys(settings.prefix)
+        self.log = get_logger(controller_id=self.id)
+        self.r = connect(
+            settings.redis_url,
+            ssl_ca_certs=settings.ssl_ca_certs,
+            ssl_certfile=settings.ssl_certfile,
+            ssl_keyfile=settings.ssl_keyfile,
+        )
+        self.scripts = Scripts(self.r)
+        self.reconciler = Reconciler(self.r, self.keys, self.scripts, self.log)
+        self._stop = threading.Event()
+        self.leader = False
+        self.passes = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        self.log.info("controller_starting", redis=redact_url(self.settings.redis_url))
+        backoff = 0.05
+        last_event = "$"
+        while not self._stop.is_set():
+            try:
+                if not self._hold_lease():
+                    self._stop.wait(min(0.5, self.settings.lease_ttl / 5))
+                    continue
+                if last_event == "$":
+                    last_event = events.latest_id(self.r, self.keys)
+                self.reconciler.apply(self.reconciler.read())
+                self.passes += 1
+                last_event = self._wait_for_events(last_event)
+                backoff = 0.05
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
+                self.leader = False
+                self._stop.wait(backoff)
+                backoff = min(backoff * 2, 2.0)
+        self._release()
+
+    def _hold_lease(self) -> bool:
+        ttl_ms = int(self.settings.lease_ttl * 1000)
+        if self.leader and self.scripts.lease(self.keys.leader, self.id, "renew", ttl_ms):
+            return True
+        got = bool(self.r.set(self.keys.leader, self.id, nx=True, px=ttl_ms))
+        if got != self.leader:
+            self.log.info("leadership", leader=got)
+            if got:
+                events.emit(self.r, self.keys, "leader", controller=self.id)
+        self.leader = got
+        return got
+
+    def _wait_for_events(self, last_id: str) -> str:
+        """Block until something happens (or the periodic pass is due); drain what came."""
+        block_ms = max(1, int(self.settings.reconcile_interval * 1000))
+        reply: Any = self.r.xread({self.keys.events: last_id}, count=1000, block=block_ms)
+        if reply:
+            last_id = reply[0][1][-1][0].decode()
+            time.sleep(0.005)  # let a burst (a submit, a node set change) land in one pass
+        return last_id
+
+    def _release(self) -> None:
+        try:
+            if self.leader:
+                self.scripts.lease(self.keys.leader, self.id, "release")
+                self.log.info("lease_released")
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass
+        self.r.close()

@@ -1,0 +1,146 @@
+"""The thin shell around the allocator: read a snapshot from Redis, apply the plan.
+
+One pass costs O(tasks + workers) commands, all pipelined: the active tasks (``qw:queue``),
+their records, and per worker its pool heartbeat, assignment and labels.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate
+from queueworks import events
+from queueworks.connection import text
+from queueworks.keys import Keys
+from queueworks.models import TaskState
+from queueworks.scripts import Scripts
+
+
+@dataclass
+class World:
+    """What one pass read: the allocator's snapshot plus what the shell needs to act."""
+
+    snapshot: Snapshot
+    states: dict[str, TaskState] = field(default_factory=dict)
+    finished: dict[str, tuple[TaskState, float, int]] = field(default_factory=dict)
+    assigned: dict[str, str] = field(default_factory=dict)  # worker -> task, as in Redis
+    lost: list[str] = field(default_factory=list)  # workers whose pool heartbeat is gone
+
+
+class Reconciler:
+    def __init__(self, r: redis.Redis, keys: Keys, scripts: Scripts, log: Any) -> None:
+        self.r, self.keys, self.scripts, self.log = r, keys, scripts, log
+
+    def read(self) -> World:
+        k = self.keys
+        task_ids = [text(t) for t in self.r.zrange(k.queue, 0, -1)]
+        worker_ids = [text(w) for w in self.r.zrange(k.workers, 0, -1)]
+        pipe = self.r.pipeline(transaction=False)
+        fields = ("state", "priority", "min_nodes", "max_nodes", "created_at", "spec", "partitions")
+        for tid in task_ids:
+            pipe.hmget(k.task(tid).record, fields)
+        for wid in worker_ids:
+            pipe.exists(k.worker_heartbeat(wid))
+            pipe.get(k.assign(wid))
+            pipe.hget(k.worker(wid), "record")
+        replies = pipe.execute()
+        world = World(Snapshot((), ()))
+        tasks: dict[str, dict[str, Any]] = {}
+        for tid, raw in zip(task_ids, replies[: len(task_ids)], strict=True):
+            state_raw, prio, mn, mx, created, spec, parts = raw
+            if state_raw is None:  # record expired or never written: drop it from the queue
+                self.r.zrem(k.queue, tid)
+                continue
+            state = TaskState(state_raw.decode())
+            if state.finished:
+                spec_d = json.loads(spec) if spec else {}
+                world.finished[tid] = (
+                    state,
+                    float(spec_d.get("result_ttl", 86400)),
+                    int(parts or 0),
+                )
+                continue
+            world.states[tid] = state
+            tasks[tid] = {
+                "priority": int(prio or 0),
+                "min_nodes": int(mn or 1),
+                "max_nodes": int(mx) if mx else None,
+                "seq": float(created or 0),
+                "selector": (json.loads(spec) if spec else {}).get("node_selector", {}),
+            }
+        workers: list[WorkerView] = []
+        nodes: dict[str, set[str]] = {tid: set() for tid in tasks}
+        rest = replies[len(task_ids) :]
+        for i, wid in enumerate(worker_ids):
+            alive, assign, record = rest[3 * i], rest[3 * i + 1], rest[3 * i + 2]
+            if not alive:
+                world.lost.append(wid)
+                continue
+            task = assign.decode() if assign else ""
+            if task:
+                world.assigned[wid] = task
+                if task in nodes:
+                    nodes[task].add(wid)
+            labels = json.loads(record).get("labels", {}) if record else {}
+            workers.append(WorkerView(wid, labels))
+        views = tuple(
+            TaskView(
+                id=tid,
+                nodes=frozenset(nodes[tid]),
+                running=world.states[tid] == TaskState.RUNNING,
+                **t,
+            )
+            for tid, t in tasks.items()
+        )
+        world.snapshot = Snapshot(views, tuple(workers))
+        return world
+
+    def apply(self, world: World) -> Plan:
+        """Release finished tasks and lost workers, then move workers as the plan says."""
+        k, now = self.keys, time.time()
+        pipe = self.r.pipeline(transaction=False)
+        for wid in world.lost:
+            pipe.zrem(k.workers, wid)
+            pipe.delete(k.assign(wid), k.worker(wid))
+            events.emit(pipe, k, "worker_lost", worker=wid)
+            world.assigned.pop(wid, None)
+        for tid, (state, ttl, partitions) in world.finished.items():
+            pipe.zrem(k.queue, tid)
+            for key in k.task(tid).all(partitions):
+                pipe.pexpire(key, int(ttl * 1000))
+            events.emit(pipe, k, "released", task=tid, state=state.value)
+        plan = allocate(world.snapshot)
+        moves = plan.moves(world.snapshot)
+        for wid, held in sorted(world.assigned.items()):
+            if held in world.finished or held not in world.states:
+                moves.setdefault(wid, None)
+        for wid, task in sorted(moves.items()):
+            pipe.set(k.assign(wid), task or "")
+            events.emit(
+                pipe,
+                k,
+                "assigned" if task else "unassigned",
+                worker=wid,
+                task=task or world.assigned.get(wid),
+            )
+        pipe.execute()
+        for view in world.snapshot.tasks:
+            size = len(plan.nodes_of(view.id))
+            state = world.states[view.id]
+            if size >= view.min_nodes and size > 0:
+                target = TaskState.RUNNING
+            elif state == TaskState.RUNNING:
+                target = TaskState.WAITING
+            else:
+                continue
+            if self.scripts.set_state(k.task(view.id), target.value, now):
+                self.log.info("task_state", task_id=view.id, state=target.value, nodes=size)
+                events.emit(self.r, k, target.value, task=view.id, nodes=size)
+        if moves:
+            self.log.info("node_sets_changed", moves=len(moves))
+        return plan

@@ -1,0 +1,3 @@
+from queueworks.cli import main
+
+main()

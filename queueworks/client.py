@@ -1,0 +1,312 @@
+"""The public client: submit target tasks, watch them, read their results."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import redis
+
+from queueworks import events
+from queueworks.connection import connect, text
+from queueworks.keys import Keys, TaskKeys, check_task_id
+from queueworks.messages import NotJSON, partition_of, to_json
+from queueworks.models import (
+    DeadLetter,
+    NodeInfo,
+    TaskSpec,
+    TaskState,
+    TaskStatus,
+    WorkerRecord,
+)
+from queueworks.scripts import Scripts
+
+SUBMIT_BATCH = 1000  # messages per Lua call
+SUBMIT_PIPELINE = 8  # Lua calls per round trip
+
+
+class SubmitError(ValueError):
+    """A task that cannot be submitted; the message names the field or subtask."""
+
+
+class TaskNotFound(LookupError):
+    pass
+
+
+class Client:
+    """Entry point for users: ``Client.from_url("redis://localhost:6379/0")``."""
+
+    def __init__(self, connection: redis.Redis, *, prefix: str = "qw") -> None:
+        self.redis = connection
+        self.keys = Keys(prefix)
+        self.scripts = Scripts(connection)
+
+    @classmethod
+    def from_url(cls, url: str, *, prefix: str = "qw", **connect_options: Any) -> Client:
+        return cls(connect(url, **connect_options), prefix=prefix)
+
+    def close(self) -> None:
+        self.redis.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- submitting -----------------------------------------------------------------------
+
+    def submit(self, spec: TaskSpec, *, task_id: str | None = None) -> Task:
+        """Split ``spec`` onto its stream(s) and queue it; returns a handle to the task.
+
+        Subtasks are streamed in pipelined batches: a generator is never held in memory as
+        a whole. Raises ``SubmitError`` naming the bad subtask; nothing is left behind.
+        """
+        tid = check_task_id(task_id or uuid.uuid4().hex[:16])
+        tk = self.keys.task(tid)
+        if self.redis.exists(tk.record):
+            raise SubmitError(f"task_id: a task {tid!r} exists already")
+        streams = tk.streams(spec.partitions)
+        pipe = self.redis.pipeline(transaction=False)
+        for stream in streams:
+            pipe.xgroup_create(stream, tk.group, id="0", mkstream=True)
+        pipe.execute()
+        try:
+            total = self._write_subtasks(tk, spec, streams)
+        except BaseException:
+            self.redis.delete(*streams)
+            raise
+        now = time.time()
+        record: dict[Any, Any] = {
+            "name": spec.name,
+            "spec": spec.spec_json(),
+            "state": TaskState.QUEUED.value,
+            "total": total,
+            "done": 0,
+            "dead": 0,
+            "epoch": 0,
+            "priority": spec.priority,
+            "min_nodes": spec.min_nodes,
+            "max_nodes": "" if spec.max_nodes is None else spec.max_nodes,
+            "max_dead": -1 if spec.max_dead is None else spec.max_dead,
+            "partitions": spec.partitions,
+            "created_at": repr(now),
+        }
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(tk.record, mapping=record)
+        pipe.set(tk.epoch, 0, nx=True)
+        pipe.zadd(self.keys.queue, {tid: now})
+        events.emit(pipe, self.keys, "submitted", task=tid, name=spec.name, total=total)
+        pipe.execute()
+        task = Task(self, tid)
+        if total == 0:  # nothing to do: complete at once, through the one completion path
+            self.scripts.settle(tk, streams[0], "client", now, [])
+        return task
+
+    def _write_subtasks(self, tk: TaskKeys, spec: TaskSpec, streams: list[str]) -> int:
+        batch: list[tuple[int, int, str, str]] = []
+        pipe = self.redis.pipeline(transaction=False)
+        queued_calls = 0
+        index = -1
+        for index, payload in enumerate(spec.subtasks):
+            try:
+                body = to_json(payload, f"subtasks[{index}]")
+            except NotJSON as exc:
+                raise SubmitError(str(exc)) from None
+            stream_no, key = 0, ""
+            if spec.partitions:
+                if not isinstance(payload, dict) or "key" not in payload:
+                    raise SubmitError(
+                        f"subtasks[{index}]: a partitioned task needs dict payloads with a 'key'"
+                    )
+                key = str(payload["key"])
+                stream_no = partition_of(key, spec.partitions)
+            batch.append((stream_no, index, body, key))
+            if len(batch) >= SUBMIT_BATCH:
+                self.scripts.enqueue(streams, batch, client=pipe)
+                batch = []
+                queued_calls += 1
+                if queued_calls >= SUBMIT_PIPELINE:
+                    pipe.execute()
+                    queued_calls = 0
+        if batch:
+            self.scripts.enqueue(streams, batch, client=pipe)
+        pipe.execute()
+        return index + 1
+
+    # -- reading --------------------------------------------------------------------------
+
+    def task(self, task_id: str) -> Task:
+        return Task(self, check_task_id(task_id))
+
+    def tasks(self) -> list[TaskStatus]:
+        """Every task known to Redis (active ones and finished ones not yet expired)."""
+        ids = sorted(
+            self.keys.task_id_from_record(text(k))
+            for k in self.redis.scan_iter(match=self.keys.task_pattern, count=1000)
+        )
+        out = []
+        for tid in ids:
+            try:
+                out.append(Task(self, tid).status(with_nodes=False))
+            except TaskNotFound:
+                continue
+        return sorted(out, key=lambda s: s.created_at)
+
+    def workers(self) -> list[WorkerRecord]:
+        ids = [text(w) for w in self.redis.zrange(self.keys.workers, 0, -1)]
+        pipe = self.redis.pipeline(transaction=False)
+        for wid in ids:
+            pipe.hgetall(self.keys.worker(wid))
+        out = []
+        for raw in pipe.execute():
+            if raw:
+                out.append(worker_record(raw))
+        return out
+
+
+def _f(raw: Any, name: str) -> str | None:
+    v = raw.get(name.encode())
+    return v.decode() if v is not None else None
+
+
+def worker_record(raw: dict[bytes, bytes]) -> WorkerRecord:
+    data = {k.decode(): v.decode() for k, v in raw.items()}
+    return WorkerRecord.model_validate_json(data["record"]).model_copy(
+        update={
+            "state": data.get("state", "idle"),
+            "task": data.get("task") or None,
+            "rank": int(data["rank"]) if data.get("rank") else None,
+            "epoch": int(data["epoch"]) if data.get("epoch") else None,
+            "current": data.get("current") or None,
+            "processed": int(data.get("processed", 0)),
+            "last_heartbeat": float(data["last_heartbeat"]) if data.get("last_heartbeat") else None,
+        }
+    )
+
+
+class Task:
+    """A handle to one submitted task."""
+
+    def __init__(self, client: Client, task_id: str) -> None:
+        self.client = client
+        self.id = task_id
+        self.keys = client.keys.task(task_id)
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r})"
+
+    def status(self, *, with_nodes: bool = True) -> TaskStatus:
+        r = self.client.redis
+        raw: Any = r.hgetall(self.keys.record)
+        if not raw:
+            raise TaskNotFound(self.id)
+        nodes: list[NodeInfo] = []
+        if with_nodes:
+            nodes = self._nodes()
+        max_nodes = _f(raw, "max_nodes")
+        started, finished = _f(raw, "started_at"), _f(raw, "finished_at")
+        return TaskStatus(
+            id=self.id,
+            name=_f(raw, "name") or "",
+            state=TaskState(_f(raw, "state") or "queued"),
+            total=int(_f(raw, "total") or 0),
+            done=int(_f(raw, "done") or 0),
+            dead=int(_f(raw, "dead") or 0),
+            epoch=int(_f(raw, "epoch") or 0),
+            priority=int(_f(raw, "priority") or 0),
+            min_nodes=int(_f(raw, "min_nodes") or 1),
+            max_nodes=int(max_nodes) if max_nodes else None,
+            nodes=nodes,
+            created_at=float(_f(raw, "created_at") or 0),
+            started_at=float(started) if started else None,
+            finished_at=float(finished) if finished else None,
+            error=_f(raw, "error"),
+        )
+
+    def _nodes(self) -> list[NodeInfo]:
+        r = self.client.redis
+        members: Any = r.zrange(self.keys.members, 0, -1, withscores=True)
+        pipe = r.pipeline(transaction=False)
+        for wid, _ in members:
+            pipe.get(self.keys.heartbeat(wid.decode()))
+            pipe.hget(self.client.keys.worker(wid.decode()), "current")
+        replies = pipe.execute()
+        now = time.time()
+        nodes = []
+        for rank, (wid, joined) in enumerate(members):
+            beat, current = replies[2 * rank], replies[2 * rank + 1]
+            nodes.append(
+                NodeInfo(
+                    worker=wid.decode(),
+                    rank=rank,
+                    epoch=int(joined),
+                    heartbeat_age=round(now - float(beat), 3) if beat else None,
+                    current=current.decode() if current else None,
+                )
+            )
+        return nodes
+
+    def wait(self, timeout: float | None = None, poll: float = 0.1) -> TaskStatus:
+        """Block until the task is finished; raise ``TimeoutError`` after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status(with_nodes=False)
+            if status.finished:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"task {self.id} still {status.state} after {timeout} s "
+                    f"({status.done + status.dead}/{status.total})"
+                )
+            time.sleep(poll)
+
+    def results(self) -> Iterator[tuple[int, Any]]:
+        """``(index, result)`` for every subtask that succeeded, in no particular order."""
+        import json
+
+        for index, value in self.client.redis.hscan_iter(self.keys.results, count=1000):
+            yield int(text(index)), json.loads(text(value))
+
+    def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
+        out = []
+        entries: Any = self.client.redis.xrange(self.keys.dead, count=count)
+        for entry_id, raw in entries:
+            index = _f(raw, "index")
+            out.append(
+                DeadLetter(
+                    id=entry_id.decode(),
+                    index=int(index) if index else None,
+                    reason=_f(raw, "reason") or "",
+                    error=_f(raw, "error") or "",
+                    attempts=int(_f(raw, "attempts") or 0),
+                    payload=_f(raw, "payload"),
+                    worker=_f(raw, "worker"),
+                )
+            )
+        return out
+
+    def cancel(self) -> bool:
+        """Cancel the task: its nodes are released at once. False if it had finished."""
+        changed = self.client.scripts.set_state(self.keys, TaskState.CANCELLED, time.time())
+        if changed:
+            events.emit(self.client.redis, self.client.keys, "cancelled", task=self.id)
+        return changed
+
+    def set_priority(self, priority: int) -> None:
+        self._change(priority=priority)
+
+    def resize(self, min_nodes: int, max_nodes: int | None) -> None:
+        if min_nodes < 1 or (max_nodes is not None and max_nodes < min_nodes):
+            raise ValueError(
+                f"resize: need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}"
+            )
+        self._change(min_nodes=min_nodes, max_nodes="" if max_nodes is None else max_nodes)
+
+    def _change(self, **fields: object) -> None:
+        if self.status(with_nodes=False).finished:
+            raise ValueError(f"task {self.id} has finished; it cannot change")
+        self.client.redis.hset(self.keys.record, mapping=fields)  # type: ignore[arg-type]
+        events.emit(self.client.redis, self.client.keys, "changed", task=self.id, **fields)

@@ -1,0 +1,109 @@
+"""``queueworks demo``: the whole system on one machine, started and stopped in one command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import redis
+
+from queueworks.client import Client
+from queueworks.connection import redact_url
+from queueworks.models import TaskSpec
+from queueworks.settings import Settings
+
+
+def _reachable(url: str) -> bool:
+    try:
+        redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping()
+        return True
+    except (redis.RedisError, OSError):
+        return False
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "queueworks", *args],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+    )
+
+
+def run_demo(*, n_workers: int, subtasks: int, embedded: bool, redis_url: str | None) -> int:
+    from queueworks.redis_server import RedisServer
+
+    url = redis_url or Settings().redis_url
+    server: RedisServer | None = None
+    procs: list[subprocess.Popen[bytes]] = []
+    prefix = f"demo{os.getpid()}"
+    try:
+        if embedded or not _reachable(url):
+            server = RedisServer(notify_keyspace_events="K$gx").start()
+            url = server.url
+            print(f"started an embedded Redis-compatible server: {server.binary} on {url}")
+        else:
+            print(f"using Redis at {redact_url(url)}")
+        env = {
+            **os.environ,
+            "QUEUEWORKS_REDIS_URL": url,
+            "QUEUEWORKS_PREFIX": prefix,
+            "QUEUEWORKS_LOG_LEVEL": "warning",
+        }
+        procs.append(_spawn(["controller"], env))
+        for _ in range(n_workers):
+            procs.append(_spawn(["worker", "--allow", "queueworks.examples"], env))
+        client = Client.from_url(url, prefix=prefix)
+        started = time.monotonic()
+        task = client.submit(
+            TaskSpec(
+                name="demo-digest",
+                handler="queueworks.examples:digest",
+                subtasks=({"x": i, "rounds": 50} for i in range(subtasks)),
+                min_nodes=1,
+            )
+        )
+        print(f"submitted task {task.id}: {subtasks} subtasks, {n_workers} workers")
+        while True:
+            status = task.status()
+            frac = status.progress
+            bar = "#" * int(frac * 40) + "." * (40 - int(frac * 40))
+            print(
+                f"\r[{bar}] {status.done + status.dead}/{status.total} {status.state.value:<9}"
+                f" nodes={len(status.nodes)} epoch={status.epoch}  ",
+                end="",
+                flush=True,
+            )
+            if status.finished:
+                break
+            if time.monotonic() - started > 300:
+                print("\ndemo: gave up after 300 s")
+                return 1
+            time.sleep(0.2)
+        seconds = (status.finished_at or time.time()) - (status.started_at or status.created_at)
+        rate = status.total / seconds if seconds > 0 else 0.0
+        results = dict(task.results())
+        print(
+            f"\n{status.state.value}: done={status.done} dead={status.dead} "
+            f"seconds={seconds:.2f} subtasks/s={rate:,.0f} results={len(results)}"
+        )
+        client.close()
+        return 0 if status.done == subtasks and len(results) == subtasks else 1
+    except KeyboardInterrupt:
+        print("\ninterrupted; stopping everything")
+        return 130
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        if server is not None:
+            server.close()

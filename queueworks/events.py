@@ -1,0 +1,26 @@
+"""The events stream: what happened, for people (dashboard, ``info``) and for the controller,
+which wakes on it (XREAD BLOCK) instead of polling."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from queueworks.keys import Keys
+
+EVENTS_MAXLEN = 10_000
+
+
+def emit(r: Any, keys: Keys, kind: str, **fields: object) -> None:
+    """Append an event; ``r`` may be a client or a pipeline."""
+    body: dict[str, str] = {"kind": kind, "ts": repr(time.time())}
+    body.update({k: str(v) for k, v in fields.items() if v is not None})
+    r.xadd(keys.events, body, maxlen=EVENTS_MAXLEN, approximate=True)
+
+
+def latest_id(r: redis.Redis, keys: Keys) -> str:
+    """The id to read events after, so a reader sees only what comes next."""
+    last: Any = r.xrevrange(keys.events, count=1)
+    return last[0][0].decode() if last else "0-0"

@@ -1,0 +1,39 @@
+"""Example handlers used by ``queueworks demo`` and the compose file's workers.
+
+Run workers with ``--allow queueworks.examples`` to let them import these.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from typing import Any
+
+from queueworks.context import SubtaskContext
+
+
+def double(payload: dict[str, Any]) -> int:
+    """The smallest useful handler: ``{"x": 3} -> 6``."""
+    return int(payload["x"]) * 2
+
+
+def noop(payload: Any) -> None:
+    return None
+
+
+def digest(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
+    """A little CPU work per subtask (hash rounds), reporting which rank did it."""
+    data = str(payload["x"]).encode()
+    for _ in range(int(payload.get("rounds", 200))):
+        data = hashlib.sha256(data).digest()
+    return {"x": payload["x"], "digest": data.hex()[:16], "rank": ctx.role.rank}
+
+
+def sleep(payload: dict[str, Any], ctx: SubtaskContext) -> float:
+    """Sleep in small steps, suspending at a safe point if the node set changes."""
+    seconds = float(payload.get("seconds", 0.1))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ctx.checkpoint()
+        time.sleep(min(0.01, seconds))
+    return seconds

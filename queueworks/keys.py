@@ -1,0 +1,174 @@
+"""The Redis key schema: the only place that builds a key string.
+
+Every per-task key carries the task id in a Redis Cluster hash tag ``{T}``, so all keys of
+one task live in one slot and one Lua script may touch them all.
+
+=================================  ============  =================================================
+key                                type          meaning
+=================================  ============  =================================================
+``qw:task:{T}``                    hash          task record: spec JSON, state, total, done,
+                                                 dead, epoch, priority, min/max nodes, times
+``qw:task:{T}:stream``             stream        subtask messages for any member; group ``T``
+``qw:task:{T}:p:<k>``              stream        partition k of a partitioned task; group ``T``
+``qw:task:{T}:members``            zset          member worker ids, score = join sequence (= epoch
+                                                 at join); ascending order = rank
+``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task
+``qw:task:{T}:epoch``              string (int)  generation: INCR on every membership change
+``qw:task:{T}:confirm``            hash          worker -> last epoch it settled in (partition
+                                                 barrier)
+``qw:task:{T}:results``            hash          subtask index -> result JSON (written once)
+``qw:task:{T}:dead``               stream        dead-lettered subtasks: reason, error, attempts
+``qw:task:{T}:history``            stream        this task's rebalances (epoch, cause, pause)
+``qw:queue``                       zset          active tasks, score orders by priority then age
+``qw:workers``                     zset          every known worker, score = last heartbeat (s)
+``qw:worker:<W>``                  hash          host, pid, labels, state, task, rank, current
+``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
+``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
+``qw:controller:leader``           string + TTL  controller leader lease
+``qw:events``                      stream        what happened (capped ~10,000 entries)
+=================================  ============  =================================================
+
+Keys of a finished task expire after ``result_ttl``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_WORKER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
+
+
+def check_task_id(task_id: str) -> str:
+    """Task ids go into hash tags and group names: a small safe alphabet only."""
+    if not _TASK_ID.match(task_id):
+        raise ValueError(f"task id {task_id!r} must match {_TASK_ID.pattern}")
+    return task_id
+
+
+def check_worker_id(worker_id: str) -> str:
+    if not _WORKER_ID.match(worker_id):
+        raise ValueError(f"worker id {worker_id!r} must match {_WORKER_ID.pattern}")
+    return worker_id
+
+
+@dataclass(frozen=True)
+class TaskKeys:
+    """All keys of one task; every one shares the ``{task_id}`` hash tag."""
+
+    prefix: str
+    task_id: str
+
+    @property
+    def _base(self) -> str:
+        return f"{self.prefix}:task:{{{self.task_id}}}"
+
+    @property
+    def record(self) -> str:
+        return self._base
+
+    @property
+    def stream(self) -> str:
+        return f"{self._base}:stream"
+
+    def partition(self, k: int) -> str:
+        return f"{self._base}:p:{k}"
+
+    @property
+    def members(self) -> str:
+        return f"{self._base}:members"
+
+    def heartbeat(self, worker_id: str) -> str:
+        return f"{self._base}:hb:{worker_id}"
+
+    @property
+    def heartbeat_prefix(self) -> str:
+        return f"{self._base}:hb:"
+
+    @property
+    def epoch(self) -> str:
+        return f"{self._base}:epoch"
+
+    @property
+    def confirm(self) -> str:
+        return f"{self._base}:confirm"
+
+    @property
+    def results(self) -> str:
+        return f"{self._base}:results"
+
+    @property
+    def dead(self) -> str:
+        return f"{self._base}:dead"
+
+    @property
+    def history(self) -> str:
+        return f"{self._base}:history"
+
+    @property
+    def group(self) -> str:
+        """The consumer group of every stream of this task is named by the task id."""
+        return self.task_id
+
+    def streams(self, partitions: int) -> list[str]:
+        """The subtask streams: one, or one per partition."""
+        if partitions <= 0:
+            return [self.stream]
+        return [self.partition(k) for k in range(partitions)]
+
+    def all(self, partitions: int) -> list[str]:
+        """Every key of the task that holds data (for expiry when it finishes)."""
+        return [
+            self.record,
+            *self.streams(partitions),
+            self.members,
+            self.epoch,
+            self.confirm,
+            self.results,
+            self.dead,
+            self.history,
+        ]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The key schema under one prefix (default ``qw``)."""
+
+    prefix: str = "qw"
+
+    def task(self, task_id: str) -> TaskKeys:
+        return TaskKeys(self.prefix, task_id)
+
+    @property
+    def task_pattern(self) -> str:
+        return f"{self.prefix}:task:{{*}}"
+
+    def task_id_from_record(self, key: str) -> str:
+        """Inverse of ``TaskKeys.record``."""
+        return key[len(self.prefix) + len(":task:{") : -1]
+
+    @property
+    def queue(self) -> str:
+        return f"{self.prefix}:queue"
+
+    @property
+    def workers(self) -> str:
+        return f"{self.prefix}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}"
+
+    def worker_heartbeat(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}:hb"
+
+    def assign(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}:assign"
+
+    @property
+    def leader(self) -> str:
+        return f"{self.prefix}:controller:leader"
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}:events"

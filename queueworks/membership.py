@@ -1,0 +1,49 @@
+"""The membership protocol's read side: the sorted member list and the roles it gives.
+
+Writes (join, leave, prune) are Lua scripts (``join.lua``, ``depart.lua``) called through
+``queueworks.scripts``; see DESIGN.md, "The membership protocol".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from queueworks.keys import TaskKeys
+from queueworks.models import Role
+
+
+@dataclass(frozen=True)
+class Roster:
+    """Members of one task at one epoch, in rank order (join sequence, then worker id)."""
+
+    epoch: int
+    members: tuple[str, ...]
+
+    def role_of(self, worker_id: str) -> Role | None:
+        try:
+            rank = self.members.index(worker_id)
+        except ValueError:
+            return None
+        return Role(rank=rank, world_size=len(self.members), epoch=self.epoch)
+
+    def successor(self, worker_id: str) -> str | None:
+        """The member this one watches: the next in rank order, wrapping around.
+
+        Each member checks one other per tick, so detection costs O(members) per task.
+        """
+        if len(self.members) < 2 or worker_id not in self.members:
+            return None
+        i = self.members.index(worker_id)
+        return self.members[(i + 1) % len(self.members)]
+
+
+def read_roster(r: redis.Redis, tk: TaskKeys) -> Roster:
+    """Read members and epoch together (one MULTI, so they agree)."""
+    pipe = r.pipeline(transaction=True)
+    pipe.get(tk.epoch)
+    pipe.zrange(tk.members, 0, -1, withscores=True)
+    epoch_raw, members = pipe.execute()
+    ordered = sorted(((score, wid.decode()) for wid, score in members))
+    return Roster(int(epoch_raw or 0), tuple(wid for _, wid in ordered))

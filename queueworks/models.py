@@ -1,0 +1,184 @@
+"""Every record that crosses Redis or the CLI, as a validated model.
+
+Hot-path messages (subtask entries, results) are decoded by small hand-written functions in
+``queueworks.messages`` for speed; everything else is a pydantic model with
+``extra="forbid"``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+HANDLER_PATH = re.compile(
+    r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)$"
+)
+
+
+def parse_handler_path(path: str) -> tuple[str, str]:
+    """Split ``"package.module:function"``; refuse anything else, and every dunder part."""
+    m = HANDLER_PATH.match(path)
+    if m is None:
+        raise ValueError(f"handler {path!r} must look like 'package.module:function'")
+    module, attr = m.group("module"), m.group("attr")
+    for part in (*module.split("."), attr):
+        if part.startswith("__"):
+            raise ValueError(f"handler {path!r}: dunder name {part!r} is not allowed")
+    return module, attr
+
+
+class TaskState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    WAITING = "waiting"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (TaskState.COMPLETED, TaskState.FAILED, TaskState.CANCELLED)
+
+
+ACTIVE_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.WAITING)
+
+
+class WorkerState(StrEnum):
+    IDLE = "idle"
+    ASSIGNED = "assigned"
+    LEAVING = "leaving"
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TaskSpec(_Model):
+    """What a user submits: one target task, split into subtasks."""
+
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+
+    name: str = Field(min_length=1, max_length=200)
+    handler: str
+    subtasks: Iterable[Any] = Field(default=(), exclude=True, repr=False)
+    min_nodes: int = Field(default=1, ge=1)
+    max_nodes: int | None = Field(default=None, ge=1)
+    priority: int = 0
+    max_attempts: int = Field(default=3, ge=1, le=1000)
+    subtask_timeout: float = Field(default=60.0, gt=0)
+    partitions: int = Field(default=0, ge=0, le=4096)
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    result_ttl: float = Field(default=24 * 3600.0, gt=0)
+    max_dead: int | None = Field(default=None, ge=0)
+
+    @field_validator("handler")
+    @classmethod
+    def _handler_path(cls, v: str) -> str:
+        parse_handler_path(v)
+        return v
+
+    @field_validator("subtasks", mode="plain")
+    @classmethod
+    def _iterable(cls, v: Any) -> Iterable[Any]:
+        if isinstance(v, str | bytes | dict) or not isinstance(v, Iterable):
+            raise ValueError("subtasks must be a list or an iterable of JSON-able payloads")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> TaskSpec:
+        if self.max_nodes is not None and self.max_nodes < self.min_nodes:
+            raise ValueError(
+                f"max_nodes ({self.max_nodes}) must be >= min_nodes ({self.min_nodes})"
+            )
+        return self
+
+    def spec_json(self) -> str:
+        """The spec as stored in the task record (without the subtasks)."""
+        return self.model_dump_json()
+
+
+class StoredSpec(TaskSpec):
+    """A spec read back from Redis: subtasks are not part of it."""
+
+
+@dataclass(frozen=True)
+class Role:
+    """A member's role in one epoch: its index in the sorted member list."""
+
+    rank: int
+    world_size: int
+    epoch: int
+
+    @property
+    def leader(self) -> bool:
+        return self.rank == 0
+
+
+class NodeInfo(_Model):
+    worker: str
+    rank: int
+    epoch: int
+    heartbeat_age: float | None = None
+    current: str | None = None
+
+
+class TaskStatus(_Model):
+    id: str
+    name: str
+    state: TaskState
+    total: int
+    done: int
+    dead: int
+    epoch: int
+    priority: int
+    min_nodes: int
+    max_nodes: int | None
+    nodes: list[NodeInfo] = Field(default_factory=list)
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+    @property
+    def progress(self) -> float:
+        return (self.done + self.dead) / self.total if self.total else 0.0
+
+
+class WorkerRecord(_Model):
+    id: str
+    host: str
+    pid: int
+    labels: dict[str, str] = Field(default_factory=dict)
+    state: WorkerState = WorkerState.IDLE
+    task: str | None = None
+    rank: int | None = None
+    epoch: int | None = None
+    current: str | None = None
+    processed: int = 0
+    started_at: float
+    last_heartbeat: float | None = None
+
+
+class DeadLetter(_Model):
+    id: str
+    index: int | None
+    reason: str
+    error: str
+    attempts: int
+    payload: str | None
+    worker: str | None
+
+
+class Event(_Model):
+    id: str
+    kind: str
+    fields: dict[str, str]

@@ -1,0 +1,167 @@
+"""Typed wrappers around the Lua scripts in ``queueworks/lua/``: one function per script.
+
+Each script's contract (KEYS, ARGV, reply) is written at the top of its file. Scripts are
+loaded once per client with ``register_script`` (EVALSHA, falling back to EVAL after a
+server restart flushed the script cache).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import redis
+from redis.commands.core import Script
+
+from queueworks.keys import TaskKeys
+
+_NAMES = (
+    "enqueue",
+    "join",
+    "depart",
+    "fenced_read",
+    "settle",
+    "reclaim",
+    "set_state",
+    "lease",
+)
+
+
+def _source(name: str) -> str:
+    return resources.files("queueworks").joinpath("lua", f"{name}.lua").read_text()
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An entry claimed from another consumer: id, raw fields, delivery count (= attempt)."""
+
+    entry_id: str
+    fields: dict[bytes, bytes]
+    deliveries: int
+
+
+@dataclass(frozen=True)
+class DeadEntry:
+    entry_id: str
+    index: int | None
+    reason: str
+    error: str
+    attempts: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class Settled:
+    ok: int
+    dead: int
+    finished: bool
+
+
+READ_FENCED = -1
+READ_EPOCH_MOVED = -2
+
+
+class Scripts:
+    """The project's Lua scripts bound to one Redis client."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._s: dict[str, Script] = {n: client.register_script(_source(n)) for n in _NAMES}
+
+    def enqueue(
+        self,
+        streams: Sequence[str],
+        batch: Sequence[tuple[int, int, str, str]],
+        client: Any = None,
+    ) -> None:
+        """Append ``(stream number, index, payload JSON, key)`` messages; may be pipelined."""
+        argv: list[Any] = [len(batch)]
+        for stream_no, index, payload, key in batch:
+            argv += (stream_no + 1, index, payload, key)
+        self._s["enqueue"](keys=list(streams), args=argv, client=client)
+
+    def join(self, tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> int:
+        keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
+        return int(self._s["join"](keys=keys, args=[worker_id, ttl_ms, repr(now)]))
+
+    def depart(
+        self, tk: TaskKeys, worker_id: str, now: float, cause: str, *, only_if_dead: bool
+    ) -> int:
+        """Remove a member (leave, or prune when its heartbeat is gone): new epoch or 0."""
+        keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
+        args = [worker_id, repr(now), cause, "1" if only_if_dead else "0"]
+        return int(self._s["depart"](keys=keys, args=args))
+
+    def fenced_read(
+        self, tk: TaskKeys, streams: Sequence[str], worker_id: str, count: int, epoch: int
+    ) -> tuple[int, Any]:
+        """Returns (status, payload): status 1 with the XREADGROUP reply, 0 nothing new,
+        READ_FENCED, or READ_EPOCH_MOVED with the current epoch."""
+        keys = [tk.members, tk.epoch, *streams]
+        reply = self._s["fenced_read"](keys=keys, args=[tk.group, worker_id, count, epoch])
+        status = int(reply[0])
+        return status, (reply[1] if len(reply) > 1 else None)
+
+    def settle(
+        self,
+        tk: TaskKeys,
+        stream: str,
+        worker_id: str,
+        now: float,
+        ok: Sequence[tuple[str, int, str]],
+        dead: Sequence[DeadEntry] = (),
+    ) -> Settled:
+        argv: list[Any] = [tk.group, repr(now), worker_id, len(ok), len(dead)]
+        for entry_id, index, result in ok:
+            argv += (entry_id, index, result)
+        for d in dead:
+            where = "" if d.index is None else d.index
+            argv += (d.entry_id, where, d.reason, d.error, d.attempts, d.payload)
+        keys = [stream, tk.record, tk.results, tk.dead]
+        n_ok, n_dead, finished = self._s["settle"](keys=keys, args=argv)
+        return Settled(int(n_ok), int(n_dead), bool(finished))
+
+    def reclaim(
+        self,
+        tk: TaskKeys,
+        stream: str,
+        to: str,
+        *,
+        from_consumer: str = "",
+        count: int = 500,
+        hand_back: bool = False,
+        min_idle_ms: int = 0,
+        only_departed: bool = True,
+    ) -> tuple[list[Claimed], list[tuple[str, int]]]:
+        args: list[Any] = [
+            tk.group,
+            to,
+            from_consumer,
+            count,
+            "1" if hand_back else "0",
+            min_idle_ms,
+            "1" if only_departed else "0",
+        ]
+        claimed_raw, gone_raw = self._s["reclaim"](keys=[stream, tk.members], args=args)
+        claimed = [
+            Claimed(_s(eid), _pairs(fields), int(deliveries))
+            for eid, fields, deliveries in claimed_raw
+        ]
+        gone = [(_s(eid), int(deliveries)) for eid, deliveries in gone_raw]
+        return claimed, gone
+
+    def set_state(self, tk: TaskKeys, state: str, now: float, error: str = "") -> bool:
+        return bool(self._s["set_state"](keys=[tk.record], args=[state, repr(now), error]))
+
+    def lease(self, key: str, holder: str, action: str, ttl_ms: int = 0) -> bool:
+        """Renew (``action="renew"``) or release the lease if ``holder`` still has it."""
+        return bool(self._s["lease"](keys=[key], args=[holder, action, ttl_ms]))
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}

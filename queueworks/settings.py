@@ -1,0 +1,35 @@
+"""Settings: built once in each entry point from flags and ``QUEUEWORKS_*`` variables."""
+
+from __future__ import annotations
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Every knob of the processes. Flags override environment variables."""
+
+    model_config = SettingsConfigDict(env_prefix="QUEUEWORKS_", extra="forbid")
+
+    redis_url: str = "redis://localhost:6379/0"
+    prefix: str = Field(default="qw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
+    heartbeat_interval: float = Field(default=1.0, gt=0)
+    heartbeat_ttl: float = Field(default=3.0, gt=0)
+    lease_ttl: float = Field(default=5.0, gt=0)
+    reconcile_interval: float = Field(default=1.0, gt=0)
+    batch_size: int = Field(default=100, ge=1, le=10_000)
+    grace_period: float = Field(default=10.0, ge=0)
+    log_level: str = "info"
+    log_format: str = Field(default="json", pattern=r"^(json|console)$")
+    ssl_ca_certs: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+
+    @model_validator(mode="after")
+    def _ttl_above_interval(self) -> Settings:
+        if self.heartbeat_ttl <= self.heartbeat_interval:
+            raise ValueError(
+                f"heartbeat_ttl ({self.heartbeat_ttl}) must be greater than "
+                f"heartbeat_interval ({self.heartbeat_interval})"
+            )
+        return self

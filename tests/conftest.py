@@ -1,0 +1,201 @@
+"""Fixtures: a private Redis server per session, a key prefix per test, and factories for
+real worker and controller processes that are always stopped (SIGKILL as the last resort).
+
+``QUEUEWORKS_TEST_REDIS_URL`` runs the suite against an external server instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from queueworks import Client
+from queueworks.keys import Keys
+from queueworks.redis_server import RedisServer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    external = os.environ.get("QUEUEWORKS_TEST_REDIS_URL")
+    if external:
+        yield external
+        return
+    with RedisServer() as server:
+        server.start()
+        yield server.url
+
+
+@pytest.fixture
+def prefix() -> str:
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    conn = redis.Redis.from_url(redis_url, socket_timeout=10)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def keys(prefix: str) -> Keys:
+    return Keys(prefix)
+
+
+@pytest.fixture
+def client(redis_url: str, prefix: str) -> Iterator[Client]:
+    c = Client.from_url(redis_url, prefix=prefix)
+    yield c
+    c.close()
+
+
+class Proc:
+    """A real queueworks process (``python -m queueworks ...``) with its log file."""
+
+    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
+        self.args, self.log_path = args, log
+        self._log = log.open("ab")
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "queueworks", *args],
+            env=env,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=self._log,
+        )
+        self.name = ""
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.p.pid, sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.p.wait()
+
+    def terminate(self, timeout: float = 20.0) -> int:
+        self.signal(signal.SIGTERM)
+        try:
+            return self.p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")
+
+    def close(self) -> None:
+        if self.alive():
+            self.kill()
+        self._log.close()
+
+
+class Cluster:
+    """Factory of worker/controller processes for one test (one key prefix)."""
+
+    def __init__(self, redis_url: str, prefix: str, tmp: Path) -> None:
+        self.redis_url, self.prefix, self.tmp = redis_url, prefix, tmp
+        self.procs: list[Proc] = []
+        self.env = {
+            **os.environ,
+            "QUEUEWORKS_REDIS_URL": redis_url,
+            "QUEUEWORKS_PREFIX": prefix,
+            "QUEUEWORKS_LOG_FORMAT": "json",
+            "PYTHONPATH": str(ROOT),
+        }
+
+    def spawn(self, args: list[str], name: str, env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(args, {**self.env, **(env or {})}, self.tmp / f"{name}.log")
+        proc.name = name
+        self.procs.append(proc)
+        return proc
+
+    def worker(
+        self,
+        name: str | None = None,
+        *,
+        allow: tuple[str, ...] = ("tests.handlers", "queueworks.examples"),
+        labels: dict[str, str] | None = None,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> Proc:
+        name = name or f"w{len(self.procs)}-{uuid.uuid4().hex[:4]}"
+        args = ["worker", "--name", name]
+        for a in allow:
+            args += ["--allow", a]
+        for k, v in (labels or {}).items():
+            args += ["--label", f"{k}={v}"]
+        return self.spawn(args + (extra or []), name, env)
+
+    def controller(self, name: str | None = None, extra: list[str] | None = None) -> Proc:
+        name = name or f"c{len(self.procs)}"
+        return self.spawn(["controller", *(extra or [])], name)
+
+    def wait_workers(self, r: redis.Redis, n: int, timeout: float = 15.0) -> None:
+        keys = Keys(self.prefix)
+        wait_for(lambda: r.zcard(keys.workers) >= n, timeout, f"{n} workers registered")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.log()[-4000:]}" for p in self.procs)
+
+    def close(self) -> None:
+        for p in self.procs:
+            if p.alive():
+                p.signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.p.wait(max(0.1, deadline - time.monotonic()))
+            p.close()
+
+
+@pytest.fixture
+def cluster(
+    redis_url: str, prefix: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[Cluster]:
+    c = Cluster(redis_url, prefix, tmp_path)
+    yield c
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        print(c.logs())
+    c.close()
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]) -> Iterator[None]:
+    outcome = yield
+    rep = outcome.get_result()  # type: ignore[attr-defined]
+    setattr(item, f"rep_{rep.when}", rep)
+
+
+def wait_for(
+    predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.02
+) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(interval)

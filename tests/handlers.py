@@ -1,0 +1,86 @@
+"""Handlers the test workers run (allowed with ``--allow tests.handlers``)."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import redis
+
+from queueworks.context import SubtaskContext
+
+
+def double(payload: dict[str, Any]) -> int:
+    return int(payload["x"]) * 2
+
+
+def double_slow(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
+    """Takes a little while, suspends at safe points, and says who ran it in which role."""
+    end = time.monotonic() + float(payload.get("seconds", 0.005))
+    while time.monotonic() < end:
+        ctx.checkpoint()
+        time.sleep(0.001)
+    return {
+        "y": int(payload["x"]) * 2,
+        "rank": ctx.role.rank,
+        "world": ctx.role.world_size,
+        "epoch": ctx.role.epoch,
+        "worker": ctx.worker_id,
+        "attempt": ctx.attempt,
+    }
+
+
+def flaky(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, int]:
+    """Fails on attempts 1 and 2, succeeds on 3."""
+    if ctx.attempt < 3:
+        raise RuntimeError(f"flaky failure on attempt {ctx.attempt}")
+    return {"x": payload["x"], "attempt": ctx.attempt}
+
+
+def always_fails(payload: dict[str, Any]) -> None:
+    raise ValueError(f"cannot handle {payload!r}")
+
+
+def fail_odd(payload: dict[str, Any]) -> int:
+    if payload["x"] % 2:
+        raise ValueError("odd")
+    return int(payload["x"])
+
+
+def not_json(payload: dict[str, Any]) -> object:
+    return object()
+
+
+def record_order(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
+    """Appends (key, seq, worker, epoch, partition stream) to a Redis list for order checks."""
+    url = os.environ["QUEUEWORKS_REDIS_URL"]
+    r = _conn(url)
+    r.rpush(
+        payload["log"],
+        f"{payload['key']}|{payload['seq']}|{ctx.worker_id}|{ctx.role.epoch}|{ctx.role.rank}"
+        f"|{ctx.role.world_size}",
+    )
+    end = time.monotonic() + float(payload.get("seconds", 0.0))
+    while time.monotonic() < end:
+        ctx.checkpoint()
+        time.sleep(0.001)
+    return payload["seq"]
+
+
+def exit_process(payload: dict[str, Any]) -> None:
+    os._exit(3)
+
+
+def hang(payload: dict[str, Any]) -> None:
+    while True:
+        time.sleep(1)
+
+
+_CONNS: dict[str, redis.Redis] = {}
+
+
+def _conn(url: str) -> redis.Redis:
+    if url not in _CONNS:
+        _CONNS[url] = redis.Redis.from_url(url)
+    return _CONNS[url]

@@ -1,0 +1,292 @@
+"""The allocator: worked examples, then properties over generated snapshots."""
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, matches
+
+PROPS = settings(max_examples=300, deadline=None)
+
+
+def task(
+    id: str,
+    priority: int,
+    lo: int,
+    hi: int | None,
+    *,
+    seq: float = 0.0,
+    nodes: Iterable[str] = (),
+    selector: Mapping[str, str] | None = None,
+) -> TaskView:
+    return TaskView(
+        id, priority, lo, hi, seq, selector=dict(selector or {}), nodes=frozenset(nodes)
+    )
+
+
+def workers(*ids: str, **labels: str) -> tuple[WorkerView, ...]:
+    return tuple(WorkerView(w, dict(labels)) for w in ids)
+
+
+def apply(snapshot: Snapshot, plan: Plan) -> Snapshot:
+    """The snapshot the controller sees once the plan is carried out."""
+    tasks = []
+    for t in snapshot.tasks:
+        nodes = plan.nodes_of(t.id)
+        tasks.append(replace(t, nodes=nodes, running=len(nodes) >= t.min_nodes))
+    return Snapshot(tuple(tasks), snapshot.workers)
+
+
+def kept(snapshot: Snapshot) -> dict[str, list[str]]:
+    """Step 1 as the spec states it: live, matching, deduplicated by rank, capped at max."""
+    owner: dict[str, str] = {}
+    for t in sorted(snapshot.tasks, key=lambda t: (-t.priority, t.seq, t.id)):
+        for w in sorted(t.nodes):
+            owner.setdefault(w, t.id)
+    live = {w.id: w for w in snapshot.workers}
+    out = {}
+    for t in snapshot.tasks:
+        mine = sorted(w for w in t.nodes if owner[w] == t.id and w in live and matches(live[w], t))
+        out[t.id] = mine[: t.max_nodes]
+    return out
+
+
+# --- examples ---------------------------------------------------------------------------------
+
+
+def test_high_priority_preempts_surplus_and_low_grows_back() -> None:
+    ws = workers("w0", "w1", "w2", "w3")
+    low = task("low", 0, 1, 4, seq=1, nodes=["w0", "w1", "w2", "w3"])
+    high = task("high", 5, 3, 3, seq=2)
+    s = Snapshot((low, high), ws)
+    plan = allocate(s)
+    assert plan.nodes_of("high") == {"w1", "w2", "w3"}  # surplus, highest ids first
+    assert plan.nodes_of("low") == {"w0"}
+    assert plan.moves(s) == {"w1": "high", "w2": "high", "w3": "high"}
+    s = apply(s, plan)
+    assert allocate(s).moves(s) == {}
+    s = Snapshot((s.tasks[0],), ws)  # high completed
+    assert allocate(s).nodes_of("low") == {"w0", "w1", "w2", "w3"}
+
+
+def test_gang_waits_for_min_then_starts() -> None:
+    t = task("t", 0, 3, None)
+    s = Snapshot((t,), workers("a", "b"))
+    assert allocate(s).assignment == {"a": None, "b": None}
+    s = Snapshot((t,), workers("a", "b", "c"))
+    assert allocate(s).nodes_of("t") == {"a", "b", "c"}
+
+
+def test_gang_task_releases_what_it_kept() -> None:
+    t = task("t", 0, 3, None, nodes=["a", "b", "gone"])  # "gone" died
+    s = Snapshot((t,), workers("a", "b"))
+    assert allocate(s).moves(s) == {"a": None, "b": None}
+
+
+def test_selector() -> None:
+    ws = workers("cpu0", "cpu1", gpu="0") + workers("gpu0", "gpu1", gpu="1")
+    gpu = task("gpu", 0, 1, None, selector={"gpu": "1"}, nodes=["cpu0", "gpu0"])
+    plan = allocate(Snapshot((gpu,), ws))
+    assert plan.nodes_of("gpu") == {"gpu0", "gpu1"}
+    assert plan.assignment["cpu0"] is None
+
+
+def test_fairness_queued_before_growth() -> None:
+    running = task("running", 1, 1, None, seq=1, nodes=["w0"])
+    queued = task("queued", 1, 2, None, seq=2)
+    plan = allocate(Snapshot((running, queued), workers("w0", "w1", "w2")))
+    assert plan.nodes_of("running") == {"w0"}
+    assert plan.nodes_of("queued") == {"w1", "w2"}
+
+
+def test_equal_priority_is_never_preempted() -> None:
+    old = task("old", 1, 1, None, seq=1, nodes=["w0", "w1"])
+    new = task("new", 1, 1, None, seq=2)
+    s = Snapshot((old, new), workers("w0", "w1"))
+    assert allocate(s).moves(s) == {}
+
+
+def test_whole_preemption_and_no_useless_preemption() -> None:
+    low = task("low", 0, 2, 2, nodes=["w0", "w1"])
+    high = task("high", 1, 1, None)
+    s = Snapshot((low, high), workers("w0", "w1"))
+    plan = allocate(s)
+    assert plan.nodes_of("low") == frozenset()  # below its min: suspended whole
+    assert plan.nodes_of("high") == {"w0", "w1"}  # took w1, then grew into the released w0
+    big = task("big", 1, 3, None)
+    s = Snapshot((low, big), workers("w0", "w1"))
+    assert allocate(s).moves(s) == {}  # 2 workers can never give big its 3
+
+
+def test_preempted_task_can_restart_on_free_workers() -> None:
+    low = task("low", 0, 1, 2, nodes=["w0", "w1"])
+    high = task("high", 1, 2, 2, selector={"zone": "a"})
+    ws = workers("w0", "w1", zone="a") + workers("w2", zone="b")
+    s = Snapshot((low, high), ws)
+    plan = allocate(s)
+    assert plan.nodes_of("high") == {"w0", "w1"}  # surplus w1, then low whole for w0
+    assert plan.nodes_of("low") == {"w2"}  # restarted on the worker high cannot use
+    s = apply(s, plan)
+    assert allocate(s).moves(s) == {}
+
+
+def test_degraded_task_keeps_running_on_a_replacement() -> None:
+    older = task("older", 1, 2, None, seq=1)
+    degraded = task("degraded", 1, 2, None, seq=2, nodes=["w0", "dead"])
+    plan = allocate(Snapshot((older, degraded), workers("w0", "w1")))
+    assert plan.nodes_of("degraded") == {"w0", "w1"}
+
+
+def test_degraded_task_that_cannot_recover_frees_nodes_for_older() -> None:
+    older = task("older", 1, 2, None, seq=1)
+    degraded = task("degraded", 1, 3, None, seq=2, nodes=["w0", "w1", "dead"])
+    s = Snapshot((older, degraded), workers("w0", "w1"))
+    plan = allocate(s)
+    assert plan.nodes_of("older") == {"w0", "w1"}  # not only on the next pass
+    s = apply(s, plan)
+    assert allocate(s).moves(s) == {}
+
+
+def test_corrupt_and_dead_nodes() -> None:
+    high = task("high", 1, 1, 1, nodes=["w0", "w1", "dead"])
+    low = task("low", 0, 1, None, nodes=["w1"])
+    s = Snapshot((low, high), workers("w0", "w1"))
+    plan = allocate(s)
+    assert plan.assignment == {"w0": "high", "w1": "low"}  # w1 capped away from high
+    assert plan.moves(s) == {"w1": "low"}
+
+
+# --- properties -------------------------------------------------------------------------------
+
+labels = st.dictionaries(st.sampled_from(["gpu", "zone"]), st.sampled_from(["0", "1"]))
+selectors = st.dictionaries(
+    st.sampled_from(["gpu", "zone"]), st.sampled_from(["0", "1"]), max_size=1
+)
+
+
+@st.composite
+def _snapshots(draw: st.DrawFn, crowded: bool) -> Snapshot:
+    """0..16 workers and 0..8 tasks; `crowded` draws many of both, so preemption is common."""
+    names = st.text("abcdefgh", min_size=1, max_size=2)
+    ids = draw(st.lists(names, unique=True, min_size=6 if crowded else 0, max_size=16))
+    live = tuple(WorkerView(w, draw(labels)) for w in ids)
+    listed = [*ids, "dead0", "dead1"]
+    n = draw(st.integers(3 if crowded else 0, 8))
+    owner = [draw(st.integers(-1, n - 1)) if n else -1 for _ in listed]
+    dupes = draw(st.lists(st.tuples(st.sampled_from(listed), st.integers(0, 7)), max_size=2))
+    tasks = []
+    for k in range(n):
+        lo = draw(st.integers(1, 4))
+        nodes = {w for w, o in zip(listed, owner, strict=True) if o == k}
+        nodes |= {w for w, o in dupes if o == k}
+        tasks.append(
+            TaskView(
+                id=f"t{k}",
+                priority=draw(st.integers(0, 3)),
+                min_nodes=lo,
+                max_nodes=draw(st.none() | st.integers(lo, lo + 4)),
+                seq=float(draw(st.integers(0, 5))),
+                selector=draw(selectors),
+                nodes=frozenset(nodes),
+                running=draw(st.booleans()),
+            )
+        )
+    return Snapshot(tuple(tasks), live)
+
+
+def snapshots() -> st.SearchStrategy[Snapshot]:
+    return _snapshots(crowded=False) | _snapshots(crowded=True)
+
+
+@PROPS
+@given(snapshots())
+def test_plan_is_valid(s: Snapshot) -> None:
+    plan = allocate(s)
+    live = {w.id: w for w in s.workers}
+    assert set(plan.assignment) == set(live)
+    by_id = {t.id: t for t in s.tasks}
+    assert {t for t in plan.assignment.values() if t is not None} <= set(by_id)
+    seen: set[str] = set()
+    for t in s.tasks:
+        nodes = plan.nodes_of(t.id)
+        assert not nodes & seen
+        seen |= nodes
+        assert all(matches(live[w], t) for w in nodes)
+        assert not nodes or len(nodes) >= t.min_nodes
+        assert t.max_nodes is None or len(nodes) <= t.max_nodes
+        # maximal: no idle worker fits a running task that is below its max
+        if nodes and (t.max_nodes is None or len(nodes) < t.max_nodes):
+            idle = [w for w, a in plan.assignment.items() if a is None]
+            assert not any(matches(live[w], t) for w in idle)
+
+
+@PROPS
+@given(snapshots())
+def test_priority_respected(s: Snapshot) -> None:
+    """A task left without nodes could not have reached min from idle or lower-priority nodes."""
+    plan = allocate(s)
+    prio = {t.id: t.priority for t in s.tasks}
+    for t in s.tasks:
+        if not plan.nodes_of(t.id):
+            usable = [
+                w
+                for w in s.workers
+                if matches(w, t) and ((a := plan.assignment[w.id]) is None or prio[a] < t.priority)
+            ]
+            assert len(usable) < t.min_nodes
+
+
+@PROPS
+@given(snapshots())
+def test_preemption_only_to_reach_min(s: Snapshot) -> None:
+    """A task at min in the snapshot loses a node only to a higher-priority task that was below
+    min and now reaches it."""
+    plan = allocate(s)
+    before = kept(s)
+    starters = [
+        t
+        for t in s.tasks
+        if len(before[t.id]) < t.min_nodes and len(plan.nodes_of(t.id)) >= t.min_nodes
+    ]
+    for t in s.tasks:
+        lost = set(before[t.id]) - plan.nodes_of(t.id)
+        if len(before[t.id]) >= t.min_nodes and lost:
+            assert any(p.priority > t.priority for p in starters)
+
+
+@PROPS
+@given(snapshots(), st.data())
+def test_deterministic(s: Snapshot, data: st.DataObject) -> None:
+    plan = allocate(s)
+    assert allocate(s) == plan
+    tasks = data.draw(st.permutations(s.tasks))
+    tasks = [replace(t, selector=dict(reversed(t.selector.items()))) for t in tasks]
+    ws = [WorkerView(w.id, dict(reversed(w.labels.items()))) for w in s.workers]
+    shuffled = Snapshot(tuple(tasks), tuple(data.draw(st.permutations(ws))))
+    again = allocate(shuffled)
+    assert list(again.assignment.items()) == list(plan.assignment.items())
+
+
+@PROPS
+@given(snapshots())
+def test_no_flapping(s: Snapshot) -> None:
+    plan = allocate(s)
+    applied = apply(s, plan)
+    again = allocate(applied)
+    assert again.moves(applied) == {}
+    assert again == plan
+
+
+@PROPS
+@given(snapshots())
+def test_moves_are_the_difference(s: Snapshot) -> None:
+    plan = allocate(s)
+    moves = plan.moves(s)
+    after = apply(s, plan)
+    ranked = sorted(s.tasks, key=lambda t: (-t.priority, t.seq, t.id))
+    for w in plan.assignment:
+        was = next((t.id for t in ranked if w in t.nodes), None)
+        assert (w in moves) == (was != plan.assignment[w])
+    assert plan.moves(after) == {}

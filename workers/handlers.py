@@ -1,0 +1,67 @@
+"""Resolving handlers: only ``module:function`` under an allowed module prefix.
+
+The path is parsed strictly (no attribute chains, no dunders); the module must be one of
+the ``--allow`` prefixes or inside one (``myapp`` allows ``myapp`` and ``myapp.jobs``, not
+``myapplication``); the object must be a plain Python function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from queueworks.models import parse_handler_path
+
+
+class HandlerRefused(Exception):
+    """The handler cannot be used; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Handler:
+    path: str
+    fn: Callable[..., Any]
+    takes_ctx: bool
+    on_rebalance: Callable[..., Any] | None
+
+
+def allowed(module: str, prefixes: Sequence[str]) -> bool:
+    for prefix in prefixes:
+        base = prefix.rstrip(".")
+        if base and (module == base or module.startswith(base + ".")):
+            return True
+    return False
+
+
+def resolve(path: str, prefixes: Sequence[str]) -> Handler:
+    try:
+        module_name, attr = parse_handler_path(path)
+    except ValueError as exc:
+        raise HandlerRefused(str(exc)) from None
+    if not allowed(module_name, prefixes):
+        raise HandlerRefused(
+            f"handler {path!r} is outside the allowed module prefixes {list(prefixes)}"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise HandlerRefused(
+            f"handler {path!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
+        ) from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        raise HandlerRefused(f"handler {path!r}: module {module_name!r} has no {attr!r}")
+    if not inspect.isfunction(fn):
+        raise HandlerRefused(f"handler {path!r} is not a plain Python function")
+    params = [
+        p
+        for p in inspect.signature(fn).parameters.values()
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if not params:
+        raise HandlerRefused(f"handler {path!r} must take (payload) or (payload, ctx)")
+    hook = getattr(fn, "on_rebalance", None)
+    return Handler(path, fn, len(params) >= 2, hook if callable(hook) else None)

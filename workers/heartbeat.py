@@ -1,0 +1,154 @@
+"""The heartbeat: one pipelined round trip per tick that keeps the worker alive in the pool and
+in its node set, reads the task's epoch and the assignment, and checks one other member.
+
+Every member checks only its successor in rank order (a ring), so finding a dead member
+costs O(members) per tick per task, and a member whose heartbeat key is gone is pruned
+within TTL + one tick whatever notifications do. The member heartbeat is refreshed with
+``SET ... XX``: a heartbeat never recreates a key that was deleted (rq #1450) — if ours is
+gone we were pruned, and the runtime must rejoin before it takes work again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from queueworks import events
+from queueworks.keys import Keys
+from queueworks.membership import read_roster
+from queueworks.scripts import Scripts
+
+
+@dataclass
+class NodeState:
+    """What the heartbeat, the watcher and the runtime share (plain attributes, one writer
+    each; the events are the handshakes)."""
+
+    worker_id: str
+    task_id: str | None = None  # the task we are a member of (runtime writes)
+    role_epoch: int = 0  # the epoch our current role is from (runtime writes)
+    successor: str | None = None  # the member we check (heartbeat writes)
+    assign: str = ""  # latest assignment seen (heartbeat writes)
+    epoch_seen: int = 0  # latest epoch seen (heartbeat / watcher write)
+    fenced: bool = False  # our member heartbeat was gone: we were pruned
+    stopping: bool = False
+    current: str = ""  # subtask index being run, for the dashboard
+    processed: int = 0  # subtasks run since the last tick
+    wake: threading.Event = field(default_factory=threading.Event)
+    suspend: threading.Event = field(default_factory=threading.Event)
+
+    def observe_epoch(self, epoch: int) -> None:
+        """A newer epoch than our role's means: suspend at the next safe point."""
+        if epoch > self.epoch_seen:
+            self.epoch_seen = epoch
+        if self.task_id is not None and epoch > self.role_epoch:
+            self.suspend.set()
+            self.wake.set()
+
+    def observe_assign(self, assign: str) -> None:
+        self.assign = assign
+        if self.task_id is not None and assign != self.task_id:
+            self.suspend.set()
+        self.wake.set()
+
+
+class Heartbeat(threading.Thread):
+    def __init__(
+        self,
+        r: redis.Redis,
+        keys: Keys,
+        scripts: Scripts,
+        state: NodeState,
+        *,
+        interval: float,
+        ttl: float,
+        log: Any,
+    ) -> None:
+        super().__init__(name="qw-heartbeat", daemon=True)
+        self._r, self._keys, self._scripts, self.state = r, keys, scripts, state
+        self.interval, self.ttl_ms = interval, int(ttl * 1000)
+        self._log = log
+        self._stop = threading.Event()
+        self._poke = threading.Event()
+        self._roster_at: tuple[str, int] | None = None
+        self.pruned = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._poke.set()
+
+    def poke(self) -> None:
+        """Tick now (e.g. a notification said something changed)."""
+        self._poke.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            started = time.monotonic()
+            try:
+                self.tick()
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self._log.warning("heartbeat_failed", error=str(exc))
+            except Exception:
+                self._log.exception("heartbeat_error")
+            self._poke.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            self._poke.clear()
+
+    def tick(self) -> None:
+        s, k = self.state, self._keys
+        now = time.time()
+        task_id, successor = s.task_id, s.successor
+        processed, s.processed = s.processed, 0
+        pipe = self._r.pipeline(transaction=False)
+        pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
+        pipe.zadd(k.workers, {s.worker_id: now})
+        pipe.hset(
+            k.worker(s.worker_id), mapping={"last_heartbeat": repr(now), "current": s.current}
+        )
+        pipe.hincrby(k.worker(s.worker_id), "processed", processed)
+        pipe.get(k.assign(s.worker_id))
+        if task_id is not None:
+            tk = k.task(task_id)
+            pipe.set(tk.heartbeat(s.worker_id), repr(now), px=self.ttl_ms, xx=True)
+            pipe.get(tk.epoch)
+            if successor is not None:
+                pipe.exists(tk.heartbeat(successor))
+        replies = pipe.execute()
+        assign = replies[4]
+        s.observe_assign(assign.decode() if assign else "")
+        if task_id is None or task_id != s.task_id:
+            return
+        if not replies[5]:
+            s.fenced = True
+            s.suspend.set()
+            s.wake.set()
+        epoch = int(replies[6] or 0)
+        s.observe_epoch(epoch)
+        if successor is not None and not replies[7] and self.prune(task_id, successor):
+            return
+        if self._roster_at != (task_id, epoch):
+            self._follow(task_id)
+
+    def _follow(self, task_id: str) -> None:
+        """Re-read the roster after a change, to know which member to check next."""
+        roster = read_roster(self._r, self._keys.task(task_id))
+        self._roster_at = (task_id, roster.epoch)
+        self.state.successor = roster.successor(self.state.worker_id)
+
+    def prune(self, task_id: str, member: str) -> bool:
+        """Remove a member whose heartbeat is gone (idempotent: one epoch bump in total)."""
+        tk = self._keys.task(task_id)
+        epoch = self._scripts.depart(tk, member, time.time(), "dead", only_if_dead=True)
+        if epoch:
+            self.pruned += 1
+            self._log.info("member_pruned", member=member, epoch=epoch)
+            events.emit(
+                self._r, self._keys, "member_lost", task=task_id, worker=member, epoch=epoch
+            )
+            self.state.observe_epoch(epoch)
+            self._follow(task_id)
+            self.poke()  # check the new successor at once: several may have died together
+        return bool(epoch)

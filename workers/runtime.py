@@ -1,0 +1,452 @@
+"""One worker's run in one task's node set: join, read by role, run handlers, settle, and on
+every membership change suspend at a safe point, re-rank, reclaim and resume; leave when
+the assignment is revoked, the task finishes, or the worker stops.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from queueworks import events
+from queueworks.connection import text
+from queueworks.context import SubtaskContext, Suspended
+from queueworks.keys import TaskKeys
+from queueworks.membership import Roster, read_roster
+from queueworks.messages import BadMessage, NotJSON, decode_entry, safe_text, to_json
+from queueworks.models import Role, StoredSpec, TaskState
+from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, DeadEntry, Scripts
+from workers.handlers import Handler, HandlerRefused, resolve
+from workers.heartbeat import Heartbeat, NodeState
+
+PARKED = "_parked"  # consumer that holds entries handed back by a graceful leave
+FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
+TARGET_BATCH_SECONDS = 0.2  # read about this much work at once (fewer for slow handlers)
+RECLAIM_BATCH = 500  # XPENDING/XCLAIM batch: large batches stall the server
+
+
+@dataclass
+class Work:
+    stream: str
+    entry_id: str
+    fields: dict[bytes, bytes]
+    attempt: int
+
+
+class Leave(Exception):
+    """Stop working on this task (revoked, finished, stopping)."""
+
+
+class TaskRun:
+    """The life of one worker in one task's node set."""
+
+    def __init__(
+        self,
+        r: redis.Redis,
+        scripts: Scripts,
+        tk: TaskKeys,
+        state: NodeState,
+        heartbeat: Heartbeat,
+        *,
+        allow: list[str],
+        batch_size: int,
+        ttl: float,
+        keys: Any,
+        log: Any,
+    ) -> None:
+        self.r, self.scripts, self.tk, self.state, self.hb = r, scripts, tk, state, heartbeat
+        self.allow, self.batch_size, self.ttl_ms = allow, batch_size, int(ttl * 1000)
+        self.keys = keys
+        self.me = state.worker_id
+        self.log = log.bind(task_id=tk.task_id)
+        self.role: Role | None = None
+        self.local: deque[Work] = deque()
+        self.ok: dict[str, list[tuple[str, int, str]]] = {}
+        self.dead: dict[str, list[DeadEntry]] = {}
+        self.last_flush = time.monotonic()
+        self.avg_seconds = 0.0
+        self.last_backstop = time.monotonic()
+        self.owned: list[str] = []
+
+    # -- entry ----------------------------------------------------------------------------
+
+    def run(self) -> str:
+        raw_spec = self.r.hget(self.tk.record, "spec")
+        if raw_spec is None:
+            return "missing"
+        self.spec = StoredSpec.model_validate_json(raw_spec)
+        self.streams = self.tk.streams(self.spec.partitions)
+        try:
+            self.handler: Handler | None = resolve(self.spec.handler, self.allow)
+            self.refused = ""
+        except HandlerRefused as exc:
+            self.handler, self.refused = None, str(exc)
+            self.log.warning("handler_refused", reason=self.refused)
+        if not self._join():
+            return "finished"
+        try:
+            self._loop()
+        except Leave as why:
+            return str(why)
+        finally:
+            self._leave()
+        return "finished"  # pragma: no cover - the loop only ends by Leave
+
+    def _join(self) -> bool:
+        self.state.suspend.clear()
+        self.state.fenced = False
+        epoch = self.scripts.join(self.tk, self.me, self.ttl_ms, time.time())
+        if epoch < 0:
+            return False
+        self.state.role_epoch = epoch
+        self.state.task_id = self.tk.task_id
+        self.log.info("joined", epoch=epoch)
+        self._rerank()
+        self.hb.poke()
+        return True
+
+    def _leave(self) -> None:
+        """Settle what is done, hand back what is not, leave: the others rebalance at once."""
+        self.state.suspend.set()
+        try:
+            self._flush()
+            self._hand_back(self.streams)
+            self._flush()  # dead letters for entries found gone
+            self.state.task_id = None
+            epoch = self.scripts.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
+            self.r.hset(
+                self.keys.worker(self.me),
+                mapping={"state": "idle", "task": "", "rank": "", "epoch": "", "current": ""},
+            )
+            if epoch:
+                events.emit(self.r, self.keys, "member_left", task=self.tk.task_id, worker=self.me)
+            self.log.info("left", epoch=epoch)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.state.task_id = None
+            self.log.warning("leave_failed", error=str(exc))
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _check(self) -> None:
+        s = self.state
+        if s.stopping:
+            raise Leave("stopping")
+        if s.assign != self.tk.task_id:
+            raise Leave("revoked")
+        if s.fenced:
+            self._flush()
+            self.log.warning("fenced", reason="heartbeat gone: pruned while away; rejoining")
+            self._hand_back(self.streams)  # what the others have not reclaimed yet
+            if not self._join():
+                raise Leave("finished")
+        if s.suspend.is_set():
+            self._rerank()
+
+    def _loop(self) -> None:
+        while True:
+            self._check()
+            if self.local:
+                self._run_local()
+                continue
+            assert self.role is not None
+            count = self._read_count()
+            status, reply = self.scripts.fenced_read(
+                self.tk, self.owned, self.me, count, self.role.epoch
+            )
+            if status == READ_FENCED:
+                self.state.fenced = True
+            elif status == READ_EPOCH_MOVED:
+                self.state.observe_epoch(int(reply))
+            elif status == 1:
+                for stream, entries in reply:
+                    name = text(stream)
+                    for entry_id, flat in entries:
+                        fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+                        self.local.append(Work(name, entry_id.decode(), fields, 1))
+            else:
+                self._idle()
+
+    def _idle(self) -> None:
+        self._flush()
+        state = self.r.hget(self.tk.record, "state")
+        if state is None or TaskState(text(state)).finished:
+            raise Leave("finished")
+        if time.monotonic() - self.last_backstop > min(self.spec.subtask_timeout / 2, 5.0):
+            self.last_backstop = time.monotonic()
+            self._reclaim(backstop=True)
+            if self.local:
+                return
+        self.state.wake.wait(self.hb.interval)
+        self.state.wake.clear()
+
+    def _read_count(self) -> int:
+        if self.avg_seconds <= 0:
+            return self.batch_size
+        return max(1, min(self.batch_size, int(TARGET_BATCH_SECONDS / self.avg_seconds)))
+
+    def _run_local(self) -> None:
+        """Run the entries in hand until done or a safe point says stop."""
+        s = self.state
+        while self.local:
+            if s.suspend.is_set() or s.stopping or s.fenced:
+                break
+            work = self.local.popleft()
+            if work.attempt > self.spec.max_attempts:
+                self._bury(work, None, "exceeded max_attempts", f"delivered {work.attempt} times")
+                continue
+            self._execute(work)
+            if time.monotonic() - self.last_flush > FLUSH_SECONDS:
+                self._flush()
+        self._flush()
+
+    def _execute(self, work: Work) -> None:
+        try:
+            sub = decode_entry(work.entry_id, work.fields)
+        except BadMessage as exc:
+            self._bury(work, None, "malformed entry", str(exc))
+            return
+        if self.handler is None:
+            self._bury(work, sub.index, "handler refused", self.refused, sub.raw_payload)
+            return
+        assert self.role is not None
+        ctx = SubtaskContext(
+            task_id=self.tk.task_id,
+            index=sub.index,
+            attempt=work.attempt,
+            role=self.role,
+            worker_id=self.me,
+            log=self.log,
+            key=sub.key,
+            _suspend=self.state.suspend,
+        )
+        self.state.current = str(sub.index)
+        started = time.perf_counter()
+        try:
+            if self.handler.takes_ctx:
+                result = self.handler.fn(sub.payload, ctx)
+            else:
+                result = self.handler.fn(sub.payload)
+            body = to_json(result, "result")
+        except Suspended:
+            self.local.appendleft(work)  # runs again after the re-rank, same attempt
+            return
+        except NotJSON as exc:
+            self._bury(work, sub.index, "result is not JSON", str(exc), sub.raw_payload)
+            return
+        except Exception as exc:
+            self._failed(work, sub.index, exc, sub.raw_payload)
+            return
+        finally:
+            self.state.current = ""
+            self.state.processed += 1
+            spent = time.perf_counter() - started
+            self.avg_seconds = (
+                spent if self.avg_seconds == 0 else 0.8 * self.avg_seconds + 0.2 * spent
+            )
+        self.ok.setdefault(work.stream, []).append((work.entry_id, sub.index, body))
+
+    def _failed(self, work: Work, index: int, exc: Exception, payload: str) -> None:
+        tb = "".join(traceback.format_exception(exc))
+        if work.attempt >= self.spec.max_attempts:
+            self._bury(work, index, f"failed {work.attempt} times", tb, payload)
+            return
+        self.log.info("subtask_retry", index=index, attempt=work.attempt, error=repr(exc))
+        # XCLAIM to ourselves raises the delivery count: the attempt is spent in Redis too.
+        claimed = self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id])
+        if claimed:
+            self.local.append(Work(work.stream, work.entry_id, work.fields, work.attempt + 1))
+
+    def _bury(
+        self, work: Work, index: int | None, reason: str, error: str, payload: str | None = None
+    ) -> None:
+        if payload is None:
+            payload = safe_text(work.fields.get(b"p"))
+        entry = DeadEntry(work.entry_id, index, reason, error[-8000:], work.attempt, payload)
+        self.dead.setdefault(work.stream, []).append(entry)
+        self.log.warning("dead_lettered", index=index, reason=reason, attempts=work.attempt)
+
+    def _flush(self) -> None:
+        self.last_flush = time.monotonic()
+        if not self.ok and not self.dead:
+            return
+        now = time.time()
+        finished = False
+        for stream in {*self.ok, *self.dead}:
+            settled = self.scripts.settle(
+                self.tk, stream, self.me, now, self.ok.get(stream, ()), self.dead.get(stream, ())
+            )
+            finished = finished or settled.finished
+        had_dead = any(self.dead.values())
+        self.ok.clear()
+        self.dead.clear()
+        if had_dead:
+            events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
+        if finished:
+            status = self.r.hget(self.tk.record, "state")
+            kind = text(status) or "completed"
+            self.log.info("task_finished", state=kind)
+            events.emit(self.r, self.keys, kind, task=self.tk.task_id)
+
+    # -- membership changes ---------------------------------------------------------------
+
+    def _rerank(self) -> None:
+        """Suspend (flush), take the new role, hand back/reclaim as the role says."""
+        self._flush()
+        paused = time.monotonic()
+        while True:
+            self.state.suspend.clear()
+            roster = read_roster(self.r, self.tk)
+            role = roster.role_of(self.me)
+            if role is None:
+                self.state.fenced = True
+                return
+            self.state.role_epoch = roster.epoch
+            old, self.role = self.role, role
+            if self.spec.partitions:
+                if not self._barrier(roster):
+                    continue  # the set changed again while we waited: start over
+            else:
+                self.owned = self.streams
+            if self.state.epoch_seen <= roster.epoch:
+                break
+        self.r.hset(
+            self.keys.worker(self.me),
+            mapping={
+                "state": "assigned",
+                "task": self.tk.task_id,
+                "rank": role.rank,
+                "epoch": role.epoch,
+            },
+        )
+        if self.spec.partitions or role.leader:
+            self._reclaim(backstop=False)
+        pause_ms = round((time.monotonic() - paused) * 1000, 1)
+        self.log.info(
+            "rebalanced",
+            rank=role.rank,
+            world_size=role.world_size,
+            epoch=role.epoch,
+            old_rank=old.rank if old else None,
+            pause_ms=pause_ms,
+        )
+        if role.leader:
+            self.r.xadd(
+                self.tk.history,
+                {
+                    "epoch": role.epoch,
+                    "cause": "rebalanced",
+                    "size": role.world_size,
+                    "pause_ms": pause_ms,
+                    "ts": repr(time.time()),
+                },
+                maxlen=1000,
+                approximate=True,
+            )
+        if self.handler is not None and self.handler.on_rebalance is not None and old != role:
+            self.handler.on_rebalance(old, role)
+
+    def _barrier(self, roster: Roster) -> bool:
+        """Partitioned tasks: give up partitions we no longer own, confirm the epoch, and wait
+        until every member has, so no partition is read by two members in one epoch."""
+        assert self.role is not None
+        n, rank = self.role.world_size, self.role.rank
+        self.owned = [s for k, s in enumerate(self.streams) if k % n == rank]
+        self._hand_back([s for s in self.streams if s not in self.owned])
+        self.r.hset(self.tk.confirm, self.me, roster.epoch)
+        while True:
+            confirmed = self.r.hmget(self.tk.confirm, list(roster.members))
+            if all(c is not None and int(c) >= roster.epoch for c in confirmed):
+                return True
+            if self.state.epoch_seen > roster.epoch or self.state.fenced:
+                return False
+            if self.state.stopping or self.state.assign != self.tk.task_id:
+                return True  # leaving anyway; _check raises Leave next
+            self.state.wake.wait(0.01)
+            self.state.wake.clear()
+            self.state.observe_epoch(int(self.r.get(self.tk.epoch) or 0))
+
+    def _hand_back(self, streams: list[str]) -> None:
+        """Park every entry we still hold in ``streams`` (JUSTID: no attempt spent); the
+        partition's owner, or the leader, takes them back. Only entries still ours move,
+        so nothing a reclaimer already took is stolen back."""
+        for stream in streams:
+            while True:
+                claimed, gone = self.scripts.reclaim(
+                    self.tk,
+                    stream,
+                    PARKED,
+                    from_consumer=self.me,
+                    hand_back=True,
+                    only_departed=False,
+                )
+                for entry_id, deliveries in gone:
+                    self._bury(
+                        Work(stream, entry_id, {}, deliveries),
+                        None,
+                        "payload gone",
+                        "entry deleted or trimmed while pending",
+                    )
+                if not claimed or len(claimed) + len(gone) < RECLAIM_BATCH:
+                    break
+        self.local = deque(w for w in self.local if w.stream not in streams)
+
+    def _reclaim(self, *, backstop: bool) -> None:
+        """Claim what departed members left pending (at once), what was parked (no attempt
+        spent), or — as a backstop — anything idle past ``subtask_timeout``."""
+        members = set(read_roster(self.r, self.tk).members)
+        claimed_total = 0
+        for stream in self.owned:
+            batches = []
+            if backstop:
+                timeout_ms = int(self.spec.subtask_timeout * 1000)
+                batches.append(
+                    self.scripts.reclaim(
+                        self.tk, stream, self.me, min_idle_ms=timeout_ms, only_departed=False
+                    )
+                )
+            else:
+                for info in self.r.xinfo_consumers(stream, self.tk.group):
+                    name = info["name"]
+                    name = name.decode() if isinstance(name, bytes) else name
+                    if name == self.me or name in members:
+                        continue
+                    parked = name == PARKED
+                    while True:
+                        got = self.scripts.reclaim(
+                            self.tk,
+                            stream,
+                            self.me,
+                            from_consumer=name,
+                            hand_back=parked,
+                            only_departed=not parked,
+                        )
+                        batches.append(got)
+                        if not got[0] or len(got[0]) + len(got[1]) < RECLAIM_BATCH:
+                            break
+            found = []
+            for claimed, gone in batches:
+                for c in claimed:
+                    found.append(Work(stream, c.entry_id, c.fields, c.deliveries))
+                for entry_id, deliveries in gone:
+                    self._bury(
+                        Work(stream, entry_id, {}, deliveries),
+                        None,
+                        "payload gone",
+                        "entry deleted or trimmed while pending",
+                    )
+            found.sort(key=lambda w: _id_key(w.entry_id))
+            claimed_total += len(found)
+            self.local.extendleft(reversed(found))
+        if claimed_total:
+            self.log.info("reclaimed", entries=claimed_total, backstop=backstop)
+        self._flush()
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

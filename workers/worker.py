@@ -1,0 +1,217 @@
+"""The worker process: registers in the pool, waits for an assignment, runs its task's
+node-set membership (``TaskRun``), and leaves gracefully when asked to stop.
+
+Signals are installed by the CLI, not here: ``stop()`` is the warm stop (finish or abort the
+step, leave, deregister), ``stop(cold=True)`` interrupts a running handler.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from queueworks import events
+from queueworks.connection import connect, redact_url, text
+from queueworks.keys import Keys, check_worker_id
+from queueworks.logs import get_logger
+from queueworks.models import WorkerRecord
+from queueworks.scripts import Scripts
+from queueworks.settings import Settings
+from workers.heartbeat import Heartbeat, NodeState
+from workers.runtime import TaskRun
+from workers.watcher import Watcher
+
+
+def default_worker_id() -> str:
+    """Unique per process (host + pid + random), so scaled containers never collide."""
+    host = socket.gethostname().split(".")[0][:40] or "host"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+        allow: list[str] | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.id = check_worker_id(worker_id or default_worker_id())
+        self.allow = list(allow or [])
+        self.labels = dict(labels or {})
+        self.keys = Keys(settings.prefix)
+        self.log = get_logger(worker_id=self.id)
+        self.r = connect(
+            settings.redis_url,
+            ssl_ca_certs=settings.ssl_ca_certs,
+            ssl_certfile=settings.ssl_certfile,
+            ssl_keyfile=settings.ssl_keyfile,
+        )
+        self.scripts = Scripts(self.r)
+        self.state = NodeState(self.id)
+        self.heartbeat = Heartbeat(
+            self.r,
+            self.keys,
+            self.scripts,
+            self.state,
+            interval=settings.heartbeat_interval,
+            ttl=settings.heartbeat_ttl,
+            log=self.log,
+        )
+        self.watcher = Watcher(self.r, self.log)
+        self._watched_task: str | None = None
+        self._done_tasks: set[str] = set()
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Warm stop: finish or abort the current step at a safe point, leave, exit."""
+        self.state.stopping = True
+        self.state.suspend.set()
+        self.state.wake.set()
+
+    def run(self) -> None:
+        self.log.info(
+            "worker_starting",
+            redis=redact_url(self.settings.redis_url),
+            allow=self.allow,
+            labels=self.labels,
+        )
+        self._register()
+        self.watcher.watch(self.keys.assign(self.id), self._on_assign)
+        self.watcher.start()
+        self.heartbeat.start()
+        try:
+            self._serve()
+        finally:
+            self._deregister()
+            self.heartbeat.stop()
+            self.watcher.stop()
+            self.r.close()
+
+    def _register(self) -> None:
+        now = time.time()
+        record = WorkerRecord(
+            id=self.id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            labels=self.labels,
+            started_at=now,
+        )
+        while True:
+            try:
+                pipe = self.r.pipeline(transaction=False)
+                pipe.hset(
+                    self.keys.worker(self.id),
+                    mapping={
+                        "record": record.model_dump_json(),
+                        "state": "idle",
+                        "task": "",
+                        "processed": 0,
+                        "last_heartbeat": repr(now),
+                    },
+                )
+                pipe.set(
+                    self.keys.worker_heartbeat(self.id),
+                    repr(now),
+                    px=int(self.settings.heartbeat_ttl * 1000),
+                )
+                pipe.set(self.keys.assign(self.id), "", nx=True)
+                pipe.zadd(self.keys.workers, {self.id: now})
+                events.emit(
+                    pipe, self.keys, "worker_joined", worker=self.id, labels=json.dumps(self.labels)
+                )
+                pipe.execute()
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                if self.state.stopping:
+                    raise
+                self.log.warning("register_failed", error=str(exc), retry_in=1.0)
+                time.sleep(1.0)
+
+    def _deregister(self) -> None:
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.delete(self.keys.worker_heartbeat(self.id), self.keys.assign(self.id))
+            pipe.delete(self.keys.worker(self.id))
+            pipe.zrem(self.keys.workers, self.id)
+            events.emit(pipe, self.keys, "worker_left", worker=self.id)
+            pipe.execute()
+            self.log.info("worker_stopped")
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.log.warning("deregister_failed", error=str(exc))
+
+    # -- notifications --------------------------------------------------------------------
+
+    def _on_assign(self, key: str, event: str) -> None:
+        self.heartbeat.poke()  # reads the assignment within this round trip
+        self.state.wake.set()
+
+    def _on_epoch(self, key: str, event: str) -> None:
+        self.heartbeat.poke()
+
+    def _on_member_heartbeat(self, key: str, event: str) -> None:
+        if event in ("expired", "del", "resubscribed"):
+            self.heartbeat.poke()
+
+    def _watch_task(self, task_id: str | None) -> None:
+        if self._watched_task == task_id:
+            return
+        if self._watched_task is not None:
+            old = self.keys.task(self._watched_task)
+            self.watcher.unwatch(old.epoch)
+            self.watcher.unwatch(old.heartbeat_prefix + "*", pattern=True)
+        if task_id is not None:
+            tk = self.keys.task(task_id)
+            self.watcher.watch(tk.epoch, self._on_epoch)
+            self.watcher.watch(tk.heartbeat_prefix + "*", self._on_member_heartbeat, pattern=True)
+        self._watched_task = task_id
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        backoff = 0.05
+        while not self.state.stopping:
+            try:
+                assign = self.r.get(self.keys.assign(self.id))
+                task_id = text(assign)
+                self.state.assign = task_id
+                if not task_id or task_id in self._done_tasks:
+                    self.state.wake.wait(self.settings.heartbeat_interval)
+                    self.state.wake.clear()
+                    continue
+                self._watch_task(task_id)
+                run = TaskRun(
+                    self.r,
+                    self.scripts,
+                    self.keys.task(task_id),
+                    self.state,
+                    self.heartbeat,
+                    allow=self.allow,
+                    batch_size=self.settings.batch_size,
+                    ttl=self.settings.heartbeat_ttl,
+                    keys=self.keys,
+                    log=self.log,
+                )
+                outcome = run.run()
+                self.log.info("task_run_ended", task_id=task_id, outcome=outcome)
+                if outcome in ("finished", "missing"):
+                    self._done_tasks.add(task_id)
+                self._watch_task(None)
+                backoff = 0.05
+            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+                self.state.task_id = None
+                self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.id, "allow": self.allow, "labels": self.labels}
