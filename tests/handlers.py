@@ -84,3 +84,20 @@ def _conn(url: str) -> redis.Redis:
     if url not in _CONNS:
         _CONNS[url] = redis.Redis.from_url(url)
     return _CONNS[url]
+
+
+def tracked(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
+    """Logs "index|worker|attempt|epoch|rank|world|t_start" to a Redis list, then works for
+    ``seconds`` (suspending at safe points)."""
+    r = _conn(os.environ["QUEUEWORKS_REDIS_URL"])
+    role = ctx.role
+    r.rpush(
+        payload["log"],
+        f"{ctx.index}|{ctx.worker_id}|{ctx.attempt}|{role.epoch}|{role.rank}|{role.world_size}"
+        f"|{time.time()!r}",
+    )
+    end = time.monotonic() + float(payload.get("seconds", 0.0))
+    while time.monotonic() < end:
+        ctx.checkpoint()
+        time.sleep(min(0.002, float(payload.get("seconds", 0.0))))
+    return {"y": int(payload["x"]) * 2, "rank": role.rank, "epoch": role.epoch}

@@ -258,8 +258,8 @@ class TaskRun:
         self.log.info("subtask_retry", index=index, attempt=work.attempt, error=repr(exc))
         # XCLAIM to ourselves raises the delivery count: the attempt is spent in Redis too.
         claimed = self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id])
-        if claimed:
-            self.local.append(Work(work.stream, work.entry_id, work.fields, work.attempt + 1))
+        if claimed:  # retried at once, before anything later in the stream (per-key order)
+            self.local.appendleft(Work(work.stream, work.entry_id, work.fields, work.attempt + 1))
 
     def _bury(
         self, work: Work, index: int | None, reason: str, error: str, payload: str | None = None
