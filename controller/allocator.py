@@ -123,6 +123,9 @@ class _Pass:
             )
             self.held.append(mine[: self._max(task)])
         self.free = set(self.ids).difference(*self.held)
+        self.holders = [i for i, held in enumerate(self.held) if held]
+        self.version = 0  # bumped on every change of held/free during step 2
+        self.short: dict[tuple[frozenset[tuple[str, str]], int], tuple[int, int]] = {}
 
     def _fits(self, worker: str, task: TaskView) -> bool:
         return matches(self.workers[worker], task)
@@ -136,7 +139,9 @@ class _Pass:
     def _free_fits(self, task: TaskView, limit: int) -> list[str]:
         """Up to `limit` free workers matching `task`, by id."""
         found: list[str] = []
-        for w in self.ids if self.free and limit > 0 else ():
+        if not self.free or limit <= 0:
+            return found
+        for w in self.ids if 4 * len(self.free) > len(self.ids) else sorted(self.free):
             if w in self.free and self._fits(w, task):
                 found.append(w)
                 if len(found) == limit:
@@ -164,6 +169,7 @@ class _Pass:
         saved = ([list(h) for h in self.held], set(self.free))
         while (failed := next((i for i in level if not self._reach_min(i)), None)) is not None:
             self.held, self.free = [list(h) for h in saved[0]], set(saved[1])
+            self.version += 1
             self.free.update(self.held[failed])
             self.held[failed] = []
             saved = ([list(h) for h in self.held], set(self.free))
@@ -176,29 +182,19 @@ class _Pass:
             return True
         if self._min(i) > self._max(task):  # can never be satisfied
             return self._release(i)
-        picks = self._free_fits(task, need)
-        taken = set(picks)
-        lower = []  # strictly lower-priority tasks holding nodes: lowest, youngest first
-        for j in range(len(self.order) - 1, i, -1):
-            if self.order[j].priority >= task.priority or len(picks) == need:
-                break
-            if self.held[j]:
-                lower.append(j)
-        touched: dict[int, bool] = {}  # victim -> preempted whole
-        for whole in (False, True):
-            for j in lower:
-                room = len(self.held[j]) if whole else len(self.held[j]) - self._min(j)
-                for w in reversed(self.held[j]):
-                    if len(picks) == need or room <= 0:
-                        break
-                    if w not in taken and self._fits(w, task):
-                        picks.append(w)
-                        taken.add(w)
-                        touched[j] = whole or touched.get(j, False)
-                        room -= 1
-        if len(picks) < need:
+        # Same selector and priority see the same free and lower nodes: reuse a known shortfall.
+        key = (frozenset(task.selector.items()), task.priority)
+        version, available = self.short.get(key, (-1, 0))
+        if version == self.version and available < need:
             return self._release(i)
-        for j, whole in touched.items():
+        picks = self._free_fits(task, need)
+        victims = self._preempt(i, picks, need) if len(picks) < need else {}
+        if len(picks) < need:  # picks is then everything available
+            self.short[key] = (self.version, len(picks))
+            return self._release(i)
+        self.version += 1
+        taken = set(picks)
+        for j, whole in victims.items():
             rest = [w for w in self.held[j] if w not in taken]
             if whole:
                 self.free.update(rest)
@@ -207,10 +203,35 @@ class _Pass:
         self.held[i] = sorted(mine + picks)
         return True
 
+    def _preempt(self, i: int, picks: list[str], need: int) -> dict[int, bool]:
+        """Extend `picks` from strictly lower-priority tasks (lowest, youngest first): surplus
+        above their min, then whole tasks. Returns victim -> preempted whole; commits nothing."""
+        task, taken = self.order[i], set(picks)
+        lower = []
+        for j in reversed(self.holders):  # only tasks that kept nodes can hold any now
+            if j <= i or self.order[j].priority >= task.priority:
+                break
+            if self.held[j]:
+                lower.append(j)
+        victims: dict[int, bool] = {}
+        for whole in (False, True):
+            for j in lower:
+                room = len(self.held[j]) if whole else len(self.held[j]) - self._min(j)
+                for w in reversed(self.held[j]):  # highest ids first
+                    if len(picks) == need or room <= 0:
+                        break
+                    if w not in taken and self._fits(w, task):
+                        picks.append(w)
+                        taken.add(w)
+                        victims[j] = whole or victims.get(j, False)
+                        room -= 1
+        return victims
+
     def _release(self, i: int) -> bool:
         """Gang failure: task i gets nothing; False if it had kept nodes."""
         mine, self.held[i] = self.held[i], []
         self.free.update(mine)
+        self.version += bool(mine)
         return not mine
 
     def grow(self) -> None:

@@ -162,9 +162,14 @@ class Client:
             pipe.hgetall(self.keys.worker(wid))
         out = []
         for raw in pipe.execute():
-            if raw:
+            if raw and b"record" in raw:
                 out.append(worker_record(raw))
         return out
+
+    def drain_worker(self, worker_id: str) -> None:
+        """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""
+        self.redis.hset(self.keys.worker(worker_id), "drain", "1")
+        events.emit(self.redis, self.keys, "drain_requested", worker=worker_id)
 
 
 def _f(raw: Any, name: str) -> str | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -67,8 +68,10 @@ class Heartbeat(threading.Thread):
         interval: float,
         ttl: float,
         log: Any,
+        on_forgotten: Callable[[], None] | None = None,
     ) -> None:
         super().__init__(name="qw-heartbeat", daemon=True)
+        self._on_forgotten = on_forgotten
         self._r, self._keys, self._scripts, self.state = r, keys, scripts, state
         self.interval, self.ttl_ms = interval, int(ttl * 1000)
         self._log = log
@@ -110,6 +113,7 @@ class Heartbeat(threading.Thread):
         )
         pipe.hincrby(k.worker(s.worker_id), "processed", processed)
         pipe.get(k.assign(s.worker_id))
+        pipe.hget(k.worker(s.worker_id), "drain")
         if task_id is not None:
             tk = k.task(task_id)
             pipe.set(tk.heartbeat(s.worker_id), repr(now), px=self.ttl_ms, xx=True)
@@ -117,17 +121,26 @@ class Heartbeat(threading.Thread):
             if successor is not None:
                 pipe.exists(tk.heartbeat(successor))
         replies = pipe.execute()
-        assign = replies[4]
+        if replies[1] and self._on_forgotten is not None:
+            # We were dropped from the pool (declared lost while paused): register again
+            # rather than let the heartbeat recreate half a record.
+            self._on_forgotten()
+        assign, drain = replies[4], replies[5]
         s.observe_assign(assign.decode() if assign else "")
+        if drain and not s.stopping:  # an operator asked for a graceful leave
+            self._log.info("draining")
+            s.stopping = True
+            s.suspend.set()
+            s.wake.set()
         if task_id is None or task_id != s.task_id:
             return
-        if not replies[5]:
+        if not replies[6]:
             s.fenced = True
             s.suspend.set()
             s.wake.set()
-        epoch = int(replies[6] or 0)
+        epoch = int(replies[7] or 0)
         s.observe_epoch(epoch)
-        if successor is not None and not replies[7] and self.prune(task_id, successor):
+        if successor is not None and not replies[8] and self.prune(task_id, successor):
             return
         if self._roster_at != (task_id, epoch):
             self._follow(task_id)

@@ -323,8 +323,9 @@ class TaskRun:
                 "epoch": role.epoch,
             },
         )
+        reclaimed = 0
         if self.spec.partitions or role.leader:
-            self._reclaim(backstop=False)
+            reclaimed = self._reclaim(backstop=False)
         pause_ms = round((time.monotonic() - paused) * 1000, 1)
         self.log.info(
             "rebalanced",
@@ -335,20 +336,32 @@ class TaskRun:
             pause_ms=pause_ms,
         )
         if role.leader:
-            self.r.xadd(
-                self.tk.history,
-                {
-                    "epoch": role.epoch,
-                    "cause": "rebalanced",
-                    "size": role.world_size,
-                    "pause_ms": pause_ms,
-                    "ts": repr(time.time()),
-                },
-                maxlen=1000,
-                approximate=True,
-            )
+            self._record_rebalance(role, pause_ms, reclaimed)
         if self.handler is not None and self.handler.on_rebalance is not None and old != role:
             self.handler.on_rebalance(old, role)
+
+    def _record_rebalance(self, role: Role, pause_ms: float, reclaimed: int) -> None:
+        """The leader writes one history entry per rebalance: how long the members paused,
+        what was reclaimed, and how long after the membership change it was all done."""
+        last: Any = self.r.xrevrange(self.tk.history, count=1)
+        now = time.time()
+        since_change_ms = ""
+        if last and last[0][1].get(b"cause") != b"rebalanced":
+            since_change_ms = str(round((now - float(last[0][1][b"ts"])) * 1000, 1))
+        self.r.xadd(
+            self.tk.history,
+            {
+                "epoch": role.epoch,
+                "cause": "rebalanced",
+                "size": role.world_size,
+                "pause_ms": pause_ms,
+                "reclaimed": reclaimed,
+                "since_change_ms": since_change_ms,
+                "ts": repr(now),
+            },
+            maxlen=1000,
+            approximate=True,
+        )
 
     def _barrier(self, roster: Roster) -> bool:
         """Partitioned tasks: give up partitions we no longer own, confirm the epoch, and wait
@@ -395,7 +408,7 @@ class TaskRun:
                     break
         self.local = deque(w for w in self.local if w.stream not in streams)
 
-    def _reclaim(self, *, backstop: bool) -> None:
+    def _reclaim(self, *, backstop: bool) -> int:
         """Claim what departed members left pending (at once), what was parked (no attempt
         spent), or — as a backstop — anything idle past ``subtask_timeout``."""
         members = set(read_roster(self.r, self.tk).members)
@@ -445,6 +458,7 @@ class TaskRun:
         if claimed_total:
             self.log.info("reclaimed", entries=claimed_total, backstop=backstop)
         self._flush()
+        return claimed_total
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:

@@ -65,6 +65,7 @@ class Worker:
             interval=settings.heartbeat_interval,
             ttl=settings.heartbeat_ttl,
             log=self.log,
+            on_forgotten=self._register,
         )
         self.watcher = Watcher(self.r, self.log)
         self._watched_task: str | None = None
@@ -109,6 +110,7 @@ class Worker:
         while True:
             try:
                 pipe = self.r.pipeline(transaction=False)
+                pipe.hdel(self.keys.worker(self.id), "drain")
                 pipe.hset(
                     self.keys.worker(self.id),
                     mapping={
