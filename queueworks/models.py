@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -75,6 +75,8 @@ class TaskSpec(_Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     result_ttl: float = Field(default=24 * 3600.0, gt=0)
     max_dead: int | None = Field(default=None, ge=0)
+    mode: Literal["subtask", "step"] = "subtask"
+    options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("handler")
     @classmethod

@@ -90,7 +90,12 @@ class TaskRun:
         if not self._join():
             return "finished"
         try:
-            self._loop()
+            if self.spec.mode == "step":
+                from workers.steps import run_steps  # lockstep mode (queueworks.torch)
+
+                run_steps(self)
+            else:
+                self._loop()
         except Leave as why:
             return str(why)
         finally:
