@@ -124,8 +124,7 @@ class _Pass:
             self.held.append(mine[: self._max(task)])
         self.free = set(self.ids).difference(*self.held)
         self.holders = [i for i, held in enumerate(self.held) if held]
-        self.version = 0  # bumped on every change of held/free during step 2
-        self.short: dict[tuple[frozenset[tuple[str, str]], int], tuple[int, int]] = {}
+        self.short: dict[tuple[frozenset[tuple[str, str]], int], int] = {}  # see _reach_min
 
     def _fits(self, worker: str, task: TaskView) -> bool:
         return matches(self.workers[worker], task)
@@ -141,7 +140,8 @@ class _Pass:
         found: list[str] = []
         if not self.free or limit <= 0:
             return found
-        for w in self.ids if 4 * len(self.free) > len(self.ids) else sorted(self.free):
+        small = 4 * len(self.free) <= len(self.ids)  # then sorting beats scanning every id
+        for w in sorted(self.free) if small else self.ids:
             if w in self.free and self._fits(w, task):
                 found.append(w)
                 if len(found) == limit:
@@ -169,7 +169,7 @@ class _Pass:
         saved = ([list(h) for h in self.held], set(self.free))
         while (failed := next((i for i in level if not self._reach_min(i)), None)) is not None:
             self.held, self.free = [list(h) for h in saved[0]], set(saved[1])
-            self.version += 1
+            self.short.clear()
             self.free.update(self.held[failed])
             self.held[failed] = []
             saved = ([list(h) for h in self.held], set(self.free))
@@ -182,17 +182,16 @@ class _Pass:
             return True
         if self._min(i) > self._max(task):  # can never be satisfied
             return self._release(i)
-        # Same selector and priority see the same free and lower nodes: reuse a known shortfall.
+        # Within a level (until a rerun) the free and lower nodes a (selector, priority) can use
+        # only shrink, so a known shortfall stays one: many alike queued tasks cost O(1) each.
         key = (frozenset(task.selector.items()), task.priority)
-        version, available = self.short.get(key, (-1, 0))
-        if version == self.version and available < need:
+        if self.short.get(key, need) < need:
             return self._release(i)
         picks = self._free_fits(task, need)
         victims = self._preempt(i, picks, need) if len(picks) < need else {}
         if len(picks) < need:  # picks is then everything available
-            self.short[key] = (self.version, len(picks))
+            self.short[key] = len(picks)
             return self._release(i)
-        self.version += 1
         taken = set(picks)
         for j, whole in victims.items():
             rest = [w for w in self.held[j] if w not in taken]
@@ -231,7 +230,6 @@ class _Pass:
         """Gang failure: task i gets nothing; False if it had kept nodes."""
         mine, self.held[i] = self.held[i], []
         self.free.update(mine)
-        self.version += bool(mine)
         return not mine
 
     def grow(self) -> None:

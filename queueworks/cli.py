@@ -204,6 +204,46 @@ def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
 
 @main.command()
 @_common
+@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
+@click.option("--port", type=int, default=9181, show_default=True)
+@click.option(
+    "--token",
+    envvar="QUEUEWORKS_DASHBOARD_TOKEN",
+    help="access token; required beyond loopback [env QUEUEWORKS_DASHBOARD_TOKEN]",
+)
+@click.option("--refresh", type=float, default=1.0, show_default=True, help="live update, s")
+def dashboard(host: str, port: int, token: str | None, refresh: float, **flags: Any) -> None:
+    """Web dashboard, JSON API and /metrics (default http://127.0.0.1:9181)."""
+    import uvicorn
+
+    from queueworks.connection import redact_url
+    from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
+
+    settings = _settings(**flags)
+    configure(settings.log_level, settings.log_format)
+    try:
+        check_bind(host, token)
+        config = DashboardConfig(
+            redis_url=settings.redis_url,
+            prefix=settings.prefix,
+            token=token or None,
+            refresh=refresh,
+            ssl_ca_certs=settings.ssl_ca_certs,
+        )
+    except (BindRefused, ValueError) as exc:
+        raise click.UsageError(str(exc)) from None
+    click.echo(f"dashboard on http://{host}:{port} for {redact_url(settings.redis_url)}", err=True)
+    uvicorn.run(
+        create_app(config),
+        host=host,
+        port=port,
+        log_level=settings.log_level.lower(),
+        access_log=settings.log_level.lower() == "debug",
+    )
+
+
+@main.command()
+@_common
 @click.option("--id-file", type=click.Path(dir_okay=False), help="check this worker's heartbeat")
 @click.option("--controller", "is_controller", is_flag=True, help="check that a leader exists")
 def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:

@@ -20,6 +20,7 @@ from queueworks.models import (
     TaskState,
     TaskStatus,
     WorkerRecord,
+    WorkerState,
 )
 from queueworks.scripts import Scripts
 
@@ -181,7 +182,7 @@ def worker_record(raw: dict[bytes, bytes]) -> WorkerRecord:
     data = {k.decode(): v.decode() for k, v in raw.items()}
     return WorkerRecord.model_validate_json(data["record"]).model_copy(
         update={
-            "state": data.get("state", "idle"),
+            "state": WorkerState(data.get("state", "idle")),
             "task": data.get("task") or None,
             "rank": int(data["rank"]) if data.get("rank") else None,
             "epoch": int(data["epoch"]) if data.get("epoch") else None,

@@ -56,7 +56,14 @@ def connect(
             kwargs["ssl_certfile"] = ssl_certfile
         if ssl_keyfile:
             kwargs["ssl_keyfile"] = ssl_keyfile
-    return redis.Redis.from_url(url, **kwargs)
+    try:
+        return redis.Redis.from_url(url, **kwargs)
+    except ValueError:
+        # redis-py's message may quote part of the URL, password included
+        raise ValueError(
+            "invalid Redis URL: expected redis://[[user]:password@]host[:port][/db], "
+            "rediss://... or unix://...; percent-encode / ? # @ : % in the password"
+        ) from None
 
 
 def text(value: object) -> str:

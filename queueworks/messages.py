@@ -30,7 +30,7 @@ def to_json(value: Any, what: str) -> str:
         raise NotJSON(f"{what} is not JSON-serializable: {exc}") from None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Subtask:
     entry_id: str
     index: int

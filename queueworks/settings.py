@@ -9,7 +9,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class Settings(BaseSettings):
     """Every knob of the processes. Flags override environment variables."""
 
-    model_config = SettingsConfigDict(env_prefix="QUEUEWORKS_", extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix="QUEUEWORKS_", extra="forbid", hide_input_in_errors=True
+    )
 
     redis_url: str = "redis://localhost:6379/0"
     prefix: str = Field(default="qw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")

@@ -37,7 +37,7 @@ class NodeState:
     epoch_seen: int = 0  # latest epoch seen (heartbeat / watcher write)
     fenced: bool = False  # our member heartbeat was gone: we were pruned
     stopping: bool = False
-    current: str = ""  # subtask index being run, for the dashboard
+    current: int = -1  # subtask index being run (-1: none), for the dashboard
     processed: int = 0  # subtasks run since the last tick
     wake: threading.Event = field(default_factory=threading.Event)
     suspend: threading.Event = field(default_factory=threading.Event)
@@ -75,13 +75,13 @@ class Heartbeat(threading.Thread):
         self._r, self._keys, self._scripts, self.state = r, keys, scripts, state
         self.interval, self.ttl_ms = interval, int(ttl * 1000)
         self._log = log
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._poke = threading.Event()
         self._roster_at: tuple[str, int] | None = None
         self.pruned = 0
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self._poke.set()
 
     def poke(self) -> None:
@@ -89,7 +89,7 @@ class Heartbeat(threading.Thread):
         self._poke.set()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             started = time.monotonic()
             try:
                 self.tick()
@@ -109,7 +109,8 @@ class Heartbeat(threading.Thread):
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
         pipe.hset(
-            k.worker(s.worker_id), mapping={"last_heartbeat": repr(now), "current": s.current}
+            k.worker(s.worker_id),
+            mapping={"last_heartbeat": repr(now), "current": s.current if s.current >= 0 else ""},
         )
         pipe.hincrby(k.worker(s.worker_id), "processed", processed)
         pipe.get(k.assign(s.worker_id))

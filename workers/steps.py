@@ -1,12 +1,454 @@
-"""Lockstep mode (``TaskSpec(mode="step")``): every member runs each step together."""
+"""Lockstep mode (``TaskSpec(mode="step")``): every member of the node set runs each step
+together, for data-parallel training that keeps going while the node set changes.
+
+This module knows queues and membership, not any framework: it never imports torch. The
+framework side is a *step trainer*, built per task run by the factory that ``spec.handler``
+names (``queueworks.torch.ElasticTrainer`` is the torch one)::
+
+    def make_trainer(ctx: StepContext) -> StepTrainer: ...
+
+A ``StepTrainer`` has six methods; the loop calls them in this order:
+
+``on_role(gen)``
+    Form the group of generation ``gen`` (``gen.role``: rank, world size, epoch; ``gen.round``)
+    from scratch: drop the old group, rendezvous, and make every member's state identical
+    (broadcast from the member with the most applied steps, the leader on ties). Raise
+    ``StepAborted`` if it cannot (a peer did not come, the node set changed: poll
+    ``ctx.suspended``); the loop then tries the next round, or re-ranks first.
+``prepare(payload)``
+    Local work on this member's shard, no collective (forward and backward). ``None``: no
+    shard this step; take part with zero weight. Any exception from ``prepare(payload)``
+    counts as a failed attempt of that shard (retried, dead-lettered after
+    ``max_attempts``); the loop then calls ``prepare(None)`` so the step still has all members.
+``reduce()``
+    The collective(s) of the step, e.g. the all-reduce of gradients weighted by sample count.
+    Returns the shard's result (JSON). Raises ``StepAborted`` when a collective fails or
+    times out, after dropping its group, so that blocked peers fail at once too.
+``commit(info)`` / ``abort(info)``
+    Exactly one of them per step: apply the update (the step committed on the node set) or
+    discard it. ``info`` says which shards were in the step. ``abort`` is also called when
+    the step committed but this member's ``reduce`` failed: it is behind, and the next
+    ``on_role`` makes it identical again.
+``close(reason)``
+    The run ends ("finished", "stopping", "revoked", ...): last checkpoint, drop the group.
+
+Any other exception from a trainer method (a bug, a bad option) fails the whole task with
+its traceback, as a failing worker fails a TorchElastic job.
+
+**One step.** Each member takes at most one shard: one it holds (an aborted step's, or
+reclaimed), else one parked, else a new one (fenced by membership and epoch). It records the
+shard in the task's ``steps`` hash, runs ``prepare`` and ``reduce``, and proposes a decision:
+``commit`` if its collective completed, ``abort`` if not. The first proposal stored for the
+step wins (HSETNX, fenced by membership), and every member follows it:
+
+* A completed all-reduce on any member proves every member entered it, so every shard of
+  the step is recorded and every contribution arrived: committing is correct even if a peer
+  died right after. A departure that breaks the collective aborts the step; a join does not
+  (the joiner is not in the step), it only starts a new generation after it.
+* Commit: each member settles its own shard (ack + result, counted once). The others'
+  shards are kept and settled too if the next collective fails, before any re-rank, so a
+  member that died between commit and ack never has its shard reclaimed and run again.
+* Abort: the shard stays in hand (``run.local``): no attempt spent. A member that holds more
+  than one shard at a step boundary (the leader after reclaiming a departed member's) parks
+  them all, and every member claims one parked shard per step before reading new ones.
+
+So each shard is in exactly one committed step; it is in more than one step only when the
+others were aborted. A step with no shard at all is idle: the loop checks whether the task
+has finished (then every member leaves) and waits for work.
+
+**Generations.** ``Generation(role, round)``: ``round`` is 0 after every re-rank and grows
+by one after each failed collective in the same epoch, so that the survivors of a killed
+peer form a new group at once, and again after the peer is pruned (new epoch).
+"""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import json
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+import redis
+
+from queueworks import events
+from queueworks.connection import text
+from queueworks.keys import TaskKeys
+from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
+from queueworks.models import Role, StoredSpec, TaskState
+from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED
+from workers.runtime import PARKED, Leave, Work
 
 if TYPE_CHECKING:
     from workers.runtime import TaskRun
 
+COMMIT, ABORT, FENCED = "commit", "abort", "fenced"
+FORM_BACKOFF = 0.02  # seconds between attempts to form a group (unless the set changes)
+
+
+def task_key(tk: TaskKeys, name: str) -> str:
+    """Keys of step mode (``steps``, ``rdzv``, ``checkpoint``), in the task's hash tag.
+
+    The one place that derives them until ``TaskKeys`` has ``steps``, ``rendezvous`` and
+    ``checkpoint`` of its own.
+    """
+    return f"{tk.record}:{name}"
+
+
+class StepAborted(Exception):
+    """The step, or forming the group, did not complete on this member: a peer vanished, a
+    collective timed out, or the node set changed. No attempt of the shard is spent."""
+
+
+@dataclass(frozen=True)
+class Generation:
+    """One group of the node set: a role (rank, world size, epoch) and a round within it."""
+
+    role: Role
+    round: int = 0
+
+    @property
+    def id(self) -> str:
+        return f"{self.role.epoch}.{self.round}"
+
+
+@dataclass(frozen=True)
+class StepInfo:
+    """What ``commit``/``abort`` learn about the step that was run."""
+
+    generation: Generation
+    seq: int  # the step's number within its generation
+    shards: tuple[int, ...]  # subtask indices of every shard in the step, in rank order
+    own: int | None  # this member's shard
+    committed: bool  # the node set committed the step (``abort`` may still see True)
+
+
+@dataclass
+class StepContext:
+    """What the trainer factory gets: the task, its options, Redis, and the live role."""
+
+    task_id: str
+    worker_id: str
+    spec: StoredSpec
+    redis: redis.Redis
+    keys: TaskKeys
+    log: Any
+    _run: TaskRun = field(repr=False)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """``TaskSpec.options``: free-form JSON for the trainer (checkpoint path, ...)."""
+        return self.spec.options
+
+    @property
+    def role(self) -> Role:
+        role = self._run.role
+        assert role is not None
+        return role
+
+    @property
+    def suspended(self) -> bool:
+        """True once the node set changed or the worker is stopping: give up waiting."""
+        return self._run.state.suspend.is_set()
+
+    def wait(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``; returns True at once if the run is suspended."""
+        return self._run.state.suspend.wait(seconds)
+
+
+class StepTrainer(Protocol):
+    def on_role(self, gen: Generation) -> None: ...
+
+    def prepare(self, payload: Any | None) -> None: ...
+
+    def reduce(self) -> Any: ...
+
+    def commit(self, info: StepInfo) -> None: ...
+
+    def abort(self, info: StepInfo) -> None: ...
+
+    def close(self, reason: str) -> None: ...
+
+
+class TrainerFailed(Exception):
+    """A trainer method raised something other than ``StepAborted``."""
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    rank: int
+    stream: str
+    entry_id: str
+    index: int
+
 
 def run_steps(run: TaskRun) -> None:
-    raise NotImplementedError("step mode arrives with queueworks.torch")
+    """The lockstep loop of one member; ends by raising ``Leave``."""
+    reason = "error"
+    loop: StepLoop | None = None
+    try:
+        if run.handler is None:
+            raise TrainerFailed(f"step trainer refused: {run.refused}")
+        if run.spec.partitions:
+            raise TrainerFailed("step mode does not take partitions")
+        ctx = StepContext(run.tk.task_id, run.me, run.spec, run.r, run.tk, run.log, run)
+        trainer = _call(run.handler.fn, ctx)
+        loop = StepLoop(run, trainer)
+        loop.serve()
+    except Leave as why:
+        reason = str(why)
+        raise
+    except TrainerFailed as exc:
+        reason = "failed"
+        _fail_task(run, exc)
+        raise Leave("finished") from None
+    finally:
+        if loop is not None:
+            loop.close(reason)
+
+
+def _call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except (StepAborted, Leave, redis.ConnectionError, redis.TimeoutError):
+        raise
+    except Exception as exc:
+        raise TrainerFailed("".join(traceback.format_exception(exc))) from exc
+
+
+def _fail_task(run: TaskRun, exc: Exception) -> None:
+    error = str(exc)[-8000:]
+    run.log.error("step_trainer_failed", error=error)
+    if run.scripts.set_state(run.tk, TaskState.FAILED.value, time.time(), error):
+        events.emit(run.r, run.keys, "failed", task=run.tk.task_id, error=error[:200])
+
+
+class StepLoop:
+    def __init__(self, run: TaskRun, trainer: StepTrainer) -> None:
+        self.run, self.trainer = run, trainer
+        self.key = task_key(run.tk, "steps")
+        self.gen: Generation | None = None
+        self.next_round = (-1, 0)  # (epoch, round) to form next
+        self.seq = 0
+        self.backlog: list[_Recorded] = []  # peers' shards of our last committed step
+
+    def serve(self) -> None:
+        r = self.run
+        while True:
+            if r.state.suspend.is_set():
+                self._settle_backlog()  # before a re-rank may reclaim them
+            r._check()
+            if len(r.local) > 1:  # spread what we hold: park it, one claim per member and step
+                r._hand_back(r.streams)
+            gen = self._form()
+            if gen is not None:
+                self._step(gen)
+
+    def close(self, reason: str) -> None:
+        try:
+            self._settle_backlog()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            self.run.log.warning("settle_failed", error=str(exc))
+        try:
+            self.trainer.close(reason)
+        except Exception as exc:
+            self.run.log.warning("trainer_close_failed", error=repr(exc))
+
+    # -- generations ----------------------------------------------------------------------
+
+    def _form(self) -> Generation | None:
+        role = self.run.role
+        assert role is not None
+        if self.gen is not None and self.gen.role == role:
+            return self.gen
+        epoch, rnd = self.next_round
+        gen = Generation(role, rnd if epoch == role.epoch else 0)
+        self.gen = None
+        started = time.monotonic()
+        try:
+            _call(self.trainer.on_role, gen)
+        except StepAborted as exc:
+            self.run.log.info("group_not_formed", generation=gen.id, reason=str(exc))
+            self.next_round = (role.epoch, gen.round + 1)
+            self.run.state.suspend.wait(FORM_BACKOFF)
+            return None
+        self.gen, self.seq, self.next_round = gen, 0, (role.epoch, gen.round)
+        self.run.log.info(
+            "group_formed",
+            generation=gen.id,
+            rank=role.rank,
+            world_size=role.world_size,
+            ms=round((time.monotonic() - started) * 1000, 1),
+        )
+        return gen
+
+    # -- one step -------------------------------------------------------------------------
+
+    def _step(self, gen: Generation) -> None:
+        run = self.run
+        work = self._take()
+        index: int | None = None
+        if work is not None:
+            index = self._prepare(work)
+            if index is None:
+                work = None
+        if work is None:
+            _call(self.trainer.prepare, None)
+        field_name = f"{gen.id}.{self.seq}"
+        if work is not None:
+            run.r.hset(
+                self.key,
+                f"{field_name}.{gen.role.rank}",
+                json.dumps([work.stream, work.entry_id, index]),
+            )
+        ok, result = True, None
+        try:
+            result = _call(self.trainer.reduce)
+        except StepAborted as exc:
+            ok = False
+            run.log.info("step_aborted", generation=gen.id, seq=self.seq, reason=str(exc))
+            self._settle_backlog()
+        decision, recorded = self._decide(gen, field_name, ok)
+        info = StepInfo(gen, self.seq, tuple(x.index for x in recorded), index, decision == COMMIT)
+        if decision == COMMIT:
+            _call(self.trainer.commit if ok else self.trainer.abort, info)
+            if work is not None and index is not None:
+                body = self._body(result if ok else None)
+                run.ok.setdefault(work.stream, []).append((work.entry_id, index, body))
+                run.state.processed += 1
+            self.backlog = [x for x in recorded if x.rank != gen.role.rank]
+        else:
+            _call(self.trainer.abort, info)
+            if work is not None:
+                run.local.appendleft(work)  # same attempt: an aborted step spends none
+            self.backlog = []
+            if decision == FENCED:
+                run.state.fenced = True  # pruned: _check parks what we hold and rejoins
+        run._flush()
+        self.seq += 1
+        if not ok or decision != COMMIT:
+            self.gen = None  # this group is broken: form the next round
+            self.next_round = (gen.role.epoch, gen.round + 1)
+        elif not recorded:
+            run._idle()  # nobody had a shard: finished (Leave), or wait for work
+
+    def _take(self) -> Work | None:
+        """At most one shard: one in hand, else a parked one, else a new one."""
+        run = self.run
+        while run.local:
+            work = run.local.popleft()
+            if work.attempt > run.spec.max_attempts:
+                run._bury(work, None, "exceeded max_attempts", f"delivered {work.attempt} times")
+                continue
+            return work
+        stream = run.streams[0]
+        claimed, gone = run.scripts.reclaim(
+            run.tk,
+            stream,
+            run.me,
+            from_consumer=PARKED,
+            count=1,
+            hand_back=True,
+            only_departed=False,
+        )
+        for entry_id, deliveries in gone:
+            run._bury(
+                Work(stream, entry_id, {}, deliveries),
+                None,
+                "payload gone",
+                "entry deleted or trimmed while pending",
+            )
+        if claimed:
+            c = claimed[0]
+            return Work(stream, c.entry_id, c.fields, c.deliveries)
+        assert run.role is not None
+        status, reply = run.scripts.fenced_read(run.tk, run.owned, run.me, 1, run.role.epoch)
+        if status == READ_FENCED:
+            run.state.fenced = True
+        elif status == READ_EPOCH_MOVED:
+            run.state.observe_epoch(int(reply))  # this step still runs; re-rank after it
+        elif status == 1:
+            for name, entries in reply:
+                for entry_id, flat in entries:
+                    fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+                    return Work(text(name), text(entry_id), fields, 1)
+        return None
+
+    def _prepare(self, work: Work) -> int | None:
+        """Decode the shard and run ``prepare``; None if it failed (retry or dead letter)."""
+        run = self.run
+        try:
+            sub = decode_entry(work.entry_id, work.fields)
+        except BadMessage as exc:
+            run._bury(work, None, "malformed entry", str(exc))
+            return None
+        try:
+            self.trainer.prepare(sub.payload)
+        except (StepAborted, Leave, redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception as exc:
+            run._failed(work, sub.index, exc, sub.raw_payload)
+            return None
+        return sub.index
+
+    def _body(self, result: Any) -> str:
+        try:
+            return to_json(result, "result")
+        except NotJSON as exc:
+            self.run.log.warning("result_not_json", error=str(exc))
+            return "null"
+
+    def _decide(self, gen: Generation, name: str, ok: bool) -> tuple[str, list[_Recorded]]:
+        """Propose commit/abort for the step; the first proposal stored wins. Fenced: a member
+        pruned from the node set decides nothing (WATCH on the member list)."""
+        run = self.run
+        world = gen.role.world_size
+        rank_fields = [f"{name}.{k}" for k in range(world)]
+        cleanup: list[str] = []
+        if ok and gen.role.leader and self.seq > 0:  # every member is past the previous step
+            prev = f"{gen.id}.{self.seq - 1}"
+            cleanup = [prev, *(f"{prev}.{k}" for k in range(world))]
+        with run.r.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    pipe.watch(run.tk.members)
+                    if pipe.zscore(run.tk.members, run.me) is None:
+                        return FENCED, []
+                    pipe.multi()
+                    pipe.hsetnx(self.key, name, COMMIT if ok else ABORT)
+                    pipe.hget(self.key, name)
+                    pipe.hmget(self.key, rank_fields)
+                    if cleanup:
+                        pipe.hdel(self.key, *cleanup)
+                    replies = pipe.execute()
+                    break
+                except redis.WatchError:
+                    continue
+        if ok and gen.role.leader and self.seq == 0:
+            self._drop_old_generations(gen)
+        decision = text(replies[1])
+        recorded = []
+        for rank, raw in enumerate(replies[2]):
+            if raw is not None:
+                stream, entry_id, index = json.loads(raw)
+                recorded.append(_Recorded(rank, str(stream), str(entry_id), int(index)))
+        return decision, recorded
+
+    def _drop_old_generations(self, gen: Generation) -> None:
+        """Every member of this generation is past the older ones, and members that left
+        are fenced out of deciding: their fields can go."""
+        mine = gen.id + "."
+        old = [f for f in (text(k) for k in self.run.r.hkeys(self.key)) if not f.startswith(mine)]
+        if old:
+            self.run.r.hdel(self.key, *old)
+
+    def _settle_backlog(self) -> None:
+        """Ack the peers' shards of our last committed step (a no-op for those already acked:
+        the settle script counts an entry only when XACK removed it)."""
+        if not self.backlog:
+            return
+        run = self.run
+        for x in self.backlog:
+            run.ok.setdefault(x.stream, []).append((x.entry_id, x.index, "null"))
+        self.backlog = []
+        run._flush()

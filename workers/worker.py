@@ -93,9 +93,12 @@ class Worker:
         try:
             self._serve()
         finally:
-            self._deregister()
+            # Heartbeat first: a tick after deregistering would register us again.
             self.heartbeat.stop()
+            if self.heartbeat.is_alive():
+                self.heartbeat.join(timeout=self.settings.heartbeat_interval + 5.0)
             self.watcher.stop()
+            self._deregister()
             self.r.close()
 
     def _register(self) -> None:

@@ -1,0 +1,171 @@
+"""Issue 4: node sets sized from free resources, resized live, preemption, failover."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from queueworks import Client, TaskSpec, TaskState
+from queueworks.keys import Keys
+from tests.conftest import Cluster, wait_for
+
+
+def slow(client: Client, n: int, seconds: float = 0.01, **kw: Any) -> Any:
+    return client.submit(
+        TaskSpec(
+            name=kw.pop("name", "slow"),
+            handler="tests.handlers:double_slow",
+            subtasks=({"x": i, "seconds": seconds} for i in range(n)),
+            **kw,
+        )
+    )
+
+
+def nodes(task: Any) -> int:
+    return len(task.status().nodes)
+
+
+def assert_right(task: Any, n: int) -> None:
+    st = task.status()
+    assert st.state == TaskState.COMPLETED and (st.done, st.dead) == (n, 0), st
+    assert {i: v["y"] for i, v in task.results()} == {i: 2 * i for i in range(n)}
+
+
+def kinds(r: redis.Redis, keys: Keys, task_id: str) -> list[str]:
+    return [
+        e[b"kind"].decode() for _, e in r.xrange(keys.events) if e.get(b"task") == task_id.encode()
+    ]
+
+
+def test_priority_preemption_and_flow_back(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    cluster.controller()
+    for _ in range(4):
+        cluster.worker()
+    cluster.wait_workers(r, 4)
+    low = slow(client, 1500, 0.01, name="low", min_nodes=1, max_nodes=4, priority=0)
+    wait_for(lambda: nodes(low) == 4, 10, "low on 4 nodes")
+    t0 = time.monotonic()
+    high = slow(client, 150, 0.02, name="high", min_nodes=3, max_nodes=3, priority=10)
+    wait_for(lambda: nodes(high) == 3 and nodes(low) == 1, 2.0, "high on 3, low on 1")
+    assert time.monotonic() - t0 < 2.0
+    assert low.status().state == TaskState.RUNNING
+    high.wait(timeout=60)
+    t1 = time.monotonic()
+    wait_for(lambda: nodes(low) == 4, 2.0, "low back on 4 nodes")
+    assert time.monotonic() - t1 < 2.0
+    low.wait(timeout=120)
+    assert_right(high, 150)
+    assert_right(low, 1500)
+    assert "released" in kinds(r, keys, high.id)
+
+
+def test_gang_start_waits_for_min_nodes(cluster: Cluster, client: Client, r: redis.Redis) -> None:
+    cluster.controller()
+    cluster.worker()
+    cluster.worker()
+    cluster.wait_workers(r, 2)
+    task = slow(client, 60, 0.005, min_nodes=3)
+    time.sleep(1.0)
+    assert task.status().state == TaskState.QUEUED
+    assert nodes(task) == 0
+    cluster.worker()
+    t0 = time.monotonic()
+    wait_for(lambda: task.status().state == TaskState.RUNNING, 2.0, "gang start")
+    assert time.monotonic() - t0 < 2.0
+    task.wait(timeout=30)
+    assert_right(task, 60)
+
+
+def test_node_selector_labels(cluster: Cluster, client: Client, r: redis.Redis) -> None:
+    cluster.controller()
+    cpu = [cluster.worker(f"cpu{i}-{r.time()[1]}") for i in range(2)]
+    gpu = cluster.worker(f"gpu-{r.time()[1]}", labels={"gpu": "1"})
+    cluster.wait_workers(r, 3)
+    task = slow(client, 200, 0.002, node_selector={"gpu": "1"})
+    task.wait(timeout=30)
+    assert_right(task, 200)
+    workers = {v["worker"] for _, v in task.results()}
+    assert workers == {gpu.name}
+    assert not workers & {w.name for w in cpu}
+
+
+def test_waiting_below_min_and_resume(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    cluster.controller()
+    ws = [cluster.worker() for _ in range(2)]
+    cluster.wait_workers(r, 2)
+    task = slow(client, 800, 0.005, min_nodes=2)
+    wait_for(lambda: task.status().state == TaskState.RUNNING, 10, "running")
+    ws[0].kill()
+    wait_for(lambda: task.status().state == TaskState.WAITING, 8, "waiting below min")
+    cluster.worker()
+    task.wait(timeout=60)
+    assert_right(task, 800)
+    seen = kinds(r, keys, task.id)
+    assert seen.index("waiting") < len(seen) - 1
+    assert "running" in seen[seen.index("waiting") :]
+
+
+def test_live_priority_and_resize(cluster: Cluster, client: Client, r: redis.Redis) -> None:
+    cluster.controller()
+    for _ in range(3):
+        cluster.worker()
+    cluster.wait_workers(r, 3)
+    task = slow(client, 3000, 0.01, min_nodes=1, max_nodes=1)
+    wait_for(lambda: nodes(task) == 1, 10, "1 node")
+    task.resize(2, 3)
+    wait_for(lambda: nodes(task) == 3, 3, "grown to 3")
+    other = slow(client, 100, 0.01, name="other", min_nodes=2, max_nodes=2, priority=0)
+    time.sleep(0.5)
+    assert nodes(other) == 0  # same priority: no preemption
+    other.set_priority(5)
+    # other takes task's surplus node, then (task's min 2 no longer fits in the 1 node
+    # left) all of task: task waits with its work parked, nothing lost
+    wait_for(lambda: nodes(other) == 2, 3, "raised priority preempts")
+    wait_for(lambda: task.status().state == TaskState.WAITING, 3, "below its min: waiting")
+    assert nodes(task) == 0
+    other.wait(timeout=30)
+    wait_for(lambda: nodes(task) >= 2, 3, "back")
+    task.cancel()
+
+
+def test_finished_task_keys_expire(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    cluster.controller()
+    cluster.worker()
+    task = client.submit(
+        TaskSpec(name="short", handler="tests.handlers:double", subtasks=[{"x": 1}], result_ttl=1.0)
+    )
+    task.wait(timeout=20)
+    tk = keys.task(task.id)
+    wait_for(lambda: 0 < r.pttl(tk.record) <= 1000, 5, "expiry set")
+    wait_for(lambda: not r.exists(tk.record, tk.stream, tk.results), 5, "keys gone")
+    assert not r.zscore(keys.queue, task.id)
+
+
+def test_leader_failover(cluster: Cluster, client: Client, r: redis.Redis, keys: Keys) -> None:
+    controllers = [cluster.controller(), cluster.controller()]
+    for _ in range(2):
+        cluster.worker()
+    cluster.wait_workers(r, 2)
+    wait_for(lambda: r.get(keys.leader), 5, "a leader")
+    inflight = slow(client, 400, 0.01)
+    wait_for(lambda: inflight.status().done > 10, 10, "in flight")
+    leader_id = r.get(keys.leader).decode()
+    leader = next(c for c in controllers if f"-{c.pid}-" in leader_id)
+    leader.kill()
+    killed = time.monotonic()
+    after = slow(client, 50, 0.005, name="after", min_nodes=1)
+    wait_for(lambda: nodes(after) > 0 or after.status().finished, 5.0 + 2.0, "nodes after kill")
+    assert time.monotonic() - killed < 5.0 + 2.0
+    inflight.wait(timeout=60)
+    after.wait(timeout=60)
+    assert_right(inflight, 400)
+    assert_right(after, 50)
+    assert r.get(keys.leader).decode() != leader_id
