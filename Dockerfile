@@ -1,0 +1,51 @@
+# syntax=docker/dockerfile:1
+# One image for the controller, the workers and the dashboard (see compose.yaml):
+#
+#   docker build -t queueworks .                                        # + dashboard extra
+#   docker build -t queueworks:torch --build-arg EXTRAS=dashboard,torch .  # + torch (CPU)
+#
+# The package is installed with `pip install .` into a virtualenv in a build stage; the
+# runtime stage copies only that virtualenv and runs as an unprivileged user.
+
+ARG PYTHON_VERSION=3.11
+
+FROM python:${PYTHON_VERSION}-slim AS build
+# pip extras to install: "dashboard" (starlette/uvicorn for `queueworks dashboard`), "torch"
+# (elastic data-parallel training); comma-separated, empty for the bare package.
+ARG EXTRAS=dashboard
+# Where torch comes from when the torch extra is asked for: the CPU-only wheels by default
+# (hundreds of MB instead of GBs of CUDA libraries); set it empty to take PyPI's build.
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore
+RUN python -m venv /opt/queueworks
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY queueworks ./queueworks
+COPY controller ./controller
+COPY workers ./workers
+RUN set -eu; \
+    spec="."; \
+    if [ -n "${EXTRAS}" ]; then spec=".[${EXTRAS}]"; fi; \
+    case ",${EXTRAS}," in \
+      *,torch,*) if [ -n "${TORCH_INDEX_URL}" ]; then export PIP_EXTRA_INDEX_URL="${TORCH_INDEX_URL}"; fi ;; \
+    esac; \
+    /opt/queueworks/bin/pip install "${spec}"; \
+    /opt/queueworks/bin/queueworks --version
+
+FROM python:${PYTHON_VERSION}-slim
+LABEL org.opencontainers.image.title="queueworks" \
+      org.opencontainers.image.description="Elastic work-queue on Redis Streams: controller, worker and dashboard" \
+      org.opencontainers.image.licenses="MIT"
+RUN groupadd --system --gid 10001 queueworks \
+ && useradd --system --uid 10001 --gid queueworks --create-home --home-dir /home/queueworks \
+      --shell /usr/sbin/nologin queueworks
+COPY --from=build /opt/queueworks /opt/queueworks
+ENV PATH=/opt/queueworks/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1
+USER 10001:10001
+WORKDIR /home/queueworks
+# docker stop / compose scale-down send SIGTERM: workers leave their node set, controllers
+# release the leader lease, then exit (compose.yaml gives them a stop_grace_period).
+STOPSIGNAL SIGTERM
+CMD ["queueworks", "--help"]
