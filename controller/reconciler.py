@@ -110,10 +110,13 @@ class Reconciler:
             events.emit(pipe, k, "worker_lost", worker=wid)
             world.assigned.pop(wid, None)
         for tid, (state, ttl, partitions) in world.finished.items():
-            pipe.zrem(k.queue, tid)
-            for key in k.task(tid).all(partitions):
-                pipe.pexpire(key, int(ttl * 1000))
-            events.emit(pipe, k, "released", task=tid, state=state.value)
+            # Out of the queue first, then expire only if still finished: a requeued dead
+            # letter may reopen the task at any moment, and then it goes back in.
+            self.r.zrem(k.queue, tid)
+            if self.scripts.expire_finished(k.task(tid).all(partitions), int(ttl * 1000)):
+                events.emit(pipe, k, "released", task=tid, state=state.value)
+            else:
+                self.r.zadd(k.queue, {tid: time.time()}, nx=True)
         plan = allocate(world.snapshot)
         moves = plan.moves(world.snapshot)
         for wid, held in sorted(world.assigned.items()):

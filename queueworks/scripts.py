@@ -26,6 +26,7 @@ _NAMES = (
     "reclaim",
     "set_state",
     "lease",
+    "expire_finished",
 )
 
 
@@ -153,6 +154,10 @@ class Scripts:
 
     def set_state(self, tk: TaskKeys, state: str, now: float, error: str = "") -> bool:
         return bool(self._s["set_state"](keys=[tk.record], args=[state, repr(now), error]))
+
+    def expire_finished(self, keys: Sequence[str], ttl_ms: int) -> bool:
+        """Start the expiry of a finished task's keys (``keys[0]`` is its record)."""
+        return bool(self._s["expire_finished"](keys=list(keys), args=[ttl_ms]))
 
     def lease(self, key: str, holder: str, action: str, ttl_ms: int = 0) -> bool:
         """Renew (``action="renew"``) or release the lease if ``holder`` still has it."""

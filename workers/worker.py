@@ -189,6 +189,8 @@ class Worker:
                 assign = self.r.get(self.keys.assign(self.id))
                 task_id = text(assign)
                 self.state.assign = task_id
+                if task_id in self._done_tasks and self._reopened(task_id):
+                    self._done_tasks.discard(task_id)  # a requeued dead letter reopened it
                 if not task_id or task_id in self._done_tasks:
                     self.state.wake.wait(self.settings.heartbeat_interval)
                     self.state.wake.clear()
@@ -217,6 +219,10 @@ class Worker:
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _reopened(self, task_id: str) -> bool:
+        state = text(self.r.hget(self.keys.task(task_id).record, "state"))
+        return state in ("queued", "running", "waiting")
 
     def info(self) -> dict[str, Any]:
         return {"id": self.id, "allow": self.allow, "labels": self.labels}

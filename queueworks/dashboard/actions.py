@@ -1,0 +1,187 @@
+"""Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain.
+
+Each action has two addresses: ``/api/...`` answers JSON (scripts, and the page's own
+JavaScript), the same path without ``/api`` answers a redirect back to the page (forms
+without JavaScript). Both need the token when one is set and the CSRF token unless the
+token came as a bearer header (see ``security``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qsl
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+from queueworks.admin import AdminError
+from queueworks.client import TaskNotFound
+from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, same_origin
+from queueworks.dashboard.state import Dashboard, dash_of
+from queueworks.dashboard.templating import json_response
+from queueworks.keys import check_task_id, check_worker_id
+
+_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+MAX_BODY = 64 * 1024
+
+
+class ActionError(ValueError):
+    """A request the action cannot carry out (400), with a message for the operator."""
+
+
+Action = Callable[[Dashboard, dict[str, str], dict[str, Any]], dict[str, Any]]
+
+
+def _task(d: Dashboard, params: dict[str, str]) -> Any:
+    task = d.client.task(check_task_id(params["task_id"]))
+    task.status(with_nodes=False)  # TaskNotFound -> 404
+    return task
+
+
+def _int(form: dict[str, Any], name: str, *, optional: bool = False) -> int | None:
+    raw = form.get(name)
+    if raw is None or raw == "":
+        if optional:
+            return None
+        raise ActionError(f"{name} is required")
+    try:
+        return int(raw)
+    except (TypeError, ValueError):
+        raise ActionError(f"{name} must be an integer, got {raw!r}") from None
+
+
+def cancel(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    task = _task(d, params)
+    changed = task.cancel()
+    msg = "Task cancelled." if changed else "The task had already finished."
+    return {"cancelled": changed, "message": msg}
+
+
+def priority(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    task = _task(d, params)
+    value = _int(form, "priority")
+    assert value is not None
+    task.set_priority(value)
+    return {"priority": value, "message": f"Priority set to {value}."}
+
+
+def resize(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    task = _task(d, params)
+    low = _int(form, "min_nodes")
+    high = _int(form, "max_nodes", optional=True)
+    assert low is not None
+    task.resize(low, high)
+    shown = "unbounded" if high is None else str(high)
+    return {
+        "min_nodes": low,
+        "max_nodes": high,
+        "message": f"Node set bounds set to min {low}, max {shown}.",
+    }
+
+
+def _entry(params: dict[str, str]) -> str:
+    entry = params["entry_id"]
+    if not _ENTRY_ID.match(entry):
+        raise ActionError(f"bad dead-letter entry id {entry!r}")
+    return entry
+
+
+def requeue(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    tid = check_task_id(params["task_id"])
+    got = d.admin.requeue_dead(tid, _entry(params))
+    again = " The task is active again." if got.reopened else ""
+    return {
+        "index": got.index,
+        "entry": got.new_entry,
+        "reopened": got.reopened,
+        "message": f"Subtask {got.index} requeued.{again}",
+    }
+
+
+def delete(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    tid = check_task_id(params["task_id"])
+    entry = _entry(params)
+    if not d.admin.delete_dead(tid, entry):
+        raise LookupError(f"dead letter {entry} of task {tid} not found")
+    return {"deleted": entry, "message": "Dead letter deleted."}
+
+
+def drain(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    wid = check_worker_id(params["worker_id"])
+    if d.client.redis.zscore(d.client.keys.workers, wid) is None:
+        raise LookupError(f"worker {wid} not found")
+    d.client.drain_worker(wid)
+    return {"draining": wid, "message": f"Worker {wid} will leave and exit."}
+
+
+ACTIONS: dict[str, Action] = {
+    "cancel": cancel,
+    "priority": priority,
+    "resize": resize,
+    "requeue": requeue,
+    "delete": delete,
+    "drain": drain,
+}
+
+
+async def read_form(request: Request) -> dict[str, Any]:
+    """A JSON object or an urlencoded form (no multipart: nothing here uploads files)."""
+    body = await request.body()
+    if len(body) > MAX_BODY:
+        raise ActionError("request body too large")
+    if not body:
+        return {}
+    if request.headers.get("content-type", "").startswith("application/json"):
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise ActionError("body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise ActionError("JSON body must be an object")
+        return data
+    return dict(parse_qsl(body.decode(errors="replace"), keep_blank_values=True))
+
+
+def _error(request: Request, status: int, message: str) -> Response:
+    return json_response(request, {"ok": False, "error": message}, status)
+
+
+async def run_action(request: Request) -> Response:
+    d = dash_of(request)
+    api = request.url.path.startswith("/api/")
+    if not same_origin(request):
+        return _error(request, 403, "cross-origin request refused")
+    try:
+        form = await read_form(request)
+    except ActionError as exc:
+        return _error(request, 400, str(exc))
+    if not d.guard.bearer_ok(request):  # authenticated by cookie, or no token: CSRF check
+        submitted = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
+        if not d.guard.csrf_ok(request, str(submitted) if submitted else None):
+            return _error(request, 403, "CSRF token missing or invalid; reload the page")
+    name = request.path_params["action"]
+    action = ACTIONS.get(name)
+    if action is None:
+        return _error(request, 404, f"no action {name!r}")
+    params = {k: str(v) for k, v in request.path_params.items()}
+    try:
+        result = await run_in_threadpool(action, d, params, form)
+    except (TaskNotFound, LookupError) as exc:
+        return _error(request, 404, f"not found: {exc}")
+    except (ActionError, AdminError, ValueError) as exc:
+        return _error(request, 400, str(exc))
+    if api:
+        return json_response(request, {"ok": True, **result})
+    return RedirectResponse(_back(request, form), status_code=303)
+
+
+def _back(request: Request, form: dict[str, Any]) -> str:
+    """Where a plain form post returns to: a local path only (never another site)."""
+    target = str(form.get("next") or "")
+    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
+        return target
+    return "/"

@@ -1,0 +1,114 @@
+"""The JSON API (read side): ``/api/overview``, ``/api/tasks``, ``/api/tasks/{id}``,
+``/api/workers``, ``/api/events``; and ``/metrics``. Documented in ``docs/dashboard.md``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks
+from queueworks.dashboard.reader import task_counts
+from queueworks.dashboard.state import dash_of
+from queueworks.dashboard.templating import json_response
+from queueworks.dashboard.views import Overview, TaskSummary, WorkerView
+
+MAX_LIMIT = 10_000
+PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class BadQuery(ValueError):
+    pass
+
+
+def _param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadQuery(f"{name} must be an integer, got {raw!r}") from None
+    if not low <= value <= high:
+        raise BadQuery(f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
+def task_json(t: TaskSummary) -> dict[str, Any]:
+    return t.model_dump(mode="json") | {"progress": round(t.progress, 4)}
+
+
+def worker_json(w: WorkerView) -> dict[str, Any]:
+    return w.model_dump(mode="json") | {"status": w.status}
+
+
+def tasks(request: Request) -> Response:
+    d = dash_of(request)
+    state = request.query_params.get("state", "all")
+    if state not in STATE_FILTERS:
+        raise BadQuery(f"state must be one of {', '.join(STATE_FILTERS)}, got {state!r}")
+    limit = _param(request, "limit", 1000, 1, MAX_LIMIT)
+    offset = _param(request, "offset", 0, 0, 10**9)
+    shown = filter_tasks(d.reader.tasks(), state)  # one full pass: cheaper than index + rows
+    rows = shown[offset : offset + limit]
+    return json_response(
+        request,
+        {
+            "count": len(shown),
+            "offset": offset,
+            "limit": limit,
+            "tasks": [task_json(t) for t in rows],
+        },
+    )
+
+
+def task(request: Request) -> Response:
+    d = dash_of(request)
+    detail = d.reader.detail(request.path_params["task_id"])
+    body = detail.model_dump(mode="json")
+    body["task"] = task_json(detail.task)
+    body["backlog_total"] = detail.backlog_total
+    return json_response(request, body)
+
+
+def workers(request: Request) -> Response:
+    d = dash_of(request)
+    rows = d.reader.workers()
+    return json_response(
+        request,
+        {
+            "count": len(rows),
+            "by_state": d.reader.worker_counts(rows),
+            "workers": [worker_json(w) for w in rows],
+        },
+    )
+
+
+def events(request: Request) -> Response:
+    d = dash_of(request)
+    count = _param(request, "count", 50, 1, 1000)
+    only = request.query_params.get("task") or None
+    rows = d.reader.events(count, task=only)
+    return json_response(request, {"events": [e.model_dump(mode="json") for e in rows]})
+
+
+def overview(request: Request) -> Response:
+    d = dash_of(request)
+    all_tasks = d.reader.index()
+    rows = d.reader.workers()
+    body = Overview(
+        tasks_by_state=task_counts(all_tasks),
+        workers_by_state=d.reader.worker_counts(rows),
+        tasks_total=len(all_tasks),
+        workers_total=len(rows),
+        leader=d.reader.leader(),
+        throughput=d.throughput.series(),
+        events=d.reader.events(25),
+    )
+    return json_response(request, body.model_dump(mode="json"))
+
+
+def metrics(request: Request) -> Response:
+    d = dash_of(request)
+    return PlainTextResponse(d.scrub(d.metrics.render()), media_type=PROMETHEUS_TEXT)

@@ -1,0 +1,175 @@
+"""``/metrics`` in the Prometheus text format (0.0.4), written without a client library.
+
+Gauges are read from Redis on every scrape (tasks by state, subtasks done / dead per task,
+backlog = unread + pending per active task, workers by state). Rebalances and the two
+histograms come from the tasks' history streams: each scrape reads only the entries written
+since the previous one (per task, by stream id), so they are counters of what this dashboard
+process has seen, as Prometheus expects of counters (they restart with the process).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from queueworks.dashboard.reader import Reader, history_entry, task_counts
+from queueworks.dashboard.views import TaskSummary, WorkerView
+
+PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+RECLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+HISTORY_BATCH = 1000
+
+
+@dataclass
+class Histogram:
+    buckets: tuple[float, ...]
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * len(self.buckets)
+
+    def observe(self, value: float) -> None:
+        i = bisect.bisect_left(self.buckets, value)
+        if i < len(self.counts):
+            self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+    def lines(self, name: str) -> list[str]:
+        out, running = [], 0
+        for le, c in zip(self.buckets, self.counts, strict=True):
+            running += c
+            out.append(f'{name}_bucket{{le="{_num(le)}"}} {running}')
+        out.append(f'{name}_bucket{{le="+Inf"}} {self.n}')
+        out.append(f"{name}_sum {_num(self.total)}")
+        out.append(f"{name}_count {self.n}")
+        return out
+
+
+class Metrics:
+    """What one dashboard process exposes; ``render`` is called once per scrape."""
+
+    def __init__(self, reader: Reader) -> None:
+        self.reader = reader
+        self.pause = Histogram(PAUSE_BUCKETS)
+        self.reclaim = Histogram(RECLAIM_BUCKETS)
+        self.rebalances = 0
+        self.reclaimed = 0
+        self._seen: dict[str, str] = {}  # task -> last history id read
+        self._lock = threading.Lock()
+
+    def render(self) -> str:
+        tasks = self.reader.tasks()
+        active = [t for t in tasks if not t.finished]
+        backlog = self.reader.backlog(active)
+        workers = self.reader.workers()
+        with self._lock:
+            self._read_history(tasks)
+            return "\n".join(self._lines(tasks, backlog, workers)) + "\n"
+
+    def _read_history(self, tasks: Sequence[TaskSummary]) -> None:
+        r = self.reader.r
+        pipe = r.pipeline(transaction=False)
+        for t in tasks:
+            last = self._seen.get(t.id)
+            pipe.xrange(
+                self.reader.keys.task(t.id).history,
+                min=f"({last}" if last else "-",
+                count=HISTORY_BATCH,
+            )
+        replies = pipe.execute(raise_on_error=False)
+        seen = {}
+        for t, entries in zip(tasks, replies, strict=True):
+            seen[t.id] = self._seen.get(t.id, "")
+            if isinstance(entries, Exception):
+                continue
+            for entry_id, raw in entries:
+                e = history_entry(entry_id, raw)
+                seen[t.id] = e.id
+                if e.cause != "rebalanced":
+                    continue
+                self.rebalances += 1
+                self.reclaimed += e.reclaimed or 0
+                if e.pause_ms is not None:
+                    self.pause.observe(e.pause_ms / 1000)
+                if e.since_change_ms is not None:
+                    self.reclaim.observe(e.since_change_ms / 1000)
+        self._seen = {k: v for k, v in seen.items() if v}  # forget expired tasks
+
+    def _lines(
+        self,
+        tasks: Sequence[TaskSummary],
+        backlog: dict[str, int],
+        workers: Sequence[WorkerView],
+    ) -> list[str]:
+        out: list[str] = []
+        fam = _Family(out)
+        fam("queueworks_tasks", "gauge", "Tasks known to Redis, by state.")
+        for state, n in task_counts(tasks).items():
+            out.append(f'queueworks_tasks{{state="{state}"}} {n}')
+        fam("queueworks_subtasks", "gauge", "Subtasks of the tasks known to Redis, by outcome.")
+        for what in ("total", "done", "dead"):
+            n = sum(getattr(t, what) for t in tasks)
+            out.append(f'queueworks_subtasks{{state="{what}"}} {n}')
+        fam("queueworks_task_subtasks", "gauge", "Subtasks of one task, by outcome.")
+        for t in tasks:
+            for what in ("total", "done", "dead"):
+                out.append(
+                    f'queueworks_task_subtasks{{task="{_label(t.id)}",state="{what}"}} '
+                    f"{getattr(t, what)}"
+                )
+        fam("queueworks_task_backlog", "gauge", "Unread + pending subtasks of an active task.")
+        for t in tasks:
+            if t.id in backlog:
+                out.append(f'queueworks_task_backlog{{task="{_label(t.id)}"}} {backlog[t.id]}')
+        fam("queueworks_task_nodes", "gauge", "Members in the node set of an active task.")
+        for t in tasks:
+            if not t.finished:
+                out.append(f'queueworks_task_nodes{{task="{_label(t.id)}"}} {t.nodes}')
+        fam("queueworks_task_epoch", "gauge", "Membership epoch of a task.")
+        for t in tasks:
+            out.append(f'queueworks_task_epoch{{task="{_label(t.id)}"}} {t.epoch}')
+        fam("queueworks_workers", "gauge", "Workers in the pool, by state.")
+        for state, n in self.reader.worker_counts(workers).items():
+            out.append(f'queueworks_workers{{state="{state}"}} {n}')
+        fam("queueworks_controller_leader", "gauge", "1 when a controller holds the lease.")
+        out.append(f"queueworks_controller_leader {1 if self.reader.leader() else 0}")
+        fam("queueworks_rebalances_total", "counter", "Rebalances recorded by rank-0 members.")
+        out.append(f"queueworks_rebalances_total {self.rebalances}")
+        fam("queueworks_reclaimed_subtasks_total", "counter", "Entries reclaimed on rebalance.")
+        out.append(f"queueworks_reclaimed_subtasks_total {self.reclaimed}")
+        fam(
+            "queueworks_rebalance_pause_seconds",
+            "histogram",
+            "How long members paused to rebalance (rank 0's pause_ms).",
+        )
+        out += self.pause.lines("queueworks_rebalance_pause_seconds")
+        fam(
+            "queueworks_reclaim_latency_seconds",
+            "histogram",
+            "From a membership change to the end of its rebalance and reclaim.",
+        )
+        out += self.reclaim.lines("queueworks_reclaim_latency_seconds")
+        return out
+
+
+class _Family:
+    def __init__(self, out: list[str]) -> None:
+        self.out = out
+
+    def __call__(self, name: str, kind: str, help_text: str) -> None:
+        self.out.append(f"# HELP {name} {help_text}")
+        self.out.append(f"# TYPE {name} {kind}")
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _num(value: float) -> str:
+    return repr(float(value))

@@ -1,0 +1,131 @@
+"""The HTML pages (server-rendered; ``static/app.js`` refreshes their ``data-live`` parts)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, TypeVar
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from queueworks.dashboard.reader import TaskRef, task_counts
+from queueworks.dashboard.state import dash_of
+from queueworks.dashboard.templating import clock, render
+from queueworks.dashboard.views import TaskSummary
+from queueworks.models import ACTIVE_STATES, TaskState
+
+T = TypeVar("T", TaskRef, TaskSummary)
+STATE_FILTERS = ("all", "active", *(s.value for s in TaskState))
+
+
+def chart(series: list[tuple[float, float]], width: int = 600, height: int = 90) -> dict[str, Any]:
+    """SVG bars for the throughput series (no script, no library)."""
+    peak = max((v for _, v in series), default=0.0)
+    top = _nice(peak)
+    n = max(1, len(series))
+    slot = width / n
+    bars = []
+    for i, (t, v) in enumerate(series):
+        h = 0.0 if top == 0 else (v / top) * (height - 4)
+        bars.append(
+            {
+                "x": round(i * slot + 1, 1),
+                "y": round(height - h, 1),
+                "w": round(max(1.0, slot - 2), 1),
+                "h": round(h, 1),
+                "title": f"{clock(t)[11:]}: {v:.1f}/s",
+            }
+        )
+    return {"bars": bars, "width": width, "height": height, "top": top, "last": series[-1][1]}
+
+
+def _nice(value: float) -> float:
+    if value <= 0:
+        return 0.0
+    exp = 10 ** math.floor(math.log10(value))
+    for m in (1, 2, 5, 10):
+        if value <= m * exp:
+            return float(m * exp)
+    return float(10 * exp)  # pragma: no cover
+
+
+def overview(request: Request) -> Response:
+    d = dash_of(request)
+    index = d.reader.index()
+    workers = d.reader.workers()
+    active = [t.id for t in index if not t.finished][:10]
+    ctx = d.context(
+        request,
+        "overview",
+        tasks_by_state=task_counts(index),
+        tasks_total=len(index),
+        workers_by_state=d.reader.worker_counts(workers),
+        workers_total=len(workers),
+        running=d.reader.summaries(active),
+        leader=d.reader.leader(),
+        chart=chart(d.throughput.series()),
+        window_min=int(d.throughput.window // 60),
+        events=d.reader.events(25),
+    )
+    return render(request, "overview.html", ctx)
+
+
+def filter_tasks(tasks: list[T], state: str) -> list[T]:
+    if state == "active":
+        return [t for t in tasks if t.state in ACTIVE_STATES]
+    if state == "all":
+        return tasks
+    return [t for t in tasks if t.state.value == state]
+
+
+def tasks_page(request: Request) -> Response:
+    d = dash_of(request)
+    state = request.query_params.get("state", "all")
+    if state not in STATE_FILTERS:
+        state = "all"
+    page = _int_param(request.query_params.get("page"), 1)
+    index = d.reader.index()
+    shown = filter_tasks(index, state)
+    size = d.config.page_size
+    pages = max(1, math.ceil(len(shown) / size))
+    page = min(max(1, page), pages)
+    counts = task_counts(index) | {"all": len(index), "active": len(filter_tasks(index, "active"))}
+    ctx = d.context(
+        request,
+        "tasks",
+        tasks=d.reader.summaries([t.id for t in shown[(page - 1) * size : page * size]]),
+        matching=len(shown),
+        state=state,
+        filters=STATE_FILTERS,
+        counts=counts,
+        page=page,
+        pages=pages,
+    )
+    return render(request, "tasks.html", ctx)
+
+
+def task_page(request: Request) -> Response:
+    d = dash_of(request)
+    detail = d.reader.detail(request.path_params["task_id"])
+    events = d.reader.events(15, task=detail.task.id)
+    ctx = d.context(request, "tasks", d=detail, t=detail.task, events=events)
+    return render(request, "task.html", ctx)
+
+
+def workers_page(request: Request) -> Response:
+    d = dash_of(request)
+    workers = d.reader.workers()
+    ctx = d.context(
+        request,
+        "workers",
+        workers=workers,
+        counts=d.reader.worker_counts(workers),
+    )
+    return render(request, "workers.html", ctx)
+
+
+def _int_param(raw: str | None, default: int) -> int:
+    try:
+        return int(raw) if raw is not None else default
+    except ValueError:
+        return default

@@ -1,0 +1,111 @@
+"""Who may look and who may act.
+
+* Binding: loopback by default; any other address needs a token (``check_bind``).
+* Token (when set): every page, API call and ``/metrics`` needs it, as
+  ``Authorization: Bearer <token>`` (scripts, Prometheus) or as the session cookie that
+  ``/login`` sets after checking it (browsers). Compared with ``hmac.compare_digest``.
+* CSRF: a POST authenticated by a cookie (or not at all, on a loopback dashboard without a
+  token) must carry the CSRF token, as the form field ``csrf_token`` or the header
+  ``X-CSRF-Token``, equal to the ``qw_csrf`` cookie (double submit; the cookie value is
+  signed with a per-process secret so it cannot be planted). A POST whose ``Origin`` is
+  another site is refused outright. A POST with a valid bearer token needs no CSRF token:
+  browsers never attach that header on their own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+
+from starlette.requests import Request
+
+CSRF_COOKIE = "qw_csrf"
+SESSION_COOKIE = "qw_session"
+CSRF_FIELD = "csrf_token"
+CSRF_HEADER = "x-csrf-token"
+
+
+class BindRefused(ValueError):
+    pass
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_bind(host: str, token: str | None) -> None:
+    """Refuse to serve beyond loopback without a token."""
+    if not is_loopback(host) and not token:
+        raise BindRefused(
+            f"refusing to bind the dashboard to {host!r} without a token: anyone who can reach "
+            "it could cancel tasks and drain workers. Set --token (or "
+            "QUEUEWORKS_DASHBOARD_TOKEN), or bind to 127.0.0.1."
+        )
+
+
+class Guard:
+    def __init__(self, token: str | None, secret: bytes | None = None) -> None:
+        self.token = token or None
+        self._secret = secret or secrets.token_bytes(32)
+
+    def _sign(self, what: str) -> str:
+        return hmac.new(self._secret, what.encode(), hashlib.sha256).hexdigest()
+
+    # -- authentication -------------------------------------------------------------------
+
+    def token_ok(self, candidate: str | None) -> bool:
+        if self.token is None or not candidate:
+            return False
+        return hmac.compare_digest(candidate.encode(), self.token.encode())
+
+    def bearer_ok(self, request: Request) -> bool:
+        scheme, _, value = request.headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and self.token_ok(value.strip())
+
+    def session_value(self) -> str:
+        assert self.token is not None
+        return self._sign("session:" + hashlib.sha256(self.token.encode()).hexdigest())
+
+    def session_ok(self, request: Request) -> bool:
+        cookie = request.cookies.get(SESSION_COOKIE)
+        if self.token is None or not cookie:
+            return False
+        return hmac.compare_digest(cookie.encode(), self.session_value().encode())
+
+    def authenticated(self, request: Request) -> bool:
+        return self.token is None or self.bearer_ok(request) or self.session_ok(request)
+
+    # -- CSRF -----------------------------------------------------------------------------
+
+    def new_csrf(self) -> str:
+        nonce = secrets.token_urlsafe(18)
+        return f"{nonce}.{self._sign('csrf:' + nonce)[:32]}"
+
+    def csrf_valid(self, value: str | None) -> bool:
+        if not value or "." not in value:
+            return False
+        nonce, sig = value.split(".", 1)
+        return hmac.compare_digest(sig.encode(), self._sign("csrf:" + nonce)[:32].encode())
+
+    def csrf_ok(self, request: Request, submitted: str | None) -> bool:
+        cookie = request.cookies.get(CSRF_COOKIE)
+        if not self.csrf_valid(cookie) or not submitted:
+            return False
+        assert cookie is not None
+        return hmac.compare_digest(cookie.encode(), submitted.encode())
+
+
+def same_origin(request: Request) -> bool:
+    """False only when the browser says the request comes from another origin."""
+    origin = request.headers.get("origin")
+    if origin is None or origin == "null":
+        return origin is None
+    host = request.headers.get("host", "")
+    return origin.split("://", 1)[-1] == host

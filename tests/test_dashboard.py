@@ -1,0 +1,603 @@
+"""Issue 6: the dashboard's pages, JSON API, /metrics, security, operator actions (requeue and
+delete dead letters, cancel, priority, resize, drain) and ``info --watch``.
+
+Real Redis, real worker and controller processes; the app runs in-process under Starlette's
+httpx.Client. Budget: ~25 s on this machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+import redis
+import uvicorn
+from prometheus_client.parser import text_string_to_metric_families
+
+from queueworks import Client, SubtaskContext, TaskSpec, TaskState
+from queueworks.admin import Admin, AdminError
+from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
+from queueworks.dashboard.throughput import Throughput
+from queueworks.keys import Keys
+from queueworks.messages import partition_of
+from queueworks.redis_server import RedisServer, free_port
+from tests.conftest import ROOT, Cluster, wait_for
+
+TOKEN = "tok-3f9a7c1e5b"
+PASSWORD = "pw-Zq8rT4vLm2Xs"  # the test server's password: no response may contain it
+
+
+def gated(payload: dict[str, Any], ctx: SubtaskContext) -> int:
+    """Fails for ``x == fail`` until the Redis key ``gate`` exists (then doubles ``x``)."""
+    if payload["x"] == payload["fail"]:
+        r = redis.Redis.from_url(os.environ["QUEUEWORKS_REDIS_URL"])
+        try:
+            if not r.exists(payload["gate"]):
+                raise RuntimeError(f"gate {payload['gate']} is closed")
+        finally:
+            r.close()
+    return int(payload["x"]) * 2
+
+
+@contextmanager
+def serve(app: Any) -> Iterator[httpx.Client]:
+    """Run ``app`` under uvicorn in a thread on a free loopback port; yield an HTTP client."""
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    )
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: server.started, 15, "the dashboard to listen")
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            yield http
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+@contextmanager
+def make_app(client: Client, **config: Any) -> Iterator[httpx.Client]:
+    url = config.pop("redis_url", "redis://127.0.0.1:1/0")
+    cfg = DashboardConfig(redis_url=url, prefix=client.keys.prefix, sample_interval=0.2, **config)
+    with serve(create_app(cfg, client=client)) as http:
+        yield http
+
+
+@pytest.fixture
+def web(client: Client) -> Iterator[httpx.Client]:
+    with make_app(client) as http:
+        yield http
+
+
+def csrf_of(tc: httpx.Client) -> str:
+    if "qw_csrf" not in tc.cookies:
+        tc.get("/healthz")
+    token = tc.cookies.get("qw_csrf")
+    assert token, "the dashboard sets a CSRF cookie"
+    return str(token)
+
+
+def post(tc: httpx.Client, path: str, data: dict[str, Any] | None = None, **kw: Any) -> Any:
+    headers = {"X-CSRF-Token": csrf_of(tc), **kw.pop("headers", {})}
+    return tc.post(path, data=data or {}, headers=headers, **kw)
+
+
+def metric_values(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def history_rebalances(r: redis.Redis, keys: Keys, task_ids: list[str]) -> list[dict[bytes, bytes]]:
+    out = []
+    for tid in task_ids:
+        for _, f in r.xrange(keys.task(tid).history):
+            if f[b"cause"] == b"rebalanced":
+                out.append(f)
+    return out
+
+
+# -- pages, API and metrics against a real cluster -------------------------------------------
+
+
+def test_pages_api_and_metrics_agree_with_status(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client
+) -> None:
+    cluster.controller()
+    cluster.worker("w-pages")
+    cluster.wait_workers(r, 1)
+    done = client.submit(
+        TaskSpec(
+            name="doubles", handler="tests.handlers:double", subtasks=[{"x": i} for i in range(40)]
+        )
+    )
+    failing = client.submit(
+        TaskSpec(
+            name="fails",
+            handler="tests.handlers:fail_odd",
+            subtasks=[{"x": i} for i in range(6)],
+            max_attempts=1,
+        )
+    )
+    waiting = client.submit(
+        TaskSpec(
+            name="needs-gpu",
+            handler="tests.handlers:double",
+            subtasks=[{"x": i} for i in range(25)],
+            node_selector={"gpu": "yes"},
+            priority=3,
+        )
+    )
+    done.wait(30)
+    failing.wait(30)
+    cancelled = client.submit(
+        TaskSpec(
+            name="later",
+            handler="tests.handlers:double",
+            subtasks=[{"x": 1}],
+            node_selector={"gpu": "yes"},
+        )
+    )
+    cancelled.cancel()
+    statuses = {s.id: s for s in client.tasks()}
+    assert statuses[failing.id].dead == 3
+
+    # pages
+    page = web.get("/")
+    assert page.status_code == 200 and "doubles" in page.text and "needs-gpu" in page.text
+    assert 'id="throughput"' in page.text
+    listing = web.get("/tasks?state=all").text
+    for s in statuses.values():
+        assert f'data-task="{s.id}"' in listing
+    task_page = web.get(f"/tasks/{done.id}").text
+    assert 'id="task-progress" value="40" max="40"' in task_page
+    assert 'id="epoch-history"' in task_page and "join" in task_page
+    dead_page = web.get(f"/tasks/{failing.id}").text
+    assert 'id="dead-letters"' in dead_page and "ValueError" in dead_page
+    assert "/requeue" in dead_page and "/delete" in dead_page
+    workers_page = web.get("/workers").text
+    assert 'data-worker="w-pages"' in workers_page and "/workers/w-pages/drain" in workers_page
+
+    # API
+    api = web.get("/api/tasks").json()
+    assert api["count"] == 4
+    by_id = {t["id"]: t for t in api["tasks"]}
+    for tid, s in statuses.items():
+        row = by_id[tid]
+        assert (row["state"], row["total"], row["done"], row["dead"]) == (
+            s.state.value,
+            s.total,
+            s.done,
+            s.dead,
+        )
+        assert (row["priority"], row["min_nodes"], row["max_nodes"]) == (
+            s.priority,
+            s.min_nodes,
+            s.max_nodes,
+        )
+    assert [t["id"] for t in web.get("/api/tasks?state=queued").json()["tasks"]] == [waiting.id]
+    assert web.get("/api/tasks?state=nope").status_code == 400
+    assert web.get("/api/tasks?limit=0").status_code == 400
+    detail = web.get(f"/api/tasks/{done.id}").json()
+    assert detail["results_total"] == 40 and len(detail["results"]) == 10
+    assert all(x["result"] == 2 * x["index"] for x in detail["results"])
+    joins = [e for e in detail["rebalances"] if e["cause"] == "join"]
+    assert joins and joins[0]["worker"] == "w-pages" and joins[0]["pause_ms"] is not None
+    queued = web.get(f"/api/tasks/{waiting.id}").json()
+    assert queued["backlog_total"] == 25 and queued["backlog"][0]["unread"] == 25
+    dead = web.get(f"/api/tasks/{failing.id}").json()
+    assert dead["dead_letters_total"] == 3
+    assert sorted(x["index"] for x in dead["dead_letters"]) == [1, 3, 5]
+    assert web.get("/api/tasks/nosuchtask").status_code == 404
+    assert web.get("/api/tasks/bad%20id").status_code == 400
+    assert web.get("/tasks/nosuchtask").status_code == 404
+    workers = web.get("/api/workers").json()
+    assert [w["id"] for w in workers["workers"]] == ["w-pages"]
+    assert workers["workers"][0]["alive"] and workers["workers"][0]["processed"] >= 40
+    kinds = [e["kind"] for e in web.get("/api/events?count=1000").json()["events"]]
+    assert "submitted" in kinds and "cancelled" in kinds
+    only = web.get(f"/api/events?task={done.id}").json()["events"]
+    assert only and all(e["task"] == done.id for e in only)
+    overview = web.get("/api/overview").json()
+    assert overview["tasks_by_state"]["completed"] == 2
+
+    # /metrics parses and agrees with Task.status()
+    resp = web.get("/metrics")
+    assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
+    m = metric_values(resp.text)
+    states = Counter(s.state.value for s in statuses.values())
+    for st in TaskState:
+        assert m[("queueworks_tasks", (("state", st.value),))] == states.get(st.value, 0)
+    for tid, s in statuses.items():
+        for what in ("total", "done", "dead"):
+            key = ("queueworks_task_subtasks", (("state", what), ("task", tid)))
+            assert m[key] == getattr(s, what), (tid, what)
+    assert m[("queueworks_subtasks", (("state", "done"),))] == sum(
+        s.done for s in statuses.values()
+    )
+    assert m[("queueworks_subtasks", (("state", "dead"),))] == sum(
+        s.dead for s in statuses.values()
+    )
+    assert m[("queueworks_task_backlog", (("task", waiting.id),))] == 25
+    assert ("queueworks_task_backlog", (("task", done.id),)) not in m  # finished: not active
+    live = [w for w in client.workers()]
+    assert m[("queueworks_workers", (("state", "idle"),))] + m[
+        ("queueworks_workers", (("state", "assigned"),))
+    ] == len(live)
+    recorded = history_rebalances(r, keys, list(statuses))
+    assert recorded, "rank 0 records every rebalance"
+    assert m[("queueworks_rebalances_total", ())] == len(recorded)
+    assert m[("queueworks_rebalance_pause_seconds_count", ())] == len(recorded)
+    pause_sum = sum(float(f[b"pause_ms"]) for f in recorded) / 1000
+    assert m[("queueworks_rebalance_pause_seconds_sum", ())] == pytest.approx(pause_sum)
+    with_latency = [f for f in recorded if f.get(b"since_change_ms")]
+    assert m[("queueworks_reclaim_latency_seconds_count", ())] == len(with_latency)
+    # a second scrape counts nothing twice
+    again = metric_values(web.get("/metrics").text)
+    assert again[("queueworks_rebalances_total", ())] == len(recorded)
+
+
+def test_throughput_samples_count_progress_once(client: Client, r: redis.Redis, keys: Keys) -> None:
+    task = client.submit(
+        TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}] * 50)
+    )
+    rec = keys.task(task.id).record
+    r.hset(rec, "done", 10)  # progress made before the dashboard watched: not counted
+    tp = Throughput(window=60, bucket=10)
+    t0 = 1_000_000.0
+    assert tp.sample(r, keys, now=t0) == 0
+    r.hincrby(rec, "done", 15)
+    r.hincrby(rec, "dead", 5)
+    assert tp.sample(r, keys, now=t0 + 2) == 20
+    r.zrem(keys.queue, task.id)  # it finished and left the queue: its last progress counts
+    r.hincrby(rec, "done", 20)
+    assert tp.sample(r, keys, now=t0 + 4) == 20
+    assert tp.sample(r, keys, now=t0 + 6) == 0
+    series = tp.series(now=t0 + 9.5)
+    assert len(series) == 6
+    assert sum(v * 10 for _, v in series[:-1]) + series[-1][1] * 9.5 == pytest.approx(40)
+
+
+# -- actions -------------------------------------------------------------------------------
+
+
+def test_actions_cancel_priority_resize_through_the_api(client: Client, web: httpx.Client) -> None:
+    task = client.submit(
+        TaskSpec(name="a", handler="tests.handlers:double", subtasks=[{"x": 1}] * 3)
+    )
+    base = f"/api/tasks/{task.id}"
+    got = post(web, f"{base}/priority", {"priority": "7"})
+    assert got.status_code == 200 and got.json()["priority"] == 7
+    assert task.status().priority == 7
+    got = post(web, f"{base}/resize", {"min_nodes": "2", "max_nodes": "4"})
+    assert got.status_code == 200
+    s = task.status()
+    assert (s.min_nodes, s.max_nodes) == (2, 4)
+    assert post(web, f"{base}/resize", {"min_nodes": "2", "max_nodes": ""}).status_code == 200
+    assert task.status().max_nodes is None
+    bad = post(web, f"{base}/resize", {"min_nodes": "3", "max_nodes": "2"})
+    assert bad.status_code == 400 and "min_nodes" in bad.json()["error"]
+    assert post(web, f"{base}/priority", {"priority": "high"}).status_code == 400
+    assert post(web, "/api/tasks/nosuch/cancel").status_code == 404
+    assert post(web, f"{base}/explode").status_code == 404
+    got = post(web, f"{base}/cancel")
+    assert got.json() == {"ok": True, "cancelled": True, "message": "Task cancelled."}
+    assert task.status().state == TaskState.CANCELLED
+    assert post(web, f"{base}/cancel").json()["cancelled"] is False
+    assert post(web, f"{base}/priority", {"priority": "1"}).status_code == 400  # finished
+    # JSON bodies work too, and the plain-form address redirects back to the page
+    other = client.submit(TaskSpec(name="b", handler="tests.handlers:double", subtasks=[{"x": 1}]))
+    got = post(web, f"/api/tasks/{other.id}/priority", json={"priority": 4})
+    assert got.status_code == 200 and other.status().priority == 4
+    form = {"csrf_token": csrf_of(web), "next": f"/tasks/{other.id}"}
+    back = web.post(f"/tasks/{other.id}/cancel", data=form, follow_redirects=False)
+    assert back.status_code == 303 and back.headers["location"] == f"/tasks/{other.id}"
+    assert other.status().state == TaskState.CANCELLED
+    evil = web.post(
+        f"/tasks/{other.id}/cancel", data={**form, "next": "//evil.example"}, follow_redirects=False
+    )
+    assert evil.headers["location"] == "/"
+
+
+def test_csrf_and_origin_are_checked_without_a_token(client: Client, web: httpx.Client) -> None:
+    task = client.submit(TaskSpec(name="c", handler="tests.handlers:double", subtasks=[{"x": 1}]))
+    url = f"/api/tasks/{task.id}/cancel"
+    assert web.post(url).status_code == 403  # no CSRF token at all
+    assert web.post(url, headers={"X-CSRF-Token": "forged.token"}).status_code == 403
+    web.cookies.clear()
+    assert web.post(url, headers={"X-CSRF-Token": "x"}).status_code == 403  # no cookie
+    token = csrf_of(web)
+    cross = web.post(url, headers={"X-CSRF-Token": token, "Origin": "http://evil.example"})
+    assert cross.status_code == 403 and "cross-origin" in cross.json()["error"]
+    assert task.status().state == TaskState.QUEUED
+    same = web.post(url, headers={"X-CSRF-Token": token, "Origin": str(web.base_url).rstrip("/")})
+    assert same.status_code == 200
+    page = web.get(f"/tasks/{task.id}")
+    assert page.headers["content-security-policy"].startswith("default-src 'self'")
+    assert f'name="csrf-token" content="{token}"' in page.text
+
+
+def test_token_guards_actions_pages_and_api(client: Client) -> None:
+    task = client.submit(TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}]))
+    url = f"/api/tasks/{task.id}/cancel"
+    with make_app(client, token=TOKEN) as tc:
+        assert tc.get("/healthz").status_code == 200
+        csrf = csrf_of(tc)
+        assert tc.post(url, headers={"X-CSRF-Token": csrf}).status_code == 401
+        wrong = {"Authorization": "Bearer nope", "X-CSRF-Token": csrf}
+        assert tc.post(url, headers=wrong).status_code == 401
+        assert tc.post(f"/tasks/{task.id}/cancel", data={"csrf_token": csrf}).status_code == 401
+        for path in (
+            "/api/tasks",
+            f"/api/tasks/{task.id}",
+            "/api/workers",
+            "/api/events",
+            "/metrics",
+        ):
+            got = tc.get(path)
+            assert got.status_code == 401 and got.headers["www-authenticate"].startswith("Bearer")
+        page = tc.get("/tasks", follow_redirects=False)
+        assert page.status_code == 303 and page.headers["location"] == "/login?next=/tasks"
+        assert task.status().state == TaskState.QUEUED
+        # scripts: the bearer token, no CSRF needed
+        bearer = {"Authorization": f"Bearer {TOKEN}"}
+        assert tc.get("/api/tasks", headers=bearer).json()["count"] == 1
+        assert tc.get("/metrics", headers=bearer).status_code == 200
+        # browsers: log in, then the session cookie authenticates, and POSTs need CSRF
+        bad = tc.post("/login", data={"token": "guess", "csrf_token": csrf})
+        assert bad.status_code == 401 and "qw_session" not in tc.cookies
+        ok = tc.post(
+            "/login?next=/tasks", data={"token": TOKEN, "csrf_token": csrf}, follow_redirects=False
+        )
+        assert ok.status_code == 303 and ok.headers["location"] == "/tasks"
+        assert tc.get("/tasks").status_code == 200
+        assert tc.post(url).status_code == 403  # session cookie but no CSRF token
+        assert task.status().state == TaskState.QUEUED
+        assert tc.post(url, headers={"X-CSRF-Token": csrf}).status_code == 200
+        assert task.status().state == TaskState.CANCELLED
+        tc.post("/logout", data={"csrf_token": csrf})
+        assert tc.get("/api/tasks").status_code == 401
+    other = client.submit(TaskSpec(name="u", handler="tests.handlers:double", subtasks=[{"x": 1}]))
+    with make_app(client, token=TOKEN) as tc:
+        got = tc.post(f"/api/tasks/{other.id}/cancel", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert got.status_code == 200 and other.status().state == TaskState.CANCELLED
+
+
+def test_bind_beyond_loopback_needs_a_token(redis_url: str) -> None:
+    for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
+        check_bind(host, None)
+    for host in ("0.0.0.0", "192.168.1.5", "::", "example.com"):
+        with pytest.raises(BindRefused, match="without a token"):
+            check_bind(host, None)
+        check_bind(host, TOKEN)
+    env = {**os.environ, "QUEUEWORKS_REDIS_URL": redis_url, "PYTHONPATH": str(ROOT)}
+    env.pop("QUEUEWORKS_DASHBOARD_TOKEN", None)
+    got = subprocess.run(
+        [sys.executable, "-m", "queueworks", "dashboard", "--host", "0.0.0.0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert got.returncode == 2
+    assert "refusing to bind the dashboard to '0.0.0.0' without a token" in got.stderr
+
+
+def test_no_page_or_api_shows_the_redis_password(tmp_path: Any, prefix: str) -> None:
+    with RedisServer(password=PASSWORD) as server:
+        server.start()
+        url = server.url
+        assert PASSWORD in url
+        client = Client.from_url(url, prefix=prefix)
+        task = client.submit(
+            TaskSpec(name="secret-test", handler="tests.handlers:double", subtasks=[{"x": 1}] * 3)
+        )
+        client.redis.hset(client.keys.task(task.id).record, "error", f"failed at {url}")
+        cfg = DashboardConfig(redis_url=url, prefix=prefix, token=TOKEN)
+        with serve(create_app(cfg, client=client)) as tc:
+            tc.headers["Authorization"] = f"Bearer {TOKEN}"
+            paths = [
+                "/",
+                "/tasks",
+                f"/tasks/{task.id}",
+                "/workers",
+                "/metrics",
+                "/api/overview",
+                "/api/tasks",
+                f"/api/tasks/{task.id}",
+                "/api/workers",
+                "/api/events",
+                "/tasks/missing",
+                "/api/tasks/missing",
+                "/login",
+                "/api/tasks?state=bad",
+            ]
+            for path in paths:
+                got = tc.get(path)
+                assert PASSWORD not in got.text, path
+                assert PASSWORD not in str(got.headers), path
+            assert ":***@" in tc.get("/").text
+            server.stop()
+            down = tc.get("/tasks")
+            assert down.status_code == 503 and ":***@" in down.text and PASSWORD not in down.text
+            api_down = tc.get("/api/tasks")
+            assert api_down.status_code == 503 and PASSWORD not in api_down.text
+        client.close()
+
+
+# -- admin: requeue and delete dead letters --------------------------------------------------
+
+
+def _dead_letter(client: Client, task_id: str, partitions: int = 0) -> None:
+    """Dead-letter the first unread entry of each stream the way a worker does (settle.lua)."""
+    from queueworks.scripts import DeadEntry
+
+    tk = client.keys.task(task_id)
+    for stream in tk.streams(partitions):
+        got: Any = client.redis.xreadgroup(tk.group, "w1", {stream: ">"}, count=1)
+        if not got:
+            continue
+        entry_id, fields = got[0][1][0]
+        entry = DeadEntry(
+            entry_id.decode(),
+            int(fields[b"i"]),
+            "failed 1 times",
+            "Traceback: boom",
+            1,
+            fields[b"p"].decode(),
+        )
+        client.scripts.settle(tk, stream, "w1", time.time(), [], [entry])
+
+
+def test_requeue_on_an_active_task_keeps_accounting_exact(client: Client, r: redis.Redis) -> None:
+    admin = Admin(client)
+    task = client.submit(
+        TaskSpec(name="a", handler="tests.handlers:double", subtasks=[{"x": i} for i in range(3)])
+    )
+    _dead_letter(client, task.id)
+    (dl,) = task.dead_letters()
+    assert task.status().dead == 1
+    got = admin.requeue_dead(task.id, dl.id)
+    assert (got.index, got.reopened) == (0, False)
+    s = task.status()
+    assert (s.state, s.dead, s.done) == (TaskState.QUEUED, 0, 0)
+    assert task.dead_letters() == []
+    entry = r.xrange(task.keys.stream, got.new_entry, got.new_entry)[0][1]
+    assert entry == {b"i": b"0", b"p": json.dumps({"x": 0}, separators=(",", ":")).encode()}
+    with pytest.raises(AdminError, match="missing entry"):
+        admin.requeue_dead(task.id, dl.id)
+    # delete: the record goes, the subtask stays counted as dead
+    _dead_letter(client, task.id)
+    (dl2,) = task.dead_letters()
+    assert admin.delete_dead(task.id, dl2.id) is True
+    assert admin.delete_dead(task.id, dl2.id) is False
+    assert task.dead_letters() == [] and task.status().dead == 1
+    # a cancelled task is never reopened
+    _dead_letter(client, task.id)
+    (dl3,) = task.dead_letters()
+    task.cancel()
+    with pytest.raises(AdminError, match="task cancelled"):
+        admin.requeue_dead(task.id, dl3.id)
+    assert task.status().dead == 2
+
+
+def test_requeue_in_a_partitioned_task_goes_to_its_partition(
+    client: Client, r: redis.Redis
+) -> None:
+    admin = Admin(client)
+    subtasks = [{"key": f"k{i}", "x": i} for i in range(8)]
+    task = client.submit(
+        TaskSpec(name="p", handler="tests.handlers:double", subtasks=subtasks, partitions=4)
+    )
+    _dead_letter(client, task.id, partitions=4)
+    letters = task.dead_letters()
+    assert len(letters) >= 2
+    for dl in letters:
+        got = admin.requeue_dead(task.id, dl.id)
+        payload = json.loads(dl.payload or "")
+        expected = task.keys.partition(partition_of(payload["key"], 4))
+        assert got.stream == expected
+        fields = r.xrange(expected, got.new_entry, got.new_entry)[0][1]
+        assert fields[b"k"] == payload["key"].encode() and int(fields[b"i"]) == dl.index
+    assert task.status().dead == 0
+
+
+def test_requeue_from_the_page_reopens_a_completed_task(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client, prefix: str
+) -> None:
+    cluster.controller()
+    allow = ("tests.test_dashboard",)
+    first = cluster.worker("w-first", allow=allow)
+    cluster.wait_workers(r, 1)
+    gate = f"{prefix}:gate"
+    task = client.submit(
+        TaskSpec(
+            name="gated",
+            handler="tests.test_dashboard:gated",
+            subtasks=[{"x": i, "fail": 3, "gate": gate} for i in range(6)],
+            max_attempts=1,
+        )
+    )
+    s = task.wait(30)
+    assert (s.state, s.done, s.dead) == (TaskState.COMPLETED, 5, 1)
+    tk = keys.task(task.id)
+    wait_for(lambda: r.pttl(tk.record) > 0, 15, "the controller released the finished task")
+    (dl,) = task.dead_letters()
+    assert "gate" in dl.error and dl.index == 3
+    r.set(gate, "open")
+    got = post(web, f"/api/tasks/{task.id}/dead/{dl.id}/requeue")
+    assert got.status_code == 200, got.text
+    assert got.json()["reopened"] is True and got.json()["index"] == 3
+    s = task.status()
+    assert (s.state, s.done, s.dead) == (TaskState.QUEUED, 5, 0)
+    assert r.pttl(tk.record) == -1 and r.pttl(tk.stream) == -1  # persistent again
+    assert r.zscore(keys.queue, task.id) is not None
+    kinds = [e["kind"] for e in web.get(f"/api/events?task={task.id}").json()["events"]]
+    assert kinds[0] == "requeued"
+    # The worker that ran it remembers the task as done (workers/worker.py `_done_tasks`),
+    # so a fresh worker takes the reopened task.
+    first.terminate()
+    cluster.worker("w-second", allow=allow)
+    s = task.wait(30)
+    assert (s.state, s.done, s.dead) == (TaskState.COMPLETED, 6, 0)
+    assert dict(task.results())[3] == 6
+    missing = post(web, f"/api/tasks/{task.id}/dead/{dl.id}/requeue")
+    assert missing.status_code == 400 and "missing" in missing.json()["error"]
+    assert post(web, f"/api/tasks/{task.id}/dead/not-an-id/delete").status_code == 400
+
+
+def test_drain_a_worker_from_the_dashboard(
+    cluster: Cluster, r: redis.Redis, web: httpx.Client
+) -> None:
+    proc = cluster.worker("w-drain")
+    cluster.wait_workers(r, 1)
+    assert post(web, "/api/workers/nobody/drain").status_code == 404
+    got = post(web, "/api/workers/w-drain/drain")
+    assert got.status_code == 200 and got.json()["draining"] == "w-drain"
+    assert proc.p.wait(20) == 0
+    assert web.get("/api/workers").json()["workers"] == []
+
+
+# -- queueworks info --watch ----------------------------------------------------------------
+
+
+def test_info_watch_refreshes(redis_url: str, prefix: str, client: Client) -> None:
+    client.submit(TaskSpec(name="watched", handler="tests.handlers:double", subtasks=[{"x": 1}]))
+    env = {
+        **os.environ,
+        "QUEUEWORKS_REDIS_URL": redis_url,
+        "QUEUEWORKS_PREFIX": prefix,
+        "TERM": "dumb",
+    }
+    p = subprocess.Popen(
+        [sys.executable, "-m", "queueworks", "info", "--watch", "--interval", "0.2"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=ROOT,
+    )
+    try:
+        time.sleep(2.5)
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=10)
+    text = out.decode()
+    renders = len(re.findall(r"^1 task\(s\)$", text, flags=re.M))
+    assert renders >= 3, (text[-500:], err.decode()[-500:])
+    assert "watched" in text and "queued" in text
