@@ -216,8 +216,8 @@ class TaskRun:
         self.state.wake.clear()
 
     def _read_count(self) -> int:
-        if self.avg_seconds <= 0:
-            return self.batch_size
+        if self.avg_seconds <= 0:  # pace unknown: take one, so slow subtasks spread out
+            return 1
         return max(1, min(self.batch_size, int(TARGET_BATCH_SECONDS / self.avg_seconds)))
 
     def _run_local(self) -> None:
