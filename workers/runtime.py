@@ -20,7 +20,7 @@ from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, read_roster
 from queueworks.messages import BadMessage, NotJSON, decode_entry, safe_text, to_json
 from queueworks.models import Role, StoredSpec, TaskState
-from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, DeadEntry, Scripts
+from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Claimed, DeadEntry, Scripts
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.heartbeat import Heartbeat, NodeState
 
@@ -355,8 +355,12 @@ class TaskRun:
             },
         )
         reclaimed = 0
-        if self.spec.partitions or role.leader:
-            reclaimed = self._reclaim(backstop=False)
+        if self.spec.partitions or role.leader or old is None:
+            reclaimed = self._reclaim(
+                backstop=False,
+                departed=bool(self.spec.partitions) or role.leader,
+                adopt=old is None,
+            )
         pause_ms = round((time.monotonic() - paused) * 1000, 1)
         self.log.info(
             "rebalanced",
@@ -439,13 +443,37 @@ class TaskRun:
                     break
         self.local = deque(w for w in self.local if w.stream not in streams)
 
-    def _reclaim(self, *, backstop: bool) -> int:
+    def _own_pending(self, stream: str) -> list[Claimed]:
+        """Entries still pending on our own consumer (read, never settled)."""
+        out: list[Claimed] = []
+        start = "-"
+        while True:
+            pending: Any = self.r.xpending_range(
+                stream, self.tk.group, start, "+", RECLAIM_BATCH, consumername=self.me
+            )
+            if not pending:
+                return out
+            pipe = self.r.pipeline(transaction=False)
+            for p in pending:
+                pipe.xrange(stream, p["message_id"], p["message_id"])
+            for p, entry in zip(pending, pipe.execute(), strict=True):
+                fields = entry[0][1] if entry else {}
+                out.append(Claimed(text(p["message_id"]), fields, int(p["times_delivered"])))
+            if len(pending) < RECLAIM_BATCH:
+                return out
+            start = "(" + text(pending[-1]["message_id"])
+
+    def _reclaim(self, *, backstop: bool, departed: bool = True, adopt: bool = False) -> int:
         """Claim what departed members left pending (at once), what was parked (no attempt
-        spent), or — as a backstop — anything idle past ``subtask_timeout``."""
+        spent), or — as a backstop — anything idle past ``subtask_timeout``. With ``adopt``
+        (on joining), also take back our own pending entries from an earlier life of this
+        worker (a lost connection, a Redis restart that lost acks): no attempt spent."""
         members = set(read_roster(self.r, self.tk).members)
         claimed_total = 0
         for stream in self.owned:
-            batches = []
+            batches: list[tuple[list[Claimed], list[tuple[str, int]]]] = []
+            if adopt and not backstop:
+                batches.append((self._own_pending(stream), []))
             if backstop:
                 timeout_ms = int(self.spec.subtask_timeout * 1000)
                 batches.append(
@@ -453,7 +481,7 @@ class TaskRun:
                         self.tk, stream, self.me, min_idle_ms=timeout_ms, only_departed=False
                     )
                 )
-            else:
+            elif departed:
                 for info in self.r.xinfo_consumers(stream, self.tk.group):
                     name = info["name"]
                     name = name.decode() if isinstance(name, bytes) else name
@@ -483,13 +511,23 @@ class TaskRun:
                         "payload gone",
                         "entry deleted or trimmed while pending",
                     )
-            found.sort(key=lambda w: _id_key(w.entry_id))
+            found = _dedupe(sorted(found, key=lambda w: _id_key(w.entry_id)))
             claimed_total += len(found)
             self.local.extendleft(reversed(found))
         if claimed_total:
             self.log.info("reclaimed", entries=claimed_total, backstop=backstop)
         self._flush()
         return claimed_total
+
+
+def _dedupe(works: list[Work]) -> list[Work]:
+    seen: set[str] = set()
+    out = []
+    for w in works:
+        if w.entry_id not in seen:
+            seen.add(w.entry_id)
+            out.append(w)
+    return out
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
