@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
@@ -71,6 +72,7 @@ def assert_exact(task: Any, n: int) -> None:
     assert all(results[i]["y"] == 2 * i for i in range(n))
 
 
+@pytest.mark.timeout(CHAOS_SECONDS + 300)
 def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys) -> None:
     rng = random.Random(int(os.environ.get("QUEUEWORKS_CHAOS_SEED", "20261130")))
     controllers = [cluster.controller(), cluster.controller()]

@@ -1,0 +1,50 @@
+"""The README stays true: its Python examples and its demo command run as written."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+from tests.conftest import ROOT, Cluster
+
+README = (ROOT / "README.md").read_text()
+
+
+def python_blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+
+
+def test_readme_python_examples_run(redis_url: str, tmp_path: Path) -> None:
+    blocks = python_blocks()
+    assert blocks, "the README has Python examples"
+    # the examples use the default prefix "qw" and localhost: point them at the test server
+    cluster = Cluster(redis_url, "qw", tmp_path)
+    r = redis.Redis.from_url(redis_url)
+    try:
+        cluster.controller()
+        cluster.worker(allow=("queueworks.examples",))
+        cluster.wait_workers(r, 1)
+        for code in blocks:
+            code = code.replace("redis://localhost:6379/0", redis_url)
+            exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+    finally:
+        cluster.close()
+
+
+def test_readme_demo_command_runs() -> None:
+    commands = re.findall(r"^pip install .*&& (queueworks demo[^\n]*)$", README, flags=re.M)
+    assert commands == ["queueworks demo --embedded"]
+    demo = commands[0].split()[1:]
+    out = subprocess.run(
+        [sys.executable, "-m", "queueworks", *demo],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert re.search(r"completed: done=5000 dead=0", out.stdout), out.stdout[-2000:]
