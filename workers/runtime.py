@@ -162,13 +162,14 @@ class TaskRun:
                 self._idle()
 
     def _read(self) -> bool:
-        """Dynamic tasks: read new entries with native XREADGROUP inside MULTI, beside the
-        member check and the epoch, so the three are one snapshot (about 2x cheaper than
-        reading inside Lua). A fenced member runs nothing it read: ``_check`` parks it all
-        (no attempt spent); after an epoch change the entries stay ours and run after the
-        re-rank."""
+        """Dynamic tasks: read new entries with native XREADGROUP, pipelined behind the
+        member check and the epoch in one round trip (about 2x cheaper than reading inside
+        Lua). A fenced member runs nothing it read: ``_check`` parks it all (no attempt
+        spent); after an epoch change the entries stay ours and run after the re-rank.
+        A prune landing between the check and the read is caught by the next check or
+        heartbeat tick, as for any member pruned while it holds entries."""
         assert self.role is not None
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self.r.pipeline(transaction=False)
         pipe.zscore(self.tk.members, self.me)
         pipe.get(self.tk.epoch)
         pipe.xreadgroup(self.tk.group, self.me, {self.tk.stream: ">"}, count=self._read_count())
