@@ -70,21 +70,25 @@ def scenario(url: str, kills: int, leaves: int, hb: tuple[float, float]) -> dict
             first = wait_for(lambda: [t for _, w, t in runs(r, log) if w == name], 30, 0.005)
             out["join"].append(min(first) - t_reg)
 
-        for _ in range(kills):
+        results_key = keys.task(task.id).results
+        while len(out["reclaim"]) < kills:
             time.sleep(0.5)
             name = rng.choice(sorted(live))
             t_kill = time.time()
             live.pop(name).kill()
-            held = [(i, t) for i, w, t in runs(r, log) if w == name and t < t_kill]
-            index = max(held, key=lambda x: x[1])[0]
-            again = wait_for(
-                lambda index=index, t_kill=t_kill: [  # type: ignore[misc]
-                    t for i, _, t in runs(r, log) if i == index and t > t_kill
-                ],
-                60,
-                0.01,
-            )
-            out["reclaim"].append(min(again) - t_kill)
+            # what the victim started and never settled: it must run again elsewhere
+            started = {i: t for i, w, t in runs(r, log) if w == name and t < t_kill}
+            unsettled = [i for i in started if not r.hexists(results_key, i)]
+            if unsettled:
+                index = max(unsettled, key=lambda i: started[i])
+                again = wait_for(
+                    lambda index=index, t_kill=t_kill: [  # type: ignore[misc]
+                        t for i, _, t in runs(r, log) if i == index and t > t_kill
+                    ],
+                    60,
+                    0.01,
+                )
+                out["reclaim"].append(min(again) - t_kill)
             replace()
             wait_for(lambda: len(task.status().nodes) == 4, 30)
         for _ in range(leaves):
