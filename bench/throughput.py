@@ -109,12 +109,46 @@ def run_submit(url: str, n: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
+def fsync_compare(n: int, repeat: int) -> None:
+    """The price of durability: the same 2-worker run against AOF off, everysec, always."""
+    from queueworks.redis_server import RedisServer
+
+    rows: dict[str, list[float]] = {"aof off": [], "everysec": [], "always": []}
+    servers = {
+        "aof off": RedisServer(),
+        "everysec": RedisServer(appendonly=True, appendfsync="everysec"),
+        "always": RedisServer(appendonly=True, appendfsync="always"),
+    }
+    try:
+        for srv in servers.values():
+            srv.start()
+        for _ in range(repeat):
+            for name, srv in servers.items():
+                rows[name].append(run_workers(srv.url, n, 2))
+    finally:
+        for srv in servers.values():
+            srv.close()
+    print(f"n={n} repeat={repeat}, 2 workers, subtasks/s (median)")
+    base = sorted(rows["aof off"])[repeat // 2]
+    for name, vals in rows.items():
+        med = sorted(vals)[repeat // 2]
+        print(f"{name:<10} {med:>9,.0f}   x{med / base:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--submit-n", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--fsync",
+        action="store_true",
+        help="compare AOF off / appendfsync everysec / always (2 workers)",
+    )
     args = ap.parse_args()
+    if args.fsync:
+        fsync_compare(args.n, args.repeat)
+        return
     with private_redis() as server:
         rows: dict[str, list[float]] = {}
         for _ in range(args.repeat):

@@ -6,7 +6,6 @@ their records, and per worker its pool heartbeat, assignment and labels.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate
 from queueworks import events
 from queueworks.connection import text
 from queueworks.keys import Keys
-from queueworks.models import TaskState
+from queueworks.models import StoredSpec, TaskState, WorkerRecord, describe_error
 from queueworks.scripts import Scripts
 
 
@@ -52,27 +51,35 @@ class Reconciler:
         world = World(Snapshot((), ()))
         tasks: dict[str, dict[str, Any]] = {}
         for tid, raw in zip(task_ids, replies[: len(task_ids)], strict=True):
-            state_raw, prio, mn, mx, created, spec, parts = raw
-            if state_raw is None:  # record expired or never written: drop it from the queue
+            state_raw, prio, mn, mx, created, spec_raw, parts = raw
+            try:
+                state = TaskState(text(state_raw))
+            except ValueError:  # expired, never written, or broken: drop it from the queue
                 self.r.zrem(k.queue, tid)
+                if state_raw is not None:
+                    self.log.error("task_record_invalid", task_id=tid, error="bad state")
                 continue
-            state = TaskState(state_raw.decode())
-            if state.finished:
-                spec_d = json.loads(spec) if spec else {}
-                world.finished[tid] = (
-                    state,
-                    float(spec_d.get("result_ttl", 86400)),
-                    int(parts or 0),
-                )
+            try:
+                spec = StoredSpec.model_validate_json(spec_raw) if spec_raw else None
+                if state.finished:
+                    ttl = spec.result_ttl if spec else 86400.0
+                    world.finished[tid] = (state, ttl, int(parts or 0))
+                    continue
+                row = {
+                    "priority": int(prio or 0),
+                    "min_nodes": int(mn or 1),
+                    "max_nodes": int(mx) if mx else None,
+                    "seq": float(created or 0),
+                    "selector": spec.node_selector if spec else {},
+                }
+            except ValueError as exc:  # another writer broke it: fail it, never crash on it
+                if state.finished:
+                    world.finished[tid] = (state, 86400.0, 0)
+                else:
+                    self._fail(tid, f"task record is invalid: {describe_error(exc)}")
                 continue
             world.states[tid] = state
-            tasks[tid] = {
-                "priority": int(prio or 0),
-                "min_nodes": int(mn or 1),
-                "max_nodes": int(mx) if mx else None,
-                "seq": float(created or 0),
-                "selector": (json.loads(spec) if spec else {}).get("node_selector", {}),
-            }
+            tasks[tid] = row
         workers: list[WorkerView] = []
         nodes: dict[str, set[str]] = {tid: set() for tid in tasks}
         rest = replies[len(task_ids) :]
@@ -81,12 +88,17 @@ class Reconciler:
             if not alive:
                 world.lost.append(wid)
                 continue
+            try:
+                labels = WorkerRecord.model_validate_json(record).labels if record else {}
+            except ValueError as exc:  # broken: drop it; a live worker registers again
+                self.log.warning("worker_record_invalid", worker=wid, error=describe_error(exc))
+                world.lost.append(wid)
+                continue
             task = assign.decode() if assign else ""
             if task:
                 world.assigned[wid] = task
                 if task in nodes:
                     nodes[task].add(wid)
-            labels = json.loads(record).get("labels", {}) if record else {}
             workers.append(WorkerView(wid, labels))
         views = tuple(
             TaskView(
@@ -99,6 +111,11 @@ class Reconciler:
         )
         world.snapshot = Snapshot(views, tuple(workers))
         return world
+
+    def _fail(self, task_id: str, error: str) -> None:
+        if self.scripts.set_state(self.keys.task(task_id), TaskState.FAILED, time.time(), error):
+            events.emit(self.r, self.keys, "failed", task=task_id, error=error)
+        self.log.error("task_record_invalid", task_id=task_id, error=error)
 
     def apply(self, world: World) -> Plan:
         """Release finished tasks and lost workers, then move workers as the plan says."""

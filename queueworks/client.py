@@ -12,7 +12,7 @@ import redis
 from queueworks import events
 from queueworks.connection import connect, text
 from queueworks.keys import Keys, TaskKeys, check_task_id
-from queueworks.messages import NotJSON, partition_of, to_json
+from queueworks.messages import NotJSON, from_json, partition_of, to_json
 from queueworks.models import (
     DeadLetter,
     NodeInfo,
@@ -21,6 +21,7 @@ from queueworks.models import (
     TaskStatus,
     WorkerRecord,
     WorkerState,
+    describe_error,
 )
 from queueworks.scripts import Scripts
 
@@ -34,6 +35,10 @@ class SubmitError(ValueError):
 
 class TaskNotFound(LookupError):
     pass
+
+
+class BadRecord(ValueError):
+    """A record in Redis that does not decode (another writer broke it); says why."""
 
 
 class Client:
@@ -164,7 +169,10 @@ class Client:
         out = []
         for raw in pipe.execute():
             if raw and b"record" in raw:
-                out.append(worker_record(raw))
+                try:
+                    out.append(worker_record(raw))
+                except BadRecord:
+                    continue  # one broken hash must not hide every other worker
         return out
 
     def drain_worker(self, worker_id: str) -> None:
@@ -179,18 +187,25 @@ def _f(raw: Any, name: str) -> str | None:
 
 
 def worker_record(raw: dict[bytes, bytes]) -> WorkerRecord:
-    data = {k.decode(): v.decode() for k, v in raw.items()}
-    return WorkerRecord.model_validate_json(data["record"]).model_copy(
-        update={
-            "state": WorkerState(data.get("state", "idle")),
-            "task": data.get("task") or None,
-            "rank": int(data["rank"]) if data.get("rank") else None,
-            "epoch": int(data["epoch"]) if data.get("epoch") else None,
-            "current": data.get("current") or None,
-            "processed": int(data.get("processed", 0)),
-            "last_heartbeat": float(data["last_heartbeat"]) if data.get("last_heartbeat") else None,
-        }
-    )
+    """A worker's hash as a record; ``BadRecord`` if any field does not decode."""
+    try:
+        data = {k.decode(): v.decode() for k, v in raw.items()}
+        if "record" not in data:
+            raise ValueError("no 'record' field")
+        beat = data.get("last_heartbeat")
+        return WorkerRecord.model_validate_json(data["record"]).model_copy(
+            update={
+                "state": WorkerState(data.get("state", "idle")),
+                "task": data.get("task") or None,
+                "rank": int(data["rank"]) if data.get("rank") else None,
+                "epoch": int(data["epoch"]) if data.get("epoch") else None,
+                "current": data.get("current") or None,
+                "processed": int(data.get("processed", 0)),
+                "last_heartbeat": float(beat) if beat else None,
+            }
+        )
+    except ValueError as exc:
+        raise BadRecord(f"worker record: {describe_error(exc)}") from None
 
 
 class Task:
@@ -271,10 +286,8 @@ class Task:
 
     def results(self) -> Iterator[tuple[int, Any]]:
         """``(index, result)`` for every subtask that succeeded, in no particular order."""
-        import json
-
         for index, value in self.client.redis.hscan_iter(self.keys.results, count=1000):
-            yield int(text(index)), json.loads(text(value))
+            yield int(text(index)), from_json(text(value), f"result {text(index)!r}")
 
     def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
         out = []

@@ -23,6 +23,19 @@ class NotJSON(ValueError):
     """A payload or result that JSON cannot carry."""
 
 
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
+
+
+def from_json(raw: str, what: str) -> Any:
+    """Strict JSON read from Redis: ``NotJSON`` for invalid JSON, ``NaN``/``Infinity``, and
+    nesting too deep to decode (the stdlib raises ``RecursionError`` there), never else."""
+    try:
+        return json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise NotJSON(f"{what} is not valid JSON: {exc}") from None
+
+
 def to_json(value: Any, what: str) -> str:
     try:
         return _dumps(value)
@@ -48,17 +61,18 @@ def decode_entry(entry_id: str, fields: dict[bytes, bytes]) -> Subtask:
     if raw_index is None or raw_payload is None:
         names = sorted(k.decode(errors="replace") for k in fields)
         raise BadMessage(f"entry must have fields 'i' and 'p', has {names}")
-    try:
-        index = int(raw_index)
-    except ValueError:
-        raise BadMessage(f"field 'i' is not an integer: {raw_index[:40]!r}") from None
-    if index < 0:
-        raise BadMessage(f"field 'i' is negative: {index}")
+    if not raw_index.isdigit() or len(raw_index) > 18:  # ASCII digits only, as written
+        negative = raw_index[:1] == b"-" and raw_index[1:].isdigit()
+        what = "negative" if negative else "not a decimal index"
+        raise BadMessage(f"field 'i' is {what}: {raw_index[:40]!r}")
+    index = int(raw_index)
     try:
         text = raw_payload.decode()
-        payload = json.loads(text)
-    except (UnicodeDecodeError, ValueError) as exc:
+        payload = from_json(text, "field 'p'")
+    except UnicodeDecodeError as exc:
         raise BadMessage(f"field 'p' is not valid JSON: {exc}") from None
+    except NotJSON as exc:
+        raise BadMessage(str(exc)) from None
     raw_key = fields.get(b"k")
     key = raw_key.decode(errors="replace") if raw_key is not None else None
     return Subtask(entry_id, index, payload, key, text)

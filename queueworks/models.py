@@ -13,7 +13,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 HANDLER_PATH = re.compile(
     r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)$"
@@ -22,7 +29,7 @@ HANDLER_PATH = re.compile(
 
 def parse_handler_path(path: str) -> tuple[str, str]:
     """Split ``"package.module:function"``; refuse anything else, and every dunder part."""
-    m = HANDLER_PATH.match(path)
+    m = HANDLER_PATH.fullmatch(path)  # not .match: `$` also matches before a final "\n"
     if m is None:
         raise ValueError(f"handler {path!r} must look like 'package.module:function'")
     module, attr = m.group("module"), m.group("attr")
@@ -54,14 +61,25 @@ class WorkerState(StrEnum):
     LEAVING = "leaving"
 
 
+def describe_error(exc: ValueError) -> str:
+    """A short, single-line reason (pydantic's text repeats the input, which may be big)."""
+    if isinstance(exc, ValidationError):
+        parts = []
+        for e in exc.errors()[:3]:
+            where = ".".join(str(x) for x in e["loc"]) or "input"
+            parts.append(f"{where}: {e['msg']}")
+        return f"{exc.error_count()} error(s): " + "; ".join(parts)
+    return str(exc)[:300]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class TaskSpec(_Model):
     """What a user submits: one target task, split into subtasks."""
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=200)
     handler: str
@@ -70,10 +88,10 @@ class TaskSpec(_Model):
     max_nodes: int | None = Field(default=None, ge=1)
     priority: int = 0
     max_attempts: int = Field(default=3, ge=1, le=1000)
-    subtask_timeout: float = Field(default=60.0, gt=0)
+    subtask_timeout: float = Field(default=60.0, gt=0, le=7 * 86400.0)
     partitions: int = Field(default=0, ge=0, le=4096)
     node_selector: dict[str, str] = Field(default_factory=dict)
-    result_ttl: float = Field(default=24 * 3600.0, gt=0)
+    result_ttl: float = Field(default=24 * 3600.0, gt=0, le=3650 * 86400.0)
     max_dead: int | None = Field(default=None, ge=0)
     mode: Literal["subtask", "step"] = "subtask"
     options: dict[str, Any] = Field(default_factory=dict)

@@ -2,7 +2,9 @@
 
 The path is parsed strictly (no attribute chains, no dunders); the module must be one of
 the ``--allow`` prefixes or inside one (``myapp`` allows ``myapp`` and ``myapp.jobs``, not
-``myapplication``); the object must be a plain Python function.
+``myapplication``); the object must be a plain Python function defined under an allowed
+prefix too (``from shutil import rmtree`` in ``myapp.jobs`` does not make ``rmtree`` a
+handler).
 """
 
 from __future__ import annotations
@@ -56,6 +58,12 @@ def resolve(path: str, prefixes: Sequence[str]) -> Handler:
         raise HandlerRefused(f"handler {path!r}: module {module_name!r} has no {attr!r}")
     if not inspect.isfunction(fn):
         raise HandlerRefused(f"handler {path!r} is not a plain Python function")
+    defined_in = getattr(fn, "__module__", None) or "?"
+    if not allowed(defined_in, prefixes):  # imported into an allowed module from elsewhere
+        raise HandlerRefused(
+            f"handler {path!r} is defined in {defined_in!r}, outside the allowed module "
+            f"prefixes {list(prefixes)}"
+        )
     params = [
         p
         for p in inspect.signature(fn).parameters.values()

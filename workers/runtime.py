@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+from pydantic import ValidationError
 
 from queueworks import events
 from queueworks.connection import text
@@ -19,10 +20,11 @@ from queueworks.context import SubtaskContext, Suspended
 from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, read_roster
 from queueworks.messages import BadMessage, NotJSON, decode_entry, safe_text, to_json
-from queueworks.models import Role, StoredSpec, TaskState
+from queueworks.models import Role, StoredSpec, TaskState, describe_error
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Claimed, DeadEntry, Scripts
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.heartbeat import Heartbeat, NodeState
+from workers.watchdog import Watchdog
 
 PARKED = "_parked"  # consumer that holds entries handed back by a graceful leave
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
@@ -35,7 +37,8 @@ class Work:
     stream: str
     entry_id: str
     fields: dict[bytes, bytes]
-    attempt: int
+    attempt: int  # deliveries so far; the attempt it runs as, once ``charge`` is spent
+    charge: bool = False  # may have run before: spend an attempt (XCLAIM) before it starts
 
 
 class Leave(Exception):
@@ -79,8 +82,13 @@ class TaskRun:
         raw_spec = self.r.hget(self.tk.record, "spec")
         if raw_spec is None:
             return "missing"
-        self.spec = StoredSpec.model_validate_json(raw_spec)
+        try:
+            self.spec = StoredSpec.model_validate_json(raw_spec)
+        except ValidationError as exc:
+            self._spec_invalid(exc)
+            return "finished"
         self.streams = self.tk.streams(self.spec.partitions)
+        self.watchdog = Watchdog(self.spec.subtask_timeout, self.log)
         try:
             self.handler: Handler | None = resolve(self.spec.handler, self.allow)
             self.refused = ""
@@ -89,6 +97,7 @@ class TaskRun:
             self.log.warning("handler_refused", reason=self.refused)
         if not self._join():
             return "finished"
+        self.watchdog.start()
         try:
             if self.spec.mode == "step":
                 from workers.steps import run_steps  # lockstep mode (queueworks.torch)
@@ -99,8 +108,17 @@ class TaskRun:
         except Leave as why:
             return str(why)
         finally:
+            self.watchdog.stop()
             self._leave()
         return "finished"  # pragma: no cover - the loop only ends by Leave
+
+    def _spec_invalid(self, exc: ValidationError) -> None:
+        """A task record nobody can run (another writer broke it): fail the task, so the
+        controller releases its nodes; this worker goes on with the next one."""
+        error = f"stored spec is invalid: {describe_error(exc)}"
+        if self.scripts.set_state(self.tk, TaskState.FAILED, time.time(), error):
+            events.emit(self.r, self.keys, "failed", task=self.tk.task_id, error=error)
+        self.log.error("spec_invalid", error=error)
 
     def _join(self) -> bool:
         self.state.suspend.clear()
@@ -228,11 +246,10 @@ class TaskRun:
         while self.local:
             if s.suspend.is_set() or s.stopping or s.fenced:
                 break
-            work = self.local.popleft()
-            if work.attempt > self.spec.max_attempts:
-                self._bury(work, None, "exceeded max_attempts", f"delivered {work.attempt} times")
+            ready = self._start(self.local.popleft())
+            if ready is None:
                 continue
-            self._execute(work)
+            self._execute(ready)
             ran += 1
             if time.monotonic() - self.last_flush > FLUSH_SECONDS:
                 self._flush()
@@ -240,6 +257,30 @@ class TaskRun:
             spent = (time.monotonic() - started) / ran
             self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
         self._flush()
+
+    def _start(self, work: Work) -> Work | None:
+        """The entry as it may run now, or None (dead-lettered, or no longer ours).
+
+        An entry that may have run before (reclaimed, adopted) is charged here, when it
+        starts, not when it was claimed: a worker that dies charges only the entry it was
+        running, never the ones it merely held. Everything done is settled first, so if
+        this entry kills the process, nothing else runs again."""
+        if work.charge:
+            work = Work(work.stream, work.entry_id, work.fields, work.attempt + 1)
+            if work.attempt <= self.spec.max_attempts:
+                self._flush()
+                if not self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id]):
+                    return None  # settled meanwhile (a slow runner finished it)
+        if work.attempt > self.spec.max_attempts:
+            starts = work.attempt - 1
+            why = (
+                f"started {starts} times without finishing (max_attempts="
+                f"{self.spec.max_attempts}): each time its worker died or hung"
+            )
+            spent = Work(work.stream, work.entry_id, work.fields, starts)
+            self._bury(spent, _index_of(work), "exceeded max_attempts", why)
+            return None
+        return work
 
     def _execute(self, work: Work) -> None:
         try:
@@ -264,9 +305,9 @@ class TaskRun:
                     key=sub.key,
                     _suspend=self.state.suspend,
                 )
-                result = self.handler.fn(sub.payload, ctx)
+                result = self.watchdog.call(sub.index, self.handler.fn, sub.payload, ctx)
             else:
-                result = self.handler.fn(sub.payload)
+                result = self.watchdog.call(sub.index, self.handler.fn, sub.payload)
             body = to_json(result, "result")
         except Suspended:
             self.local.appendleft(work)  # runs again after the re-rank, same attempt
@@ -465,23 +506,35 @@ class TaskRun:
             start = "(" + text(pending[-1]["message_id"])
 
     def _reclaim(self, *, backstop: bool, departed: bool = True, adopt: bool = False) -> int:
-        """Claim what departed members left pending (at once), what was parked (no attempt
-        spent), or — as a backstop — anything idle past ``subtask_timeout``. With ``adopt``
-        (on joining), also take back our own pending entries from an earlier life of this
-        worker (a lost connection, a Redis restart that lost acks): no attempt spent."""
+        """Claim what departed members left pending (at once), what was parked, or — as a
+        backstop — what a wedged member holds past the watchdog's hard limit. With
+        ``adopt`` (on joining), also take back our own pending entries from an earlier
+        life of this worker (a lost connection, a Redis restart that lost acks, a restart
+        under the same name).
+
+        Claims spend no attempt (JUSTID). What may have run before is charged when it
+        starts again (``_start``); parked entries never ran and are not charged."""
         members = set(read_roster(self.r, self.tk).members)
         claimed_total = 0
         for stream in self.owned:
-            batches: list[tuple[list[Claimed], list[tuple[str, int]]]] = []
+            # (claimed, payload gone, charge when it starts)
+            batches: list[tuple[list[Claimed], list[tuple[str, int]], bool]] = []
             if adopt and not backstop:
-                batches.append((self._own_pending(stream), []))
+                batches.append((self._own_pending(stream), [], True))
             if backstop:
-                timeout_ms = int(self.spec.subtask_timeout * 1000)
-                batches.append(
-                    self.scripts.reclaim(
-                        self.tk, stream, self.me, min_idle_ms=timeout_ms, only_departed=False
-                    )
+                # idle past the hard limit and a TTL: its holder should have exited and
+                # been pruned by now, yet it is still a member
+                wd = self.watchdog
+                idle_ms = int((wd.timeout + wd.grace) * 1000) + self.ttl_ms
+                claimed, gone = self.scripts.reclaim(
+                    self.tk,
+                    stream,
+                    self.me,
+                    min_idle_ms=idle_ms,
+                    hand_back=True,
+                    only_departed=False,
                 )
+                batches.append((claimed, gone, True))
             elif departed:
                 for info in self.r.xinfo_consumers(stream, self.tk.group):
                     name = info["name"]
@@ -490,21 +543,21 @@ class TaskRun:
                         continue
                     parked = name == PARKED
                     while True:
-                        got = self.scripts.reclaim(
+                        claimed, gone = self.scripts.reclaim(
                             self.tk,
                             stream,
                             self.me,
                             from_consumer=name,
-                            hand_back=parked,
+                            hand_back=True,
                             only_departed=not parked,
                         )
-                        batches.append(got)
-                        if not got[0] or len(got[0]) + len(got[1]) < RECLAIM_BATCH:
+                        batches.append((claimed, gone, not parked))
+                        if not claimed or len(claimed) + len(gone) < RECLAIM_BATCH:
                             break
             found = []
-            for claimed, gone in batches:
+            for claimed, gone, charge in batches:
                 for c in claimed:
-                    found.append(Work(stream, c.entry_id, c.fields, c.deliveries))
+                    found.append(Work(stream, c.entry_id, c.fields, c.deliveries, charge))
                 for entry_id, deliveries in gone:
                     self._bury(
                         Work(stream, entry_id, {}, deliveries),
@@ -519,6 +572,13 @@ class TaskRun:
             self.log.info("reclaimed", entries=claimed_total, backstop=backstop)
         self._flush()
         return claimed_total
+
+
+def _index_of(work: Work) -> int | None:
+    try:
+        return decode_entry(work.entry_id, work.fields).index
+    except BadMessage:
+        return None
 
 
 def _dedupe(works: list[Work]) -> list[Work]:

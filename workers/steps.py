@@ -148,12 +148,28 @@ class StepContext:
 
     @property
     def suspended(self) -> bool:
-        """True once the node set changed or the worker is stopping: give up waiting."""
-        return self._run.state.suspend.is_set()
+        """True once the node set changed or the worker is stopping: give up waiting.
+
+        Only a real reason counts: the suspend event can be left set by a wake-up that raced
+        with the re-rank that already took the new epoch into account.
+        """
+        s, role = self._run.state, self._run.role
+        if not s.suspend.is_set():
+            return False
+        return (
+            s.stopping
+            or s.fenced
+            or s.assign != self.task_id
+            or role is None
+            or s.epoch_seen > role.epoch
+        )
 
     def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; returns True at once if the run is suspended."""
-        return self._run.state.suspend.wait(seconds)
+        """Sleep up to ``seconds``; returns True (at once) if the run is suspended."""
+        deadline = time.monotonic() + seconds
+        if self._run.state.suspend.wait(seconds) and not self.suspended:
+            time.sleep(max(0.0, deadline - time.monotonic()))  # a stale wake-up
+        return self.suspended
 
 
 class StepTrainer(Protocol):
@@ -247,6 +263,8 @@ class StepLoop:
     def close(self, reason: str) -> None:
         try:
             self._settle_backlog()
+            if reason == "finished":  # what is left of the last steps expires with the task
+                self.run.r.expire(self.key, int(self.run.spec.result_ttl))
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             self.run.log.warning("settle_failed", error=str(exc))
         try:
@@ -336,11 +354,9 @@ class StepLoop:
         """At most one shard: one in hand, else a parked one, else a new one."""
         run = self.run
         while run.local:
-            work = run.local.popleft()
-            if work.attempt > run.spec.max_attempts:
-                run._bury(work, None, "exceeded max_attempts", f"delivered {work.attempt} times")
-                continue
-            return work
+            work = run._start(run.local.popleft())
+            if work is not None:
+                return work
         stream = run.streams[0]
         claimed, gone = run.scripts.reclaim(
             run.tk,
@@ -411,7 +427,7 @@ class StepLoop:
         with run.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(run.tk.members)
+                    pipe.watch(run.tk.members)  # type: ignore[no-untyped-call]
                     if pipe.zscore(run.tk.members, run.me) is None:
                         return FENCED, []
                     pipe.multi()

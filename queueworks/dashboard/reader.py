@@ -14,7 +14,7 @@ from typing import Any
 
 import redis
 
-from queueworks.client import Client, TaskNotFound, worker_record
+from queueworks.client import BadRecord, Client, TaskNotFound, worker_record
 from queueworks.connection import redact_url, text
 from queueworks.dashboard.views import (
     EventView,
@@ -335,7 +335,10 @@ class Reader:
             raw, alive = replies[2 * i], replies[2 * i + 1]
             if not raw or b"record" not in raw:
                 continue
-            rec = worker_record(raw)
+            try:
+                rec = worker_record(raw)
+            except BadRecord:
+                continue  # one broken hash must not hide every other worker
             fields = {name: getattr(rec, name) for name in type(rec).model_fields}
             fields.update(alive=bool(alive), draining=raw.get(b"drain") == b"1")
             out.append(WorkerView.model_validate(fields))

@@ -1,0 +1,109 @@
+"""The handler watchdog: a handler that runs past ``subtask_timeout`` is abandoned.
+
+Soft limit (at ``subtask_timeout``): ``SubtaskTimeout`` is raised inside the handler's thread
+(``PyThreadState_SetAsyncExc``, as rq's ``TimerDeathPenalty`` does); the runtime counts it as
+a failed attempt and goes on, the worker stays in its node set. Python code is interrupted at
+its next bytecode (a ``time.sleep`` when it returns).
+
+Hard limit (``grace`` later): a handler stuck in C code never sees the exception; the worker
+process exits (``EXIT_HUNG``) so its supervisor (docker ``restart:``, systemd) starts a fresh
+one. Its heartbeat stops, the others prune it and reclaim what it held; each start of a
+reclaimed entry is charged, so a handler that hangs every time is dead-lettered after
+``max_attempts`` starts.
+
+Arming is one attribute write and disarming one uncontended lock: the watchdog thread
+checks a few times a second and costs the hot path nothing else.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+EXIT_HUNG = 70  # EX_SOFTWARE: a handler ignored its timeout; restart the worker
+
+
+class SubtaskTimeout(BaseException):
+    """Raised inside a handler that ran past ``subtask_timeout``. A ``BaseException``, so a
+    handler's ``except Exception`` does not swallow it."""
+
+
+class TimedOut(Exception):
+    """What the runtime records for an abandoned handler (a failed attempt)."""
+
+
+class Watchdog(threading.Thread):
+    """Watches the handler calls of one task run against ``subtask_timeout``."""
+
+    def __init__(self, timeout: float, log: Any, *, grace: float | None = None) -> None:
+        super().__init__(name="qw-watchdog", daemon=True)
+        self.timeout = timeout
+        self.grace = grace if grace is not None else min(max(timeout, 1.0), 30.0)
+        self._log = log
+        self._lock = threading.Lock()
+        self._halt = threading.Event()
+        self._job: tuple[int, float, int] | None = None  # (thread ident, started, index)
+        self._fired: tuple[int, float, int] | None = None
+        self.timeouts = 0
+
+    def call(self, index: int, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` under the deadline; raises ``TimedOut`` if it was abandoned.
+
+        The timeout exception can land only while the deadline is armed; ``_disarm``
+        clears one still pending, so it never escapes into the runtime's own code."""
+        self._job = (threading.get_ident(), time.monotonic(), index)
+        try:
+            try:
+                return fn(*args)
+            finally:
+                self._disarm()
+        except SubtaskTimeout:
+            self._disarm()  # idempotent: the exception may have landed inside the first
+            raise TimedOut(
+                f"subtask {index} timed out: it ran past subtask_timeout ({self.timeout} s) "
+                "and was abandoned"
+            ) from None
+
+    def _disarm(self) -> None:
+        with self._lock:
+            job, self._job = self._job, None
+            if job is not None and job is self._fired:
+                _raise_in(job[0], None)  # clear it if still pending
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        tick = min(0.25, self.timeout / 4)
+        while not self._halt.wait(tick):
+            job = self._job
+            if job is None:
+                continue
+            overrun = time.monotonic() - job[1] - self.timeout
+            if overrun < 0:
+                continue
+            if job is not self._fired:
+                with self._lock:
+                    if self._job is job:
+                        self._fired = job
+                        self.timeouts += 1
+                        self._log.warning("subtask_timed_out", index=job[2], timeout=self.timeout)
+                        _raise_in(job[0], SubtaskTimeout)
+            elif overrun > self.grace and self._job is job:
+                self._log.error(
+                    "subtask_hung", index=job[2], timeout=self.timeout, exit_code=EXIT_HUNG
+                )
+                sys.stderr.flush()
+                sys.stdout.flush()
+                os._exit(EXIT_HUNG)
+
+
+def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:
+    """Schedule ``exc`` in thread ``thread_id`` (None: clear a pending one)."""
+    obj = ctypes.py_object(exc) if exc is not None else None
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), obj)
