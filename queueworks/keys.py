@@ -19,6 +19,9 @@ key                                type          meaning
 ``qw:task:{T}:results``            hash          subtask index -> result JSON (written once)
 ``qw:task:{T}:dead``               stream        dead-lettered subtasks: reason, error, attempts
 ``qw:task:{T}:history``            stream        this task's rebalances (epoch, cause, pause)
+``qw:task:{T}:steps``              hash          step mode: each step's shards and decision
+``qw:task:{T}:rdzv``               string + TTL  step mode: the leader's c10d store address
+``qw:task:{T}:checkpoint``         string        step mode: the last checkpoint (if in Redis)
 ``qw:queue``                       zset          active tasks, score orders by priority then age
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:worker:<W>``                  hash          host, pid, labels, state, task, rank, current
@@ -107,6 +110,18 @@ class TaskKeys:
         return f"{self._base}:history"
 
     @property
+    def steps(self) -> str:
+        return f"{self._base}:steps"
+
+    @property
+    def rendezvous(self) -> str:
+        return f"{self._base}:rdzv"
+
+    @property
+    def checkpoint(self) -> str:
+        return f"{self._base}:checkpoint"
+
+    @property
     def group(self) -> str:
         """The consumer group of every stream of this task is named by the task id."""
         return self.task_id
@@ -128,6 +143,9 @@ class TaskKeys:
             self.results,
             self.dead,
             self.history,
+            self.steps,
+            self.rendezvous,
+            self.checkpoint,
         ]
 
 

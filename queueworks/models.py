@@ -110,6 +110,12 @@ class TaskSpec(_Model):
         return v
 
     @model_validator(mode="after")
+    def _step_mode(self) -> TaskSpec:
+        if self.mode == "step" and self.partitions:
+            raise ValueError("mode='step' takes no partitions")
+        return self
+
+    @model_validator(mode="after")
     def _bounds(self) -> TaskSpec:
         if self.max_nodes is not None and self.max_nodes < self.min_nodes:
             raise ValueError(

@@ -48,3 +48,17 @@ def test_readme_demo_command_runs() -> None:
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(r"completed: done=5000 dead=0", out.stdout), out.stdout[-2000:]
+
+
+def test_readme_training_example_runs() -> None:
+    """The README's elastic-training command: one job scaled 2 -> 4 -> 1 workers."""
+    assert "python examples/elastic_training.py --scale 2,4,1" in README
+    out = subprocess.run(
+        [sys.executable, "examples/elastic_training.py", "--scale", "2,4,1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert re.search(r"completed: (\d+)/\1 shards, 0 dead", out.stdout), out.stdout[-2000:]

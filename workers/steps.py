@@ -20,6 +20,8 @@ A ``StepTrainer`` has six methods; the loop calls them in this order:
     shard this step; take part with zero weight. Any exception from ``prepare(payload)``
     counts as a failed attempt of that shard (retried, dead-lettered after
     ``max_attempts``); the loop then calls ``prepare(None)`` so the step still has all members.
+    It runs under the handler watchdog: past ``subtask_timeout`` it is abandoned like a
+    handler (a failed attempt; the process exits if it is stuck in C).
 ``reduce()``
     The collective(s) of the step, e.g. the all-reduce of gradients weighted by sample count.
     Returns the shard's result (JSON). Raises ``StepAborted`` when a collective fails or
@@ -84,15 +86,6 @@ if TYPE_CHECKING:
 
 COMMIT, ABORT, FENCED = "commit", "abort", "fenced"
 FORM_BACKOFF = 0.02  # seconds between attempts to form a group (unless the set changes)
-
-
-def task_key(tk: TaskKeys, name: str) -> str:
-    """Keys of step mode (``steps``, ``rdzv``, ``checkpoint``), in the task's hash tag.
-
-    The one place that derives them until ``TaskKeys`` has ``steps``, ``rendezvous`` and
-    ``checkpoint`` of its own.
-    """
-    return f"{tk.record}:{name}"
 
 
 class StepAborted(Exception):
@@ -242,7 +235,7 @@ def _fail_task(run: TaskRun, exc: Exception) -> None:
 class StepLoop:
     def __init__(self, run: TaskRun, trainer: StepTrainer) -> None:
         self.run, self.trainer = run, trainer
-        self.key = task_key(run.tk, "steps")
+        self.key = run.tk.steps
         self.gen: Generation | None = None
         self.next_round = (-1, 0)  # (epoch, round) to form next
         self.seq = 0
@@ -255,6 +248,7 @@ class StepLoop:
                 self._settle_backlog()  # before a re-rank may reclaim them
             r._check()
             if len(r.local) > 1:  # spread what we hold: park it, one claim per member and step
+                self._charge_all()
                 r._hand_back(r.streams)
             gen = self._form()
             if gen is not None:
@@ -390,6 +384,14 @@ class StepLoop:
                     return Work(text(name), text(entry_id), fields, 1)
         return None
 
+    def _charge_all(self) -> None:
+        """Charge what we hold that may have run before (reclaimed from a departed member)
+        before parking it: a parked entry is not charged again when claimed."""
+        run = self.run
+        held = [run._start(w) for w in run.local]
+        run.local.clear()
+        run.local.extend(w for w in held if w is not None)
+
     def _prepare(self, work: Work) -> int | None:
         """Decode the shard and run ``prepare``; None if it failed (retry or dead letter)."""
         run = self.run
@@ -398,8 +400,8 @@ class StepLoop:
         except BadMessage as exc:
             run._bury(work, None, "malformed entry", str(exc))
             return None
-        try:
-            self.trainer.prepare(sub.payload)
+        try:  # the shard's local work is bounded by subtask_timeout, as a handler is
+            run.watchdog.call(sub.index, self.trainer.prepare, sub.payload)
         except (StepAborted, Leave, redis.ConnectionError, redis.TimeoutError):
             raise
         except Exception as exc:
