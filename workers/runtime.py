@@ -387,6 +387,11 @@ class TaskRun:
                 self.owned = self.streams
             if self.state.epoch_seen <= roster.epoch:
                 break
+        s = self.state
+        if s.epoch_seen <= s.role_epoch and not (
+            s.stopping or s.fenced or s.assign != self.tk.task_id
+        ):
+            s.suspend.clear()  # a wake-up for the epoch we just took is stale
         self.r.hset(
             self.keys.worker(self.me),
             mapping={
