@@ -18,11 +18,9 @@ import time
 import uuid
 from typing import Any
 
-import redis
-
 from controller.reconciler import Reconciler
 from queueworks import events
-from queueworks.connection import connect, redact_url
+from queueworks.connection import UNAVAILABLE, connect, redact_url
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.scripts import Scripts
@@ -65,7 +63,7 @@ class Controller:
                 self.passes += 1
                 last_event = self._wait_for_events(last_event)
                 backoff = 0.05
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except UNAVAILABLE as exc:
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
                 self.leader = False
                 self._stop.wait(backoff)
@@ -98,6 +96,6 @@ class Controller:
             if self.leader:
                 self.scripts.lease(self.keys.leader, self.id, "release")
                 self.log.info("lease_released")
-        except (redis.ConnectionError, redis.TimeoutError):
+        except UNAVAILABLE:
             pass
         self.r.close()

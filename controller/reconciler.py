@@ -10,11 +10,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate
 from queueworks import events
-from queueworks.connection import text
+from queueworks.connection import Connection, text
 from queueworks.keys import Keys
 from queueworks.models import StoredSpec, TaskState, WorkerRecord, describe_error
 from queueworks.scripts import Scripts
@@ -32,7 +30,7 @@ class World:
 
 
 class Reconciler:
-    def __init__(self, r: redis.Redis, keys: Keys, scripts: Scripts, log: Any) -> None:
+    def __init__(self, r: Connection, keys: Keys, scripts: Scripts, log: Any) -> None:
         self.r, self.keys, self.scripts, self.log = r, keys, scripts, log
 
     def read(self) -> World:
@@ -123,7 +121,8 @@ class Reconciler:
         pipe = self.r.pipeline(transaction=False)
         for wid in world.lost:
             pipe.zrem(k.workers, wid)
-            pipe.delete(k.assign(wid), k.worker(wid))
+            pipe.delete(k.assign(wid))  # one key per DEL: they may be on different nodes
+            pipe.delete(k.worker(wid))
             events.emit(pipe, k, "worker_lost", worker=wid)
             world.assigned.pop(wid, None)
         for tid, (state, ttl, partitions) in world.finished.items():

@@ -24,11 +24,22 @@ from queueworks.settings import Settings
 
 
 def _settings(**flags: Any) -> Settings:
-    return Settings(**{k: v for k, v in flags.items() if v is not None})
+    cluster = flags.pop("cluster", False)
+    settings = Settings(**{k: v for k, v in flags.items() if v is not None})
+    if cluster:
+        from queueworks.connection import as_cluster_url
+
+        settings.redis_url = as_cluster_url(settings.redis_url)
+    return settings
 
 
 def _common(f: Any) -> Any:
     f = click.option("--redis", "redis_url", help="Redis URL [env QUEUEWORKS_REDIS_URL]")(f)
+    f = click.option(
+        "--cluster",
+        is_flag=True,
+        help="the URL's host(s) are Redis Cluster seed nodes (= redis+cluster://...)",
+    )(f)
     f = click.option("--prefix", help="key prefix [qw]")(f)
     f = click.option("--ssl-ca-certs", help="CA file for rediss:// URLs")(f)
     f = click.option("--log-level", help="debug|info|warning [info]")(f)

@@ -7,10 +7,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import redis
-
 from queueworks import events
-from queueworks.connection import connect, text
+from queueworks.connection import Connection, connect, text
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.messages import NotJSON, from_json, partition_of, to_json
 from queueworks.models import (
@@ -24,6 +22,7 @@ from queueworks.models import (
     describe_error,
 )
 from queueworks.scripts import Scripts
+from queueworks.topology import queue_replication_wait
 
 SUBMIT_BATCH = 1000  # messages per Lua call
 SUBMIT_PIPELINE = 8  # Lua calls per round trip
@@ -37,6 +36,18 @@ class TaskNotFound(LookupError):
     pass
 
 
+class NotReplicated(RuntimeError):
+    """``submit(wait_replicas=n)``: the task was written to the primary, but fewer than ``n``
+    replicas acknowledged it in time; a failover now could lose it. ``task`` is its handle."""
+
+    def __init__(self, task: Task, acked: int, wanted: int, timeout: float) -> None:
+        super().__init__(
+            f"task {task.id} is written but only {acked} of {wanted} replica(s) acknowledged "
+            f"it within {timeout} s: a failover now could lose it"
+        )
+        self.task, self.acked, self.wanted = task, acked, wanted
+
+
 class BadRecord(ValueError):
     """A record in Redis that does not decode (another writer broke it); says why."""
 
@@ -44,7 +55,7 @@ class BadRecord(ValueError):
 class Client:
     """Entry point for users: ``Client.from_url("redis://localhost:6379/0")``."""
 
-    def __init__(self, connection: redis.Redis, *, prefix: str = "qw") -> None:
+    def __init__(self, connection: Connection, *, prefix: str = "qw") -> None:
         self.redis = connection
         self.keys = Keys(prefix)
         self.scripts = Scripts(connection)
@@ -64,12 +75,25 @@ class Client:
 
     # -- submitting -----------------------------------------------------------------------
 
-    def submit(self, spec: TaskSpec, *, task_id: str | None = None) -> Task:
+    def submit(
+        self,
+        spec: TaskSpec,
+        *,
+        task_id: str | None = None,
+        wait_replicas: int = 0,
+        wait_timeout: float = 1.0,
+    ) -> Task:
         """Split ``spec`` onto its stream(s) and queue it; returns a handle to the task.
 
         Subtasks are streamed in pipelined batches: a generator is never held in memory as
         a whole. Raises ``SubmitError`` naming the bad subtask; nothing is left behind.
+
+        ``wait_replicas=n``: return only once ``n`` replicas of every primary that holds the
+        task (its keys, the queue, the events) have it (``WAIT n``, up to ``wait_timeout``
+        s); else raise ``NotReplicated`` (the task exists; a failover may still lose it).
         """
+        if wait_replicas < 0 or wait_timeout <= 0:
+            raise ValueError("submit: need wait_replicas >= 0 and wait_timeout > 0")
         tid = check_task_id(task_id or uuid.uuid4().hex[:16])
         tk = self.keys.task(tid)
         if self.redis.exists(tk.record):
@@ -105,10 +129,23 @@ class Client:
         pipe.set(tk.epoch, 0, nx=True)
         pipe.zadd(self.keys.queue, {tid: now})
         events.emit(pipe, self.keys, "submitted", task=tid, name=spec.name, total=total)
-        pipe.execute()
+        waits = 0
+        if wait_replicas:  # after the last write on each node: WAIT covers all before it
+            waits = queue_replication_wait(
+                pipe,
+                self.redis,
+                [tk.record, self.keys.queue, self.keys.events],
+                wait_replicas,
+                int(wait_timeout * 1000),
+            )
+        replies = pipe.execute()
         task = Task(self, tid)
         if total == 0:  # nothing to do: complete at once, through the one completion path
             self.scripts.settle(tk, streams[0], "client", now, [])
+        if waits:
+            acked = min(int(n) for n in replies[-waits:])
+            if acked < wait_replicas:
+                raise NotReplicated(task, acked, wait_replicas, wait_timeout)
         return task
 
     def _write_subtasks(self, tk: TaskKeys, spec: TaskSpec, streams: list[str]) -> int:

@@ -10,16 +10,16 @@ import time
 import redis
 
 from queueworks.client import Client
-from queueworks.connection import redact_url
+from queueworks.connection import connect, redact_url
 from queueworks.models import TaskSpec
 from queueworks.settings import Settings
 
 
 def _reachable(url: str) -> bool:
     try:
-        redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5).ping()
+        connect(url, socket_timeout=0.5).ping()  # any URL connect() takes (cluster, sentinel)
         return True
-    except (redis.RedisError, OSError):
+    except (redis.RedisError, OSError, ValueError):
         return False
 
 

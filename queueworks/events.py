@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis
-
+from queueworks.connection import Connection
 from queueworks.keys import Keys
 
 EVENTS_MAXLEN = 10_000
@@ -20,7 +19,7 @@ def emit(r: Any, keys: Keys, kind: str, **fields: object) -> None:
     r.xadd(keys.events, body, maxlen=EVENTS_MAXLEN, approximate=True)
 
 
-def latest_id(r: redis.Redis, keys: Keys) -> str:
+def latest_id(r: Connection, keys: Keys) -> str:
     """The id to read events after, so a reader sees only what comes next."""
     last: Any = r.xrevrange(keys.events, count=1)
     return last[0][0].decode() if last else "0-0"

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import redis
-
+from queueworks.connection import Connection
 from queueworks.keys import TaskKeys
 from queueworks.models import Role
 
@@ -39,7 +38,7 @@ class Roster:
         return self.members[(i + 1) % len(self.members)]
 
 
-def read_roster(r: redis.Redis, tk: TaskKeys) -> Roster:
+def read_roster(r: Connection, tk: TaskKeys) -> Roster:
     """Read members and epoch together (one MULTI, so they agree)."""
     pipe = r.pipeline(transaction=True)
     pipe.get(tk.epoch)

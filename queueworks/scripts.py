@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import redis
+from redis.cluster import ClusterPipeline
 from redis.commands.core import Script
 
+from queueworks.connection import Connection
 from queueworks.keys import TaskKeys
 
 _NAMES = (
@@ -67,7 +68,7 @@ READ_EPOCH_MOVED = -2
 class Scripts:
     """The project's Lua scripts bound to one Redis client."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: Connection) -> None:
         self._s: dict[str, Script] = {n: client.register_script(_source(n)) for n in _NAMES}
 
     def enqueue(
@@ -76,10 +77,16 @@ class Scripts:
         batch: Sequence[tuple[int, int, str, str]],
         client: Any = None,
     ) -> None:
-        """Append ``(stream number, index, payload JSON, key)`` messages; may be pipelined."""
+        """Append ``(stream number, index, payload JSON, key)`` messages; may be pipelined
+        (a cluster pipeline runs it at once instead)."""
         argv: list[Any] = [len(batch)]
         for stream_no, index, payload, key in batch:
             argv += (stream_no + 1, index, payload, key)
+        if isinstance(client, ClusterPipeline):
+            # Not pipelined on a cluster: redis-py refuses EVALSHA in a cluster pipeline, and
+            # re-sends a pipelined command that met a connection error (a duplicate XADD).
+            # One round trip per batch of 1000 is nothing next to the batch itself.
+            client = None
         self._s["enqueue"](keys=list(streams), args=argv, client=client)
 
     def join(self, tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> int:

@@ -16,9 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
-
 from queueworks import events
+from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.keys import Keys
 from queueworks.membership import read_roster
 from queueworks.scripts import Scripts
@@ -60,7 +59,7 @@ class NodeState:
 class Heartbeat(threading.Thread):
     def __init__(
         self,
-        r: redis.Redis,
+        r: Connection,
         keys: Keys,
         scripts: Scripts,
         state: NodeState,
@@ -93,7 +92,7 @@ class Heartbeat(threading.Thread):
             started = time.monotonic()
             try:
                 self.tick()
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except UNAVAILABLE as exc:
                 self._log.warning("heartbeat_failed", error=str(exc))
             except Exception:
                 self._log.exception("heartbeat_error")

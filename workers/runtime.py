@@ -11,11 +11,10 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import redis
 from pydantic import ValidationError
 
 from queueworks import events
-from queueworks.connection import text
+from queueworks.connection import UNAVAILABLE, Connection, text
 from queueworks.context import SubtaskContext, Suspended
 from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, read_roster
@@ -50,7 +49,7 @@ class TaskRun:
 
     def __init__(
         self,
-        r: redis.Redis,
+        r: Connection,
         scripts: Scripts,
         tk: TaskKeys,
         state: NodeState,
@@ -149,7 +148,7 @@ class TaskRun:
             if epoch:
                 events.emit(self.r, self.keys, "member_left", task=self.tk.task_id, worker=self.me)
             self.log.info("left", epoch=epoch)
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             self.state.task_id = None
             self.log.warning("leave_failed", error=str(exc))
 

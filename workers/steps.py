@@ -74,7 +74,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import redis
 
 from queueworks import events
-from queueworks.connection import text
+from queueworks.connection import Connection, text
 from queueworks.keys import TaskKeys
 from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
 from queueworks.models import Role, StoredSpec, TaskState
@@ -123,7 +123,7 @@ class StepContext:
     task_id: str
     worker_id: str
     spec: StoredSpec
-    redis: redis.Redis
+    redis: Connection
     keys: TaskKeys
     log: Any
     _run: TaskRun = field(repr=False)
@@ -429,7 +429,7 @@ class StepLoop:
         with run.r.pipeline(transaction=True) as pipe:
             while True:
                 try:
-                    pipe.watch(run.tk.members)  # type: ignore[no-untyped-call]
+                    pipe.watch(run.tk.members)
                     if pipe.zscore(run.tk.members, run.me) is None:
                         return FENCED, []
                     pipe.multi()

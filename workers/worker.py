@@ -14,10 +14,8 @@ import time
 import uuid
 from typing import Any
 
-import redis
-
 from queueworks import events
-from queueworks.connection import connect, redact_url, text
+from queueworks.connection import UNAVAILABLE, connect, redact_url, text
 from queueworks.keys import Keys, check_worker_id
 from queueworks.logs import get_logger
 from queueworks.models import WorkerRecord
@@ -136,7 +134,7 @@ class Worker:
                 )
                 pipe.execute()
                 return
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except UNAVAILABLE as exc:
                 if self.state.stopping:
                     raise
                 self.log.warning("register_failed", error=str(exc), retry_in=1.0)
@@ -145,13 +143,15 @@ class Worker:
     def _deregister(self) -> None:
         try:
             pipe = self.r.pipeline(transaction=False)
-            pipe.delete(self.keys.worker_heartbeat(self.id), self.keys.assign(self.id))
+            # one key per DEL: the keys may live on different cluster nodes
+            for key in (self.keys.worker_heartbeat(self.id), self.keys.assign(self.id)):
+                pipe.delete(key)
             pipe.delete(self.keys.worker(self.id))
             pipe.zrem(self.keys.workers, self.id)
             events.emit(pipe, self.keys, "worker_left", worker=self.id)
             pipe.execute()
             self.log.info("worker_stopped")
-        except (redis.ConnectionError, redis.TimeoutError) as exc:
+        except UNAVAILABLE as exc:
             self.log.warning("deregister_failed", error=str(exc))
 
     # -- notifications --------------------------------------------------------------------
@@ -214,7 +214,7 @@ class Worker:
                     self._done_tasks.add(task_id)
                 self._watch_task(None)
                 backoff = 0.05
-            except (redis.ConnectionError, redis.TimeoutError, OSError) as exc:
+            except UNAVAILABLE as exc:
                 self.state.task_id = None
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
                 time.sleep(backoff)

@@ -15,7 +15,7 @@ from typing import Any
 import redis
 
 from queueworks.client import BadRecord, Client, TaskNotFound, worker_record
-from queueworks.connection import redact_url, text
+from queueworks.connection import Connection, redact_url, text
 from queueworks.dashboard.views import (
     EventView,
     HistoryEntry,
@@ -166,7 +166,7 @@ class Reader:
 
     def __init__(self, client: Client) -> None:
         self.client = client
-        self.r: redis.Redis = client.redis
+        self.r: Connection = client.redis
         self.keys = client.keys
 
     # -- tasks ----------------------------------------------------------------------------
@@ -312,6 +312,8 @@ class Reader:
     def _rq_job(self, job_id: str | None) -> RqJob | None:
         if not job_id:
             return None
+        if not isinstance(self.r, redis.Redis):  # rq runs on one server, not on a cluster
+            return RqJob(id=job_id)
         try:
             from rq.job import Job
 

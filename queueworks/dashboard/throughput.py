@@ -13,9 +13,7 @@ import time
 from collections import deque
 from typing import Any
 
-import redis
-
-from queueworks.connection import text
+from queueworks.connection import Connection, text
 from queueworks.keys import Keys
 
 
@@ -27,7 +25,7 @@ class Throughput:
         self._points: deque[tuple[float, int]] = deque()
         self._lock = threading.Lock()
 
-    def sample(self, r: redis.Redis, keys: Keys, now: float | None = None) -> int:
+    def sample(self, r: Connection, keys: Keys, now: float | None = None) -> int:
         """Take one sample; returns the subtasks settled since the previous one."""
         now = time.time() if now is None else now
         queued: Any = r.zrange(keys.queue, 0, -1)
