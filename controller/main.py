@@ -20,7 +20,7 @@ from typing import Any
 
 from controller.reconciler import Reconciler
 from queueworks import events
-from queueworks.connection import UNAVAILABLE, connect, redact_url
+from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.scripts import Scripts
@@ -33,12 +33,7 @@ class Controller:
         self.id = controller_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.keys = Keys(settings.prefix)
         self.log = get_logger(controller_id=self.id)
-        self.r = connect(
-            settings.redis_url,
-            ssl_ca_certs=settings.ssl_ca_certs,
-            ssl_certfile=settings.ssl_certfile,
-            ssl_keyfile=settings.ssl_keyfile,
-        )
+        self.r = connect_settings(settings)
         self.scripts = Scripts(self.r)
         self.reconciler = Reconciler(self.r, self.keys, self.scripts, self.log)
         self._stop = threading.Event()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, TypeAlias
+from typing import TYPE_CHECKING, Any, TypeAlias
 from urllib.parse import parse_qsl, unquote, urlencode
 
 import redis
@@ -26,6 +26,9 @@ from redis.connection import SSLConnection, parse_url
 from redis.exceptions import ClusterError, SlotNotCoveredError, TryAgainError
 from redis.retry import Retry
 from redis.sentinel import Sentinel
+
+if TYPE_CHECKING:
+    from queueworks.settings import Settings
 
 # Longer than any BLOCK the processes use: a blocking read must not hit the socket timeout.
 SOCKET_TIMEOUT = 30.0
@@ -78,6 +81,16 @@ def as_cluster_url(url: str) -> str:
         if url.startswith(f"{plain}://"):
             return f"{plain}+cluster://{url[len(plain) + 3 :]}"
     return url
+
+
+def connect_settings(settings: Settings) -> Connection:
+    """The processes' connection: URL and TLS files from their settings."""
+    return connect(
+        settings.redis_url,
+        ssl_ca_certs=settings.ssl_ca_certs,
+        ssl_certfile=settings.ssl_certfile,
+        ssl_keyfile=settings.ssl_keyfile,
+    )
 
 
 def connect(

@@ -342,6 +342,16 @@ class TaskRun:
         self.dead.setdefault(work.stream, []).append(entry)
         self.log.warning("dead_lettered", index=index, reason=reason, attempts=work.attempt)
 
+    def _bury_gone(self, stream: str, entry_id: str, deliveries: int) -> None:
+        """A pending entry whose payload was deleted or trimmed: dead-letter it, so the
+        task's count still adds up."""
+        self._bury(
+            Work(stream, entry_id, {}, deliveries),
+            None,
+            "payload gone",
+            "entry deleted or trimmed while pending",
+        )
+
     def _flush(self) -> None:
         self.last_flush = time.monotonic()
         if not self.ok and not self.dead:
@@ -479,12 +489,7 @@ class TaskRun:
                     only_departed=False,
                 )
                 for entry_id, deliveries in gone:
-                    self._bury(
-                        Work(stream, entry_id, {}, deliveries),
-                        None,
-                        "payload gone",
-                        "entry deleted or trimmed while pending",
-                    )
+                    self._bury_gone(stream, entry_id, deliveries)
                 if not claimed or len(claimed) + len(gone) < RECLAIM_BATCH:
                     break
         self.local = deque(w for w in self.local if w.stream not in streams)
@@ -563,12 +568,7 @@ class TaskRun:
                 for c in claimed:
                     found.append(Work(stream, c.entry_id, c.fields, c.deliveries, charge))
                 for entry_id, deliveries in gone:
-                    self._bury(
-                        Work(stream, entry_id, {}, deliveries),
-                        None,
-                        "payload gone",
-                        "entry deleted or trimmed while pending",
-                    )
+                    self._bury_gone(stream, entry_id, deliveries)
             found = _dedupe(sorted(found, key=lambda w: _id_key(w.entry_id)))
             claimed_total += len(found)
             self.local.extendleft(reversed(found))

@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from queueworks import events
-from queueworks.connection import UNAVAILABLE, connect, redact_url, text
+from queueworks.connection import UNAVAILABLE, connect_settings, redact_url, text
 from queueworks.keys import Keys, check_worker_id
 from queueworks.logs import get_logger
 from queueworks.models import WorkerRecord
@@ -47,12 +47,7 @@ class Worker:
         self.labels = dict(labels or {})
         self.keys = Keys(settings.prefix)
         self.log = get_logger(worker_id=self.id)
-        self.r = connect(
-            settings.redis_url,
-            ssl_ca_certs=settings.ssl_ca_certs,
-            ssl_certfile=settings.ssl_certfile,
-            ssl_keyfile=settings.ssl_keyfile,
-        )
+        self.r = connect_settings(settings)
         self.scripts = Scripts(self.r)
         self.state = NodeState(self.id)
         self.heartbeat = Heartbeat(
