@@ -212,3 +212,28 @@ def test_cancel_releases_nodes(cluster: Cluster, client: Client, r: redis.Redis)
     assert task.status().state == TaskState.CANCELLED
     wait_for(lambda: all(w.task is None for w in client.workers()), 5, "nodes released")
     assert not task.cancel()  # finished tasks stay finished
+
+
+def test_a_worker_takes_up_a_task_reopened_by_a_requeue(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """A requeued dead letter reopens a completed task; the worker that ran it runs it again."""
+    from queueworks.admin import Admin
+
+    cluster.controller()
+    cluster.worker()
+    cluster.wait_workers(r, 1)
+    task = client.submit(
+        TaskSpec(
+            name="odd",
+            handler="tests.handlers:fail_odd",
+            subtasks=[{"x": 2}, {"x": 3}],
+            max_attempts=1,
+        )
+    )
+    st = task.wait(timeout=30)
+    assert (st.state, st.done, st.dead) == (TaskState.COMPLETED, 1, 1)
+    (letter,) = task.dead_letters()
+    Admin(client).requeue_dead(task.id, letter.id)
+    wait_for(lambda: task.status().dead == 1 and task.status().finished, 20, "ran again")
+    assert len(task.dead_letters()) == 1  # it failed again, on the same (only) worker

@@ -541,6 +541,8 @@ def test_requeue_from_the_page_reopens_a_completed_task(
     (dl,) = task.dead_letters()
     assert "gate" in dl.error and dl.index == 3
     r.set(gate, "open")
+    # No worker while the reopened task is checked, so nothing can take it meanwhile.
+    first.terminate()
     got = post(web, f"/api/tasks/{task.id}/dead/{dl.id}/requeue")
     assert got.status_code == 200, got.text
     assert got.json()["reopened"] is True and got.json()["index"] == 3
@@ -550,9 +552,6 @@ def test_requeue_from_the_page_reopens_a_completed_task(
     assert r.zscore(keys.queue, task.id) is not None
     kinds = [e["kind"] for e in web.get(f"/api/events?task={task.id}").json()["events"]]
     assert kinds[0] == "requeued"
-    # The worker that ran it remembers the task as done (workers/worker.py `_done_tasks`),
-    # so a fresh worker takes the reopened task.
-    first.terminate()
     cluster.worker("w-second", allow=allow)
     s = task.wait(30)
     assert (s.state, s.done, s.dead) == (TaskState.COMPLETED, 6, 0)
