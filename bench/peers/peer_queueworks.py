@@ -1,0 +1,94 @@
+"""queueworks through its public API and real processes (``python -m queueworks ...``).
+
+A queueworks *job* is a subtask: throughput and enqueue put all N jobs in one task (its
+unit of work); latency submits one task of one subtask per job (each then needs the
+controller to give it a node, which the latency includes); recovery runs one task of one
+long subtask on two workers with the default settings (heartbeat TTL 3 s).
+
+Variant ``tasks`` (``queueworks-tasks``): throughput with one task of one subtask per job
+(``max_nodes=1``), i.e. queueworks used as a plain job queue.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from bench.common import Procs
+from bench.peers.harness import Peer
+from queueworks import Client, Task, TaskNotFound, TaskSpec
+
+PREFIX = "qw"
+
+
+class Driver(Peer):
+    name = "queueworks"
+
+    def __init__(self, url: str, logdir: Path, variant: str | None = None) -> None:
+        super().__init__(url, logdir, variant)
+        self.client = Client.from_url(url, prefix=PREFIX)
+        self.tasks: list[Task] = []
+        self.task_per_job = variant == "tasks"
+
+    def start_workers(self, n: int, *, separate: bool) -> None:
+        env = {**self.env(), **Procs(self.url, PREFIX).env, "BENCH_REDIS_URL": self.url}
+        cmd = [sys.executable, "-m", "queueworks"]
+        self.spawn([*cmd, "controller"], "controller", env)
+        for i in range(n):
+            allow = ["--allow", "queueworks.examples", "--allow", "bench.peers.jobs"]
+            self.spawn([*cmd, "worker", "--name", f"w{i}", *allow], f"w{i}", env)
+
+    def ready(self) -> int:
+        return int(self.r.zcard(self.client.keys.workers))
+
+    def prepare(self) -> None:
+        self.client.redis.ping()
+
+    def enqueue_noop(self, n: int) -> None:
+        if self.task_per_job:  # queueworks used as a plain job queue: one task per job
+            for i in range(n):
+                self.client.submit(
+                    TaskSpec(
+                        name="noop",
+                        handler="queueworks.examples:noop",
+                        subtasks=[{"x": i}],
+                        max_nodes=1,
+                    )
+                )
+            return
+        subtasks = ({"x": i} for i in range(n))
+        spec = TaskSpec(name="noop", handler="queueworks.examples:noop", subtasks=subtasks)
+        self.tasks.append(self.client.submit(spec))
+
+    def remaining(self) -> int:
+        if self.task_per_job:  # tasks the controller has not yet seen finish and released
+            return int(self.r.zcard(self.client.keys.queue))
+        left = 0
+        for task in self.tasks:
+            try:
+                status = task.status(with_nodes=False)
+            except TaskNotFound:
+                continue
+            left += status.total - status.done - status.dead
+        return left
+
+    def enqueue_stamp(self, sent: float) -> None:
+        spec = TaskSpec(
+            name="stamp", handler="bench.peers.jobs:qw_stamp", subtasks=[{"sent": sent}]
+        )
+        self.client.submit(spec)
+
+    def enqueue_hold(self, seconds: float) -> None:
+        spec = TaskSpec(
+            name="hold", handler="bench.peers.jobs:qw_hold", subtasks=[{"seconds": seconds}]
+        )
+        self.tasks = [self.client.submit(spec)]
+
+    def job_state(self) -> str:
+        status = self.tasks[-1].status()
+        nodes = ", ".join(n.worker for n in status.nodes) or "none"
+        return f"task {status.state.value}, done {status.done}/{status.total}, nodes: {nodes}"
+
+    def close(self) -> None:
+        self.client.close()
+        super().close()
