@@ -70,10 +70,14 @@ class Watchdog(threading.Thread):
             ) from None
 
     def _disarm(self) -> None:
-        with self._lock:
-            job, self._job = self._job, None
-            if job is not None and job is self._fired:
-                _raise_in(job[0], None)  # clear it if still pending
+        # Fast path without the lock: once ``_job`` is cleared the watchdog cannot fire on
+        # this job any more; it may only be firing right now (it holds the lock) or have
+        # fired already (``_fired``), and then the pending exception is cleared.
+        job, self._job = self._job, None
+        if job is not None and (self._lock.locked() or job is self._fired):
+            with self._lock:
+                if job is self._fired:
+                    _raise_in(job[0], None)  # clear it if still pending
 
     def stop(self) -> None:
         self._halt.set()
