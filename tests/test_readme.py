@@ -36,7 +36,7 @@ def test_readme_python_examples_run(redis_url: str, tmp_path: Path) -> None:
 
 
 def test_readme_demo_command_runs() -> None:
-    commands = re.findall(r"^pip install .*&& (queueworks demo[^\n]*)$", README, flags=re.M)
+    commands = re.findall(r"^\./install\.sh && (queueworks demo[^\n]*)$", README, flags=re.M)
     assert commands == ["queueworks demo --embedded"]
     demo = commands[0].split()[1:]
     out = subprocess.run(
