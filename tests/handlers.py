@@ -11,16 +11,21 @@ import redis
 from queueworks.context import SubtaskContext
 
 
+def work_for(ctx: SubtaskContext, seconds: float, *, step: float) -> None:
+    """Busy for ``seconds`` in small steps, stopping at a safe point if the set changes."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ctx.checkpoint()
+        time.sleep(step)
+
+
 def double(payload: dict[str, Any]) -> int:
     return int(payload["x"]) * 2
 
 
 def double_slow(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
     """Takes a little while, suspends at safe points, and says who ran it in which role."""
-    end = time.monotonic() + float(payload.get("seconds", 0.005))
-    while time.monotonic() < end:
-        ctx.checkpoint()
-        time.sleep(0.001)
+    work_for(ctx, float(payload.get("seconds", 0.005)), step=0.001)
     return {
         "y": int(payload["x"]) * 2,
         "rank": ctx.role.rank,
@@ -61,10 +66,7 @@ def record_order(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]
         f"{payload['key']}|{payload['seq']}|{ctx.worker_id}|{ctx.role.epoch}|{ctx.role.rank}"
         f"|{ctx.role.world_size}",
     )
-    end = time.monotonic() + float(payload.get("seconds", 0.0))
-    while time.monotonic() < end:
-        ctx.checkpoint()
-        time.sleep(0.001)
+    work_for(ctx, float(payload.get("seconds", 0.0)), step=0.001)
     return payload["seq"]
 
 
@@ -96,8 +98,6 @@ def tracked(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
         f"{ctx.index}|{ctx.worker_id}|{ctx.attempt}|{role.epoch}|{role.rank}|{role.world_size}"
         f"|{time.time()!r}",
     )
-    end = time.monotonic() + float(payload.get("seconds", 0.0))
-    while time.monotonic() < end:
-        ctx.checkpoint()
-        time.sleep(min(0.002, float(payload.get("seconds", 0.0))))
+    seconds = float(payload.get("seconds", 0.0))
+    work_for(ctx, seconds, step=min(0.002, seconds))
     return {"y": int(payload["x"]) * 2, "rank": role.rank, "epoch": role.epoch}
