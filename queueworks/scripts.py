@@ -153,7 +153,7 @@ class Scripts:
         ]
         claimed_raw, gone_raw = self._s["reclaim"](keys=[stream, tk.members], args=args)
         claimed = [
-            Claimed(_s(eid), _pairs(fields), int(deliveries))
+            Claimed(_s(eid), fields_of(fields), int(deliveries))
             for eid, fields, deliveries in claimed_raw
         ]
         gone = [(_s(eid), int(deliveries)) for eid, deliveries in gone_raw]
@@ -175,5 +175,6 @@ def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _pairs(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+def fields_of(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's flat field list, as read inside Lua, as the dict redis-py gives."""
     return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}

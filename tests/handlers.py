@@ -43,6 +43,14 @@ def flaky(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, int]:
     return {"x": payload["x"], "attempt": ctx.attempt}
 
 
+def flaky_logged(payload: dict[str, Any], ctx: SubtaskContext) -> int:
+    """Logs "index|attempt" to a Redis list; fails while ``attempt <= fails``."""
+    _conn(os.environ["QUEUEWORKS_REDIS_URL"]).rpush(payload["log"], f"{ctx.index}|{ctx.attempt}")
+    if ctx.attempt <= int(payload.get("fails", 0)):
+        raise RuntimeError(f"failure on attempt {ctx.attempt}")
+    return ctx.index
+
+
 def always_fails(payload: dict[str, Any]) -> None:
     raise ValueError(f"cannot handle {payload!r}")
 

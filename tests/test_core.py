@@ -74,6 +74,33 @@ def test_retry_then_success_and_dead_letters(
     assert dict(bad.results()) == {i: i for i in range(0, 10, 2)}
 
 
+def test_a_retry_runs_before_anything_later_and_every_settle_is_counted(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """One worker: a failed subtask runs again at once, before the rest of its batch (the
+    per-key order of partitioned tasks relies on it), and the worker record counts every
+    subtask it settled exactly once."""
+    cluster.controller()
+    cluster.worker()
+    cluster.wait_workers(r, 1)
+    log = f"{prefix}:test:log"
+    fails = {i: (2 if i % 7 == 3 else 0) for i in range(40)}
+    task = client.submit(
+        TaskSpec(
+            name="order",
+            handler="tests.handlers:flaky_logged",
+            subtasks=[{"log": log, "fails": fails[i]} for i in range(40)],
+            max_attempts=3,
+        )
+    )
+    status = task.wait(timeout=30)
+    assert (status.done, status.dead) == (40, 0)
+    runs = [tuple(map(int, x.split(b"|"))) for x in r.lrange(log, 0, -1)]
+    expected = [(i, a) for i in range(40) for a in range(1, fails[i] + 2)]
+    assert runs == expected
+    wait_for(lambda: [w.processed for w in client.workers()] == [40], 10, "processed == 40")
+
+
 def test_max_dead_fails_the_task(cluster: Cluster, client: Client, r: redis.Redis) -> None:
     cluster.controller()
     cluster.worker()

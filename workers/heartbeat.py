@@ -37,7 +37,7 @@ class NodeState:
     fenced: bool = False  # our member heartbeat was gone: we were pruned
     stopping: bool = False
     current: int = -1  # subtask index being run (-1: none), for the dashboard
-    processed: int = 0  # subtasks run since the last tick
+    processed: int = 0  # subtasks settled by this process (runtime writes)
     wake: threading.Event = field(default_factory=threading.Event)
     suspend: threading.Event = field(default_factory=threading.Event)
 
@@ -78,6 +78,7 @@ class Heartbeat(threading.Thread):
         self._poke = threading.Event()
         self._roster_at: tuple[str, int] | None = None
         self.pruned = 0
+        self._reported = 0  # state.processed as of the last tick that reached Redis
 
     def stop(self) -> None:
         self._halt.set()
@@ -103,7 +104,7 @@ class Heartbeat(threading.Thread):
         s, k = self.state, self._keys
         now = time.time()
         task_id, successor = s.task_id, s.successor
-        processed, s.processed = s.processed, 0
+        processed = s.processed
         pipe = self._r.pipeline(transaction=False)
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
@@ -111,7 +112,7 @@ class Heartbeat(threading.Thread):
             k.worker(s.worker_id),
             mapping={"last_heartbeat": repr(now), "current": s.current if s.current >= 0 else ""},
         )
-        pipe.hincrby(k.worker(s.worker_id), "processed", processed)
+        pipe.hincrby(k.worker(s.worker_id), "processed", processed - self._reported)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
         if task_id is not None:
@@ -121,6 +122,7 @@ class Heartbeat(threading.Thread):
             if successor is not None:
                 pipe.exists(tk.heartbeat(successor))
         replies = pipe.execute()
+        self._reported = processed
         if replies[1] and self._on_forgotten is not None:
             # We were dropped from the pool (declared lost while paused): register again
             # rather than let the heartbeat recreate half a record.

@@ -18,24 +18,36 @@ from queueworks.connection import UNAVAILABLE, Connection, text
 from queueworks.context import SubtaskContext, Suspended
 from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, read_roster
-from queueworks.messages import BadMessage, NotJSON, decode_entry, safe_text, to_json
+from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, safe_text, to_json
 from queueworks.models import Role, StoredSpec, TaskState, describe_error
-from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Claimed, DeadEntry, Scripts
+from queueworks.scripts import (
+    READ_EPOCH_MOVED,
+    READ_FENCED,
+    Claimed,
+    DeadEntry,
+    Scripts,
+    fields_of,
+)
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.heartbeat import Heartbeat, NodeState
 from workers.watchdog import Watchdog
+
+Fields = dict[bytes, bytes]
+Entries = list[tuple[bytes, Fields]]  # (entry id, fields) as XREADGROUP returns them
+Batches = list[tuple[str, Entries]]  # entries read, by stream
 
 PARKED = "_parked"  # consumer that holds entries handed back by a graceful leave
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once (fewer for slow handlers)
 RECLAIM_BATCH = 500  # XPENDING/XCLAIM batch: large batches stall the server
+CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 
 
 @dataclass(slots=True)
 class Work:
     stream: str
     entry_id: str
-    fields: dict[bytes, bytes]
+    fields: Fields
     attempt: int  # deliveries so far; the attempt it runs as, once ``charge`` is spent
     charge: bool = False  # may have run before: spend an attempt (XCLAIM) before it starts
 
@@ -74,6 +86,8 @@ class TaskRun:
         self.avg_seconds = 0.0
         self.last_backstop = time.monotonic()
         self.owned: list[str] = []
+        self.check_every = min(CHECK_SECONDS, ttl / 10)
+        self.checked_at = 0.0  # monotonic time of the last read that checked membership
 
     # -- entry ----------------------------------------------------------------------------
 
@@ -175,33 +189,49 @@ class TaskRun:
             if self.local:
                 self._run_local()
                 continue
-            if not (self._read_partitions() if self.spec.partitions else self._read()):
+            read = self._read_partitions() if self.spec.partitions else self._read()
+            if read is None:
                 self._idle()
+            elif read:
+                self._run_fresh(read)
 
-    def _read(self) -> bool:
-        """Dynamic tasks: read new entries with native XREADGROUP, pipelined behind the
-        member check and the epoch in one round trip (about 2x cheaper than reading inside
-        Lua). A fenced member runs nothing it read: ``_check`` parks it all (no attempt
-        spent); after an epoch change the entries stay ours and run after the re-rank.
-        A prune landing between the check and the read is caught by the next check or
-        heartbeat tick, as for any member pruned while it holds entries."""
+    def _read(self) -> Batches | None:
+        """Dynamic tasks: read new entries with native XREADGROUP (about 2x cheaper than
+        reading inside Lua), pipelined behind the member check and the epoch in one round
+        trip when the last check is older than ``check_every``.
+
+        That keeps the fence: a member is pruned only after its heartbeat has been gone a
+        whole TTL, so a member back from a pause or a partition has not checked for longer
+        than ``check_every`` (a tenth of the TTL at most) and checks before it runs anything
+        it reads; a fenced member runs nothing it read: ``_check`` parks it all (no attempt
+        spent). A prune landing between two checks is caught by the next check or heartbeat
+        tick, as for any member pruned while it holds entries; an epoch change reaches us
+        through the watcher first, this check is the fallback when notifications are off.
+        After an epoch change the entries stay ours and run after the re-rank.
+
+        Returns what was read, by stream; None if nothing was read and nothing changed."""
         assert self.role is not None
+        read: dict[Any, Any] = {self.tk.stream: ">"}
+        now = time.monotonic()
+        if now - self.checked_at < self.check_every:
+            reply: Any = self.r.xreadgroup(self.tk.group, self.me, read, count=self._read_count())
+            return [(text(stream), entries) for stream, entries in reply] if reply else None
         pipe = self.r.pipeline(transaction=False)
         pipe.zscore(self.tk.members, self.me)
         pipe.get(self.tk.epoch)
-        pipe.xreadgroup(self.tk.group, self.me, {self.tk.stream: ">"}, count=self._read_count())
+        pipe.xreadgroup(self.tk.group, self.me, read, count=self._read_count())
         score, epoch, reply = pipe.execute()
+        self.checked_at = now
+        changed = score is None or int(epoch or 0) != self.role.epoch
         if score is None:
             self.state.fenced = True
-        elif int(epoch or 0) != self.role.epoch:
+        elif changed:
             self.state.observe_epoch(int(epoch or 0))
-        for stream, entries in reply or ():
-            name = text(stream)
-            for entry_id, fields in entries:
-                self.local.append(Work(name, entry_id.decode(), fields, 1))
-        return bool(reply) or score is None or int(epoch or 0) != self.role.epoch
+        if not reply:
+            return [] if changed else None
+        return [(text(stream), entries) for stream, entries in reply]
 
-    def _read_partitions(self) -> bool:
+    def _read_partitions(self) -> Batches | None:
         """Partitioned tasks: read inside Lua, fenced, so no partition is ever read by two
         members in one epoch (a stale member reads nothing at all)."""
         assert self.role is not None
@@ -213,12 +243,11 @@ class TaskRun:
         elif status == READ_EPOCH_MOVED:
             self.state.observe_epoch(int(reply))
         elif status == 1:
-            for stream, entries in reply:
-                name = text(stream)
-                for entry_id, flat in entries:
-                    fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-                    self.local.append(Work(name, entry_id.decode(), fields, 1))
-        return status != 0
+            return [
+                (text(stream), [(eid, fields_of(flat)) for eid, flat in entries])
+                for stream, entries in reply
+            ]
+        return None if status == 0 else []
 
     def _idle(self) -> None:
         self._flush()
@@ -238,23 +267,112 @@ class TaskRun:
             return 1
         return max(1, min(self.batch_size, int(TARGET_BATCH_SECONDS / self.avg_seconds)))
 
+    def _run_fresh(self, read: Batches) -> None:
+        """Run entries just read (first delivery: nothing to charge, attempt 1) until done
+        or a safe point says stop; what is left waits in ``local``, in order."""
+        ran, started = 0, time.monotonic()
+        for n, (stream, entries) in enumerate(read):
+            done = self._run_entries(stream, entries, 1)
+            ran += done
+            if done < len(entries):
+                for rest_stream, rest in [(stream, entries[done:]), *read[n + 1 :]]:
+                    self.local.extend(Work(rest_stream, eid.decode(), f, 1) for eid, f in rest)
+                break
+        self._ran(ran, started)
+
     def _run_local(self) -> None:
-        """Run the entries in hand until done or a safe point says stop."""
+        """Run the entries in hand (reclaimed, retried, kept at a safe point) until done or
+        a safe point says stop."""
         s = self.state
         ran, started = 0, time.monotonic()
         while self.local:
             if s.suspend.is_set() or s.stopping or s.fenced:
                 break
-            ready = self._start(self.local.popleft())
-            if ready is None:
+            work = self._start(self.local.popleft())
+            if work is None:
                 continue
-            self._execute(ready)
+            # (the id back to bytes, as read: the rare path shares the hot one)
+            if not self._run_entries(
+                work.stream, [(work.entry_id.encode(), work.fields)], work.attempt
+            ):
+                self.local.appendleft(work)  # stopped at a safe point: same attempt
+                break
             ran += 1
-            if time.monotonic() - self.last_flush > FLUSH_SECONDS:
+        self._ran(ran, started)
+
+    def _run_entries(self, stream: str, entries: Entries, attempt: int) -> int:
+        """Run entries of one stream in order and record each outcome for the next settle,
+        until done or a safe point says stop. Returns how many were consumed; the rest (a
+        suspended one first) is the caller's to keep, in order. A failure that will be
+        retried ends the run too: the retry waits first in ``local``, so it runs before
+        anything later in the stream (per-key order).
+
+        This is the hot path: what every entry needs is looked up once per call, and a
+        ``Work`` is only built on the rare paths that keep or bury an entry."""
+        s = self.state
+        suspended = s.suspend.is_set
+        monotonic = time.monotonic
+        call = self.watchdog.call
+        handler = self.handler
+        ok = self.ok.setdefault(stream, [])
+        for i, (raw_id, fields) in enumerate(entries):
+            if suspended() or s.stopping or s.fenced:
+                return i
+            entry_id = raw_id.decode()
+            try:
+                sub = decode_entry(entry_id, fields)
+            except BadMessage as exc:
+                work = Work(stream, entry_id, fields, attempt)
+                self._bury(work, None, "malformed entry", str(exc))
+                continue
+            if handler is None:
+                work = Work(stream, entry_id, fields, attempt)
+                self._bury(work, sub.index, "handler refused", self.refused, sub.raw_payload)
+                continue
+            s.current = sub.index
+            try:
+                if handler.takes_ctx:
+                    result = call(sub.index, handler.fn, sub.payload, self._context(sub, attempt))
+                else:
+                    result = call(sub.index, handler.fn, sub.payload)
+                body = to_json(result, "result")
+            except Suspended:  # runs again after the re-rank, same attempt
+                return i
+            except NotJSON as exc:
+                work = Work(stream, entry_id, fields, attempt)
+                self._bury(work, sub.index, "result is not JSON", str(exc), sub.raw_payload)
+                continue
+            except Exception as exc:
+                work = Work(stream, entry_id, fields, attempt)
+                if self._failed(work, sub.index, exc, sub.raw_payload):
+                    return i + 1
+                continue
+            ok.append((entry_id, sub.index, body))
+            if monotonic() - self.last_flush > FLUSH_SECONDS:
                 self._flush()
-        if ran:  # the read size follows the handler's pace: ~TARGET_BATCH_SECONDS of work
+                ok = self.ok.setdefault(stream, [])
+        return len(entries)
+
+    def _context(self, sub: Subtask, attempt: int) -> SubtaskContext:
+        assert self.role is not None
+        return SubtaskContext(
+            task_id=self.tk.task_id,
+            index=sub.index,
+            attempt=attempt,
+            role=self.role,
+            worker_id=self.me,
+            log=self.log,
+            key=sub.key,
+            _suspend=self.state.suspend,
+        )
+
+    def _ran(self, ran: int, started: float) -> None:
+        """Settle, and let the read size follow the handler's pace (~TARGET_BATCH_SECONDS
+        of work per read)."""
+        if ran:
             spent = (time.monotonic() - started) / ran
             self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
+        self.state.current = -1
         self._flush()
 
     def _start(self, work: Work) -> Work | None:
@@ -281,57 +399,20 @@ class TaskRun:
             return None
         return work
 
-    def _execute(self, work: Work) -> None:
-        try:
-            sub = decode_entry(work.entry_id, work.fields)
-        except BadMessage as exc:
-            self._bury(work, None, "malformed entry", str(exc))
-            return
-        if self.handler is None:
-            self._bury(work, sub.index, "handler refused", self.refused, sub.raw_payload)
-            return
-        self.state.current = sub.index
-        try:
-            if self.handler.takes_ctx:
-                assert self.role is not None
-                ctx = SubtaskContext(
-                    task_id=self.tk.task_id,
-                    index=sub.index,
-                    attempt=work.attempt,
-                    role=self.role,
-                    worker_id=self.me,
-                    log=self.log,
-                    key=sub.key,
-                    _suspend=self.state.suspend,
-                )
-                result = self.watchdog.call(sub.index, self.handler.fn, sub.payload, ctx)
-            else:
-                result = self.watchdog.call(sub.index, self.handler.fn, sub.payload)
-            body = to_json(result, "result")
-        except Suspended:
-            self.local.appendleft(work)  # runs again after the re-rank, same attempt
-            return
-        except NotJSON as exc:
-            self._bury(work, sub.index, "result is not JSON", str(exc), sub.raw_payload)
-            return
-        except Exception as exc:
-            self._failed(work, sub.index, exc, sub.raw_payload)
-            return
-        finally:
-            self.state.current = -1
-            self.state.processed += 1
-        self.ok.setdefault(work.stream, []).append((work.entry_id, sub.index, body))
-
-    def _failed(self, work: Work, index: int, exc: Exception, payload: str) -> None:
+    def _failed(self, work: Work, index: int, exc: Exception, payload: str) -> bool:
+        """A handler raised: dead-letter it after ``max_attempts``, else spend an attempt and
+        queue the retry first in ``local`` (True)."""
         tb = "".join(traceback.format_exception(exc))
         if work.attempt >= self.spec.max_attempts:
             self._bury(work, index, f"failed {work.attempt} times", tb, payload)
-            return
+            return False
         self.log.info("subtask_retry", index=index, attempt=work.attempt, error=repr(exc))
         # XCLAIM to ourselves raises the delivery count: the attempt is spent in Redis too.
-        claimed = self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id])
-        if claimed:  # retried at once, before anything later in the stream (per-key order)
-            self.local.appendleft(Work(work.stream, work.entry_id, work.fields, work.attempt + 1))
+        if not self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id]):
+            return False  # no longer ours (reclaimed by the others meanwhile)
+        # retried at once, before anything later in the stream (per-key order)
+        self.local.appendleft(Work(work.stream, work.entry_id, work.fields, work.attempt + 1))
+        return True
 
     def _bury(
         self, work: Work, index: int | None, reason: str, error: str, payload: str | None = None
@@ -353,12 +434,18 @@ class TaskRun:
         )
 
     def _flush(self) -> None:
+        """Settle everything done: one atomic step per stream (ack, results, dead letters,
+        counts), and the events that follow from it."""
         self.last_flush = time.monotonic()
-        if not self.ok and not self.dead:
+        settled_n = sum(map(len, self.ok.values())) + sum(map(len, self.dead.values()))
+        if not settled_n:
             return
         now = time.time()
         finished = False
+        self.state.processed += settled_n
         for stream in {*self.ok, *self.dead}:
+            if not self.ok.get(stream) and not self.dead.get(stream):
+                continue
             settled = self.scripts.settle(
                 self.tk, stream, self.me, now, self.ok.get(stream, ()), self.dead.get(stream, ())
             )

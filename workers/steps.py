@@ -327,7 +327,6 @@ class StepLoop:
             if work is not None and index is not None:
                 body = self._body(result if ok else None)
                 run.ok.setdefault(work.stream, []).append((work.entry_id, index, body))
-                run.state.processed += 1
             self.backlog = [x for x in recorded if x.rank != gen.role.rank]
         else:
             _call(self.trainer.abort, info)

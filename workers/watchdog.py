@@ -11,8 +11,8 @@ one. Its heartbeat stops, the others prune it and reclaim what it held; each sta
 reclaimed entry is charged, so a handler that hangs every time is dead-lettered after
 ``max_attempts`` starts.
 
-Arming is one attribute write and disarming one uncontended lock: the watchdog thread
-checks a few times a second and costs the hot path nothing else.
+Arming is one attribute write and disarming another, plus a look at the lock: the watchdog
+thread checks a few times a second and costs the hot path nothing else.
 """
 
 from __future__ import annotations
@@ -54,30 +54,31 @@ class Watchdog(threading.Thread):
     def call(self, index: int, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` under the deadline; raises ``TimedOut`` if it was abandoned.
 
-        The timeout exception can land only while the deadline is armed; ``_disarm``
-        clears one still pending, so it never escapes into the runtime's own code."""
-        self._job = (threading.get_ident(), time.monotonic(), index)
+        The timeout exception can land only while the deadline is armed; disarming clears
+        one still pending, so it never escapes into the runtime's own code."""
+        job = self._job = (threading.get_ident(), time.monotonic(), index)
         try:
             try:
                 return fn(*args)
             finally:
-                self._disarm()
-        except SubtaskTimeout:
-            self._disarm()  # idempotent: the exception may have landed inside the first
+                # Without the lock: once ``_job`` is cleared the watchdog cannot fire on this
+                # job any more; it may only be firing right now (it holds the lock) or have
+                # fired already (``_fired``), and then the pending exception is cleared.
+                self._job = None
+                if job is self._fired or self._lock.locked():
+                    self._clear(job)
+        except SubtaskTimeout:  # it may have landed inside the ``finally``: disarm again
+            self._job = None
+            self._clear(job)
             raise TimedOut(
                 f"subtask {index} timed out: it ran past subtask_timeout ({self.timeout} s) "
                 "and was abandoned"
             ) from None
 
-    def _disarm(self) -> None:
-        # Fast path without the lock: once ``_job`` is cleared the watchdog cannot fire on
-        # this job any more; it may only be firing right now (it holds the lock) or have
-        # fired already (``_fired``), and then the pending exception is cleared.
-        job, self._job = self._job, None
-        if job is not None and (self._lock.locked() or job is self._fired):
-            with self._lock:
-                if job is self._fired:
-                    _raise_in(job[0], None)  # clear it if still pending
+    def _clear(self, job: tuple[int, float, int]) -> None:
+        with self._lock:
+            if job is self._fired:
+                _raise_in(job[0], None)  # clear it if still pending
 
     def stop(self) -> None:
         self._halt.set()
