@@ -26,6 +26,8 @@ from queueworks.logs import get_logger
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 
+PASS_GAP = 0.005  # s at least between two event-driven passes: a burst lands in one pass
+
 
 class Controller:
     def __init__(self, settings: Settings, *, controller_id: str | None = None) -> None:
@@ -39,6 +41,7 @@ class Controller:
         self._stop = threading.Event()
         self.leader = False
         self.passes = 0
+        self._last_pass = 0.0  # monotonic
 
     def stop(self) -> None:
         self._stop.set()
@@ -55,6 +58,7 @@ class Controller:
                 if last_event == "$":
                     last_event = events.latest_id(self.r, self.keys)
                 self.reconciler.apply(self.reconciler.read())
+                self._last_pass = time.monotonic()
                 self.passes += 1
                 last_event = self._wait_for_events(last_event)
                 backoff = 0.05
@@ -78,12 +82,18 @@ class Controller:
         return got
 
     def _wait_for_events(self, last_id: str) -> str:
-        """Block until something happens (or the periodic pass is due); drain what came."""
+        """Block until something happens (or the periodic pass is due); drain what came.
+
+        The first event after a quiet spell is acted on at once (a lone submission is
+        assigned without delay); events that follow a pass within ``PASS_GAP`` wait out
+        the gap, so a burst (workers joining, many submissions) lands in one pass."""
         block_ms = max(1, int(self.settings.reconcile_interval * 1000))
         reply: Any = self.r.xread({self.keys.events: last_id}, count=1000, block=block_ms)
         if reply:
             last_id = reply[0][1][-1][0].decode()
-            time.sleep(0.005)  # let a burst (a submit, a node set change) land in one pass
+            gap = PASS_GAP - (time.monotonic() - self._last_pass)
+            if gap > 0:
+                time.sleep(gap)
         return last_id
 
     def _release(self) -> None:
