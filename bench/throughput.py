@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20_000)
     ap.add_argument("--submit-n", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2], help="process counts")
     ap.add_argument(
         "--fsync",
         action="store_true",
@@ -152,7 +153,7 @@ def main() -> None:
     with private_redis() as server:
         rows: dict[str, list[float]] = {}
         for _ in range(args.repeat):
-            for w in (1, 2):
+            for w in args.workers:
                 rows.setdefault(f"worker x{w}", []).append(run_workers(server.url, args.n, w))
                 rows.setdefault(f"baseline x{w}", []).append(run_baseline(server.url, args.n, w))
             rows.setdefault("submit", []).append(run_submit(server.url, args.submit_n))
@@ -161,7 +162,7 @@ def main() -> None:
     for name, vals in rows.items():
         vals.sort()
         print(f"{name:<14} best {vals[-1]:>9,.0f}   median {vals[len(vals) // 2]:>9,.0f}")
-    for w in (1, 2):
+    for w in args.workers:
         ratio = (
             sorted(rows[f"worker x{w}"])[args.repeat // 2]
             / sorted(rows[f"baseline x{w}"])[args.repeat // 2]
