@@ -103,6 +103,28 @@ def test_sigkill_member_subtask_reruns_within_ttl(
     assert_ranks_consistent(all_runs)
 
 
+def test_status_shows_the_node_set_and_what_each_member_runs(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    workers = start(cluster, r, 2)
+    log = f"{prefix}:log"
+    task = tracked_task(client, 4, log, 3.0, min_nodes=2, max_nodes=2)
+
+    def busy() -> bool:  # both members report the subtask they are running now
+        nodes = task.status().nodes
+        return len(nodes) == 2 and all(n.current is not None for n in nodes)
+
+    wait_for(busy, 10, "both members running a subtask")
+    nodes = task.status().nodes
+    started = {x.worker: x for x in runs(r, log)}
+    assert sorted(n.rank for n in nodes) == [0, 1]
+    assert {n.worker for n in nodes} == {w.name for w in workers}
+    for n in nodes:
+        assert n.current == str(started[n.worker].index)  # one subtask each, 3 s long
+        assert n.epoch >= 1 and n.heartbeat_age is not None and n.heartbeat_age < TTL
+    task.cancel()
+
+
 def test_churn_kill_two_add_two(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:

@@ -36,7 +36,6 @@ class NodeState:
     epoch_seen: int = 0  # latest epoch seen (heartbeat / watcher write)
     fenced: bool = False  # our member heartbeat was gone: we were pruned
     stopping: bool = False
-    current: int = -1  # subtask index being run (-1: none), for the dashboard
     processed: int = 0  # subtasks settled by this process (runtime writes)
     wake: threading.Event = field(default_factory=threading.Event)
     suspend: threading.Event = field(default_factory=threading.Event)
@@ -68,9 +67,11 @@ class Heartbeat(threading.Thread):
         ttl: float,
         log: Any,
         on_forgotten: Callable[[], None] | None = None,
+        current: Callable[[], int | None] = lambda: None,
     ) -> None:
         super().__init__(name="qw-heartbeat", daemon=True)
         self._on_forgotten = on_forgotten
+        self._current = current  # the subtask running now, for the dashboard
         self._r, self._keys, self._scripts, self.state = r, keys, scripts, state
         self.interval, self.ttl_ms = interval, int(ttl * 1000)
         self._log = log
@@ -110,7 +111,7 @@ class Heartbeat(threading.Thread):
         pipe.zadd(k.workers, {s.worker_id: now})
         pipe.hset(
             k.worker(s.worker_id),
-            mapping={"last_heartbeat": repr(now), "current": s.current if s.current >= 0 else ""},
+            mapping={"last_heartbeat": repr(now), "current": _or_blank(self._current())},
         )
         pipe.hincrby(k.worker(s.worker_id), "processed", processed - self._reported)
         pipe.get(k.assign(s.worker_id))
@@ -167,3 +168,7 @@ class Heartbeat(threading.Thread):
             self._follow(task_id)
             self.poke()  # check the new successor at once: several may have died together
         return bool(epoch)
+
+
+def _or_blank(value: int | None) -> int | str:
+    return "" if value is None else value

@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import traceback
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +67,7 @@ class TaskRun:
         tk: TaskKeys,
         state: NodeState,
         heartbeat: Heartbeat,
+        watchdog: Watchdog,
         *,
         allow: list[str],
         batch_size: int,
@@ -74,6 +76,7 @@ class TaskRun:
         log: Any,
     ) -> None:
         self.r, self.scripts, self.tk, self.state, self.hb = r, scripts, tk, state, heartbeat
+        self.watchdog = watchdog
         self.allow, self.batch_size, self.ttl_ms = allow, batch_size, int(ttl * 1000)
         self.keys = keys
         self.me = state.worker_id
@@ -101,7 +104,7 @@ class TaskRun:
             self._spec_invalid(exc)
             return "finished"
         self.streams = self.tk.streams(self.spec.partitions)
-        self.watchdog = Watchdog(self.spec.subtask_timeout, self.log)
+        self.watchdog.use(self.spec.subtask_timeout, self.log)
         try:
             self.handler: Handler | None = resolve(self.spec.handler, self.allow)
             self.refused = ""
@@ -110,7 +113,6 @@ class TaskRun:
             self.log.warning("handler_refused", reason=self.refused)
         if not self._join():
             return "finished"
-        self.watchdog.start()
         try:
             if self.spec.mode == "step":
                 from workers.steps import run_steps  # lockstep mode (queueworks.torch)
@@ -121,7 +123,6 @@ class TaskRun:
         except Leave as why:
             return str(why)
         finally:
-            self.watchdog.stop()
             self._leave()
         return "finished"  # pragma: no cover - the loop only ends by Leave
 
@@ -136,13 +137,13 @@ class TaskRun:
     def _join(self) -> bool:
         self.state.suspend.clear()
         self.state.fenced = False
-        epoch = self.scripts.join(self.tk, self.me, self.ttl_ms, time.time())
-        if epoch < 0:
+        roster = self.scripts.join(self.tk, self.me, self.ttl_ms, time.time())
+        if roster is None:
             return False
-        self.state.role_epoch = self.state.epoch_seen = epoch  # epochs are per task
+        self.state.role_epoch = self.state.epoch_seen = roster.epoch  # epochs are per task
         self.state.task_id = self.tk.task_id
-        self.log.info("joined", epoch=epoch)
-        self._rerank()
+        self.log.info("joined", epoch=roster.epoch)
+        self._rerank(roster)
         self.hb.poke()
         return True
 
@@ -314,10 +315,16 @@ class TaskRun:
         monotonic = time.monotonic
         call = self.watchdog.call
         handler = self.handler
+        fn, takes_ctx = (handler.fn, handler.takes_ctx) if handler is not None else (None, False)
         ok = self.ok.setdefault(stream, [])
+        flush_at = self.last_flush + FLUSH_SECONDS
         for i, (raw_id, fields) in enumerate(entries):
             if suspended() or s.stopping or s.fenced:
                 return i
+            if monotonic() > flush_at:
+                self._flush()
+                ok = self.ok.setdefault(stream, [])
+                flush_at = self.last_flush + FLUSH_SECONDS
             entry_id = raw_id.decode()
             try:
                 sub = decode_entry(entry_id, fields)
@@ -325,16 +332,15 @@ class TaskRun:
                 work = Work(stream, entry_id, fields, attempt)
                 self._bury(work, None, "malformed entry", str(exc))
                 continue
-            if handler is None:
+            if fn is None:
                 work = Work(stream, entry_id, fields, attempt)
                 self._bury(work, sub.index, "handler refused", self.refused, sub.raw_payload)
                 continue
-            s.current = sub.index
             try:
-                if handler.takes_ctx:
-                    result = call(sub.index, handler.fn, sub.payload, self._context(sub, attempt))
+                if takes_ctx:
+                    result = call(sub.index, fn, sub.payload, self._context(sub, attempt))
                 else:
-                    result = call(sub.index, handler.fn, sub.payload)
+                    result = call(sub.index, fn, sub.payload)
                 body = to_json(result, "result")
             except Suspended:  # runs again after the re-rank, same attempt
                 return i
@@ -348,9 +354,6 @@ class TaskRun:
                     return i + 1
                 continue
             ok.append((entry_id, sub.index, body))
-            if monotonic() - self.last_flush > FLUSH_SECONDS:
-                self._flush()
-                ok = self.ok.setdefault(stream, [])
         return len(entries)
 
     def _context(self, sub: Subtask, attempt: int) -> SubtaskContext:
@@ -372,7 +375,6 @@ class TaskRun:
         if ran:
             spent = (time.monotonic() - started) / ran
             self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
-        self.state.current = -1
         self._flush()
 
     def _start(self, work: Work) -> Work | None:
@@ -463,13 +465,14 @@ class TaskRun:
 
     # -- membership changes ---------------------------------------------------------------
 
-    def _rerank(self) -> None:
-        """Suspend (flush), take the new role, hand back/reclaim as the role says."""
+    def _rerank(self, joined: Roster | None = None) -> None:
+        """Suspend (flush), take the new role, hand back/reclaim as the role says.
+        ``joined``: the roster our own join just made (no need to read it again)."""
         self._flush()
         paused = time.monotonic()
         while True:
             self.state.suspend.clear()
-            roster = read_roster(self.r, self.tk)
+            roster, joined = joined or read_roster(self.r, self.tk), None
             role = roster.role_of(self.me)
             if role is None:
                 self.state.fenced = True
@@ -488,7 +491,8 @@ class TaskRun:
             s.stopping or s.fenced or s.assign != self.tk.task_id
         ):
             s.suspend.clear()  # a wake-up for the epoch we just took is stale
-        self.r.hset(
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(
             self.keys.worker(self.me),
             mapping={
                 "state": "assigned",
@@ -497,12 +501,16 @@ class TaskRun:
                 "epoch": role.epoch,
             },
         )
+        if role.leader:  # the membership change this rebalance answers, for the history
+            pipe.xrevrange(self.tk.history, count=1)
+        last_change = pipe.execute()[1:]
         reclaimed = 0
         if self.spec.partitions or role.leader or old is None:
             reclaimed = self._reclaim(
                 backstop=False,
                 departed=bool(self.spec.partitions) or role.leader,
                 adopt=old is None,
+                members=roster.members,
             )
         pause_ms = round((time.monotonic() - paused) * 1000, 1)
         self.log.info(
@@ -514,14 +522,14 @@ class TaskRun:
             pause_ms=pause_ms,
         )
         if role.leader:
-            self._record_rebalance(role, pause_ms, reclaimed)
+            self._record_rebalance(role, pause_ms, reclaimed, last_change[0])
         if self.handler is not None and self.handler.on_rebalance is not None and old != role:
             self.handler.on_rebalance(old, role)
 
-    def _record_rebalance(self, role: Role, pause_ms: float, reclaimed: int) -> None:
+    def _record_rebalance(self, role: Role, pause_ms: float, reclaimed: int, last: Any) -> None:
         """The leader writes one history entry per rebalance: how long the members paused,
-        what was reclaimed, and how long after the membership change it was all done."""
-        last: Any = self.r.xrevrange(self.tk.history, count=1)
+        what was reclaimed, and how long after the membership change (``last``, the latest
+        history entry when the rebalance began) it was all done."""
         now = time.time()
         since_change_ms = ""
         if last and last[0][1].get(b"cause") != b"rebalanced":
@@ -601,7 +609,14 @@ class TaskRun:
                 return out
             start = "(" + text(pending[-1]["message_id"])
 
-    def _reclaim(self, *, backstop: bool, departed: bool = True, adopt: bool = False) -> int:
+    def _reclaim(
+        self,
+        *,
+        backstop: bool,
+        departed: bool = True,
+        adopt: bool = False,
+        members: Sequence[str] | None = None,
+    ) -> int:
         """Claim what departed members left pending (at once), what was parked, or — as a
         backstop — what a wedged member holds past the watchdog's hard limit. With
         ``adopt`` (on joining), also take back our own pending entries from an earlier
@@ -609,14 +624,17 @@ class TaskRun:
         under the same name).
 
         Claims spend no attempt (JUSTID). What may have run before is charged when it
-        starts again (``_start``); parked entries never ran and are not charged."""
-        members = set(read_roster(self.r, self.tk).members)
+        starts again (``_start``); parked entries never ran and are not charged.
+
+        ``members``: the roster just read, if any (it only narrows which consumers to try:
+        the reclaim script checks membership itself, atomically)."""
+        if departed and not backstop and members is None:
+            members = read_roster(self.r, self.tk).members
+        current = set(members or ())
         claimed_total = 0
         for stream in self.owned:
             # (claimed, payload gone, charge when it starts)
             batches: list[tuple[list[Claimed], list[tuple[str, int]], bool]] = []
-            if adopt and not backstop:
-                batches.append((self._own_pending(stream), [], True))
             if backstop:
                 # idle past the hard limit and a TTL: its holder should have exited and
                 # been pruned by now, yet it is still a member
@@ -631,11 +649,15 @@ class TaskRun:
                     only_departed=False,
                 )
                 batches.append((claimed, gone, True))
-            elif departed:
+            elif adopt or departed:
+                # one look at the group's consumers tells whose entries to claim, ours too
                 for info in self.r.xinfo_consumers(stream, self.tk.group):
-                    name = info["name"]
-                    name = name.decode() if isinstance(name, bytes) else name
-                    if name == self.me or name in members:
+                    name = text(info["name"])
+                    if name == self.me:
+                        if adopt and info["pending"]:
+                            batches.append((self._own_pending(stream), [], True))
+                        continue
+                    if not departed or name in current:
                         continue
                     parked = name == PARKED
                     while True:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 EXIT_HUNG = 70  # EX_SOFTWARE: a handler ignored its timeout; restart the worker
+_ident, _now = threading.get_ident, time.monotonic  # looked up once: called per subtask
 
 
 class SubtaskTimeout(BaseException):
@@ -38,25 +39,30 @@ class TimedOut(Exception):
 
 
 class Watchdog(threading.Thread):
-    """Watches the handler calls of one task run against ``subtask_timeout``."""
+    """Watches the handler calls of one worker process against the ``subtask_timeout`` of
+    the task it runs (``use``). One per process, started once: a task run starts no thread."""
 
-    def __init__(self, timeout: float, log: Any, *, grace: float | None = None) -> None:
+    def __init__(self, log: Any, *, timeout: float = 60.0, grace: float | None = None) -> None:
         super().__init__(name="qw-watchdog", daemon=True)
-        self.timeout = timeout
-        self.grace = grace if grace is not None else min(max(timeout, 1.0), 30.0)
-        self._log = log
         self._lock = threading.Lock()
         self._halt = threading.Event()
         self._job: tuple[int, float, int] | None = None  # (thread ident, started, index)
         self._fired: tuple[int, float, int] | None = None
         self.timeouts = 0
+        self.use(timeout, log, grace=grace)
+
+    def use(self, timeout: float, log: Any, *, grace: float | None = None) -> None:
+        """The limits (and the logger) for the calls that follow: one task's."""
+        self.timeout = timeout
+        self.grace = grace if grace is not None else min(max(timeout, 1.0), 30.0)
+        self._log = log
 
     def call(self, index: int, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` under the deadline; raises ``TimedOut`` if it was abandoned.
 
         The timeout exception can land only while the deadline is armed; disarming clears
         one still pending, so it never escapes into the runtime's own code."""
-        job = self._job = (threading.get_ident(), time.monotonic(), index)
+        job = self._job = (_ident(), _now(), index)
         try:
             try:
                 return fn(*args)
@@ -75,6 +81,11 @@ class Watchdog(threading.Thread):
                 "and was abandoned"
             ) from None
 
+    def current(self) -> int | None:
+        """The index of the subtask whose handler runs now, if any."""
+        job = self._job
+        return None if job is None else job[2]
+
     def _clear(self, job: tuple[int, float, int]) -> None:
         with self._lock:
             if job is self._fired:
@@ -84,8 +95,7 @@ class Watchdog(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        tick = min(0.25, self.timeout / 4)
-        while not self._halt.wait(tick):
+        while not self._halt.wait(min(0.25, self.timeout / 4)):
             job = self._job
             if job is None:
                 continue

@@ -23,6 +23,7 @@ from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 from workers.heartbeat import Heartbeat, NodeState
 from workers.runtime import TaskRun
+from workers.watchdog import Watchdog
 from workers.watcher import Watcher
 
 
@@ -50,6 +51,7 @@ class Worker:
         self.r = connect_settings(settings)
         self.scripts = Scripts(self.r)
         self.state = NodeState(self.id)
+        self.watchdog = Watchdog(self.log)
         self.heartbeat = Heartbeat(
             self.r,
             self.keys,
@@ -59,6 +61,7 @@ class Worker:
             ttl=settings.heartbeat_ttl,
             log=self.log,
             on_forgotten=self._register,
+            current=self.watchdog.current,
         )
         self.watcher = Watcher(self.r, self.log)
         self._watched_task: str | None = None
@@ -83,9 +86,11 @@ class Worker:
         self.watcher.watch(self.keys.assign(self.id), self._on_assign)
         self.watcher.start()
         self.heartbeat.start()
+        self.watchdog.start()
         try:
             self._serve()
         finally:
+            self.watchdog.stop()
             # Heartbeat first: a tick after deregistering would register us again.
             self.heartbeat.stop()
             if self.heartbeat.is_alive():
@@ -152,8 +157,9 @@ class Worker:
     # -- notifications --------------------------------------------------------------------
 
     def _on_assign(self, key: str, event: str) -> None:
-        self.heartbeat.poke()  # reads the assignment within this round trip
-        self.state.wake.set()
+        if self.state.task_id is not None:  # a member: the heartbeat reads it at once
+            self.heartbeat.poke()
+        self.state.wake.set()  # an idle worker reads it itself
 
     def _on_epoch(self, key: str, event: str) -> None:
         self.heartbeat.poke()
@@ -197,6 +203,7 @@ class Worker:
                     self.keys.task(task_id),
                     self.state,
                     self.heartbeat,
+                    self.watchdog,
                     allow=self.allow,
                     batch_size=self.settings.batch_size,
                     ttl=self.settings.heartbeat_ttl,
