@@ -18,7 +18,7 @@ import uuid
 import redis
 
 from bench.common import Procs, private_redis, wait_for, wait_workers
-from queueworks import Client, TaskSpec
+from queueworks import Client, Task, TaskSpec
 from queueworks.examples import noop
 from queueworks.keys import Keys
 from queueworks.messages import decode_entry, to_json
@@ -27,7 +27,8 @@ from queueworks.scripts import Scripts
 
 def run_workers(url: str, n: int, workers: int) -> float:
     """subtasks/s from the end of submit to completion, with real worker processes
-    (registered and idle beforehand), so it includes assignment and joining."""
+    (registered, warm and idle beforehand, as in a running pool: each has run a small
+    task first), so it includes assignment and joining."""
     prefix = f"b{uuid.uuid4().hex[:6]}"
     procs = Procs(url, prefix)
     r = redis.Redis.from_url(url)
@@ -37,15 +38,21 @@ def run_workers(url: str, n: int, workers: int) -> float:
             procs.worker(f"w{i}")
         wait_workers(r, prefix, workers)
         client = Client.from_url(url, prefix=prefix)
-        task = client.submit(
-            TaskSpec(
-                name="noop",
-                handler="queueworks.examples:noop",
-                subtasks=({"x": i} for i in range(n)),
-                min_nodes=workers,
-                max_nodes=workers,
+
+        def noop_task(count: int) -> Task:
+            return client.submit(
+                TaskSpec(
+                    name="noop",
+                    handler="queueworks.examples:noop",
+                    subtasks=({"x": i} for i in range(count)),
+                    min_nodes=workers,
+                    max_nodes=workers,
+                )
             )
-        )
+
+        noop_task(20 * workers).wait(timeout=60, poll=0.005)
+        wait_for(lambda: all(w.task is None for w in client.workers()), 30)
+        task = noop_task(n)
         t0 = time.time()
         status = task.wait(timeout=600, poll=0.005)
         assert status.done == n, status
