@@ -5,7 +5,9 @@
 
 Also runs a *baseline* consumer — XREADGROUP COUNT 100 + the same settle Lua, with no
 heartbeat, watcher, fencing or roles — in the same process layout, so the ratio
-worker/baseline is the cost of the membership machinery.
+worker/baseline is the cost of the membership machinery. Each worker run and its baseline
+run go back to back (order alternating), and the ratio reported first is the median of
+those pairs, which a shared machine's drifting load affects least.
 """
 
 from __future__ import annotations
@@ -159,22 +161,27 @@ def main() -> None:
         return
     with private_redis() as server:
         rows: dict[str, list[float]] = {}
-        for _ in range(args.repeat):
+        for rep in range(args.repeat):
             for w in args.workers:
-                rows.setdefault(f"worker x{w}", []).append(run_workers(server.url, args.n, w))
-                rows.setdefault(f"baseline x{w}", []).append(run_baseline(server.url, args.n, w))
+                # back to back, in alternating order: each pair sees the same machine
+                runs = [("worker", run_workers), ("baseline", run_baseline)]
+                for name, run in runs if rep % 2 == 0 else runs[::-1]:
+                    rows.setdefault(f"{name} x{w}", []).append(run(server.url, args.n, w))
             rows.setdefault("submit", []).append(run_submit(server.url, args.submit_n))
             server.client().flushall()
     print(f"n={args.n} submit_n={args.submit_n} repeat={args.repeat} (best / median, per s)")
     for name, vals in rows.items():
-        vals.sort()
-        print(f"{name:<14} best {vals[-1]:>9,.0f}   median {vals[len(vals) // 2]:>9,.0f}")
+        print(f"{name:<14} best {max(vals):>9,.0f}   median {_median(vals):>9,.0f}")
     for w in args.workers:
-        ratio = (
-            sorted(rows[f"worker x{w}"])[args.repeat // 2]
-            / sorted(rows[f"baseline x{w}"])[args.repeat // 2]
+        pairs = zip(rows[f"worker x{w}"], rows[f"baseline x{w}"], strict=True)
+        print(
+            f"worker/baseline x{w}: {_median([a / b for a, b in pairs]):.2f} median of pairs, "
+            f"{_median(rows[f'worker x{w}']) / _median(rows[f'baseline x{w}']):.2f} of medians"
         )
-        print(f"worker/baseline x{w}: {ratio:.2f}")
+
+
+def _median(values: list[float]) -> float:
+    return sorted(values)[len(values) // 2]
 
 
 if __name__ == "__main__":

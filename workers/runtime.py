@@ -142,8 +142,11 @@ class TaskRun:
             return False
         self.state.role_epoch = self.state.epoch_seen = roster.epoch  # epochs are per task
         self.state.task_id = self.tk.task_id
-        self.log.info("joined", epoch=roster.epoch)
-        self._rerank(roster)
+        self.log.info("joined", epoch=roster.epoch, size=len(roster.members))
+        # Read the roster again rather than take the join's: members assigned together
+        # join within a millisecond, and a fresh read usually sees them all (one re-rank,
+        # not two).
+        self._rerank()
         self.hb.poke()
         return True
 
@@ -465,14 +468,13 @@ class TaskRun:
 
     # -- membership changes ---------------------------------------------------------------
 
-    def _rerank(self, joined: Roster | None = None) -> None:
-        """Suspend (flush), take the new role, hand back/reclaim as the role says.
-        ``joined``: the roster our own join just made (no need to read it again)."""
+    def _rerank(self) -> None:
+        """Suspend (flush), take the new role, hand back/reclaim as the role says."""
         self._flush()
         paused = time.monotonic()
         while True:
             self.state.suspend.clear()
-            roster, joined = joined or read_roster(self.r, self.tk), None
+            roster = read_roster(self.r, self.tk)
             role = roster.role_of(self.me)
             if role is None:
                 self.state.fenced = True
