@@ -393,15 +393,15 @@ def _latency_note(doc: dict[str, Any], labels: dict[str, str]) -> list[str]:
         return ["queueworks has the lowest p50 latency in this run.\n"]
     return [
         f"**Latency: behind {', '.join(ahead)} at p50.** A queueworks job submitted on its own"
-        " is a task: the controller wakes on the `submitted` event, waits 5 ms so a burst lands"
-        " in one pass (`controller/main.py`, `_wait_for_events`), gives the task a node, and the"
-        " worker, woken by a keyspace notification on its assign key, joins the node set and"
-        " reads. That costs about 10 ms where a queue that hands a job to a reader already"
-        " blocked on it costs 2 to 3 ms; and one worker runs one task at a time, so a stall (a"
-        " busy shared core) delays every task behind it, which is the p99. What it would take:"
-        " skip the 5 ms wait when the events read hold a single submission; or a long-lived"
-        " task that accepts appended subtasks, whose members, already blocked on its stream,"
-        " would start a job in about one round trip.\n"
+        " is a task: the controller wakes on the `submitted` event and acts at once (passes"
+        " are at least 5 ms apart, so only a burst waits: `controller/main.py`,"
+        " `_wait_for_events`), gives the task a node, and the worker, woken by a keyspace"
+        " notification on its assign key, joins the node set, re-ranks and reads. That is"
+        " several round trips and thread wake-ups where a queue that hands a job to a reader"
+        " already blocked on it needs one; and one worker runs one task at a time, so a stall"
+        " (a busy shared core) delays every task behind it, which is the p99. What it would"
+        " take: a long-lived task that accepts appended subtasks, whose members, already"
+        " blocked on its stream, would start a job in about one round trip.\n"
     ]
 
 
