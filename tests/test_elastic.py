@@ -125,6 +125,40 @@ def test_status_shows_the_node_set_and_what_each_member_runs(
     task.cancel()
 
 
+def test_zombie_back_from_a_pause_takes_no_new_work(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys
+) -> None:
+    """A member paused past its TTL is pruned and its entries reclaimed; once it runs again
+    it starts nothing new under its old role: at most what it held when it stopped (those
+    it may finish, as a late ack counts once), then it rejoins as a new member."""
+    workers = start(cluster, r, 2)
+    log = f"{prefix}:log"
+    task = tracked_task(client, 600, log, 0.02, min_nodes=2, max_nodes=2)
+    wait_for(lambda: len({x.worker for x in runs(r, log)}) == 2, 20, "both workers busy")
+    zombie = workers[0]
+    zombie.signal(signal.SIGSTOP)
+    stopped_at = time.time()
+    tk = keys.task(task.id)
+    held = {
+        int(e[b"i"])
+        for p in r.xpending_range(tk.stream, tk.group, "-", "+", 1000, consumername=zombie.name)
+        for _, e in r.xrange(tk.stream, p["message_id"], p["message_id"])
+    }
+    old_epochs = {x.epoch for x in runs(r, log) if x.worker == zombie.name}
+    # past the TTL: pruned by the other member, its entries reclaimed
+    wait_for(lambda: zombie.name not in {n.worker for n in task.status().nodes}, TTL + 3, "pruned")
+    time.sleep(0.5)
+    resumed_at = time.time()
+    zombie.signal(signal.SIGCONT)
+    task.wait(timeout=60)
+    assert_all_results(task, 600)
+    after = [x for x in runs(r, log) if x.worker == zombie.name and x.t > resumed_at]
+    stale = [x for x in after if x.epoch in old_epochs]
+    assert {x.index for x in stale} <= held, (stale, held)
+    assert any(x.epoch > max(old_epochs) for x in after)  # it rejoined and worked again
+    assert resumed_at - stopped_at > TTL
+
+
 def test_churn_kill_two_add_two(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
