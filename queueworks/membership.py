@@ -6,7 +6,6 @@ Writes (join, leave, prune) are Lua scripts (``join.lua``, ``depart.lua``) calle
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 from queueworks.connection import Connection
@@ -45,10 +44,5 @@ def read_roster(r: Connection, tk: TaskKeys) -> Roster:
     pipe.get(tk.epoch)
     pipe.zrange(tk.members, 0, -1, withscores=True)
     epoch_raw, members = pipe.execute()
-    return roster_of(int(epoch_raw or 0), members)
-
-
-def roster_of(epoch: int, members: Iterable[tuple[bytes, float]]) -> Roster:
-    """A roster from the members zset read with scores (the epoch each joined at)."""
-    ordered = sorted((score, wid.decode()) for wid, score in members)
-    return Roster(epoch, tuple(wid for _, wid in ordered))
+    ordered = sorted(((score, wid.decode()) for wid, score in members))
+    return Roster(int(epoch_raw or 0), tuple(wid for _, wid in ordered))

@@ -17,7 +17,6 @@ from redis.commands.core import Script
 
 from queueworks.connection import Connection
 from queueworks.keys import TaskKeys
-from queueworks.membership import Roster, roster_of
 
 _NAMES = (
     "enqueue",
@@ -90,16 +89,9 @@ class Scripts:
             client = None
         self._s["enqueue"](keys=list(streams), args=argv, client=client)
 
-    def join(self, tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> Roster | None:
-        """Join the node set: the roster this join made (one epoch bump), or None when the
-        task is missing or finished."""
+    def join(self, tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> int:
         keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
-        reply = self._s["join"](keys=keys, args=[worker_id, ttl_ms, repr(now)])
-        epoch = int(reply[0])
-        if epoch < 0:
-            return None
-        flat = reply[1]
-        return roster_of(epoch, ((flat[i], float(flat[i + 1])) for i in range(0, len(flat), 2)))
+        return int(self._s["join"](keys=keys, args=[worker_id, ttl_ms, repr(now)]))
 
     def depart(
         self, tk: TaskKeys, worker_id: str, now: float, cause: str, *, only_if_dead: bool

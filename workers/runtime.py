@@ -137,15 +137,15 @@ class TaskRun:
     def _join(self) -> bool:
         self.state.suspend.clear()
         self.state.fenced = False
-        roster = self.scripts.join(self.tk, self.me, self.ttl_ms, time.time())
-        if roster is None:
+        epoch = self.scripts.join(self.tk, self.me, self.ttl_ms, time.time())
+        if epoch < 0:
             return False
-        self.state.role_epoch = self.state.epoch_seen = roster.epoch  # epochs are per task
+        self.state.role_epoch = self.state.epoch_seen = epoch  # epochs are per task
         self.state.task_id = self.tk.task_id
-        self.log.info("joined", epoch=roster.epoch, size=len(roster.members))
-        # Read the roster again rather than take the join's: members assigned together
-        # join within a millisecond, and a fresh read usually sees them all (one re-rank,
-        # not two).
+        self.log.info("joined", epoch=epoch)
+        # The re-rank reads the roster one round trip after the join: members assigned
+        # together join within a millisecond, and a later read often sees them all (one
+        # re-rank, not two).
         self._rerank()
         self.hb.poke()
         return True
@@ -217,20 +217,22 @@ class TaskRun:
         assert self.role is not None
         read: dict[Any, Any] = {self.tk.stream: ">"}
         now = time.monotonic()
+        changed = False
+        reply: Any
         if now - self.checked_at < self.check_every:
-            reply: Any = self.r.xreadgroup(self.tk.group, self.me, read, count=self._read_count())
-            return [(text(stream), entries) for stream, entries in reply] if reply else None
-        pipe = self.r.pipeline(transaction=False)
-        pipe.zscore(self.tk.members, self.me)
-        pipe.get(self.tk.epoch)
-        pipe.xreadgroup(self.tk.group, self.me, read, count=self._read_count())
-        score, epoch, reply = pipe.execute()
-        self.checked_at = now
-        changed = score is None or int(epoch or 0) != self.role.epoch
-        if score is None:
-            self.state.fenced = True
-        elif changed:
-            self.state.observe_epoch(int(epoch or 0))
+            reply = self.r.xreadgroup(self.tk.group, self.me, read, count=self._read_count())
+        else:
+            pipe = self.r.pipeline(transaction=False)
+            pipe.zscore(self.tk.members, self.me)
+            pipe.get(self.tk.epoch)
+            pipe.xreadgroup(self.tk.group, self.me, read, count=self._read_count())
+            score, epoch, reply = pipe.execute()
+            self.checked_at = now
+            changed = score is None or int(epoch or 0) != self.role.epoch
+            if score is None:
+                self.state.fenced = True
+            elif changed:
+                self.state.observe_epoch(int(epoch or 0))
         if not reply:
             return [] if changed else None
         return [(text(stream), entries) for stream, entries in reply]
@@ -505,7 +507,7 @@ class TaskRun:
         )
         if role.leader:  # the membership change this rebalance answers, for the history
             pipe.xrevrange(self.tk.history, count=1)
-        last_change = pipe.execute()[1:]
+        replies = pipe.execute()
         reclaimed = 0
         if self.spec.partitions or role.leader or old is None:
             reclaimed = self._reclaim(
@@ -524,7 +526,7 @@ class TaskRun:
             pause_ms=pause_ms,
         )
         if role.leader:
-            self._record_rebalance(role, pause_ms, reclaimed, last_change[0])
+            self._record_rebalance(role, pause_ms, reclaimed, replies[1])
         if self.handler is not None and self.handler.on_rebalance is not None and old != role:
             self.handler.on_rebalance(old, role)
 

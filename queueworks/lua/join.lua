@@ -2,11 +2,10 @@
 -- KEYS[1] task record   KEYS[2] members   KEYS[3] epoch   KEYS[4] heartbeat of W
 -- KEYS[5] history
 -- ARGV[1] worker id W   ARGV[2] heartbeat TTL (ms)   ARGV[3] now (s, float)
--- returns {new epoch, {member, join epoch, ...}} (the roster it made, so the caller need
--- not read it again), or {-1} when the task is missing or finished (nothing is written)
+-- returns the new epoch, or -1 when the task is missing or finished (nothing is written)
 local state = redis.call('HGET', KEYS[1], 'state')
 if state ~= 'queued' and state ~= 'running' and state ~= 'waiting' then
-  return {-1}
+  return -1
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 local epoch = redis.call('INCR', KEYS[3])
@@ -16,4 +15,4 @@ redis.call('HSET', KEYS[1], 'epoch', epoch)
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', 1000, '*',
   'epoch', epoch, 'cause', 'join', 'worker', ARGV[1], 'ts', ARGV[3],
   'size', redis.call('ZCARD', KEYS[2]))
-return {epoch, redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')}
+return epoch
