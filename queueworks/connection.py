@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 
 # Longer than any BLOCK the processes use: a blocking read must not hit the socket timeout.
 SOCKET_TIMEOUT = 30.0
-_CREDENTIALS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<cred>[^@/]*)@")
+# Userinfo runs to the LAST "@" before the query: a password may hold an unencoded "@".
+_CREDENTIALS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<cred>[^?#]*)@")
 _SECRET_PARAMS = re.compile(r"(?P<name>[?&](?:sentinel_)?password=)[^&#]*", re.IGNORECASE)
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")

@@ -128,11 +128,25 @@ ACTIONS: dict[str, Action] = {
 }
 
 
+class BodyTooLarge(ActionError):
+    pass
+
+
+async def read_body(request: Request) -> bytes:
+    """The request body, read only up to ``MAX_BODY``: a bigger one is refused as it
+    streams in (its declared length is refused before anything is read, by the gate)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise BodyTooLarge("request body too large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def read_form(request: Request) -> dict[str, Any]:
     """A JSON object or an urlencoded form (no multipart: nothing here uploads files)."""
-    body = await request.body()
-    if len(body) > MAX_BODY:
-        raise ActionError("request body too large")
+    body = await read_body(request)
     if not body:
         return {}
     if request.headers.get("content-type", "").startswith("application/json"):
@@ -158,7 +172,7 @@ async def run_action(request: Request) -> Response:
     try:
         form = await read_form(request)
     except ActionError as exc:
-        return _error(request, 400, str(exc))
+        return _error(request, 413 if isinstance(exc, BodyTooLarge) else 400, str(exc))
     if not d.guard.bearer_ok(request):  # authenticated by cookie, or no token: CSRF check
         submitted = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
         if not d.guard.csrf_ok(request, str(submitted) if submitted else None):

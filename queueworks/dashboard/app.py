@@ -22,8 +22,9 @@ from starlette.staticfiles import StaticFiles
 from queueworks.client import Client, TaskNotFound
 from queueworks.connection import connect
 from queueworks.dashboard import actions, api, pages
+from queueworks.dashboard.actions import MAX_BODY
 from queueworks.dashboard.api import BadQuery
-from queueworks.dashboard.security import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE
+from queueworks.dashboard.security import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, host_allowed
 from queueworks.dashboard.state import Dashboard, DashboardConfig, dash_of
 from queueworks.dashboard.templating import json_response, render, templates
 from queueworks.logs import get_logger
@@ -49,6 +50,10 @@ class Gate(BaseHTTPMiddleware):
         d = dash_of(request)
         guard = d.guard
         path = request.url.path
+        if not host_allowed(request.headers.get("host", ""), d.config.host, d.config.allowed_hosts):
+            return PlainTextResponse("Host not allowed", status_code=400)
+        if _declared_length(request) > MAX_BODY:  # refused before a byte of it is read
+            return PlainTextResponse("request body too large", status_code=413)
         if not path.startswith(PUBLIC) and not guard.authenticated(request):
             if _machine(request):
                 return JSONResponse(
@@ -72,6 +77,13 @@ class Gate(BaseHTTPMiddleware):
         if not path.startswith("/static/"):
             h.setdefault("Cache-Control", "no-store")
         return response
+
+
+def _declared_length(request: Request) -> int:
+    try:
+        return int(request.headers.get("content-length", "0"))
+    except ValueError:
+        return MAX_BODY + 1  # a length that is no number: refuse it
 
 
 async def login(request: Request) -> Response:
@@ -125,6 +137,10 @@ async def not_found(request: Request, exc: Exception) -> Response:
 
 async def bad_request(request: Request, exc: Exception) -> Response:
     return _problem(request, 400, str(exc))
+
+
+async def too_large(request: Request, exc: Exception) -> Response:
+    return PlainTextResponse(str(exc), status_code=413)
 
 
 async def redis_down(request: Request, exc: Exception) -> Response:
@@ -196,6 +212,7 @@ def create_app(config: DashboardConfig, client: Client | None = None) -> Starlet
         exception_handlers={
             TaskNotFound: not_found,
             BadQuery: bad_request,
+            actions.BodyTooLarge: too_large,
             ValueError: bad_request,
             redis.ConnectionError: redis_down,
             redis.TimeoutError: redis_down,

@@ -1,6 +1,12 @@
 """Who may look and who may act.
 
 * Binding: loopback by default; any other address needs a token (``check_bind``).
+* Host: a dashboard bound to loopback answers only requests whose ``Host`` is a loopback
+  name (``localhost``, ``127.0.0.1``, ``[::1]``, any port) or one given with
+  ``--allowed-host``; anything else is 400. That stops DNS rebinding: a page on
+  ``attacker.example`` that re-points its name at 127.0.0.1 gets nowhere, since its
+  requests say ``Host: attacker.example``. Bound beyond loopback (which needs a token),
+  every ``Host`` is served unless ``--allowed-host`` names the ones to serve.
 * Token (when set): every page, API call and ``/metrics`` needs it, as
   ``Authorization: Bearer <token>`` (scripts, Prometheus) or as the session cookie that
   ``/login`` sets after checking it (browsers). Compared with ``hmac.compare_digest``.
@@ -38,6 +44,24 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False
+
+
+def request_host(header: str) -> str:
+    """The host name of a ``Host`` header, without its port, lower-case."""
+    value = header.strip().lower()
+    if value.startswith("["):  # [::1]:9181
+        return value[: value.find("]") + 1] if "]" in value else value
+    return value.rsplit(":", 1)[0] if value.count(":") == 1 else value
+
+
+def host_allowed(header: str, bind: str, allowed: tuple[str, ...]) -> bool:
+    """May a request with this ``Host`` header be served (see the module docstring)?"""
+    host = request_host(header)
+    if not host:
+        return False
+    if host in allowed or is_loopback(host):
+        return True
+    return not is_loopback(bind) and not allowed
 
 
 def check_bind(host: str, token: str | None) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 
 from queueworks.admin import Admin
@@ -17,7 +17,7 @@ from queueworks.client import Client
 from queueworks.connection import redact_url
 from queueworks.dashboard.metrics import Metrics
 from queueworks.dashboard.reader import Reader
-from queueworks.dashboard.security import Guard
+from queueworks.dashboard.security import Guard, request_host
 from queueworks.dashboard.throughput import Throughput
 
 
@@ -33,6 +33,13 @@ class DashboardConfig(BaseModel):
     sample_interval: float = Field(default=2.0, gt=0)  # throughput samples
     ssl_ca_certs: str | None = None
     page_size: int = Field(default=100, ge=1, le=1000)
+    host: str = "127.0.0.1"  # the address it is bound to: loopback serves loopback names only
+    allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _host_names(cls, hosts: tuple[str, ...]) -> tuple[str, ...]:
+        return tuple(request_host(h) for h in hosts if h.strip())
 
 
 @dataclass
