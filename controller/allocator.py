@@ -12,6 +12,9 @@ Tasks are ranked by (-priority, seq, id). One pass:
 3. Fairness: step 2 runs for every task before any task grows past min_nodes.
 4. Grow: in rank order, each task holding >= min_nodes grows toward max_nodes from free workers.
 
+A worker *fits* a task when it has every label of the task's selector, its `--allow`
+prefixes cover the task's handler, and it has not refused the task.
+
 Deterministic (everything is sorted) and stable: allocating again on the applied plan moves
 nothing. `TaskView.running` is informational; the state is derived from `nodes`.
 """
@@ -19,6 +22,9 @@ nothing. `TaskView.running` is informational; the state is derived from `nodes`.
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+
+from queueworks.allow import covers
+from queueworks.models import UNUSABLE, Refusal
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,8 @@ class TaskView:
     selector: Mapping[str, str] = field(default_factory=dict)
     nodes: frozenset[str] = frozenset()
     running: bool = False
+    handler: str = ""  # "module:function"; "" = any worker may run it
+    refused: frozenset[str] = frozenset()  # workers that said they cannot run its handler
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,7 @@ class WorkerView:
 
     id: str
     labels: Mapping[str, str] = field(default_factory=dict)
+    allow: tuple[str, ...] | None = None  # its --allow prefixes; None = not known (any)
 
 
 @dataclass(frozen=True)
@@ -75,9 +84,19 @@ class Plan:
         return {w: t for w, t in sorted(self.assignment.items()) if current.get(w) != t}
 
 
-def matches(worker: WorkerView, task: TaskView) -> bool:
+def labelled(worker: WorkerView, task: TaskView) -> bool:
     """True if the worker has every label of the task's selector."""
     return all(worker.labels.get(key) == value for key, value in task.selector.items())
+
+
+def may_run(worker: WorkerView, task: TaskView) -> bool:
+    """True if the worker's --allow prefixes cover the task's handler."""
+    return not task.handler or worker.allow is None or covers(worker.allow, task.handler)
+
+
+def matches(worker: WorkerView, task: TaskView) -> bool:
+    """True if the worker fits the task (see the module docstring)."""
+    return labelled(worker, task) and may_run(worker, task) and worker.id not in task.refused
 
 
 def allocate(snapshot: Snapshot) -> Plan:
@@ -124,7 +143,7 @@ class _Pass:
             self.held.append(mine[: self._max(task)])
         self.free = set(self.ids).difference(*self.held)
         self.holders = [i for i, held in enumerate(self.held) if held]
-        self.short: dict[tuple[frozenset[tuple[str, str]], int], int] = {}  # see _reach_min
+        self.short: dict[tuple[frozenset[tuple[str, str]], int, str, frozenset[str]], int] = {}
 
     def _fits(self, worker: str, task: TaskView) -> bool:
         return matches(self.workers[worker], task)
@@ -184,7 +203,7 @@ class _Pass:
             return self._release(i)
         # Within a level (until a rerun) the free and lower nodes a (selector, priority) can use
         # only shrink, so a known shortfall stays one: many alike queued tasks cost O(1) each.
-        key = (frozenset(task.selector.items()), task.priority)
+        key = (frozenset(task.selector.items()), task.priority, task.handler, task.refused)
         if self.short.get(key, need) < need:
             return self._release(i)
         picks = self._free_fits(task, need)
@@ -240,3 +259,34 @@ class _Pass:
                 extra = self._free_fits(task, self._max(task) - len(mine))
                 self.free.difference_update(extra)
                 self.held[i] = sorted(mine + extra)
+
+
+def why_waiting(
+    task: TaskView, workers: Iterable[WorkerView], refusals: Mapping[str, Refusal]
+) -> tuple[str, bool]:
+    """Why ``task`` could not get its ``min_nodes``, in words for people, and whether it can
+    never run here: every live worker that may run it refused it as unusable (its handler
+    failed to import there). ``refusals``: worker -> its refusal of this task."""
+    live = list(workers)
+    if not live:
+        return "no live worker", False
+    fitting = [w for w in live if labelled(w, task)]
+    if not fitting:
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(task.selector.items()))
+        return f"no live worker has the labels {wanted}", False
+    allowing = [w for w in fitting if may_run(w, task)]
+    if not allowing:
+        prefixes = sorted({p for w in fitting for p in (w.allow or ())})
+        return (
+            f"no live worker may run {task.handler!r}: their --allow prefixes are "
+            f"{', '.join(prefixes) or 'none'}"
+        ), False
+    eligible = [w for w in allowing if w.id not in refusals]
+    need = max(1, task.min_nodes)
+    if len(eligible) >= need:
+        return f"waiting for {need} free worker(s) of the {len(eligible)} that may run it", False
+    if eligible:
+        return f"needs {need} workers at once (min_nodes); {len(eligible)} may run it", False
+    told = "; ".join(f"{w.id}: {refusals[w.id].reason}" for w in allowing[:3])
+    unusable = all(refusals[w.id].kind == UNUSABLE for w in allowing)
+    return f"every worker that may run it refused it ({told})", unusable

@@ -10,11 +10,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate
+from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, why_waiting
 from queueworks import events
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
-from queueworks.models import StoredSpec, TaskState, WorkerRecord, describe_error
+from queueworks.models import Refusal, StoredSpec, TaskState, WorkerRecord, describe_error
 from queueworks.scripts import Scripts
 
 
@@ -27,6 +27,8 @@ class World:
     finished: dict[str, tuple[TaskState, float, int]] = field(default_factory=dict)
     assigned: dict[str, str] = field(default_factory=dict)  # worker -> task, as in Redis
     lost: list[str] = field(default_factory=list)  # workers whose pool heartbeat is gone
+    refusals: dict[str, dict[str, Refusal]] = field(default_factory=dict)  # task -> worker ->
+    reasons: dict[str, str] = field(default_factory=dict)  # task -> its record's `reason`
 
 
 class Reconciler:
@@ -38,9 +40,19 @@ class Reconciler:
         task_ids = [text(t) for t in self.r.zrange(k.queue, 0, -1)]
         worker_ids = [text(w) for w in self.r.zrange(k.workers, 0, -1)]
         pipe = self.r.pipeline(transaction=False)
-        fields = ("state", "priority", "min_nodes", "max_nodes", "created_at", "spec", "partitions")
+        fields = (
+            "state",
+            "priority",
+            "min_nodes",
+            "max_nodes",
+            "created_at",
+            "spec",
+            "partitions",
+            "reason",
+        )
         for tid in task_ids:
             pipe.hmget(k.task(tid).record, fields)
+            pipe.hgetall(k.task(tid).refused)
         for wid in worker_ids:
             pipe.exists(k.worker_heartbeat(wid))
             pipe.get(k.assign(wid))
@@ -48,8 +60,10 @@ class Reconciler:
         replies = pipe.execute()
         world = World(Snapshot((), ()))
         tasks: dict[str, dict[str, Any]] = {}
-        for tid, raw in zip(task_ids, replies[: len(task_ids)], strict=True):
-            state_raw, prio, mn, mx, created, spec_raw, parts = raw
+        refused_raw: dict[str, dict[bytes, bytes]] = {}
+        for i, tid in enumerate(task_ids):
+            raw, refused_raw[tid] = replies[2 * i], replies[2 * i + 1]
+            state_raw, prio, mn, mx, created, spec_raw, parts, reason = raw
             try:
                 state = TaskState(text(state_raw))
             except ValueError:  # expired, never written, or broken: drop it from the queue
@@ -69,6 +83,7 @@ class Reconciler:
                     "max_nodes": int(mx) if mx else None,
                     "seq": float(created or 0),
                     "selector": spec.node_selector if spec else {},
+                    "handler": spec.handler if spec else "",
                 }
             except ValueError as exc:  # another writer broke it: fail it, never crash on it
                 if state.finished:
@@ -77,17 +92,19 @@ class Reconciler:
                     self._fail(tid, f"task record is invalid: {describe_error(exc)}")
                 continue
             world.states[tid] = state
+            world.reasons[tid] = text(reason)
             tasks[tid] = row
         workers: list[WorkerView] = []
+        started: dict[str, float] = {}  # worker -> its process's start (refusals are per process)
         nodes: dict[str, set[str]] = {tid: set() for tid in tasks}
-        rest = replies[len(task_ids) :]
+        rest = replies[2 * len(task_ids) :]
         for i, wid in enumerate(worker_ids):
             alive, assign, record = rest[3 * i], rest[3 * i + 1], rest[3 * i + 2]
             if not alive:
                 world.lost.append(wid)
                 continue
             try:
-                labels = WorkerRecord.model_validate_json(record).labels if record else {}
+                rec = WorkerRecord.model_validate_json(record) if record else None
             except ValueError as exc:  # broken: drop it; a live worker registers again
                 self.log.warning("worker_record_invalid", worker=wid, error=describe_error(exc))
                 world.lost.append(wid)
@@ -97,12 +114,19 @@ class Reconciler:
                 world.assigned[wid] = task
                 if task in nodes:
                     nodes[task].add(wid)
-            workers.append(WorkerView(wid, labels))
+            if rec is None:
+                workers.append(WorkerView(wid))
+            else:
+                started[wid] = rec.started_at
+                workers.append(WorkerView(wid, rec.labels, tuple(rec.allow)))
+        for tid in tasks:
+            world.refusals[tid] = self._refusals(tid, refused_raw[tid], started)
         views = tuple(
             TaskView(
                 id=tid,
                 nodes=frozenset(nodes[tid]),
                 running=world.states[tid] == TaskState.RUNNING,
+                refused=frozenset(world.refusals[tid]),
                 **t,
             )
             for tid, t in tasks.items()
@@ -110,10 +134,26 @@ class Reconciler:
         world.snapshot = Snapshot(views, tuple(workers))
         return world
 
-    def _fail(self, task_id: str, error: str) -> None:
+    def _refusals(
+        self, task_id: str, raw: dict[bytes, bytes], started: dict[str, float]
+    ) -> dict[str, Refusal]:
+        """The refusals of a task by live worker processes (a restarted worker may try again)."""
+        out: dict[str, Refusal] = {}
+        for wid_raw, body in raw.items():
+            wid = text(wid_raw)
+            try:
+                refusal = Refusal.model_validate_json(body)
+            except ValueError as exc:
+                self.log.warning("refusal_invalid", task_id=task_id, worker=wid, error=str(exc))
+                continue
+            if started.get(wid) == refusal.since:
+                out[wid] = refusal
+        return out
+
+    def _fail(self, task_id: str, error: str, why: str = "task_record_invalid") -> None:
         if self.scripts.set_state(self.keys.task(task_id), TaskState.FAILED, time.time(), error):
             events.emit(self.r, self.keys, "failed", task=task_id, error=error)
-        self.log.error("task_record_invalid", task_id=task_id, error=error)
+        self.log.error(why, task_id=task_id, error=error)
 
     def apply(self, world: World) -> Plan:
         """Release finished tasks and lost workers, then move workers as the plan says."""
@@ -151,6 +191,7 @@ class Reconciler:
         for view in world.snapshot.tasks:
             size = len(plan.nodes_of(view.id))
             state = world.states[view.id]
+            self._explain(world, view, size)
             if size >= view.min_nodes and size > 0:
                 target = TaskState.RUNNING
             elif state == TaskState.RUNNING:
@@ -163,3 +204,14 @@ class Reconciler:
         if moves:
             self.log.info("node_sets_changed", moves=len(moves))
         return plan
+
+    def _explain(self, world: World, view: TaskView, size: int) -> None:
+        """Keep the task record's ``reason`` true: why it has too few nodes (empty once it
+        has them); fail it when no live worker can ever run it."""
+        reason, never = "", False
+        if size < max(1, view.min_nodes):
+            reason, never = why_waiting(view, world.snapshot.workers, world.refusals[view.id])
+        if never:
+            self._fail(view.id, f"no worker can run it: {reason}", "task_unrunnable")
+        elif reason != world.reasons.get(view.id, ""):
+            self.r.hset(self.keys.task(view.id).record, "reason", reason)

@@ -68,9 +68,10 @@ class Admin:
                 )
             key = found
             stream = tk.partition(partition_of(key, partitions))
-        others = [k for k in tk.all(partitions) if k not in (tk.record, tk.dead, stream)]
+        mine = (tk.record, tk.dead, stream, tk.settled)
+        others = [k for k in tk.all(partitions) if k not in mine]
         reply: Any = self._requeue(
-            keys=[tk.record, tk.dead, stream, *others],
+            keys=[*mine, *others],
             args=[entry_id, tk.group, key, repr(time.time())],
         )
         if int(reply[0]) != 1:

@@ -8,11 +8,8 @@ period running out, is a cold stop that interrupts the running handler.
 
 from __future__ import annotations
 
-import _thread
 import json
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -21,6 +18,7 @@ import click
 
 from queueworks.logs import configure
 from queueworks.settings import Settings
+from queueworks.signals import ColdStop, install_stop_signals
 
 
 def _settings(**flags: Any) -> Settings:
@@ -51,24 +49,6 @@ def _common(f: Any) -> Any:
 @click.version_option(package_name="queueworks")
 def main() -> None:
     """queueworks: an elastic work-queue on Redis Streams."""
-
-
-def _install_stop_signals(warm: Any, grace: float) -> None:
-    calls = {"n": 0}
-
-    def handler(signum: int, frame: Any) -> None:
-        calls["n"] += 1
-        if calls["n"] == 1:
-            warm()
-            if grace > 0:
-                timer = threading.Timer(grace, _thread.interrupt_main)
-                timer.daemon = True
-                timer.start()
-        else:
-            _thread.interrupt_main()
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
 
 
 @main.command()
@@ -104,10 +84,10 @@ def worker(
     w = Worker(settings, worker_id=name, allow=list(allow), labels=labels)
     if id_file:
         Path(id_file).write_text(w.id)
-    _install_stop_signals(w.stop, settings.grace_period)
+    install_stop_signals(w.stop, settings.grace_period)
     try:
         w.run()
-    except KeyboardInterrupt:
+    except ColdStop:
         sys.exit(1)
 
 
@@ -122,10 +102,10 @@ def controller(**flags: Any) -> None:
     settings = _settings(**flags)
     configure(settings.log_level, settings.log_format)
     c = Controller(settings)
-    _install_stop_signals(c.stop, 5.0)
+    install_stop_signals(c.stop, 5.0)
     try:
         c.run()
-    except KeyboardInterrupt:
+    except ColdStop:
         sys.exit(1)
 
 
@@ -223,7 +203,22 @@ def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
     help="access token; required beyond loopback [env QUEUEWORKS_DASHBOARD_TOKEN]",
 )
 @click.option("--refresh", type=float, default=1.0, show_default=True, help="live update, s")
-def dashboard(host: str, port: int, token: str | None, refresh: float, **flags: Any) -> None:
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="QUEUEWORKS_DASHBOARD_ALLOWED_HOSTS",
+    help="a Host name to serve besides the loopback ones (repeat; bound beyond loopback: "
+    "the only names served) [env QUEUEWORKS_DASHBOARD_ALLOWED_HOSTS, space-separated]",
+)
+def dashboard(
+    host: str,
+    port: int,
+    token: str | None,
+    refresh: float,
+    allowed_hosts: tuple[str, ...],
+    **flags: Any,
+) -> None:
     """Web dashboard, JSON API and /metrics (default http://127.0.0.1:9181)."""
     import uvicorn
 
@@ -240,6 +235,8 @@ def dashboard(host: str, port: int, token: str | None, refresh: float, **flags: 
             token=token or None,
             refresh=refresh,
             ssl_ca_certs=settings.ssl_ca_certs,
+            host=host,
+            allowed_hosts=allowed_hosts,
         )
     except (BindRefused, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

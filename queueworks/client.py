@@ -26,6 +26,9 @@ from queueworks.topology import queue_replication_wait
 
 SUBMIT_BATCH = 1000  # messages per Lua call
 SUBMIT_PIPELINE = 8  # Lua calls per round trip
+# A task's streams expire this long after the last write of a submit that has not finished
+# (it died half-way): only the task record, written last, makes them permanent.
+SUBMIT_LEASE_MS = 120_000
 
 
 class SubmitError(ValueError):
@@ -102,6 +105,7 @@ class Client:
         pipe = self.redis.pipeline(transaction=False)
         for stream in streams:
             pipe.xgroup_create(stream, tk.group, id="0", mkstream=True)
+            pipe.pexpire(stream, SUBMIT_LEASE_MS)
         pipe.execute()
         try:
             total = self._write_subtasks(tk, spec, streams)
@@ -116,6 +120,7 @@ class Client:
             "total": total,
             "done": 0,
             "dead": 0,
+            "rejected": 0,
             "epoch": 0,
             "priority": spec.priority,
             "min_nodes": spec.min_nodes,
@@ -125,8 +130,7 @@ class Client:
             "created_at": repr(now),
         }
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(tk.record, mapping=record)
-        pipe.set(tk.epoch, 0, nx=True)
+        self.scripts.record_task(tk, streams, record, client=pipe)
         pipe.zadd(self.keys.queue, {tid: now})
         events.emit(pipe, self.keys, "submitted", task=tid, name=spec.name, total=total)
         waits = 0
@@ -172,6 +176,8 @@ class Client:
                 batch = []
                 queued_calls += 1
                 if queued_calls >= SUBMIT_PIPELINE:
+                    for stream in streams:  # still submitting: keep the lease
+                        pipe.pexpire(stream, SUBMIT_LEASE_MS)
                     pipe.execute()
                     queued_calls = 0
         if batch:
@@ -282,6 +288,8 @@ class Task:
             started_at=float(started) if started else None,
             finished_at=float(finished) if finished else None,
             error=_f(raw, "error"),
+            rejected=int(_f(raw, "rejected") or 0),
+            reason=_f(raw, "reason") or None,
         )
 
     def _nodes(self) -> list[NodeInfo]:

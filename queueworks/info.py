@@ -34,6 +34,10 @@ def render(client: Client, *, as_json: bool = False) -> str:
             f"[{_bar(t.progress)}] {t.done + t.dead}/{t.total} dead={t.dead} "
             f"nodes(now/min/max)={size} epoch={t.epoch}"
         )
+        if t.rejected:
+            lines.append(f"      rejected {t.rejected} stream entries that were no subtask")
+        if t.reason and not t.finished:
+            lines.append(f"      waiting: {t.reason}")
         for n in nodes:
             age = f"{n.heartbeat_age:.1f}s" if n.heartbeat_age is not None else "-"
             lines.append(f"      rank {n.rank}: {n.worker}  hb {age}  current={n.current or '-'}")

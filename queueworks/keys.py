@@ -18,6 +18,11 @@ key                                type          meaning
                                                  barrier)
 ``qw:task:{T}:results``            hash          subtask index -> result JSON (written once)
 ``qw:task:{T}:dead``               stream        dead-lettered subtasks: reason, error, attempts
+                                                 (and ``rejected`` entries that were no subtask)
+``qw:task:{T}:settled``            string        bitmap: bit i set once index i has a result or
+                                                 a dead letter (completion is by index)
+``qw:task:{T}:refused``            hash          worker -> why it cannot run this task's
+                                                 handler (JSON); it is not assigned it again
 ``qw:task:{T}:history``            stream        this task's rebalances (epoch, cause, pause)
 ``qw:task:{T}:steps``              hash          step mode: each step's shards and decision
 ``qw:task:{T}:rdzv``               string + TTL  step mode: the leader's c10d store address
@@ -106,6 +111,14 @@ class TaskKeys:
         return f"{self._base}:dead"
 
     @property
+    def settled(self) -> str:
+        return f"{self._base}:settled"
+
+    @property
+    def refused(self) -> str:
+        return f"{self._base}:refused"
+
+    @property
     def history(self) -> str:
         return f"{self._base}:history"
 
@@ -142,6 +155,8 @@ class TaskKeys:
             self.confirm,
             self.results,
             self.dead,
+            self.settled,
+            self.refused,
             self.history,
             self.steps,
             self.rendezvous,

@@ -169,6 +169,8 @@ class TaskStatus(_Model):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
+    rejected: int = 0  # stream entries that were no subtask of the task (not in done/dead)
+    reason: str | None = None  # why the task has no (or too few) nodes, while it waits
 
     @property
     def finished(self) -> bool:
@@ -184,6 +186,7 @@ class WorkerRecord(_Model):
     host: str
     pid: int
     labels: dict[str, str] = Field(default_factory=dict)
+    allow: list[str] = Field(default_factory=list)  # module prefixes it may run handlers from
     state: WorkerState = WorkerState.IDLE
     task: str | None = None
     rank: int | None = None
@@ -192,6 +195,19 @@ class WorkerRecord(_Model):
     processed: int = 0
     started_at: float
     last_heartbeat: float | None = None
+
+
+NOT_ALLOWED = "not allowed"  # outside a worker's --allow prefixes: another worker may run it
+UNUSABLE = "unusable"  # it cannot be imported or is no handler: on that worker's code
+
+
+class Refusal(_Model):
+    """A worker that cannot run a task's handler says so (``qw:task:{T}:refused``); the
+    controller does not give it that task again while that worker process lives."""
+
+    reason: str
+    kind: str  # NOT_ALLOWED | UNUSABLE
+    since: float  # the refusing worker's ``started_at``: a restarted worker may try again
 
 
 class DeadLetter(_Model):

@@ -17,6 +17,7 @@ from redis.commands.core import Script
 
 from queueworks.connection import Connection
 from queueworks.keys import TaskKeys
+from queueworks.models import ACTIVE_STATES
 
 _NAMES = (
     "enqueue",
@@ -28,7 +29,11 @@ _NAMES = (
     "set_state",
     "lease",
     "expire_finished",
+    "sweep_lost",
+    "record_task",
 )
+# The states in which a task still takes work, as the scripts that need them receive them.
+ACTIVE = ",".join(state.value for state in ACTIVE_STATES)
 
 
 def _source(name: str) -> str:
@@ -58,7 +63,9 @@ class DeadEntry:
 class Settled:
     ok: int
     dead: int
-    finished: bool
+    finished: bool  # this call finished the task
+    rejected: int = 0
+    active: bool = True  # the task still takes work (False: it has finished, by any hand)
 
 
 READ_FENCED = -1
@@ -88,6 +95,18 @@ class Scripts:
             # One round trip per batch of 1000 is nothing next to the batch itself.
             client = None
         self._s["enqueue"](keys=list(streams), args=argv, client=client)
+
+    def record_task(
+        self, tk: TaskKeys, streams: Sequence[str], record: dict[str, Any], client: Any = None
+    ) -> None:
+        """Write a submitted task's record and PERSIST its streams, atomically; may be
+        pipelined (not on a cluster pipeline, as for ``enqueue``)."""
+        args: list[Any] = []
+        for name, value in record.items():
+            args += (name, value)
+        if isinstance(client, ClusterPipeline):
+            client = None
+        self._s["record_task"](keys=[tk.record, tk.epoch, *streams], args=args, client=client)
 
     def join(self, tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> int:
         keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
@@ -120,15 +139,25 @@ class Scripts:
         ok: Sequence[tuple[str, int, str]],
         dead: Sequence[DeadEntry] = (),
     ) -> Settled:
-        argv: list[Any] = [tk.group, repr(now), worker_id, len(ok), len(dead)]
+        argv: list[Any] = [tk.group, repr(now), worker_id, ACTIVE, len(ok), len(dead)]
         for entry_id, index, result in ok:
             argv += (entry_id, index, result)
         for d in dead:
             where = "" if d.index is None else d.index
             argv += (d.entry_id, where, d.reason, d.error, d.attempts, d.payload)
-        keys = [stream, tk.record, tk.results, tk.dead]
-        n_ok, n_dead, finished = self._s["settle"](keys=keys, args=argv)
-        return Settled(int(n_ok), int(n_dead), bool(finished))
+        keys = [stream, tk.record, tk.results, tk.dead, tk.settled]
+        n_ok, n_dead, finished, rejected, active = self._s["settle"](keys=keys, args=argv)
+        return Settled(int(n_ok), int(n_dead), bool(finished), int(rejected), bool(active))
+
+    def sweep_lost(
+        self, tk: TaskKeys, streams: Sequence[str], worker_id: str, now: float, limit: int = 1000
+    ) -> int:
+        """Dead-letter (reason ``lost``) up to ``limit`` unsettled indices of a task that has
+        nothing in flight: their entries were deleted. Settle an empty batch afterwards to
+        complete the task."""
+        keys = [tk.record, tk.settled, tk.dead, *streams]
+        args: list[Any] = [tk.group, repr(now), worker_id, ACTIVE, limit]
+        return int(self._s["sweep_lost"](keys=keys, args=args))
 
     def reclaim(
         self,
@@ -141,7 +170,10 @@ class Scripts:
         hand_back: bool = False,
         min_idle_ms: int = 0,
         only_departed: bool = True,
+        keep: str = "",
     ) -> tuple[list[Claimed], list[tuple[str, int]]]:
+        """``keep``: an entry id to leave where it is (the one a cold stop interrupted: it
+        started, so whoever reclaims it from us charges it)."""
         args: list[Any] = [
             tk.group,
             to,
@@ -150,6 +182,7 @@ class Scripts:
             "1" if hand_back else "0",
             min_idle_ms,
             "1" if only_departed else "0",
+            keep,
         ]
         claimed_raw, gone_raw = self._s["reclaim"](keys=[stream, tk.members], args=args)
         claimed = [

@@ -109,3 +109,25 @@ def tracked(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
     seconds = float(payload.get("seconds", 0.0))
     work_for(ctx, seconds, step=min(0.002, seconds))
     return {"y": int(payload["x"]) * 2, "rank": role.rank, "epoch": role.epoch}
+
+
+def escape(payload: dict[str, Any]) -> int:
+    """Raises the BaseException ``payload["raise"]`` names (SystemExit, KeyboardInterrupt,
+    GeneratorExit), else doubles ``x``: a handler's own escape is its failure."""
+    kind = payload.get("raise")
+    if kind == "SystemExit":
+        raise SystemExit(3)
+    if kind == "KeyboardInterrupt":
+        raise KeyboardInterrupt
+    if kind == "GeneratorExit":
+        raise GeneratorExit
+    return int(payload["x"]) * 2
+
+
+def slow_first(payload: dict[str, Any], ctx: SubtaskContext) -> int:
+    """Logs its attempt to a Redis list; attempt 1 sleeps ``seconds`` without a safe point
+    (only a cold stop gets it out), later attempts return at once."""
+    _conn(os.environ["QUEUEWORKS_REDIS_URL"]).rpush(payload["log"], ctx.attempt)
+    if ctx.attempt == 1:
+        time.sleep(float(payload["seconds"]))
+    return ctx.attempt

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
 
 import pytest
 import redis
@@ -161,9 +162,12 @@ def test_generator_subtasks_are_streamed(client: Client) -> None:
     assert len(consumed) == 2500
 
 
-def test_refused_handler_and_malformed_entries_are_dead_lettered(
+def test_malformed_entries_are_rejected_and_a_refused_handler_waits_or_fails(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
+    """Entries that did not come from submit are rejected (counted apart, never in done or
+    dead); a handler no worker may run waits with its reason; one no worker can import
+    fails, saying why. Nothing is dead-lettered as "handler refused"."""
     cluster.controller()
     # queued until a worker exists: add malformed entries straight into the stream first
     outside = client.submit(
@@ -172,32 +176,44 @@ def test_refused_handler_and_malformed_entries_are_dead_lettered(
     missing = client.submit(
         TaskSpec(name="missing", handler="queueworks.examples.nope:f", subtasks=[{"x": 1}])
     )
+    tk = keys.task("goodtask")
+
+    def subtasks() -> Iterator[dict[str, int]]:
+        # runs once submit has made the stream, before its first batch: junk comes first
+        r.xadd(tk.stream, {"i": "10", "p": "{not json"})
+        r.xadd(tk.stream, {"garbage": "\xff"})
+        r.xadd(tk.stream, {"i": "-3", "p": "1"})
+        r.xadd(tk.stream, {"i": "11", "p": '{"x": 5}'})  # well formed, but no index of the task
+        yield from ({"x": i} for i in range(10))
+
     good = client.submit(
-        TaskSpec(
-            name="good", handler="tests.handlers:double", subtasks=[{"x": i} for i in range(10)]
-        ),
+        TaskSpec(name="good", handler="tests.handlers:double", subtasks=subtasks()),
         task_id="goodtask",
     )
-    tk = keys.task("goodtask")
-    r.xadd(tk.stream, {"i": "10", "p": "{not json"})
-    r.xadd(tk.stream, {"garbage": "\xff"})
-    r.xadd(tk.stream, {"i": "-3", "p": "1"})
-    r.hincrby(tk.record, "total", 3)
     cluster.worker()
-    for t in (outside, missing):
-        st = t.wait(timeout=30)
-        assert st.dead == st.total and st.done == 0
-        reasons = {d.reason for d in t.dead_letters()}
-        assert reasons == {"handler refused"}
-    assert "outside the allowed module prefixes" in outside.dead_letters()[0].error
-    assert "cannot import 'queueworks.examples.nope'" in missing.dead_letters()[0].error
     st = good.wait(timeout=30)
-    assert st.state == TaskState.COMPLETED and (st.done, st.dead) == (10, 3)
-    errors = sorted(d.error for d in good.dead_letters())
+    assert st.state == TaskState.COMPLETED and (st.done, st.dead, st.rejected) == (10, 0, 4)
+    letters = good.dead_letters()
+    assert {d.reason for d in letters} == {"rejected"} and len(letters) == 4
+    errors = sorted(d.error for d in letters)
     assert any("not valid JSON" in e for e in errors)
     assert any("must have fields 'i' and 'p'" in e for e in errors)
     assert any("negative" in e for e in errors)
+    assert any("index 11 is out of range 0..9; its result was discarded" in e for e in errors)
+    assert all(d.index is None for d in letters)
     assert dict(good.results()) == {i: 2 * i for i in range(10)}
+
+    st = missing.wait(timeout=30)
+    assert st.state == TaskState.FAILED and (st.done, st.dead) == (0, 0), st
+    assert st.error and "cannot import 'queueworks.examples.nope'" in st.error
+    assert missing.dead_letters() == []
+
+    wait_for(lambda: "may run" in (outside.status().reason or ""), 10, "the outside task's reason")
+    st = outside.status()
+    assert st.state == TaskState.QUEUED and (st.done, st.dead) == (0, 0)
+    assert st.reason and "no live worker may run 'os.path:join'" in st.reason
+    assert "tests.handlers" in st.reason  # it says what the workers do allow
+    assert outside.dead_letters() == []
 
 
 def test_late_ack_is_counted_once(client: Client, r: redis.Redis, keys: Keys) -> None:

@@ -160,7 +160,8 @@ def test_pages_api_and_metrics_agree_with_status(
 
     # pages
     page = web.get("/")
-    assert page.status_code == 200 and "doubles" in page.text and "needs-gpu" in page.text
+    assert page.status_code == 200, page.text[:2000]
+    assert "doubles" in page.text and "needs-gpu" in page.text
     assert 'id="throughput"' in page.text
     listing = web.get("/tasks?state=all").text
     for s in statuses.values():

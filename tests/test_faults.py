@@ -99,7 +99,9 @@ def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, ke
 
     started = time.monotonic()
     while time.monotonic() - started < CHAOS_SECONDS and not task.status().finished:
-        action = rng.choice(["kill_worker", "kill_worker", "kill_leader", "zombie", "drop"])
+        action = rng.choice(
+            ["kill_worker", "kill_worker", "kill_leader", "zombie", "drop", "stray"]
+        )
         if action == "kill_worker" and live_workers():
             victim = rng.choice(live_workers())
             kills.append((time.time(), victim.name))
@@ -121,6 +123,11 @@ def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, ke
             for line in retrying(lambda: r.client_list(_type="normal")):
                 if int(line["id"]) != own_id and rng.random() < 0.3:
                     r.client_kill_filter(_id=line["id"])
+        elif action == "stray":  # entries that did not come from submit: none may count
+            strays = [{"junk": "1"}, {"i": str(n + 7), "p": "{}"}, {"i": "3", "p": "not json"}]
+            for fields in strays:
+                retrying(lambda f=fields: r.xadd(keys.task(task.id).stream, f))
+            counts["stray_entries"] += len(strays)
         counts[action] += 1
         time.sleep(rng.uniform(0.5, 1.5))
     chaos_for = time.monotonic() - started
@@ -145,7 +152,12 @@ def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, ke
     figure("executed_more_than_once", sum(1 for c in per_index.values() if c > 1))
     figure("worst_reclaim_s", round(max(reclaim), 2) if reclaim else None)
     figure("done", status.done)
+    figure("rejected", f"{status.rejected} of {counts['stray_entries']} stray entries")
     assert status.done == n
+    # strays still unread when the task completed are never counted; none counts as done/dead
+    assert status.rejected <= counts["stray_entries"]
+    rejected = [d for d in task.dead_letters(count=100_000) if d.reason == "rejected"]
+    assert len(rejected) == status.rejected
 
 
 def _restart_run(tmp_path: Path, prefix: str, fsync: str) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import math
 import random
 import sys
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -332,34 +333,40 @@ def garbage_entries(n: int, seed: int) -> list[dict[bytes, bytes]]:
     return out
 
 
-def test_worker_dead_letters_every_malformed_entry_and_keeps_working(
+def test_worker_rejects_every_malformed_entry_and_keeps_working(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
     cluster.controller()
     n_good = 40
+    tk = keys.task("fuzzed-e2e")
+    bad = garbage_entries(40, seed=9)
+
+    def subtasks() -> Iterator[dict[str, int]]:
+        # runs once submit has made the stream, before its first batch: the garbage comes
+        # first, so all of it is read while the task is still open
+        pipe = r.pipeline(transaction=False)
+        for fields in bad:
+            pipe.xadd(tk.stream, fields)  # type: ignore[arg-type]
+        pipe.execute()
+        yield from ({"x": i} for i in range(n_good))
+
     task = client.submit(
         TaskSpec(
             name="fuzzed",
             handler="tests.handlers:double",
-            subtasks=[{"x": i} for i in range(n_good)],
+            subtasks=subtasks(),
             max_attempts=2,
         ),
         task_id="fuzzed-e2e",
     )
-    tk = keys.task(task.id)
-    bad = garbage_entries(40, seed=9)
-    pipe = r.pipeline(transaction=False)
-    for fields in bad:
-        pipe.xadd(tk.stream, fields)  # type: ignore[arg-type]
-    pipe.hincrby(tk.record, "total", len(bad))
-    pipe.execute()
     worker = cluster.worker()
     status = task.wait(timeout=60)
     assert status.state == TaskState.COMPLETED, status
-    assert (status.done, status.dead) == (n_good, len(bad)), status
+    assert (status.done, status.dead, status.rejected) == (n_good, 0, len(bad)), status
     letters = task.dead_letters()
     assert len(letters) == len(bad)
-    assert {d.reason for d in letters} == {"malformed entry"}, [d.error for d in letters]
+    assert {d.reason for d in letters} == {"rejected"}, [d.error for d in letters]
+    assert all(d.error.startswith("malformed entry: ") for d in letters)
     assert all(d.error for d in letters)
     assert dict(task.results()) == {i: 2 * i for i in range(n_good)}
     # the same process goes on with the next task

@@ -15,11 +15,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from queueworks.models import parse_handler_path
+from queueworks.allow import allowed
+from queueworks.models import NOT_ALLOWED, UNUSABLE, parse_handler_path
 
 
 class HandlerRefused(Exception):
-    """The handler cannot be used; the message is the reason."""
+    """The handler cannot be used; the message is the reason, ``kind`` says which."""
+
+    def __init__(self, message: str, kind: str = UNUSABLE) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -30,14 +35,6 @@ class Handler:
     on_rebalance: Callable[..., Any] | None
 
 
-def allowed(module: str, prefixes: Sequence[str]) -> bool:
-    for prefix in prefixes:
-        base = prefix.rstrip(".")
-        if base and (module == base or module.startswith(base + ".")):
-            return True
-    return False
-
-
 def resolve(path: str, prefixes: Sequence[str]) -> Handler:
     try:
         module_name, attr = parse_handler_path(path)
@@ -45,7 +42,8 @@ def resolve(path: str, prefixes: Sequence[str]) -> Handler:
         raise HandlerRefused(str(exc)) from None
     if not allowed(module_name, prefixes):
         raise HandlerRefused(
-            f"handler {path!r} is outside the allowed module prefixes {list(prefixes)}"
+            f"handler {path!r} is outside the allowed module prefixes {list(prefixes)}",
+            NOT_ALLOWED,
         )
     try:
         module = importlib.import_module(module_name)
@@ -62,7 +60,8 @@ def resolve(path: str, prefixes: Sequence[str]) -> Handler:
     if not allowed(defined_in, prefixes):  # imported into an allowed module from elsewhere
         raise HandlerRefused(
             f"handler {path!r} is defined in {defined_in!r}, outside the allowed module "
-            f"prefixes {list(prefixes)}"
+            f"prefixes {list(prefixes)}",
+            NOT_ALLOWED,
         )
     params = [
         p

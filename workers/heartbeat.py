@@ -29,6 +29,7 @@ class NodeState:
     each; the events are the handshakes)."""
 
     worker_id: str
+    started_at: float = 0.0  # when this worker process started (its record says so too)
     task_id: str | None = None  # the task we are a member of (runtime writes)
     role_epoch: int = 0  # the epoch our current role is from (runtime writes)
     successor: str | None = None  # the member we check (heartbeat writes)

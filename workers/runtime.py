@@ -20,7 +20,7 @@ from queueworks.context import SubtaskContext, Suspended
 from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, read_roster
 from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, safe_text, to_json
-from queueworks.models import Role, StoredSpec, TaskState, describe_error
+from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_error
 from queueworks.scripts import (
     READ_EPOCH_MOVED,
     READ_FENCED,
@@ -29,6 +29,7 @@ from queueworks.scripts import (
     Scripts,
     fields_of,
 )
+from queueworks.signals import ColdStop
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.heartbeat import Heartbeat, NodeState
 from workers.watchdog import Watchdog
@@ -91,6 +92,9 @@ class TaskRun:
         self.owned: list[str] = []
         self.check_every = min(CHECK_SECONDS, ttl / 10)
         self.checked_at = 0.0  # monotonic time of the last read that checked membership
+        self.interrupted: str | None = None  # the entry a cold stop interrupted (not parked)
+        self.swept_at = 0.0  # monotonic time of the last look for lost indices
+        self.ended = False  # a settle found the task finished: leave at the next check
 
     # -- entry ----------------------------------------------------------------------------
 
@@ -106,11 +110,10 @@ class TaskRun:
         self.streams = self.tk.streams(self.spec.partitions)
         self.watchdog.use(self.spec.subtask_timeout, self.log)
         try:
-            self.handler: Handler | None = resolve(self.spec.handler, self.allow)
-            self.refused = ""
+            self.handler: Handler = resolve(self.spec.handler, self.allow)
         except HandlerRefused as exc:
-            self.handler, self.refused = None, str(exc)
-            self.log.warning("handler_refused", reason=self.refused)
+            self._refuse(exc)
+            return "refused"
         if not self._join():
             return "finished"
         try:
@@ -133,6 +136,16 @@ class TaskRun:
         if self.scripts.set_state(self.tk, TaskState.FAILED, time.time(), error):
             events.emit(self.r, self.keys, "failed", task=self.tk.task_id, error=error)
         self.log.error("spec_invalid", error=error)
+
+    def _refuse(self, exc: HandlerRefused) -> None:
+        """This worker cannot run the task's handler: say so instead of joining (and
+        dead-lettering everything it would read); the controller gives the task to others."""
+        refusal = Refusal(reason=str(exc), kind=exc.kind, since=self.state.started_at)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.tk.refused, self.me, refusal.model_dump_json())
+        events.emit(pipe, self.keys, "refused", task=self.tk.task_id, worker=self.me)
+        pipe.execute()
+        self.log.warning("handler_refused", reason=refusal.reason, kind=refusal.kind)
 
     def _join(self) -> bool:
         self.state.suspend.clear()
@@ -178,6 +191,8 @@ class TaskRun:
             raise Leave("stopping")
         if s.assign != self.tk.task_id:
             raise Leave("revoked")
+        if self.ended:
+            raise Leave("finished")
         if s.fenced:
             self._flush()
             self.log.warning("fenced", reason="heartbeat gone: pruned while away; rejoining")
@@ -265,6 +280,9 @@ class TaskRun:
             self._reclaim(backstop=True)
             if self.local:
                 return
+        assert self.role is not None
+        if self.role.leader and time.monotonic() - self.swept_at > self.hb.interval:
+            self._sweep_lost()
         self.state.wake.wait(self.hb.interval)
         self.state.wake.clear()
 
@@ -319,8 +337,7 @@ class TaskRun:
         suspended = s.suspend.is_set
         monotonic = time.monotonic
         call = self.watchdog.call
-        handler = self.handler
-        fn, takes_ctx = (handler.fn, handler.takes_ctx) if handler is not None else (None, False)
+        fn, takes_ctx = self.handler.fn, self.handler.takes_ctx
         ok = self.ok.setdefault(stream, [])
         flush_at = self.last_flush + FLUSH_SECONDS
         for i, (raw_id, fields) in enumerate(entries):
@@ -337,10 +354,6 @@ class TaskRun:
                 work = Work(stream, entry_id, fields, attempt)
                 self._bury(work, None, "malformed entry", str(exc))
                 continue
-            if fn is None:
-                work = Work(stream, entry_id, fields, attempt)
-                self._bury(work, sub.index, "handler refused", self.refused, sub.raw_payload)
-                continue
             try:
                 if takes_ctx:
                     result = call(sub.index, fn, sub.payload, self._context(sub, attempt))
@@ -353,7 +366,10 @@ class TaskRun:
                 work = Work(stream, entry_id, fields, attempt)
                 self._bury(work, sub.index, "result is not JSON", str(exc), sub.raw_payload)
                 continue
-            except Exception as exc:
+            except ColdStop:
+                self.interrupted = entry_id  # it started: it stays ours, charged, for reclaim
+                raise
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the handler's own
                 work = Work(stream, entry_id, fields, attempt)
                 if self._failed(work, sub.index, exc, sub.raw_payload):
                     return i + 1
@@ -406,7 +422,7 @@ class TaskRun:
             return None
         return work
 
-    def _failed(self, work: Work, index: int, exc: Exception, payload: str) -> bool:
+    def _failed(self, work: Work, index: int, exc: BaseException, payload: str) -> bool:
         """A handler raised: dead-letter it after ``max_attempts``, else spend an attempt and
         queue the retry first in ``local`` (True)."""
         tb = "".join(traceback.format_exception(exc))
@@ -457,16 +473,34 @@ class TaskRun:
                 self.tk, stream, self.me, now, self.ok.get(stream, ()), self.dead.get(stream, ())
             )
             finished = finished or settled.finished
+            self.ended = self.ended or not settled.active
+            if settled.rejected:
+                self.log.warning("entries_rejected", stream=stream, count=settled.rejected)
         had_dead = any(self.dead.values())
         self.ok.clear()
         self.dead.clear()
         if had_dead:
             events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
         if finished:
-            status = self.r.hget(self.tk.record, "state")
-            kind = text(status) or "completed"
-            self.log.info("task_finished", state=kind)
-            events.emit(self.r, self.keys, kind, task=self.tk.task_id)
+            self._finished()
+
+    def _finished(self) -> None:
+        """This worker's settle finished the task: say how it ended."""
+        status = self.r.hget(self.tk.record, "state")
+        kind = text(status) or "completed"
+        self.log.info("task_finished", state=kind)
+        events.emit(self.r, self.keys, kind, task=self.tk.task_id)
+
+    def _sweep_lost(self) -> None:
+        """The leader, idle: if nothing of the task is in flight, dead-letter the indices no
+        entry is left for (deleted from the stream), so the task can complete by index."""
+        self.swept_at = time.monotonic()
+        lost = self.scripts.sweep_lost(self.tk, self.streams, self.me, time.time())
+        if lost:
+            self.log.warning("subtasks_lost", count=lost, reason="stream entries deleted")
+            events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
+            if self.scripts.settle(self.tk, self.streams[0], self.me, time.time(), []).finished:
+                self._finished()
 
     # -- membership changes ---------------------------------------------------------------
 
@@ -527,7 +561,7 @@ class TaskRun:
         )
         if role.leader:
             self._record_rebalance(role, pause_ms, reclaimed, replies[1])
-        if self.handler is not None and self.handler.on_rebalance is not None and old != role:
+        if self.handler.on_rebalance is not None and old != role:
             self.handler.on_rebalance(old, role)
 
     def _record_rebalance(self, role: Role, pause_ms: float, reclaimed: int, last: Any) -> None:
@@ -586,6 +620,7 @@ class TaskRun:
                     from_consumer=self.me,
                     hand_back=True,
                     only_departed=False,
+                    keep=self.interrupted or "",
                 )
                 for entry_id, deliveries in gone:
                     self._bury_gone(stream, entry_id, deliveries)

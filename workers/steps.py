@@ -79,6 +79,7 @@ from queueworks.keys import TaskKeys
 from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
 from queueworks.models import Role, StoredSpec, TaskState
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED
+from queueworks.signals import ColdStop
 from workers.runtime import PARKED, Leave, Work
 
 if TYPE_CHECKING:
@@ -196,8 +197,6 @@ def run_steps(run: TaskRun) -> None:
     reason = "error"
     loop: StepLoop | None = None
     try:
-        if run.handler is None:
-            raise TrainerFailed(f"step trainer refused: {run.refused}")
         if run.spec.partitions:
             raise TrainerFailed("step mode does not take partitions")
         ctx = StepContext(run.tk.task_id, run.me, run.spec, run.r, run.tk, run.log, run)
@@ -219,9 +218,9 @@ def run_steps(run: TaskRun) -> None:
 def _call(fn: Any, *args: Any) -> Any:
     try:
         return fn(*args)
-    except (StepAborted, Leave, redis.ConnectionError, redis.TimeoutError):
+    except (StepAborted, Leave, ColdStop, redis.ConnectionError, redis.TimeoutError):
         raise
-    except Exception as exc:
+    except BaseException as exc:  # a trainer's SystemExit too: the trainer's, not ours
         raise TrainerFailed("".join(traceback.format_exception(exc))) from exc
 
 
@@ -401,9 +400,9 @@ class StepLoop:
             return None
         try:  # the shard's local work is bounded by subtask_timeout, as a handler is
             run.watchdog.call(sub.index, self.trainer.prepare, sub.payload)
-        except (StepAborted, Leave, redis.ConnectionError, redis.TimeoutError):
+        except (StepAborted, Leave, ColdStop, redis.ConnectionError, redis.TimeoutError):
             raise
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit in prepare too: a failed attempt
             run._failed(work, sub.index, exc, sub.raw_payload)
             return None
         return sub.index

@@ -26,6 +26,8 @@ from workers.runtime import TaskRun
 from workers.watchdog import Watchdog
 from workers.watcher import Watcher
 
+REFUSE_AGAIN = 5.0  # s between two refusals of a task the controller keeps giving us
+
 
 def default_worker_id() -> str:
     """Unique per process (host + pid + random), so scaled containers never collide."""
@@ -50,7 +52,7 @@ class Worker:
         self.log = get_logger(worker_id=self.id)
         self.r = connect_settings(settings)
         self.scripts = Scripts(self.r)
-        self.state = NodeState(self.id)
+        self.state = NodeState(self.id, started_at=time.time())
         self.watchdog = Watchdog(self.log)
         self.heartbeat = Heartbeat(
             self.r,
@@ -66,6 +68,7 @@ class Worker:
         self.watcher = Watcher(self.r, self.log)
         self._watched_task: str | None = None
         self._done_tasks: set[str] = set()
+        self._refused: dict[str, float] = {}  # task -> when we last refused it (monotonic)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -106,7 +109,8 @@ class Worker:
             host=socket.gethostname(),
             pid=os.getpid(),
             labels=self.labels,
-            started_at=now,
+            allow=self.allow,
+            started_at=self.state.started_at,
         )
         while True:
             try:
@@ -192,7 +196,7 @@ class Worker:
                 self.state.assign = task_id
                 if task_id in self._done_tasks and self._reopened(task_id):
                     self._done_tasks.discard(task_id)  # a requeued dead letter reopened it
-                if not task_id or task_id in self._done_tasks:
+                if not task_id or task_id in self._done_tasks or self._refusing(task_id):
                     self.state.wake.wait(self.settings.heartbeat_interval)
                     self.state.wake.clear()
                     continue
@@ -214,6 +218,8 @@ class Worker:
                 self.log.info("task_run_ended", task_id=task_id, outcome=outcome)
                 if outcome in ("finished", "missing"):
                     self._done_tasks.add(task_id)
+                elif outcome == "refused":
+                    self._refused[task_id] = time.monotonic()
                 self._watch_task(None)
                 backoff = 0.05
             except UNAVAILABLE as exc:
@@ -221,6 +227,12 @@ class Worker:
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
+
+    def _refusing(self, task_id: str) -> bool:
+        """A task we refused stays refused; while the controller still gives it to us, say
+        so again now and then (the record of it may have been lost with a Redis restart)."""
+        refused = self._refused.get(task_id)
+        return refused is not None and time.monotonic() - refused < REFUSE_AGAIN
 
     def _reopened(self, task_id: str) -> bool:
         state = text(self.r.hget(self.keys.task(task_id).record, "state"))

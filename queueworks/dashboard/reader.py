@@ -7,7 +7,6 @@ every record (HMGET of the fields shown) and member count (ZCARD) in one pipelin
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +28,7 @@ from queueworks.dashboard.views import (
     WorkerView,
 )
 from queueworks.keys import check_task_id
+from queueworks.messages import NotJSON, from_json
 from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
 
 TASK_FIELDS = (
@@ -47,6 +47,8 @@ TASK_FIELDS = (
     "finished_at",
     "error",
     "rq_job",
+    "rejected",
+    "reason",
 )
 INDEX_FIELDS = ("state", "created_at")
 _ACTIVE = {s.value.encode() for s in ACTIVE_STATES}
@@ -103,6 +105,8 @@ def summary(task_id: str, raw: Sequence[Any], members: int) -> TaskSummary:
         finished_at=_float(f["finished_at"]),
         error=redact_url(_str(f["error"]) or "") or None,
         rq_job=_str(f["rq_job"]),
+        rejected=_int(f["rejected"]),
+        reason=_str(f["reason"]),
     )
 
 
@@ -278,7 +282,9 @@ class Reader:
                         deliveries=int(p["times_delivered"]),
                     )
                 )
-        spec = json.loads(spec_raw) if spec_raw else {}
+        spec = _loads(spec_raw) if spec_raw else {}
+        if not isinstance(spec, dict):
+            spec = {}
         results = [
             ResultSample(index=int(text(k)), result=_loads(v))
             for k, v in list((scan or (0, {}))[1].items())[:RESULTS_SHOWN]
@@ -390,11 +396,29 @@ def _ok(reply: Any) -> Any:
     return None if isinstance(reply, Exception) else reply
 
 
+MAX_SHOWN_DEPTH = 50  # deeper stored JSON is shown as its text: rendering it would recurse
+
+
 def _loads(raw: Any) -> Any:
+    """A stored JSON value to show: decoded if it is JSON and not too deep, else its text."""
     try:
-        return json.loads(raw)
-    except ValueError:
-        return text(raw)
+        value = from_json(text(raw), "stored value")
+    except NotJSON:
+        return text(raw)[:4000]
+    return value if _depth(value, MAX_SHOWN_DEPTH) <= MAX_SHOWN_DEPTH else text(raw)[:4000]
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a decoded JSON value (stops counting past ``limit``), iteratively."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, depth = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, depth)
+            if depth > limit:
+                return depth
+            todo.extend((v, depth + 1) for v in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def _fill_unread(task: TaskSummary, rows: list[StreamBacklog]) -> list[StreamBacklog]:

@@ -33,6 +33,8 @@ class TaskSummary(_View):
     finished_at: float | None = None
     error: str | None = None
     rq_job: str | None = None
+    rejected: int = 0
+    reason: str | None = None
 
     @property
     def settled(self) -> int:
@@ -126,6 +128,7 @@ class WorkerView(_View):
     host: str
     pid: int
     labels: dict[str, str]
+    allow: list[str] = []
     state: WorkerState
     alive: bool
     draining: bool

@@ -7,6 +7,7 @@
 -- ARGV[1] group   ARGV[2] to (claiming consumer)   ARGV[3] from consumer ("" = any consumer)
 -- ARGV[4] count   ARGV[5] "1": JUSTID claim (a hand-back: spends no attempt)
 -- ARGV[6] min idle (ms)   ARGV[7] "1": refuse when `from` is still a member
+-- ARGV[8] an entry id to leave pending where it is ("" = none)
 -- returns {claimed, gone}: claimed = {{id, {field, value, ...}, deliveries}, ...},
 --   gone = {{id, deliveries}, ...}
 local from = ARGV[3]
@@ -28,7 +29,7 @@ local pending = redis.call(unpack(args))
 local claimed, gone = {}, {}
 for _, p in ipairs(pending) do
   local id, owner, deliveries = p[1], p[2], p[4]
-  if owner ~= ARGV[2] then
+  if owner ~= ARGV[2] and id ~= ARGV[8] then
     local entry = redis.call('XRANGE', KEYS[1], id, id)
     if #entry == 0 then
       gone[#gone + 1] = {id, deliveries}
@@ -41,7 +42,7 @@ for _, p in ipairs(pending) do
     end
   end
 end
-if from ~= '' and #pending < tonumber(ARGV[4]) and #gone == 0
+if from ~= '' and #pending < tonumber(ARGV[4]) and #gone == 0 and ARGV[8] == ''
     and not redis.call('ZSCORE', KEYS[2], from) then
   redis.call('XGROUP', 'DELCONSUMER', KEYS[1], ARGV[1], from)
 end

@@ -1,16 +1,18 @@
 -- Put one dead-lettered subtask back on its task's stream, keeping the accounting exact:
--- the dead-letter entry is removed, `dead` goes down by one, and the subtask is appended
--- again with its index and payload (and ordering key). A task that had completed because
+-- the dead-letter entry is removed, `dead` goes down by one, its index is unsettled again
+-- (its bit in the settled bitmap cleared), and the subtask is appended again with its
+-- index and payload (and ordering key). A `rejected` entry was never a subtask: it is not
+-- requeued. A task that had completed because
 -- done + dead == total becomes active again (state `queued`, its keys made persistent);
 -- the caller then puts it back in the queue zset and emits an event (other slots).
 -- A cancelled or failed task is never reopened.
 -- KEYS[1] task record   KEYS[2] dead-letter stream   KEYS[3] target subtask stream
--- KEYS[4..] every other key of the task (PERSIST when the task is reopened)
+-- KEYS[4] settled bitmap   KEYS[5..] every other key of the task (PERSIST when reopened)
 -- ARGV[1] dead-letter entry id   ARGV[2] consumer group (the task id)
 -- ARGV[3] ordering key ("" = none)   ARGV[4] now (s)
 -- returns {1, new entry id, reopened 0|1, created_at, index} on success, or
 --         {0, reason} when nothing was changed: 'missing task', 'missing entry',
---         'task <state>', 'index unknown', 'payload missing'
+--         'task <state>', 'rejected entry', 'index unknown', 'payload missing'
 local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return {0, 'missing task'}
@@ -26,6 +28,9 @@ local fields = {}
 local flat = found[1][2]
 for i = 1, #flat, 2 do
   fields[flat[i]] = flat[i + 1]
+end
+if fields['reason'] == 'rejected' then
+  return {0, 'rejected entry: it was not a subtask of this task'}
 end
 local index = fields['index']
 if index == nil or index == '' then
@@ -45,6 +50,7 @@ else
   new_id = redis.call('XADD', KEYS[3], '*', 'i', index, 'p', payload, 'k', ARGV[3])
 end
 redis.call('XDEL', KEYS[2], ARGV[1])
+redis.call('SETBIT', KEYS[4], tonumber(index), 0)
 if tonumber(redis.call('HGET', KEYS[1], 'dead') or '0') > 0 then
   redis.call('HINCRBY', KEYS[1], 'dead', -1)
 end

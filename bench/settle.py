@@ -1,0 +1,93 @@
+"""The settle step alone: µs per subtask of ``settle.lua`` now against an earlier revision's.
+
+    python -m bench.settle                    # against the revision before completion by index
+    python -m bench.settle --against REV --n 200000 --repeat 5
+
+Both scripts run against one private Redis, on identical tasks (``--n`` subtasks, read
+with XREADGROUP COUNT 100 beforehand, settled in batches of 100), alternating, so the
+ratio is what the per-index completion check costs on the hot path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import time
+import uuid
+from typing import Any
+
+from bench.common import ROOT, private_redis
+from queueworks import Client, TaskSpec
+
+BATCH = 100
+BEFORE_BY_INDEX = "1add547"  # the last revision that completed by count
+
+
+def _prepared(client: Client, n: int) -> tuple[Any, list[list[tuple[str, int, str]]]]:
+    task = client.submit(TaskSpec(name="s", handler="m:f", subtasks=({"x": i} for i in range(n))))
+    tk = client.keys.task(task.id)
+    batches = []
+    while True:
+        reply: Any = client.redis.xreadgroup(tk.group, "w", {tk.stream: ">"}, count=BATCH)
+        if not reply:
+            return tk, batches
+        batches.append([(e.decode(), int(f[b"i"]), "0") for e, f in reply[0][1]])
+
+
+def run_current(url: str, n: int) -> float:
+    client = Client.from_url(url, prefix=f"s{uuid.uuid4().hex[:6]}")
+    tk, batches = _prepared(client, n)
+    t0 = time.perf_counter()
+    for ok in batches:
+        client.scripts.settle(tk, tk.stream, "w", time.time(), ok)
+    spent = time.perf_counter() - t0
+    assert client.task(tk.task_id).status().done == n
+    return spent / n * 1e6
+
+
+def run_old(url: str, n: int, source: str) -> float:
+    client = Client.from_url(url, prefix=f"s{uuid.uuid4().hex[:6]}")
+    script = client.redis.register_script(source)
+    tk, batches = _prepared(client, n)
+    keys = [tk.stream, tk.record, tk.results, tk.dead]
+    t0 = time.perf_counter()
+    for ok in batches:
+        argv: list[Any] = [tk.group, repr(time.time()), "w", len(ok), 0]
+        for entry in ok:
+            argv += entry
+        script(keys=keys, args=argv)
+    spent = time.perf_counter() - t0
+    assert client.task(tk.task_id).status().done == n
+    return spent / n * 1e6
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--against", default=BEFORE_BY_INDEX, help="git revision to compare with")
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--repeat", type=int, default=5)
+    args = ap.parse_args()
+    old = subprocess.run(
+        ["git", "show", f"{args.against}:queueworks/lua/settle.lua"],
+        cwd=ROOT,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    rows: dict[str, list[float]] = {"now": [], args.against: []}
+    with private_redis() as server:
+        for rep in range(args.repeat):
+            pair = [("now", lambda: run_current(server.url, args.n))]
+            pair.append((args.against, lambda: run_old(server.url, args.n, old)))
+            for name, run in pair if rep % 2 == 0 else pair[::-1]:
+                rows[name].append(run())
+            server.client().flushall()
+    print(f"settle.lua, n={args.n} in batches of {BATCH}, repeat={args.repeat} (µs per subtask)")
+    for name, vals in rows.items():
+        print(f"{name:<10} median {sorted(vals)[len(vals) // 2]:6.2f}   best {min(vals):6.2f}")
+    ratios = sorted(a / b for a, b in zip(rows["now"], rows[args.against], strict=True))
+    print(f"now / {args.against}: {ratios[len(ratios) // 2]:.2f} (median of pairs)")
+
+
+if __name__ == "__main__":
+    main()
