@@ -14,7 +14,15 @@ from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate,
 from queueworks import events
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
-from queueworks.models import Refusal, StoredSpec, TaskState, WorkerRecord, describe_error
+from queueworks.models import (
+    Refusal,
+    StoredSpec,
+    TaskRecord,
+    TaskState,
+    WorkerRecord,
+    describe_error,
+)
+from queueworks.records import TASK_FIELDS, task_fields
 from queueworks.scripts import Scripts
 
 
@@ -40,18 +48,8 @@ class Reconciler:
         task_ids = [text(t) for t in self.r.zrange(k.queue, 0, -1)]
         worker_ids = [text(w) for w in self.r.zrange(k.workers, 0, -1)]
         pipe = self.r.pipeline(transaction=False)
-        fields = (
-            "state",
-            "priority",
-            "min_nodes",
-            "max_nodes",
-            "created_at",
-            "spec",
-            "partitions",
-            "reason",
-        )
         for tid in task_ids:
-            pipe.hmget(k.task(tid).record, fields)
+            pipe.hmget(k.task(tid).record, [*TASK_FIELDS, "spec"])
             pipe.hgetall(k.task(tid).refused)
         for wid in worker_ids:
             pipe.exists(k.worker_heartbeat(wid))
@@ -63,25 +61,26 @@ class Reconciler:
         refused_raw: dict[str, dict[bytes, bytes]] = {}
         for i, tid in enumerate(task_ids):
             raw, refused_raw[tid] = replies[2 * i], replies[2 * i + 1]
-            state_raw, prio, mn, mx, created, spec_raw, parts, reason = raw
+            *record_raw, spec_raw = raw
             try:
-                state = TaskState(text(state_raw))
+                state = TaskState(text(record_raw[1]))
             except ValueError:  # expired, never written, or broken: drop it from the queue
                 self.r.zrem(k.queue, tid)
-                if state_raw is not None:
+                if record_raw[1] is not None:
                     self.log.error("task_record_invalid", task_id=tid, error="bad state")
                 continue
             try:
+                record = TaskRecord(**task_fields(tid, record_raw))
                 spec = StoredSpec.model_validate_json(spec_raw) if spec_raw else None
                 if state.finished:
                     ttl = spec.result_ttl if spec else 86400.0
-                    world.finished[tid] = (state, ttl, int(parts or 0))
+                    world.finished[tid] = (state, ttl, record.partitions)
                     continue
                 row = {
-                    "priority": int(prio or 0),
-                    "min_nodes": int(mn or 1),
-                    "max_nodes": int(mx) if mx else None,
-                    "seq": float(created or 0),
+                    "priority": record.priority,
+                    "min_nodes": record.min_nodes,
+                    "max_nodes": record.max_nodes,
+                    "seq": record.created_at,
                     "selector": spec.node_selector if spec else {},
                     "handler": spec.handler if spec else "",
                 }
@@ -92,7 +91,7 @@ class Reconciler:
                     self._fail(tid, f"task record is invalid: {describe_error(exc)}")
                 continue
             world.states[tid] = state
-            world.reasons[tid] = text(reason)
+            world.reasons[tid] = record.reason or ""
             tasks[tid] = row
         workers: list[WorkerView] = []
         started: dict[str, float] = {}  # worker -> its process's start (refusals are per process)

@@ -23,7 +23,7 @@ from queueworks.client import Client, TaskNotFound
 from queueworks.connection import text
 from queueworks.keys import check_task_id
 from queueworks.messages import partition_of
-from queueworks.scripts import _source
+from queueworks.scripts import ACTIVE, _source
 
 
 class AdminError(ValueError):
@@ -72,7 +72,7 @@ class Admin:
         others = [k for k in tk.all(partitions) if k not in mine]
         reply: Any = self._requeue(
             keys=[*mine, *others],
-            args=[entry_id, tk.group, key, repr(time.time())],
+            args=[entry_id, tk.group, key, repr(time.time()), ACTIVE],
         )
         if int(reply[0]) != 1:
             raise AdminError(f"dead letter {entry_id} of task {task_id}: {text(reply[1])}")

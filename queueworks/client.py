@@ -11,16 +11,8 @@ from queueworks import events
 from queueworks.connection import Connection, connect, text
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.messages import NotJSON, from_json, partition_of, to_json
-from queueworks.models import (
-    DeadLetter,
-    NodeInfo,
-    TaskSpec,
-    TaskState,
-    TaskStatus,
-    WorkerRecord,
-    WorkerState,
-    describe_error,
-)
+from queueworks.models import DeadLetter, NodeInfo, TaskSpec, TaskState, TaskStatus, WorkerRecord
+from queueworks.records import BadRecord, new_task, task_fields, worker_record
 from queueworks.scripts import Scripts
 from queueworks.topology import queue_replication_wait
 
@@ -49,10 +41,6 @@ class NotReplicated(RuntimeError):
             f"it within {timeout} s: a failover now could lose it"
         )
         self.task, self.acked, self.wanted = task, acked, wanted
-
-
-class BadRecord(ValueError):
-    """A record in Redis that does not decode (another writer broke it); says why."""
 
 
 class Client:
@@ -113,22 +101,7 @@ class Client:
             self.redis.delete(*streams)
             raise
         now = time.time()
-        record: dict[Any, Any] = {
-            "name": spec.name,
-            "spec": spec.spec_json(),
-            "state": TaskState.QUEUED.value,
-            "total": total,
-            "done": 0,
-            "dead": 0,
-            "rejected": 0,
-            "epoch": 0,
-            "priority": spec.priority,
-            "min_nodes": spec.min_nodes,
-            "max_nodes": "" if spec.max_nodes is None else spec.max_nodes,
-            "max_dead": -1 if spec.max_dead is None else spec.max_dead,
-            "partitions": spec.partitions,
-            "created_at": repr(now),
-        }
+        record = new_task(spec, total, now)
         pipe = self.redis.pipeline(transaction=False)
         self.scripts.record_task(tk, streams, record, client=pipe)
         pipe.zadd(self.keys.queue, {tid: now})
@@ -229,28 +202,6 @@ def _f(raw: Any, name: str) -> str | None:
     return v.decode() if v is not None else None
 
 
-def worker_record(raw: dict[bytes, bytes]) -> WorkerRecord:
-    """A worker's hash as a record; ``BadRecord`` if any field does not decode."""
-    try:
-        data = {k.decode(): v.decode() for k, v in raw.items()}
-        if "record" not in data:
-            raise ValueError("no 'record' field")
-        beat = data.get("last_heartbeat")
-        return WorkerRecord.model_validate_json(data["record"]).model_copy(
-            update={
-                "state": WorkerState(data.get("state", "idle")),
-                "task": data.get("task") or None,
-                "rank": int(data["rank"]) if data.get("rank") else None,
-                "epoch": int(data["epoch"]) if data.get("epoch") else None,
-                "current": data.get("current") or None,
-                "processed": int(data.get("processed", 0)),
-                "last_heartbeat": float(beat) if beat else None,
-            }
-        )
-    except ValueError as exc:
-        raise BadRecord(f"worker record: {describe_error(exc)}") from None
-
-
 class Task:
     """A handle to one submitted task."""
 
@@ -270,27 +221,7 @@ class Task:
         nodes: list[NodeInfo] = []
         if with_nodes:
             nodes = self._nodes()
-        max_nodes = _f(raw, "max_nodes")
-        started, finished = _f(raw, "started_at"), _f(raw, "finished_at")
-        return TaskStatus(
-            id=self.id,
-            name=_f(raw, "name") or "",
-            state=TaskState(_f(raw, "state") or "queued"),
-            total=int(_f(raw, "total") or 0),
-            done=int(_f(raw, "done") or 0),
-            dead=int(_f(raw, "dead") or 0),
-            epoch=int(_f(raw, "epoch") or 0),
-            priority=int(_f(raw, "priority") or 0),
-            min_nodes=int(_f(raw, "min_nodes") or 1),
-            max_nodes=int(max_nodes) if max_nodes else None,
-            nodes=nodes,
-            created_at=float(_f(raw, "created_at") or 0),
-            started_at=float(started) if started else None,
-            finished_at=float(finished) if finished else None,
-            error=_f(raw, "error"),
-            rejected=int(_f(raw, "rejected") or 0),
-            reason=_f(raw, "reason") or None,
-        )
+        return TaskStatus(**task_fields(self.id, raw), nodes=nodes)
 
     def _nodes(self) -> list[NodeInfo]:
         r = self.client.redis

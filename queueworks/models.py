@@ -153,32 +153,45 @@ class NodeInfo(_Model):
     current: str | None = None
 
 
-class TaskStatus(_Model):
+class TaskRecord(_Model):
+    """A task as its record in Redis says (``queueworks.records`` is its codec)."""
+
     id: str
     name: str
     state: TaskState
     total: int
     done: int
     dead: int
+    rejected: int = 0  # stream entries that were no subtask of the task (not in done/dead)
     epoch: int
     priority: int
     min_nodes: int
     max_nodes: int | None
-    nodes: list[NodeInfo] = Field(default_factory=list)
+    partitions: int = 0
     created_at: float
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
-    rejected: int = 0  # stream entries that were no subtask of the task (not in done/dead)
     reason: str | None = None  # why the task has no (or too few) nodes, while it waits
+    rq_job: str | None = None  # the RQ job that submitted it (queueworks.rq), if any
 
     @property
     def finished(self) -> bool:
         return self.state.finished
 
     @property
+    def settled(self) -> int:
+        return self.done + self.dead
+
+    @property
     def progress(self) -> float:
-        return (self.done + self.dead) / self.total if self.total else 0.0
+        return self.settled / self.total if self.total else 0.0
+
+
+class TaskStatus(TaskRecord):
+    """What ``Task.status()`` says: the record and the node set with ranks."""
+
+    nodes: list[NodeInfo] = Field(default_factory=list)
 
 
 class WorkerRecord(_Model):

@@ -7,7 +7,7 @@ server restart flushed the script cache).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -97,7 +97,7 @@ class Scripts:
         self._s["enqueue"](keys=list(streams), args=argv, client=client)
 
     def record_task(
-        self, tk: TaskKeys, streams: Sequence[str], record: dict[str, Any], client: Any = None
+        self, tk: TaskKeys, streams: Sequence[str], record: Mapping[Any, Any], client: Any = None
     ) -> None:
         """Write a submitted task's record and PERSIST its streams, atomically; may be
         pipelined (not on a cluster pipeline, as for ``enqueue``)."""
@@ -110,7 +110,7 @@ class Scripts:
 
     def join(self, tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> int:
         keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
-        return int(self._s["join"](keys=keys, args=[worker_id, ttl_ms, repr(now)]))
+        return int(self._s["join"](keys=keys, args=[worker_id, ttl_ms, repr(now), ACTIVE]))
 
     def depart(
         self, tk: TaskKeys, worker_id: str, now: float, cause: str, *, only_if_dead: bool
@@ -193,11 +193,12 @@ class Scripts:
         return claimed, gone
 
     def set_state(self, tk: TaskKeys, state: str, now: float, error: str = "") -> bool:
-        return bool(self._s["set_state"](keys=[tk.record], args=[state, repr(now), error]))
+        args = [state, repr(now), error, ACTIVE]
+        return bool(self._s["set_state"](keys=[tk.record], args=args))
 
     def expire_finished(self, keys: Sequence[str], ttl_ms: int) -> bool:
         """Start the expiry of a finished task's keys (``keys[0]`` is its record)."""
-        return bool(self._s["expire_finished"](keys=list(keys), args=[ttl_ms]))
+        return bool(self._s["expire_finished"](keys=list(keys), args=[ttl_ms, ACTIVE]))
 
     def lease(self, key: str, holder: str, action: str, ttl_ms: int = 0) -> bool:
         """Renew (``action="renew"``) or release the lease if ``holder`` still has it."""

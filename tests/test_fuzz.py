@@ -29,11 +29,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.client import TaskNotFound, worker_record
+from queueworks.client import TaskNotFound
 from queueworks.dashboard.reader import Reader, history_entry
 from queueworks.keys import Keys
 from queueworks.messages import BadMessage, decode_entry, to_json
 from queueworks.models import StoredSpec, WorkerRecord, parse_handler_path
+from queueworks.records import worker_record
 from tests.conftest import Cluster, wait_for
 from workers.handlers import HandlerRefused, resolve
 

@@ -21,6 +21,7 @@ from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, read_roster
 from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, safe_text, to_json
 from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_error
+from queueworks.records import idle_worker, member_of
 from queueworks.scripts import (
     READ_EPOCH_MOVED,
     READ_FENCED,
@@ -172,10 +173,7 @@ class TaskRun:
             self._flush()  # dead letters for entries found gone
             self.state.task_id = None
             epoch = self.scripts.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
-            self.r.hset(
-                self.keys.worker(self.me),
-                mapping={"state": "idle", "task": "", "rank": "", "epoch": "", "current": ""},
-            )
+            self.r.hset(self.keys.worker(self.me), mapping=idle_worker())
             if epoch:
                 events.emit(self.r, self.keys, "member_left", task=self.tk.task_id, worker=self.me)
             self.log.info("left", epoch=epoch)
@@ -531,13 +529,7 @@ class TaskRun:
             s.suspend.clear()  # a wake-up for the epoch we just took is stale
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(
-            self.keys.worker(self.me),
-            mapping={
-                "state": "assigned",
-                "task": self.tk.task_id,
-                "rank": role.rank,
-                "epoch": role.epoch,
-            },
+            self.keys.worker(self.me), mapping=member_of(self.tk.task_id, role.rank, role.epoch)
         )
         if role.leader:  # the membership change this rebalance answers, for the history
             pipe.xrevrange(self.tk.history, count=1)

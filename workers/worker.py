@@ -18,7 +18,8 @@ from queueworks import events
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url, text
 from queueworks.keys import Keys, check_worker_id
 from queueworks.logs import get_logger
-from queueworks.models import WorkerRecord
+from queueworks.models import ACTIVE_STATES, WorkerRecord
+from queueworks.records import registered_worker
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 from workers.heartbeat import Heartbeat, NodeState
@@ -116,16 +117,7 @@ class Worker:
             try:
                 pipe = self.r.pipeline(transaction=False)
                 pipe.hdel(self.keys.worker(self.id), "drain")
-                pipe.hset(
-                    self.keys.worker(self.id),
-                    mapping={
-                        "record": record.model_dump_json(),
-                        "state": "idle",
-                        "task": "",
-                        "processed": 0,
-                        "last_heartbeat": repr(now),
-                    },
-                )
+                pipe.hset(self.keys.worker(self.id), mapping=registered_worker(record, now))
                 pipe.set(
                     self.keys.worker_heartbeat(self.id),
                     repr(now),
@@ -236,7 +228,7 @@ class Worker:
 
     def _reopened(self, task_id: str) -> bool:
         state = text(self.r.hget(self.keys.task(task_id).record, "state"))
-        return state in ("queued", "running", "waiting")
+        return state in ACTIVE_STATES
 
     def info(self) -> dict[str, Any]:
         return {"id": self.id, "allow": self.allow, "labels": self.labels}

@@ -13,7 +13,7 @@ from typing import Any
 
 import redis
 
-from queueworks.client import BadRecord, Client, TaskNotFound, worker_record
+from queueworks.client import Client, TaskNotFound
 from queueworks.connection import Connection, redact_url, text
 from queueworks.dashboard.views import (
     EventView,
@@ -30,26 +30,8 @@ from queueworks.dashboard.views import (
 from queueworks.keys import check_task_id
 from queueworks.messages import NotJSON, from_json
 from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
+from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_record
 
-TASK_FIELDS = (
-    "name",
-    "state",
-    "total",
-    "done",
-    "dead",
-    "epoch",
-    "priority",
-    "min_nodes",
-    "max_nodes",
-    "partitions",
-    "created_at",
-    "started_at",
-    "finished_at",
-    "error",
-    "rq_job",
-    "rejected",
-    "reason",
-)
 INDEX_FIELDS = ("state", "created_at")
 _ACTIVE = {s.value.encode() for s in ACTIVE_STATES}
 SCAN_COUNT = 1000
@@ -86,28 +68,9 @@ def _str(raw: Any) -> str | None:
 
 def summary(task_id: str, raw: Sequence[Any], members: int) -> TaskSummary:
     """A task row from an HMGET of ``TASK_FIELDS``."""
-    f = dict(zip(TASK_FIELDS, raw, strict=True))
-    return TaskSummary(
-        id=task_id,
-        name=_str(f["name"]) or "",
-        state=TaskState(_str(f["state"]) or "queued"),
-        total=_int(f["total"]),
-        done=_int(f["done"]),
-        dead=_int(f["dead"]),
-        epoch=_int(f["epoch"]),
-        priority=_int(f["priority"]),
-        min_nodes=_int(f["min_nodes"], 1),
-        max_nodes=_int(f["max_nodes"]) if f["max_nodes"] not in (None, b"") else None,
-        nodes=members,
-        partitions=_int(f["partitions"]),
-        created_at=_float(f["created_at"]) or 0.0,
-        started_at=_float(f["started_at"]),
-        finished_at=_float(f["finished_at"]),
-        error=redact_url(_str(f["error"]) or "") or None,
-        rq_job=_str(f["rq_job"]),
-        rejected=_int(f["rejected"]),
-        reason=_str(f["reason"]),
-    )
+    fields = task_fields(task_id, raw)
+    fields["error"] = redact_url(fields["error"] or "") or None
+    return TaskSummary(**fields, nodes=members)
 
 
 def history_entry(entry_id: bytes, raw: dict[bytes, bytes]) -> HistoryEntry:
@@ -347,9 +310,8 @@ class Reader:
                 rec = worker_record(raw)
             except BadRecord:
                 continue  # one broken hash must not hide every other worker
-            fields = {name: getattr(rec, name) for name in type(rec).model_fields}
-            fields.update(alive=bool(alive), draining=raw.get(b"drain") == b"1")
-            out.append(WorkerView.model_validate(fields))
+            draining = raw.get(b"drain") == b"1"
+            out.append(WorkerView(**dict(rec), alive=bool(alive), draining=draining))
         return out
 
     def events(self, count: int = 50, task: str | None = None) -> list[EventView]:

@@ -6,47 +6,17 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from queueworks.models import DeadLetter, NodeInfo, TaskState, WorkerState
+from queueworks.models import DeadLetter, NodeInfo, TaskRecord, WorkerRecord
 
 
 class _View(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class TaskSummary(_View):
+class TaskSummary(TaskRecord):
     """One row of the task list (no per-member reads: ``nodes`` is the member count)."""
 
-    id: str
-    name: str
-    state: TaskState
-    total: int
-    done: int
-    dead: int
-    epoch: int
-    priority: int
-    min_nodes: int
-    max_nodes: int | None
     nodes: int
-    partitions: int = 0
-    created_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
-    error: str | None = None
-    rq_job: str | None = None
-    rejected: int = 0
-    reason: str | None = None
-
-    @property
-    def settled(self) -> int:
-        return self.done + self.dead
-
-    @property
-    def progress(self) -> float:
-        return self.settled / self.total if self.total else 0.0
-
-    @property
-    def finished(self) -> bool:
-        return self.state.finished
 
 
 class HistoryEntry(_View):
@@ -123,22 +93,11 @@ class TaskDetail(_View):
         return sum(b.unread + b.pending for b in self.backlog)
 
 
-class WorkerView(_View):
-    id: str
-    host: str
-    pid: int
-    labels: dict[str, str]
-    allow: list[str] = []
-    state: WorkerState
+class WorkerView(WorkerRecord):
+    """A worker as the workers page shows it: its record, and what its keys say now."""
+
     alive: bool
     draining: bool
-    task: str | None = None
-    rank: int | None = None
-    epoch: int | None = None
-    current: str | None = None
-    processed: int = 0
-    started_at: float
-    last_heartbeat: float | None = None
 
     @property
     def status(self) -> str:

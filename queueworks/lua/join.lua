@@ -2,9 +2,10 @@
 -- KEYS[1] task record   KEYS[2] members   KEYS[3] epoch   KEYS[4] heartbeat of W
 -- KEYS[5] history
 -- ARGV[1] worker id W   ARGV[2] heartbeat TTL (ms)   ARGV[3] now (s, float)
+-- ARGV[4] the active states, comma-separated
 -- returns the new epoch, or -1 when the task is missing or finished (nothing is written)
 local state = redis.call('HGET', KEYS[1], 'state')
-if state ~= 'queued' and state ~= 'running' and state ~= 'waiting' then
+if not (state and string.find(',' .. ARGV[4] .. ',', ',' .. state .. ',', 1, true)) then
   return -1
 end
 redis.call('ZREM', KEYS[2], ARGV[1])

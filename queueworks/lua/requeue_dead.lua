@@ -9,7 +9,7 @@
 -- KEYS[1] task record   KEYS[2] dead-letter stream   KEYS[3] target subtask stream
 -- KEYS[4] settled bitmap   KEYS[5..] every other key of the task (PERSIST when reopened)
 -- ARGV[1] dead-letter entry id   ARGV[2] consumer group (the task id)
--- ARGV[3] ordering key ("" = none)   ARGV[4] now (s)
+-- ARGV[3] ordering key ("" = none)   ARGV[4] now (s)   ARGV[5] the active states, comma-separated
 -- returns {1, new entry id, reopened 0|1, created_at, index} on success, or
 --         {0, reason} when nothing was changed: 'missing task', 'missing entry',
 --         'task <state>', 'rejected entry', 'index unknown', 'payload missing'
@@ -17,7 +17,8 @@ local state = redis.call('HGET', KEYS[1], 'state')
 if not state then
   return {0, 'missing task'}
 end
-if state == 'cancelled' or state == 'failed' then
+local active = string.find(',' .. ARGV[5] .. ',', ',' .. state .. ',', 1, true)
+if not active and state ~= 'completed' then  -- cancelled or failed: final
   return {0, 'task ' .. state}
 end
 local found = redis.call('XRANGE', KEYS[2], ARGV[1], ARGV[1])

@@ -19,12 +19,7 @@
 --   1 if the task is still active after this call else 0}
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
 local state = redis.call('HGET', KEYS[2], 'state')
-local active = false
-for s in string.gmatch(ARGV[4], '[^,]+') do
-  if s == state then
-    active = true
-  end
-end
+local active = state and string.find(',' .. ARGV[4] .. ',', ',' .. state .. ',', 1, true)
 if not active then  -- finished (or missing): its counts never change again
   for j = 0, n_ok - 1 do
     redis.call('XACK', KEYS[1], ARGV[1], ARGV[7 + j * 3])

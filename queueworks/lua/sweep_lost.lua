@@ -13,12 +13,7 @@
 -- ARGV[5] most indices to dead-letter in this call
 -- returns the number of indices dead-lettered
 local state = redis.call('HGET', KEYS[1], 'state')
-local active = false
-for s in string.gmatch(ARGV[4], '[^,]+') do
-  if s == state then
-    active = true
-  end
-end
+local active = state and string.find(',' .. ARGV[4] .. ',', ',' .. state .. ',', 1, true)
 if not active then
   return 0
 end

@@ -1,0 +1,169 @@
+"""The one codec of each Redis hash the parts share: the task record (``qw:task:{T}``) and
+the worker hash (``qw:worker:<W>``). Every reader and writer goes through it — the client,
+the dashboard, the controller, the workers, and the Lua scripts' callers (the states those
+scripts need come from ``models.ACTIVE_STATES`` through ``queueworks.scripts``).
+
+Task record fields (all strings in Redis):
+
+=================  ===========================================================================
+``name``           the spec's name
+``spec``           the spec as JSON (``StoredSpec``; no subtasks)
+``state``          ``TaskState``
+``total``          number of subtasks (indices ``0 .. total-1``)
+``done``           indices settled with a result
+``dead``           indices settled with a dead letter
+``rejected``       stream entries that were no subtask of the task (never in done/dead)
+``epoch``          the node set's generation (mirrors ``qw:task:{T}:epoch``)
+``priority``       higher is more important; ``min_nodes``, ``max_nodes`` ("" = no bound)
+``max_dead``       ``-1`` = no bound; past it the task fails
+``partitions``     0, or the number of partition streams
+``created_at``     ``started_at``, ``finished_at``: Unix seconds ("" or absent = not yet)
+``error``          why it failed ("" or absent = none)
+``reason``         why it waits without (enough) nodes, written by the controller
+``rq_job``         the RQ job that submitted it (``queueworks.rq``), if any
+=================  ===========================================================================
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from redis.typing import EncodableT
+
+from queueworks.models import TaskSpec, TaskState, WorkerRecord, WorkerState, describe_error
+
+Hash = dict[EncodableT, EncodableT]  # fields to write with HSET
+
+TASK_FIELDS = (
+    "name",
+    "state",
+    "total",
+    "done",
+    "dead",
+    "rejected",
+    "epoch",
+    "priority",
+    "min_nodes",
+    "max_nodes",
+    "partitions",
+    "created_at",
+    "started_at",
+    "finished_at",
+    "error",
+    "reason",
+    "rq_job",
+)
+
+
+class BadRecord(ValueError):
+    """A record in Redis that does not decode (another writer broke it); says why."""
+
+
+def new_task(spec: TaskSpec, total: int, now: float) -> Hash:
+    """The record ``submit`` writes for a new task."""
+    return {
+        "name": spec.name,
+        "spec": spec.spec_json(),
+        "state": TaskState.QUEUED.value,
+        "total": total,
+        "done": 0,
+        "dead": 0,
+        "rejected": 0,
+        "epoch": 0,
+        "priority": spec.priority,
+        "min_nodes": spec.min_nodes,
+        "max_nodes": "" if spec.max_nodes is None else spec.max_nodes,
+        "max_dead": -1 if spec.max_dead is None else spec.max_dead,
+        "partitions": spec.partitions,
+        "created_at": repr(now),
+    }
+
+
+def _str(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _int(raw: Any, default: int = 0) -> int:
+    value = _str(raw)
+    return int(value) if value else default
+
+
+def _float(raw: Any) -> float | None:
+    value = _str(raw)
+    return float(value) if value else None
+
+
+def task_fields(task_id: str, raw: Mapping[Any, Any] | Sequence[Any]) -> dict[str, Any]:
+    """The fields of ``TaskRecord`` (and so of ``TaskStatus``) from a task hash: an HGETALL
+    reply (bytes keys) or an HMGET of ``TASK_FIELDS``. ``ValueError`` if one does not decode."""
+    if isinstance(raw, Mapping):
+        f = {name: raw.get(name.encode(), raw.get(name)) for name in TASK_FIELDS}
+    else:
+        f = dict(zip(TASK_FIELDS, raw, strict=True))
+    max_nodes = _str(f["max_nodes"])
+    return {
+        "id": task_id,
+        "name": _str(f["name"]) or "",
+        "state": TaskState(_str(f["state"]) or "queued"),
+        "total": _int(f["total"]),
+        "done": _int(f["done"]),
+        "dead": _int(f["dead"]),
+        "rejected": _int(f["rejected"]),
+        "epoch": _int(f["epoch"]),
+        "priority": _int(f["priority"]),
+        "min_nodes": _int(f["min_nodes"], 1),
+        "max_nodes": int(max_nodes) if max_nodes else None,
+        "partitions": _int(f["partitions"]),
+        "created_at": _float(f["created_at"]) or 0.0,
+        "started_at": _float(f["started_at"]),
+        "finished_at": _float(f["finished_at"]),
+        "error": _str(f["error"]) or None,
+        "reason": _str(f["reason"]) or None,
+        "rq_job": _str(f["rq_job"]) or None,
+    }
+
+
+def worker_record(raw: Mapping[bytes, bytes]) -> WorkerRecord:
+    """A worker's hash as a record; ``BadRecord`` if any field does not decode."""
+    try:
+        data = {k.decode(): v.decode() for k, v in raw.items()}
+        if "record" not in data:
+            raise ValueError("no 'record' field")
+        beat = data.get("last_heartbeat")
+        return WorkerRecord.model_validate_json(data["record"]).model_copy(
+            update={
+                "state": WorkerState(data.get("state", "idle")),
+                "task": data.get("task") or None,
+                "rank": int(data["rank"]) if data.get("rank") else None,
+                "epoch": int(data["epoch"]) if data.get("epoch") else None,
+                "current": data.get("current") or None,
+                "processed": int(data.get("processed", 0)),
+                "last_heartbeat": float(beat) if beat else None,
+            }
+        )
+    except ValueError as exc:
+        raise BadRecord(f"worker record: {describe_error(exc)}") from None
+
+
+def registered_worker(record: WorkerRecord, now: float) -> Hash:
+    """The worker hash a worker writes when it (re)registers in the pool."""
+    return {
+        "record": record.model_dump_json(),
+        "state": WorkerState.IDLE.value,
+        "task": "",
+        "processed": 0,
+        "last_heartbeat": repr(now),
+    }
+
+
+def member_of(task_id: str, rank: int, epoch: int) -> Hash:
+    """The worker hash fields of a member of a task's node set, in its latest role."""
+    return {"state": WorkerState.ASSIGNED.value, "task": task_id, "rank": rank, "epoch": epoch}
+
+
+def idle_worker() -> Hash:
+    """The worker hash fields of a worker that left its node set."""
+    return {"state": WorkerState.IDLE.value, "task": "", "rank": "", "epoch": "", "current": ""}
