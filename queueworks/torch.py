@@ -9,7 +9,7 @@ factory that builds the trainer on every member::
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         return ElasticTrainer(ctx, model, opt, loss_fn)   # loss_fn(model, payload) -> (loss, n)
 
-What it does for every generation of the node set (see ``workers.steps``):
+What it does for every generation of the node set (see ``queueworks.steps``):
 
 * **Rendezvous through Redis.** The leader (rank 0) opens a fresh ``TCPStore`` on a free
   port and publishes ``host:port`` with the generation under the task's ``rdzv`` key; the
@@ -56,7 +56,7 @@ from torch._C._distributed_c10d import PrefixStore, TCPStore
 
 from queueworks.client import Task
 from queueworks.models import TaskStatus
-from workers.steps import Generation, StepAborted, StepContext, StepInfo
+from queueworks.steps import Generation, StepAborted, StepContext, StepInfo
 
 __all__ = [
     "ElasticTrainer",
@@ -115,7 +115,7 @@ class StepRecord:
 
 
 class ElasticTrainer:
-    """A ``workers.steps.StepTrainer`` for a torch model, optimizer and loss function.
+    """A ``queueworks.steps.StepTrainer`` for a torch model, optimizer and loss function.
 
     ``loss_fn(model, payload) -> (mean loss, sample count)`` computes the loss of one shard.
     ``on_step(record)`` is called after every step on every member (for logs, metrics).

@@ -1,41 +1,9 @@
 """Lockstep mode (``TaskSpec(mode="step")``): every member of the node set runs each step
 together, for data-parallel training that keeps going while the node set changes.
 
-This module knows queues and membership, not any framework: it never imports torch. The
-framework side is a *step trainer*, built per task run by the factory that ``spec.handler``
-names (``queueworks.torch.ElasticTrainer`` is the torch one)::
-
-    def make_trainer(ctx: StepContext) -> StepTrainer: ...
-
-A ``StepTrainer`` has six methods; the loop calls them in this order:
-
-``on_role(gen)``
-    Form the group of generation ``gen`` (``gen.role``: rank, world size, epoch; ``gen.round``)
-    from scratch: drop the old group, rendezvous, and make every member's state identical
-    (broadcast from the member with the most applied steps, the leader on ties). Raise
-    ``StepAborted`` if it cannot (a peer did not come, the node set changed: poll
-    ``ctx.suspended``); the loop then tries the next round, or re-ranks first.
-``prepare(payload)``
-    Local work on this member's shard, no collective (forward and backward). ``None``: no
-    shard this step; take part with zero weight. Any exception from ``prepare(payload)``
-    counts as a failed attempt of that shard (retried, dead-lettered after
-    ``max_attempts``); the loop then calls ``prepare(None)`` so the step still has all members.
-    It runs under the handler watchdog: past ``subtask_timeout`` it is abandoned like a
-    handler (a failed attempt; the process exits if it is stuck in C).
-``reduce()``
-    The collective(s) of the step, e.g. the all-reduce of gradients weighted by sample count.
-    Returns the shard's result (JSON). Raises ``StepAborted`` when a collective fails or
-    times out, after dropping its group, so that blocked peers fail at once too.
-``commit(info)`` / ``abort(info)``
-    Exactly one of them per step: apply the update (the step committed on the node set) or
-    discard it. ``info`` says which shards were in the step. ``abort`` is also called when
-    the step committed but this member's ``reduce`` failed: it is behind, and the next
-    ``on_role`` makes it identical again.
-``close(reason)``
-    The run ends ("finished", "stopping", "revoked", ...): last checkpoint, drop the group.
-
-Any other exception from a trainer method (a bug, a bad option) fails the whole task with
-its traceback, as a failing worker fails a TorchElastic job.
+This module knows streams and membership, not any framework: it never imports torch. The
+trainer it drives follows the step contract in ``queueworks.steps`` (``StepTrainer``,
+``StepContext``, ``Generation``, ``StepInfo``, ``StepAborted``).
 
 **One step.** Each member takes at most one shard: one it holds (an aborted step's, or
 reclaimed), else one parked, else a new one (fenced by membership and epoch). It records the
@@ -50,17 +18,13 @@ step wins (HSETNX, fenced by membership), and every member follows it:
 * Commit: each member settles its own shard (ack + result, counted once). The others'
   shards are kept and settled too if the next collective fails, before any re-rank, so a
   member that died between commit and ack never has its shard reclaimed and run again.
-* Abort: the shard stays in hand (``run.local``): no attempt spent. A member that holds more
+* Abort: the shard stays in hand (``run.held``): no attempt spent. A member that holds more
   than one shard at a step boundary (the leader after reclaiming a departed member's) parks
   them all, and every member claims one parked shard per step before reading new ones.
 
 So each shard is in exactly one committed step; it is in more than one step only when the
 others were aborted. A step with no shard at all is idle: the loop checks whether the task
 has finished (then every member leaves) and waits for work.
-
-**Generations.** ``Generation(role, round)``: ``round`` is 0 after every re-rank and grows
-by one after each failed collective in the same epoch, so that the survivors of a killed
-peer form a new group at once, and again after the peer is pruned (new epoch).
 """
 
 from __future__ import annotations
@@ -68,116 +32,23 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import redis
 
 from queueworks import events
-from queueworks.connection import Connection, text
-from queueworks.keys import TaskKeys
+from queueworks.connection import text
 from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
-from queueworks.models import Role, StoredSpec, TaskState
+from queueworks.models import Role, TaskState
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED
 from queueworks.signals import ColdStop
-from workers.runtime import PARKED, Leave, Work
-
-if TYPE_CHECKING:
-    from workers.runtime import TaskRun
+from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
+from workers.loop import Run
+from workers.work import Leave, Work
 
 COMMIT, ABORT, FENCED = "commit", "abort", "fenced"
 FORM_BACKOFF = 0.02  # seconds between attempts to form a group (unless the set changes)
-
-
-class StepAborted(Exception):
-    """The step, or forming the group, did not complete on this member: a peer vanished, a
-    collective timed out, or the node set changed. No attempt of the shard is spent."""
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One group of the node set: a role (rank, world size, epoch) and a round within it."""
-
-    role: Role
-    round: int = 0
-
-    @property
-    def id(self) -> str:
-        return f"{self.role.epoch}.{self.round}"
-
-
-@dataclass(frozen=True)
-class StepInfo:
-    """What ``commit``/``abort`` learn about the step that was run."""
-
-    generation: Generation
-    seq: int  # the step's number within its generation
-    shards: tuple[int, ...]  # subtask indices of every shard in the step, in rank order
-    own: int | None  # this member's shard
-    committed: bool  # the node set committed the step (``abort`` may still see True)
-
-
-@dataclass
-class StepContext:
-    """What the trainer factory gets: the task, its options, Redis, and the live role."""
-
-    task_id: str
-    worker_id: str
-    spec: StoredSpec
-    redis: Connection
-    keys: TaskKeys
-    log: Any
-    _run: TaskRun = field(repr=False)
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """``TaskSpec.options``: free-form JSON for the trainer (checkpoint path, ...)."""
-        return self.spec.options
-
-    @property
-    def role(self) -> Role:
-        role = self._run.role
-        assert role is not None
-        return role
-
-    @property
-    def suspended(self) -> bool:
-        """True once the node set changed or the worker is stopping: give up waiting.
-
-        Only a real reason counts: the suspend event can be left set by a wake-up that raced
-        with the re-rank that already took the new epoch into account.
-        """
-        s, role = self._run.state, self._run.role
-        if not s.suspend.is_set():
-            return False
-        return (
-            s.stopping
-            or s.fenced
-            or s.assign != self.task_id
-            or role is None
-            or s.epoch_seen > role.epoch
-        )
-
-    def wait(self, seconds: float) -> bool:
-        """Sleep up to ``seconds``; returns True (at once) if the run is suspended."""
-        deadline = time.monotonic() + seconds
-        if self._run.state.suspend.wait(seconds) and not self.suspended:
-            time.sleep(max(0.0, deadline - time.monotonic()))  # a stale wake-up
-        return self.suspended
-
-
-class StepTrainer(Protocol):
-    def on_role(self, gen: Generation) -> None: ...
-
-    def prepare(self, payload: Any | None) -> None: ...
-
-    def reduce(self) -> Any: ...
-
-    def commit(self, info: StepInfo) -> None: ...
-
-    def abort(self, info: StepInfo) -> None: ...
-
-    def close(self, reason: str) -> None: ...
 
 
 class TrainerFailed(Exception):
@@ -192,27 +63,36 @@ class _Recorded:
     index: int
 
 
-def run_steps(run: TaskRun) -> None:
-    """The lockstep loop of one member; ends by raising ``Leave``."""
-    reason = "error"
-    loop: StepLoop | None = None
-    try:
-        if run.spec.partitions:
-            raise TrainerFailed("step mode does not take partitions")
-        ctx = StepContext(run.tk.task_id, run.me, run.spec, run.r, run.tk, run.log, run)
-        trainer = _call(run.handler.fn, ctx)
-        loop = StepLoop(run, trainer)
-        loop.serve()
-    except Leave as why:
-        reason = str(why)
-        raise
-    except TrainerFailed as exc:
-        reason = "failed"
-        _fail_task(run, exc)
-        raise Leave("finished") from None
-    finally:
-        if loop is not None:
-            loop.close(reason)
+class _Live:
+    """The run as a trainer sees it (``queueworks.steps.LiveRole``)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+
+    def role(self) -> Role:
+        role = self.run.membership.role
+        assert role is not None
+        return role
+
+    def suspended(self) -> bool:
+        """Only a real reason counts: the suspend event can be left set by a wake-up that
+        raced with the re-rank that already took the new epoch into account."""
+        s, role = self.run.state, self.run.membership.role
+        if not s.suspend.is_set():
+            return False
+        return (
+            s.stopping
+            or s.fenced
+            or s.assign != self.run.tk.task_id
+            or role is None
+            or s.epoch_seen > role.epoch
+        )
+
+    def wait(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        if self.run.state.suspend.wait(seconds) and not self.suspended():
+            time.sleep(max(0.0, deadline - time.monotonic()))  # a stale wake-up
+        return self.suspended()
 
 
 def _call(fn: Any, *args: Any) -> Any:
@@ -224,7 +104,7 @@ def _call(fn: Any, *args: Any) -> Any:
         raise TrainerFailed("".join(traceback.format_exception(exc))) from exc
 
 
-def _fail_task(run: TaskRun, exc: Exception) -> None:
+def _fail_task(run: Run, exc: Exception) -> None:
     error = str(exc)[-8000:]
     run.log.error("step_trainer_failed", error=error)
     if run.scripts.set_state(run.tk, TaskState.FAILED.value, time.time(), error):
@@ -232,8 +112,12 @@ def _fail_task(run: TaskRun, exc: Exception) -> None:
 
 
 class StepLoop:
-    def __init__(self, run: TaskRun, trainer: StepTrainer) -> None:
-        self.run, self.trainer = run, trainer
+    """The lockstep loop of one member (``serve`` ends by raising ``Leave``)."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.trainer: StepTrainer | None = None
+        self.failed = False
         self.key = run.tk.steps
         self.gen: Generation | None = None
         self.next_round = (-1, 0)  # (epoch, round) to form next
@@ -241,19 +125,36 @@ class StepLoop:
         self.backlog: list[_Recorded] = []  # peers' shards of our last committed step
 
     def serve(self) -> None:
+        run = self.run
+        try:
+            if run.spec.partitions:
+                raise TrainerFailed("step mode does not take partitions")
+            ctx = StepContext(run.tk.task_id, run.me, run.spec, run.r, run.tk, run.log, _Live(run))
+            self.trainer = _call(run.handler.fn, ctx)
+            self._serve(self.trainer)
+        except TrainerFailed as exc:
+            self.failed = True
+            _fail_task(run, exc)
+            raise Leave("finished") from None
+
+    def _serve(self, trainer: StepTrainer) -> None:
         r = self.run
         while True:
             if r.state.suspend.is_set():
                 self._settle_backlog()  # before a re-rank may reclaim them
-            r._check()
-            if len(r.local) > 1:  # spread what we hold: park it, one claim per member and step
+            r.check()
+            if len(r.held) > 1:  # spread what we hold: park it, one claim per member and step
                 self._charge_all()
-                r._hand_back(r.streams)
-            gen = self._form()
+                r.hand_back(r.streams)
+            gen = self._form(trainer)
             if gen is not None:
-                self._step(gen)
+                self._step(trainer, gen)
 
     def close(self, reason: str) -> None:
+        if self.trainer is None:
+            return
+        if self.failed:
+            reason = "failed"
         try:
             self._settle_backlog()
             if reason == "finished":  # what is left of the last steps expires with the task
@@ -267,8 +168,8 @@ class StepLoop:
 
     # -- generations ----------------------------------------------------------------------
 
-    def _form(self) -> Generation | None:
-        role = self.run.role
+    def _form(self, trainer: StepTrainer) -> Generation | None:
+        role = self.run.membership.role
         assert role is not None
         if self.gen is not None and self.gen.role == role:
             return self.gen
@@ -277,7 +178,7 @@ class StepLoop:
         self.gen = None
         started = time.monotonic()
         try:
-            _call(self.trainer.on_role, gen)
+            _call(trainer.on_role, gen)
         except StepAborted as exc:
             self.run.log.info("group_not_formed", generation=gen.id, reason=str(exc))
             self.next_round = (role.epoch, gen.round + 1)
@@ -295,16 +196,16 @@ class StepLoop:
 
     # -- one step -------------------------------------------------------------------------
 
-    def _step(self, gen: Generation) -> None:
+    def _step(self, trainer: StepTrainer, gen: Generation) -> None:
         run = self.run
         work = self._take()
         index: int | None = None
         if work is not None:
-            index = self._prepare(work)
+            index = self._prepare(trainer, work)
             if index is None:
                 work = None
         if work is None:
-            _call(self.trainer.prepare, None)
+            _call(trainer.prepare, None)
         field_name = f"{gen.id}.{self.seq}"
         if work is not None:
             run.r.hset(
@@ -314,7 +215,7 @@ class StepLoop:
             )
         ok, result = True, None
         try:
-            result = _call(self.trainer.reduce)
+            result = _call(trainer.reduce)
         except StepAborted as exc:
             ok = False
             run.log.info("step_aborted", generation=gen.id, seq=self.seq, reason=str(exc))
@@ -322,55 +223,41 @@ class StepLoop:
         decision, recorded = self._decide(gen, field_name, ok)
         info = StepInfo(gen, self.seq, tuple(x.index for x in recorded), index, decision == COMMIT)
         if decision == COMMIT:
-            _call(self.trainer.commit if ok else self.trainer.abort, info)
+            _call(trainer.commit if ok else trainer.abort, info)
             if work is not None and index is not None:
                 body = self._body(result if ok else None)
-                run.ok.setdefault(work.stream, []).append((work.entry_id, index, body))
+                run.ledger.succeeded(work.stream).append((work.entry_id, index, body))
             self.backlog = [x for x in recorded if x.rank != gen.role.rank]
         else:
-            _call(self.trainer.abort, info)
+            _call(trainer.abort, info)
             if work is not None:
-                run.local.appendleft(work)  # same attempt: an aborted step spends none
+                run.held.appendleft(work)  # same attempt: an aborted step spends none
             self.backlog = []
             if decision == FENCED:
-                run.state.fenced = True  # pruned: _check parks what we hold and rejoins
-        run._flush()
+                run.state.fenced = True  # pruned: the check parks what we hold and rejoins
+        run.ledger.flush()
         self.seq += 1
         if not ok or decision != COMMIT:
             self.gen = None  # this group is broken: form the next round
             self.next_round = (gen.role.epoch, gen.round + 1)
         elif not recorded:
-            run._idle()  # nobody had a shard: finished (Leave), or wait for work
+            run.idle()  # nobody had a shard: finished (Leave), or wait for work
 
     def _take(self) -> Work | None:
         """At most one shard: one in hand, else a parked one, else a new one."""
         run = self.run
-        while run.local:
-            work = run._start(run.local.popleft())
+        while run.held:
+            work = run.ledger.start(run.held.popleft())
             if work is not None:
                 return work
         stream = run.streams[0]
-        claimed, gone = run.scripts.reclaim(
-            run.tk,
-            stream,
-            run.me,
-            from_consumer=PARKED,
-            count=1,
-            hand_back=True,
-            only_departed=False,
-        )
-        for entry_id, deliveries in gone:
-            run._bury(
-                Work(stream, entry_id, {}, deliveries),
-                None,
-                "payload gone",
-                "entry deleted or trimmed while pending",
-            )
-        if claimed:
-            c = claimed[0]
-            return Work(stream, c.entry_id, c.fields, c.deliveries)
-        assert run.role is not None
-        status, reply = run.scripts.fenced_read(run.tk, run.owned, run.me, 1, run.role.epoch)
+        parked, gone = run.reclaim.parked_one(stream)
+        run.ledger.bury_gone(stream, gone)
+        if parked is not None:
+            return parked
+        role = run.membership.role
+        assert role is not None
+        status, reply = run.scripts.fenced_read(run.tk, run.owned, run.me, 1, role.epoch)
         if status == READ_FENCED:
             run.state.fenced = True
         elif status == READ_EPOCH_MOVED:
@@ -386,24 +273,26 @@ class StepLoop:
         """Charge what we hold that may have run before (reclaimed from a departed member)
         before parking it: a parked entry is not charged again when claimed."""
         run = self.run
-        held = [run._start(w) for w in run.local]
-        run.local.clear()
-        run.local.extend(w for w in held if w is not None)
+        held = [run.ledger.start(w) for w in run.held]
+        run.held.clear()
+        run.held.extend(w for w in held if w is not None)
 
-    def _prepare(self, work: Work) -> int | None:
+    def _prepare(self, trainer: StepTrainer, work: Work) -> int | None:
         """Decode the shard and run ``prepare``; None if it failed (retry or dead letter)."""
         run = self.run
         try:
             sub = decode_entry(work.entry_id, work.fields)
         except BadMessage as exc:
-            run._bury(work, None, "malformed entry", str(exc))
+            run.ledger.bury(work, None, "malformed entry", str(exc))
             return None
         try:  # the shard's local work is bounded by subtask_timeout, as a handler is
-            run.watchdog.call(sub.index, self.trainer.prepare, sub.payload)
+            run.watchdog.call(sub.index, trainer.prepare, sub.payload)
         except (StepAborted, Leave, ColdStop, redis.ConnectionError, redis.TimeoutError):
             raise
         except BaseException as exc:  # SystemExit in prepare too: a failed attempt
-            run._failed(work, sub.index, exc, sub.raw_payload)
+            retry = run.ledger.failed(work, sub.index, exc, sub.raw_payload)
+            if retry is not None:
+                run.held.appendleft(retry)
             return None
         return sub.index
 
@@ -465,6 +354,6 @@ class StepLoop:
             return
         run = self.run
         for x in self.backlog:
-            run.ok.setdefault(x.stream, []).append((x.entry_id, x.index, "null"))
+            run.ledger.succeeded(x.stream).append((x.entry_id, x.index, "null"))
         self.backlog = []
-        run._flush()
+        run.ledger.flush()

@@ -23,7 +23,7 @@ from queueworks.records import registered_worker
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 from workers.heartbeat import Heartbeat, NodeState
-from workers.runtime import TaskRun
+from workers.runtime import TaskRun, WorkerParts
 from workers.watchdog import Watchdog
 from workers.watcher import Watcher
 
@@ -67,6 +67,18 @@ class Worker:
             current=self.watchdog.current,
         )
         self.watcher = Watcher(self.r, self.log)
+        self.parts = WorkerParts(
+            self.r,
+            self.scripts,
+            self.keys,
+            self.state,
+            self.heartbeat,
+            self.watchdog,
+            allow=self.allow,
+            batch_size=settings.batch_size,
+            ttl=settings.heartbeat_ttl,
+            log=self.log,
+        )
         self._watched_task: str | None = None
         self._done_tasks: set[str] = set()
         self._refused: dict[str, float] = {}  # task -> when we last refused it (monotonic)
@@ -193,20 +205,7 @@ class Worker:
                     self.state.wake.clear()
                     continue
                 self._watch_task(task_id)
-                run = TaskRun(
-                    self.r,
-                    self.scripts,
-                    self.keys.task(task_id),
-                    self.state,
-                    self.heartbeat,
-                    self.watchdog,
-                    allow=self.allow,
-                    batch_size=self.settings.batch_size,
-                    ttl=self.settings.heartbeat_ttl,
-                    keys=self.keys,
-                    log=self.log,
-                )
-                outcome = run.run()
+                outcome = TaskRun(self.parts, task_id).run()
                 self.log.info("task_run_ended", task_id=task_id, outcome=outcome)
                 if outcome in ("finished", "missing"):
                     self._done_tasks.add(task_id)

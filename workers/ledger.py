@@ -1,0 +1,156 @@
+"""The ledger of one member in one task: attempts, dead letters and settling.
+
+Outcomes are recorded as they happen (``succeeded`` on the hot path, ``bury``, ``failed``)
+and settled in batches by ``flush``: one atomic Lua step per stream (``settle.lua``: ack,
+results written once, dead letters, counts by index). An attempt is a start: an entry that
+may have run before is charged (``XCLAIM``: delivery count + 1) in ``start``, just before it
+runs again, after everything done so far is settled.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from queueworks import events
+from queueworks.connection import Connection, text
+from queueworks.keys import Keys, TaskKeys
+from queueworks.messages import safe_text
+from queueworks.models import StoredSpec
+from queueworks.scripts import DeadEntry, Scripts
+from workers.heartbeat import NodeState
+from workers.work import Gone, Work
+
+Succeeded = list[tuple[str, int, str]]  # (entry id, index, result JSON) of one stream
+
+
+class Ledger:
+    def __init__(
+        self,
+        r: Connection,
+        scripts: Scripts,
+        tk: TaskKeys,
+        keys: Keys,
+        spec: StoredSpec,
+        state: NodeState,
+        log: Any,
+    ) -> None:
+        self.r, self.scripts, self.tk, self.keys, self.spec = r, scripts, tk, keys, spec
+        self.state, self.log = state, log
+        self.me = state.worker_id
+        self.ok: dict[str, Succeeded] = {}
+        self.dead: dict[str, list[DeadEntry]] = {}
+        self.last_flush = time.monotonic()
+        self.ended = False  # a settle found the task finished: the member should leave
+        self.interrupted: str | None = None  # the entry a cold stop interrupted: it started
+
+    def succeeded(self, stream: str) -> Succeeded:
+        """The list to append ``(entry id, index, result JSON)`` of ``stream`` to (the hot
+        path appends to it directly; ``flush`` settles it)."""
+        return self.ok.setdefault(stream, [])
+
+    def start(self, work: Work) -> Work | None:
+        """The entry as it may run now, or None (dead-lettered, or no longer ours).
+
+        An entry that may have run before (reclaimed, adopted) is charged here, when it
+        starts, not when it was claimed: a worker that dies charges only the entry it was
+        running, never the ones it merely held. Everything done is settled first, so if
+        this entry kills the process, nothing else runs again."""
+        if work.charge:
+            work = Work(work.stream, work.entry_id, work.fields, work.attempt + 1)
+            if work.attempt <= self.spec.max_attempts:
+                self.flush()
+                if not self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id]):
+                    return None  # settled meanwhile (a slow runner finished it)
+        if work.attempt > self.spec.max_attempts:
+            starts = work.attempt - 1
+            why = (
+                f"started {starts} times without finishing (max_attempts="
+                f"{self.spec.max_attempts}): each time its worker died or hung"
+            )
+            spent = Work(work.stream, work.entry_id, work.fields, starts)
+            self.bury(spent, work.index, "exceeded max_attempts", why)
+            return None
+        return work
+
+    def failed(self, work: Work, index: int, exc: BaseException, payload: str) -> Work | None:
+        """A handler raised: dead-letter it after ``max_attempts``, else spend an attempt
+        and return the retry (to run before anything later in its stream)."""
+        tb = "".join(traceback.format_exception(exc))
+        if work.attempt >= self.spec.max_attempts:
+            self.bury(work, index, f"failed {work.attempt} times", tb, payload)
+            return None
+        self.log.info("subtask_retry", index=index, attempt=work.attempt, error=repr(exc))
+        # XCLAIM to ourselves raises the delivery count: the attempt is spent in Redis too.
+        if not self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id]):
+            return None  # no longer ours (reclaimed by the others meanwhile)
+        return Work(work.stream, work.entry_id, work.fields, work.attempt + 1)
+
+    def bury(
+        self, work: Work, index: int | None, reason: str, error: str, payload: str | None = None
+    ) -> None:
+        """Dead-letter ``work`` at the next flush (rejected there if it is no subtask)."""
+        if payload is None:
+            payload = safe_text(work.fields.get(b"p"))
+        entry = DeadEntry(work.entry_id, index, reason, error[-8000:], work.attempt, payload)
+        self.dead.setdefault(work.stream, []).append(entry)
+        self.log.warning("dead_lettered", index=index, reason=reason, attempts=work.attempt)
+
+    def bury_gone(self, stream: str, gone: Sequence[Gone]) -> None:
+        """Pending entries whose payload was deleted or trimmed: settle them (as rejected:
+        their index is unknown; ``sweep_lost`` later dead-letters the index they held)."""
+        for entry_id, deliveries in gone:
+            self.bury(
+                Work(stream, entry_id, {}, deliveries),
+                None,
+                "payload gone",
+                "entry deleted or trimmed while pending",
+            )
+
+    def flush(self) -> None:
+        """Settle everything recorded: one atomic step per stream (ack, results, dead
+        letters, counts), and the events that follow from it."""
+        self.last_flush = time.monotonic()
+        settled_n = sum(map(len, self.ok.values())) + sum(map(len, self.dead.values()))
+        if not settled_n:
+            return
+        now = time.time()
+        finished = False
+        self.state.processed += settled_n
+        for stream in {*self.ok, *self.dead}:
+            if not self.ok.get(stream) and not self.dead.get(stream):
+                continue
+            settled = self.scripts.settle(
+                self.tk, stream, self.me, now, self.ok.get(stream, ()), self.dead.get(stream, ())
+            )
+            finished = finished or settled.finished
+            self.ended = self.ended or not settled.active
+            if settled.rejected:
+                self.log.warning("entries_rejected", stream=stream, count=settled.rejected)
+        had_dead = any(self.dead.values())
+        self.ok.clear()
+        self.dead.clear()
+        if had_dead:
+            events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
+        if finished:
+            self._finished()
+
+    def sweep_lost(self, streams: Sequence[str]) -> None:
+        """If nothing of the task is in flight, dead-letter the indices no entry is left
+        for (deleted from the stream), so the task can complete by index."""
+        lost = self.scripts.sweep_lost(self.tk, streams, self.me, time.time())
+        if lost:
+            self.log.warning("subtasks_lost", count=lost, reason="stream entries deleted")
+            events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
+            if self.scripts.settle(self.tk, streams[0], self.me, time.time(), []).finished:
+                self._finished()
+
+    def _finished(self) -> None:
+        """This member's settle finished the task: say how it ended."""
+        self.ended = True
+        status = self.r.hget(self.tk.record, "state")
+        kind = text(status) or "completed"
+        self.log.info("task_finished", state=kind)
+        events.emit(self.r, self.keys, kind, task=self.tk.task_id)

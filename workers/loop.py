@@ -1,0 +1,63 @@
+"""The seam between a task run and its mode: ``Run`` is what a mode loop may use of the run
+(its collaborators and three calls), ``ModeLoop`` what the run asks of a loop. A mode is a
+loop registered by name (``workers.modes.MODES``, keyed by ``TaskSpec.mode``); a new mode
+is a new loop, not a new branch in the runtime.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from queueworks.connection import Connection
+from queueworks.keys import Keys, TaskKeys
+from queueworks.models import StoredSpec
+from queueworks.scripts import Scripts
+from workers.handlers import Handler
+from workers.heartbeat import NodeState
+from workers.ledger import Ledger
+from workers.membership import Membership
+from workers.reclaim import Reclaim
+from workers.watchdog import Watchdog
+from workers.work import Work
+
+
+class Run(Protocol):
+    """One worker's membership in one task, as its mode loop sees it."""
+
+    r: Connection
+    scripts: Scripts
+    tk: TaskKeys
+    keys: Keys
+    me: str
+    log: Any
+    state: NodeState
+    watchdog: Watchdog
+    spec: StoredSpec
+    handler: Handler
+    batch_size: int
+    streams: list[str]  # every subtask stream of the task
+    owned: list[str]  # the streams this member reads in its role
+    held: deque[Work]  # entries in hand, to run before anything new (reclaimed, retried)
+    membership: Membership
+    ledger: Ledger
+    reclaim: Reclaim
+
+    def check(self) -> None:
+        """The safe point: raise ``Leave`` (stopping, revoked, finished), rejoin when
+        fenced, re-rank on a new epoch."""
+
+    def idle(self) -> None:
+        """Nothing to do now: settle, leave if the task finished, run the backstops, wait."""
+
+    def hand_back(self, streams: Sequence[str]) -> None:
+        """Park what we hold in ``streams``; it leaves ``held``."""
+
+
+class ModeLoop(Protocol):
+    def serve(self) -> None:
+        """Work until told to stop; ends only by raising ``Leave``."""
+
+    def close(self, reason: str) -> None:
+        """The run ends (``reason``: finished, stopping, revoked, ...): clean up."""

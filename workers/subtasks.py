@@ -1,0 +1,220 @@
+"""Subtask mode (the default): read entries by role, run the handler on each, record the
+outcome for the next settle; a retry runs before anything later in its stream."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from queueworks.connection import text
+from queueworks.context import SubtaskContext, Suspended
+from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
+from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of
+from queueworks.signals import ColdStop
+from workers.loop import Run
+from workers.work import Batches, Entries, Work
+
+FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
+TARGET_BATCH_SECONDS = 0.2  # read about this much work at once (fewer for slow handlers)
+CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
+
+
+class SubtaskLoop:
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.avg_seconds = 0.0
+        self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
+        self.checked_at = 0.0  # monotonic time of the last read that checked membership
+
+    def serve(self) -> None:
+        run = self.run
+        while True:
+            run.check()
+            if run.held:
+                self._run_held()
+                continue
+            read = self._read_partitions() if run.spec.partitions else self._read()
+            if read is None:
+                run.idle()
+            elif read:
+                self._run_fresh(read)
+
+    def close(self, reason: str) -> None:
+        """Nothing of its own to clean up (the run hands back what it holds)."""
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _read(self) -> Batches | None:
+        """Dynamic tasks: read new entries with native XREADGROUP (about 2x cheaper than
+        reading inside Lua), pipelined behind the member check and the epoch in one round
+        trip when the last check is older than ``check_every``.
+
+        That keeps the fence: a member is pruned only after its heartbeat has been gone a
+        whole TTL, so a member back from a pause or a partition has not checked for longer
+        than ``check_every`` (a tenth of the TTL at most) and checks before it runs anything
+        it reads; a fenced member runs nothing it read: the check parks it all (no attempt
+        spent). A prune landing between two checks is caught by the next check or heartbeat
+        tick, as for any member pruned while it holds entries; an epoch change reaches us
+        through the watcher first, this check is the fallback when notifications are off.
+        After an epoch change the entries stay ours and run after the re-rank.
+
+        Returns what was read, by stream; None if nothing was read and nothing changed."""
+        run = self.run
+        read: dict[Any, Any] = {run.tk.stream: ">"}
+        now = time.monotonic()
+        changed = False
+        reply: Any
+        if now - self.checked_at < self.check_every:
+            reply = run.r.xreadgroup(run.tk.group, run.me, read, count=self._read_count())
+        else:
+            pipe = run.r.pipeline(transaction=False)
+            pipe.zscore(run.tk.members, run.me)
+            pipe.get(run.tk.epoch)
+            pipe.xreadgroup(run.tk.group, run.me, read, count=self._read_count())
+            score, epoch, reply = pipe.execute()
+            self.checked_at = now
+            changed = run.membership.fence(score, epoch)
+        if not reply:
+            return [] if changed else None
+        return [(text(stream), entries) for stream, entries in reply]
+
+    def _read_partitions(self) -> Batches | None:
+        """Partitioned tasks: read inside Lua, fenced, so no partition is ever read by two
+        members in one epoch (a stale member reads nothing at all)."""
+        run = self.run
+        role = run.membership.role
+        assert role is not None
+        status, reply = run.scripts.fenced_read(
+            run.tk, run.owned, run.me, self._read_count(), role.epoch
+        )
+        if status == READ_FENCED:
+            run.state.fenced = True
+        elif status == READ_EPOCH_MOVED:
+            run.state.observe_epoch(int(reply))
+        elif status == 1:
+            return [
+                (text(stream), [(eid, fields_of(flat)) for eid, flat in entries])
+                for stream, entries in reply
+            ]
+        return None if status == 0 else []
+
+    def _read_count(self) -> int:
+        if self.avg_seconds <= 0:  # pace unknown: take one, so slow subtasks spread out
+            return 1
+        return max(1, min(self.run.batch_size, int(TARGET_BATCH_SECONDS / self.avg_seconds)))
+
+    # -- running --------------------------------------------------------------------------
+
+    def _run_fresh(self, read: Batches) -> None:
+        """Run entries just read (first delivery: nothing to charge, attempt 1) until done
+        or a safe point says stop; what is left waits in ``held``, in order."""
+        ran, started = 0, time.monotonic()
+        for n, (stream, entries) in enumerate(read):
+            done = self._run_entries(stream, entries, 1)
+            ran += done
+            if done < len(entries):
+                for rest_stream, rest in [(stream, entries[done:]), *read[n + 1 :]]:
+                    self.run.held.extend(Work(rest_stream, eid.decode(), f, 1) for eid, f in rest)
+                break
+        self._ran(ran, started)
+
+    def _run_held(self) -> None:
+        """Run the entries in hand (reclaimed, retried, kept at a safe point) until done or
+        a safe point says stop."""
+        run = self.run
+        s = run.state
+        ran, started = 0, time.monotonic()
+        while run.held:
+            if s.suspend.is_set() or s.stopping or s.fenced:
+                break
+            work = run.ledger.start(run.held.popleft())
+            if work is None:
+                continue
+            # (the id back to bytes, as read: the rare path shares the hot one)
+            if not self._run_entries(
+                work.stream, [(work.entry_id.encode(), work.fields)], work.attempt
+            ):
+                run.held.appendleft(work)  # stopped at a safe point: same attempt
+                break
+            ran += 1
+        self._ran(ran, started)
+
+    def _run_entries(self, stream: str, entries: Entries, attempt: int) -> int:
+        """Run entries of one stream in order and record each outcome for the next settle,
+        until done or a safe point says stop. Returns how many were consumed; the rest (a
+        suspended one first) is the caller's to keep, in order. A failure that will be
+        retried ends the run too: the retry waits first in ``held``, so it runs before
+        anything later in the stream (per-key order).
+
+        This is the hot path: what every entry needs is looked up once per call, and a
+        ``Work`` is only built on the rare paths that keep or bury an entry."""
+        run, ledger = self.run, self.run.ledger
+        s = run.state
+        suspended = s.suspend.is_set
+        monotonic = time.monotonic
+        call = run.watchdog.call
+        fn, takes_ctx = run.handler.fn, run.handler.takes_ctx
+        ok = ledger.succeeded(stream)
+        flush_at = ledger.last_flush + FLUSH_SECONDS
+        for i, (raw_id, fields) in enumerate(entries):
+            if suspended() or s.stopping or s.fenced:
+                return i
+            if monotonic() > flush_at:
+                ledger.flush()
+                ok = ledger.succeeded(stream)
+                flush_at = ledger.last_flush + FLUSH_SECONDS
+            entry_id = raw_id.decode()
+            try:
+                sub = decode_entry(entry_id, fields)
+            except BadMessage as exc:
+                work = Work(stream, entry_id, fields, attempt)
+                ledger.bury(work, None, "malformed entry", str(exc))
+                continue
+            try:
+                if takes_ctx:
+                    result = call(sub.index, fn, sub.payload, self._context(sub, attempt))
+                else:
+                    result = call(sub.index, fn, sub.payload)
+                body = to_json(result, "result")
+            except Suspended:  # runs again after the re-rank, same attempt
+                return i
+            except NotJSON as exc:
+                work = Work(stream, entry_id, fields, attempt)
+                ledger.bury(work, sub.index, "result is not JSON", str(exc), sub.raw_payload)
+                continue
+            except ColdStop:
+                ledger.interrupted = entry_id  # it started: it stays ours, charged, for reclaim
+                raise
+            except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the handler's own
+                retry = ledger.failed(
+                    Work(stream, entry_id, fields, attempt), sub.index, exc, sub.raw_payload
+                )
+                if retry is not None:
+                    run.held.appendleft(retry)  # at once, before anything later in the stream
+                    return i + 1
+                continue
+            ok.append((entry_id, sub.index, body))
+        return len(entries)
+
+    def _context(self, sub: Subtask, attempt: int) -> SubtaskContext:
+        run = self.run
+        role = run.membership.role
+        assert role is not None
+        return SubtaskContext(
+            task_id=run.tk.task_id,
+            index=sub.index,
+            attempt=attempt,
+            role=role,
+            worker_id=run.me,
+            log=run.log,
+            key=sub.key,
+            _suspend=run.state.suspend,
+        )
+
+    def _ran(self, ran: int, started: float) -> None:
+        """Settle, and let the read size follow the handler's pace (~TARGET_BATCH_SECONDS
+        of work per read)."""
+        if ran:
+            spent = (time.monotonic() - started) / ran
+            self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
+        self.run.ledger.flush()
