@@ -193,7 +193,7 @@ def test_docker_compose_accepts_compose_yaml() -> None:
     resolved = yaml.safe_load(res.stdout)
     ours = load_compose(env)
     services = resolved["services"]
-    assert set(services) == {"redis", "controller", "worker", "dashboard"}
+    assert set(services) == {"redis", "controller", "worker", "dashboard", "dashboard-host"}
     for name, svc in services.items():
         assert interpolate(svc["command"], {}) == ours["services"][name]["command"], name
         assert "healthcheck" in svc, f"{name} has no healthcheck"
@@ -229,8 +229,15 @@ def test_docker_compose_accepts_compose_yaml() -> None:
     published = {int(p["published"]) for p in dashboard["ports"]}
     assert published == {9181}
     assert "QUEUEWORKS_DASHBOARD_TOKEN" in dashboard["environment"]
+    # its variant for a stack on the host's network (tests/test_containers.py): off by
+    # default, no published port, loopback only, the same token
+    host = services["dashboard-host"]
+    assert host["profiles"] and "ports" not in host and host["network_mode"] == "host"
+    assert host["command"][:2] == ["queueworks", "dashboard"]
+    assert host["command"][host["command"].index("--host") + 1] == "127.0.0.1"
+    assert host["environment"] == dashboard["environment"]
 
-    for name in ("controller", "worker", "dashboard"):  # one image for all three
+    for name in ("controller", "worker", "dashboard", "dashboard-host"):  # one image for all
         assert services[name]["image"] == services["worker"]["image"]
         assert services[name]["build"]["context"] == str(ROOT)
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
