@@ -9,6 +9,7 @@ period running out, is a cold stop that interrupts the running handler.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -241,6 +242,10 @@ def dashboard(
     except (BindRefused, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"dashboard on http://{host}:{port} for {redact_url(settings.redis_url)}", err=True)
+    # uvicorn stops gracefully on SIGTERM/SIGINT, then raises the signal again for the
+    # handler that was there before it: let that be a clean exit (0), not a death by signal
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, frame: sys.exit(0))
     uvicorn.run(
         create_app(config),
         host=host,

@@ -337,12 +337,6 @@ def check_dashboard(stack: Stack) -> None:
     assert stack.token not in stack.logs(cid)
 
 
-# The dashboard stops gracefully on SIGTERM, then uvicorn re-raises the signal, so its
-# process ends by SIGTERM and docker-init reports 143: a clean stop all the same (its log
-# says "Finished server process"), unlike 137 = SIGKILL. Reported to the lead (issue 22).
-CLEAN_EXIT = {"dashboard-host": {"0", "143"}}
-
-
 def stopped_cleanly(stack: Stack, cid: str, service: str, grace: float) -> float:
     """The container got SIGTERM only (never docker's SIGKILL after the grace period) and
     exited 0 within its grace period; returns how long it took."""
@@ -351,7 +345,7 @@ def stopped_cleanly(stack: Stack, cid: str, service: str, grace: float) -> float
     signals = [k["Actor"]["Attributes"].get("signal") for k in kills]
     assert signals and set(signals) == {"15"}, (service, cid[:12], signals)
     code = dies[-1]["Actor"]["Attributes"]["exitCode"]
-    assert code in CLEAN_EXIT.get(service, {"0"}), (service, code, stack.logs(cid)[-3000:])
+    assert code == "0", (service, code, stack.logs(cid)[-3000:])
     if service == "dashboard-host":
         assert "Finished server process" in stack.logs(cid)
     took = (int(dies[-1]["timeNano"]) - int(kills[0]["timeNano"])) / 1e9
