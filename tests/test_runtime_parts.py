@@ -1,0 +1,259 @@
+"""The runtime's parts in-process against a real Redis server, no worker processes:
+``Membership`` (join, roles, fence, leave), ``Ledger`` (settle, attempts, dead letters,
+rejects) and ``Reclaim`` (departed, adopt-own, backstop, hand-back), and a zombie's late
+ack through the ledger."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+import structlog
+
+from queueworks import Client, TaskSpec, TaskState
+from queueworks.models import StoredSpec
+from queueworks.scripts import Scripts
+from workers.heartbeat import NodeState
+from workers.ledger import Ledger
+from workers.membership import Membership
+from workers.reclaim import Reclaim
+from workers.work import PARKED, Work
+
+LOG = structlog.get_logger("test")
+
+
+class Member:
+    """One in-process member of a task: its state and its three parts."""
+
+    def __init__(self, client: Client, task_id: str, name: str, *, ttl: float = 3.0) -> None:
+        r, keys = client.redis, client.keys
+        self.r, self.tk = r, keys.task(task_id)
+        self.scripts = Scripts(r)
+        self.state = NodeState(name, started_at=time.time())
+        self.state.assign = task_id
+        raw: Any = r.hget(self.tk.record, "spec")
+        self.spec = StoredSpec.model_validate_json(raw)
+        self.membership = Membership(r, self.scripts, self.tk, keys, self.state, ttl=ttl, log=LOG)
+        self.ledger = Ledger(r, self.scripts, self.tk, keys, self.spec, self.state, LOG)
+        self.reclaim = Reclaim(r, self.scripts, self.tk, name)
+        self.name = name
+
+    def read(self, count: int) -> list[Work]:
+        reply: Any = self.r.xreadgroup(self.tk.group, self.name, {self.tk.stream: ">"}, count=count)
+        return [Work(self.tk.stream, e.decode(), f, 1) for e, f in (reply[0][1] if reply else [])]
+
+    def settle(self, works: list[Work], result: str = '"ok"') -> None:
+        ok = self.ledger.succeeded(self.tk.stream)
+        ok += [(w.entry_id, w.index or 0, result) for w in works]
+        self.ledger.flush()
+
+
+def _task(client: Client, n: int, **spec: Any) -> str:
+    return client.submit(
+        TaskSpec(name="parts", handler="m:f", subtasks=[{"x": i} for i in range(n)], **spec)
+    ).id
+
+
+def _deliveries(r: redis.Redis, stream: str, group: str, entry_id: str) -> int:
+    rows: Any = r.xpending_range(stream, group, entry_id, entry_id, 1)
+    return int(rows[0]["times_delivered"]) if rows else 0
+
+
+# -- Membership -------------------------------------------------------------------------------
+
+
+def test_membership_join_roles_fence_and_leave(client: Client, r: redis.Redis) -> None:
+    tid = _task(client, 3)
+    a, b = Member(client, tid, "a"), Member(client, tid, "b")
+    assert a.membership.join() and b.membership.join()
+    ra, rb = a.membership.take_role(), b.membership.take_role()
+    assert ra is not None and rb is not None and ra.members == rb.members == ("a", "b")
+    assert a.membership.role is not None and b.membership.role is not None
+    assert (a.membership.role.rank, b.membership.role.rank) == (0, 1)
+    assert a.membership.role.world_size == 2 and a.membership.role.leader
+    # a read's check: same epoch changes nothing; a new epoch suspends; a prune fences
+    epoch = int(r.get(a.tk.epoch) or 0)
+    assert not a.membership.fence(1.0, epoch) and not a.state.suspend.is_set()
+    a.state.task_id = tid
+    assert a.membership.fence(1.0, epoch + 1) and a.state.suspend.is_set()
+    assert a.membership.fence(None, epoch) and a.state.fenced
+    # b leaves: one epoch bump, a is alone and leader
+    assert b.membership.leave() == epoch + 1
+    ra = a.membership.take_role()
+    assert ra is not None and ra.members == ("a",) and a.membership.role.world_size == 1
+    # a pruned while away (its heartbeat gone): it has no role any more
+    r.delete(a.tk.heartbeat("a"))
+    assert a.scripts.depart(a.tk, "a", time.time(), "dead", only_if_dead=True)
+    a.state.fenced = False
+    assert a.membership.take_role() is None and a.state.fenced
+    # joining a finished task is refused
+    client.task(tid).cancel()
+    assert not Member(client, tid, "c").membership.join()
+
+
+def test_membership_barrier_waits_for_every_member(client: Client) -> None:
+    tid = _task(client, 1)
+    a, b = Member(client, tid, "a"), Member(client, tid, "b")
+    a.membership.join()
+    b.membership.join()
+    roster = a.membership.take_role()
+    assert roster is not None
+    a.state.epoch_seen = roster.epoch
+    a.state.wake.set()
+    b.state.task_id = tid
+    # b never confirms and a newer epoch comes: a's barrier gives up (start over)
+    a.state.epoch_seen = roster.epoch + 1
+    assert not a.membership.barrier(roster)
+    a.state.epoch_seen = roster.epoch
+    client.redis.hset(a.tk.confirm, "b", roster.epoch)
+    assert a.membership.barrier(roster)
+
+
+# -- Ledger ---------------------------------------------------------------------------------
+
+
+def test_ledger_settles_by_index_retries_and_dead_letters(client: Client, r: redis.Redis) -> None:
+    tid = _task(client, 4, max_attempts=2)
+    a = Member(client, tid, "a")
+    works = a.read(10)
+    assert [w.index for w in works] == [0, 1, 2, 3]
+    a.settle(works[:2])
+    status = client.task(tid).status()
+    assert (status.done, status.dead) == (2, 0)
+    # a failure spends an attempt, in Redis too, and returns the retry
+    retry = a.ledger.failed(works[2], 2, RuntimeError("boom"), "{}")
+    assert retry is not None and retry.attempt == 2
+    assert _deliveries(r, a.tk.stream, a.tk.group, works[2].entry_id) == 2
+    # the last attempt fails: dead-lettered with its traceback at the next flush
+    assert a.ledger.failed(retry, 2, KeyboardInterrupt(), "{}") is None
+    a.ledger.flush()
+    (letter,) = client.task(tid).dead_letters()
+    assert (letter.index, letter.reason, letter.attempts) == (2, "failed 2 times", 2)
+    assert "KeyboardInterrupt" in letter.error
+    # a stray entry buried as malformed is rejected, never counted
+    stray = r.xadd(a.tk.stream, {"junk": "1"}).decode()
+    (junk,) = [w for w in a.read(10) if w.entry_id == stray]
+    a.ledger.bury(junk, None, "malformed entry", "entry must have fields 'i' and 'p'")
+    a.settle([works[3]])
+    status = client.task(tid).status()
+    assert (status.state, status.done, status.dead, status.rejected) == (
+        TaskState.COMPLETED,
+        3,
+        1,
+        1,
+    )
+    assert a.ledger.ended  # the settle saw the task finish
+
+
+def test_ledger_start_charges_what_may_have_run(client: Client, r: redis.Redis) -> None:
+    tid = _task(client, 2, max_attempts=2)
+    a = Member(client, tid, "a")
+    first, second = a.read(2)
+    # held but never run: nothing to charge
+    assert a.ledger.start(first) is first
+    # reclaimed (may have run): charged when it starts
+    charged = a.ledger.start(Work(second.stream, second.entry_id, second.fields, 1, True))
+    assert charged is not None and charged.attempt == 2
+    assert _deliveries(r, a.tk.stream, a.tk.group, second.entry_id) == 2
+    # charged past max_attempts: dead-lettered instead of started
+    again = Work(second.stream, second.entry_id, second.fields, 2, True)
+    assert a.ledger.start(again) is None
+    a.ledger.flush()
+    (letter,) = client.task(tid).dead_letters()
+    assert letter.reason == "exceeded max_attempts" and letter.attempts == 2
+
+
+# -- Reclaim --------------------------------------------------------------------------------
+
+
+def test_reclaim_departed_takes_everything_charged_and_parked_uncharged(
+    client: Client, r: redis.Redis
+) -> None:
+    tid = _task(client, 6)
+    a, b = Member(client, tid, "a"), Member(client, tid, "b")
+    a.membership.join()
+    b.membership.join()
+    held = a.read(4)
+    # a hands back its last two (they never ran) and then dies with the first two
+    for w in held[2:]:
+        r.xclaim(a.tk.stream, a.tk.group, PARKED, 0, [w.entry_id], justid=True)
+    r.delete(a.tk.heartbeat("a"))
+    assert b.scripts.depart(b.tk, "a", time.time(), "dead", only_if_dead=True)
+    consumers = b.reclaim.consumers(b.tk.stream)
+    assert consumers == {"a": 2, PARKED: 2}
+    works, gone = b.reclaim.departed(b.tk.stream, consumers, members=("b",))
+    assert not gone
+    by_id = {w.entry_id: w for w in works}
+    assert set(by_id) == {w.entry_id for w in held}
+    assert [by_id[w.entry_id].charge for w in held] == [True, True, False, False]
+    # a live member's entries are never taken
+    a2 = Member(client, tid, "c")
+    a2.membership.join()
+    a2.read(1)
+    consumers = b.reclaim.consumers(b.tk.stream)
+    works, _ = b.reclaim.departed(b.tk.stream, consumers, members=("b",))  # narrowed wrongly
+    assert works == []  # the script checks membership itself
+
+
+def test_reclaim_adopt_own_and_backstop(client: Client, r: redis.Redis) -> None:
+    tid = _task(client, 4)
+    a = Member(client, tid, "a")
+    a.membership.join()
+    held = a.read(2)
+    # the same worker, restarted: takes its own pending entries back, charged
+    again = Member(client, tid, "a")
+    adopted = again.reclaim.adopt_own(again.tk.stream)
+    assert [w.entry_id for w in adopted] == [w.entry_id for w in held]
+    assert all(w.charge and w.attempt == 1 for w in adopted)
+    # a wedged member (still a member) holding entries idle past the limit: the backstop
+    b = Member(client, tid, "b")
+    b.membership.join()
+    works, gone = b.reclaim.backstop(b.tk.stream, idle_ms=60_000)
+    assert works == [] and gone == []
+    time.sleep(0.15)
+    works, gone = b.reclaim.backstop(b.tk.stream, idle_ms=100)
+    assert {w.entry_id for w in works} == {w.entry_id for w in held} and not gone
+    assert all(w.charge for w in works)
+
+
+def test_hand_back_keeps_the_interrupted_entry_and_reports_gone(
+    client: Client, r: redis.Redis
+) -> None:
+    tid = _task(client, 3)
+    a = Member(client, tid, "a")
+    held = a.read(3)
+    r.xdel(a.tk.stream, held[2].entry_id)  # its payload deleted while pending
+    gone = a.reclaim.hand_back(a.tk.stream, keep=held[0].entry_id)
+    assert gone == [(held[2].entry_id, 1)]
+    consumers = a.reclaim.consumers(a.tk.stream)
+    assert consumers == {"a": 2, PARKED: 1}  # the kept one and the gone one stay with a
+    parked, lost = a.reclaim.parked_one(a.tk.stream)
+    assert parked is not None and parked.entry_id == held[1].entry_id and not parked.charge
+    assert lost == []
+
+
+def test_a_zombies_late_ack_counts_nothing(client: Client, r: redis.Redis) -> None:
+    tid = _task(client, 1)
+    a, b = Member(client, tid, "a"), Member(client, tid, "b")
+    a.membership.join()
+    b.membership.join()
+    (work,) = a.read(1)
+    # a pauses past its TTL: pruned, b reclaims and settles the subtask
+    r.delete(a.tk.heartbeat("a"))
+    b.scripts.depart(b.tk, "a", time.time(), "dead", only_if_dead=True)
+    works, _ = b.reclaim.departed(b.tk.stream, b.reclaim.consumers(b.tk.stream), ("b",))
+    (taken,) = works
+    started = b.ledger.start(taken)
+    assert started is not None and started.attempt == 2
+    b.settle([started], '"from-b"')
+    # a wakes up and settles the same entry: nothing counted, nothing overwritten
+    a.settle([work], '"from-a"')
+    status = client.task(tid).status()
+    assert (status.state, status.done, status.dead, status.rejected) == (
+        TaskState.COMPLETED,
+        1,
+        0,
+        0,
+    )
+    assert dict(client.task(tid).results()) == {0: "from-b"}
