@@ -228,23 +228,8 @@ class Reader:
             group_backlog(task_id, s, _ok(g))
             for s, g in zip(streams, replies[5 : 5 + n], strict=True)
         ]
-        pending: list[PendingEntry] = []
-        by_consumer: dict[str, int] = {}
-        for summary_reply in replies[5 + 2 * n :]:
-            for c in (_ok(summary_reply) or {}).get("consumers") or ():
-                name = text(c["name"])
-                by_consumer[name] = by_consumer.get(name, 0) + int(c["pending"])
-        for s, rows in zip(streams, replies[5 + n : 5 + 2 * n], strict=True):
-            for p in _ok(rows) or ():
-                pending.append(
-                    PendingEntry(
-                        id=text(p["message_id"]),
-                        stream=s,
-                        consumer=text(p["consumer"]),
-                        idle_ms=int(p["time_since_delivered"]),
-                        deliveries=int(p["times_delivered"]),
-                    )
-                )
+        pending = _pending_entries(streams, replies[5 + n : 5 + 2 * n])
+        by_consumer = _pending_by_consumer(replies[5 + 2 * n :])
         spec = _loads(spec_raw) if spec_raw else {}
         if not isinstance(spec, dict):
             spec = {}
@@ -263,7 +248,7 @@ class Reader:
             backlog=_fill_unread(task, backlog),
             pending=pending[:PENDING_SHOWN],
             pending_total=sum(b.pending for b in backlog),
-            pending_by_consumer=dict(sorted(by_consumer.items())),
+            pending_by_consumer=by_consumer,
             dead_letters=[
                 x.model_copy(update={"error": redact_url(x.error)})
                 for x in self.client.task(task_id).dead_letters(count=DEAD_SHOWN)
@@ -344,6 +329,33 @@ class Reader:
         for w in workers:
             counts[w.status] = counts.get(w.status, 0) + 1
         return counts
+
+
+def _pending_entries(streams: Sequence[str], replies: Sequence[Any]) -> list[PendingEntry]:
+    """XPENDING ranges (one reply per stream) as rows for the page."""
+    pending: list[PendingEntry] = []
+    for s, rows in zip(streams, replies, strict=True):
+        for p in _ok(rows) or ():
+            pending.append(
+                PendingEntry(
+                    id=text(p["message_id"]),
+                    stream=s,
+                    consumer=text(p["consumer"]),
+                    idle_ms=int(p["time_since_delivered"]),
+                    deliveries=int(p["times_delivered"]),
+                )
+            )
+    return pending
+
+
+def _pending_by_consumer(summaries: Sequence[Any]) -> dict[str, int]:
+    """XPENDING summaries (one per stream): entries pending per consumer, over all streams."""
+    by_consumer: dict[str, int] = {}
+    for summary_reply in summaries:
+        for c in (_ok(summary_reply) or {}).get("consumers") or ():
+            name = text(c["name"])
+            by_consumer[name] = by_consumer.get(name, 0) + int(c["pending"])
+    return dict(sorted(by_consumer.items()))
 
 
 def task_counts(tasks: Sequence[TaskSummary | TaskRef]) -> dict[str, int]:

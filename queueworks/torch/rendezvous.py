@@ -1,0 +1,164 @@
+"""Forming one generation's process group, through Redis.
+
+The leader (rank 0) opens a fresh ``TCPStore`` on a free port and publishes ``host:port``
+with the generation under the task's ``rdzv`` key; the others wait for exactly that
+generation, connect, and all meet at an arrival count before ``init_process_group`` (gloo on
+CPU, NCCL with CUDA), so no C++ call waits on a member that is not coming. Waiting gives up
+as soon as the node set changes. Every collective runs through ``collective``: a failure
+drops the group at once, so peers blocked with us fail too.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import PrefixStore, TCPStore
+
+from queueworks.steps import Generation, StepAborted, StepContext
+from queueworks.torch.options import TorchOptions, short
+
+RDZV_TTL = 7 * 24 * 3600  # the rendezvous key outlives any generation; deleted at the end
+POLL_MIN, POLL_MAX = 0.002, 0.05
+STORE_CONNECT_TIMEOUT = 5.0  # the leader's store was just published: it answers in ms
+
+
+class Group:
+    """The process group of the current generation, if any."""
+
+    def __init__(
+        self, ctx: StepContext, opts: TorchOptions, device: torch.device, host: str
+    ) -> None:
+        self.ctx, self.opts, self.device, self.host = ctx, opts, device, host
+        self.backend = opts.backend or ("nccl" if device.type == "cuda" else "gloo")
+        self.gen: Generation | None = None  # the group we are in
+        self._store: TCPStore | None = None  # this generation's store
+        self._served: TCPStore | None = None  # the store the leader serves (until replaced)
+
+    def form(self, gen: Generation) -> None:
+        """Drop the old group and form ``gen``'s; ``StepAborted`` if it cannot be formed."""
+        self.drop()
+        store = self._rendezvous(gen)
+        self._arrive(store, gen)
+        try:
+            dist.init_process_group(
+                self.backend,
+                store=PrefixStore("qw", store),
+                rank=gen.role.rank,
+                world_size=gen.role.world_size,
+                timeout=datetime.timedelta(seconds=self.opts.collective_timeout),
+                device_id=self.device if self.backend == "nccl" else None,
+            )
+        except RuntimeError as exc:
+            self.drop()
+            raise StepAborted(f"init_process_group: {short(exc)}") from None
+        self.gen = gen
+
+    def collective(self, fn: Callable[[], Any]) -> None:
+        if self.gen is None:
+            raise StepAborted("no process group")
+        try:
+            fn()
+        except RuntimeError as exc:  # DistBackendError, timeouts, reset connections
+            self.drop()
+            raise StepAborted(f"collective failed: {short(exc)}") from None
+
+    def drop(self) -> None:
+        """Leave the group at once: peers blocked in a collective with us fail now."""
+        self.gen = None
+        if dist.is_initialized():
+            try:
+                if self.backend == "nccl":
+                    from torch.distributed.distributed_c10d import _abort_process_group
+
+                    _abort_process_group()
+                else:
+                    dist.destroy_process_group()
+            except Exception as exc:
+                self.ctx.log.warning("destroy_process_group_failed", error=short(exc))
+        self._store = None
+
+    def close(self, *, forget: bool) -> None:
+        """The run ends: drop the group and the served store; ``forget``: also delete the
+        published rendezvous (the leader, when the task finished)."""
+        self.drop()
+        self._served = None
+        if forget:
+            self.ctx.redis.delete(self.ctx.keys.rendezvous)
+
+    def _rendezvous(self, gen: Generation) -> TCPStore:
+        """The leader serves a fresh TCPStore and publishes it; the others find it."""
+        timeout = datetime.timedelta(seconds=self.opts.rendezvous_timeout)
+        mine = (gen.role.epoch, gen.round)
+        if gen.role.leader:
+            try:
+                store = TCPStore(
+                    self.host, 0, is_master=True, wait_for_workers=False, timeout=timeout
+                )
+            except RuntimeError as exc:
+                raise StepAborted(f"cannot serve a TCPStore: {short(exc)}") from None
+            self._store = self._served = store  # the previous generation's store closes now
+            ours = {"epoch": mine[0], "round": mine[1], "host": self.host, "port": store.port}
+            self.ctx.redis.set(self.ctx.keys.rendezvous, json.dumps(ours), ex=RDZV_TTL)
+            return store
+        self._served = None
+        deadline = time.monotonic() + self.opts.rendezvous_timeout
+        pause = POLL_MIN
+        while (doc := self._published(gen)) is None:
+            if self.ctx.wait(pause):
+                raise StepAborted("node set changed during rendezvous")
+            if time.monotonic() > deadline:
+                raise StepAborted("no rendezvous from the leader")
+            pause = min(POLL_MAX, pause * 1.5)
+        try:
+            store = TCPStore(
+                str(doc["host"]),
+                int(doc["port"]),
+                is_master=False,
+                timeout=datetime.timedelta(
+                    seconds=min(STORE_CONNECT_TIMEOUT, self.opts.collective_timeout)
+                ),
+            )
+        except RuntimeError as exc:
+            raise StepAborted(f"cannot reach the leader's store: {short(exc)}") from None
+        self._store = store
+        return store
+
+    def _published(self, gen: Generation) -> dict[str, Any] | None:
+        """The leader's published store if it is for ``gen``; None if not yet there;
+        StepAborted if the leader has moved on to a later generation."""
+        raw = self.ctx.redis.get(self.ctx.keys.rendezvous)
+        if raw is None:
+            return None
+        doc: dict[str, Any] = json.loads(raw)
+        theirs, mine = (int(doc["epoch"]), int(doc["round"])), (gen.role.epoch, gen.round)
+        if theirs > mine:
+            raise StepAborted(f"the leader is at generation {theirs[0]}.{theirs[1]}")
+        return doc if theirs == mine else None
+
+    def _arrive(self, store: TCPStore, gen: Generation) -> None:
+        """Wait until every member of the generation has come (interruptible; a follower
+        also gives up when the leader has moved on)."""
+        deadline = time.monotonic() + self.opts.rendezvous_timeout
+        pause = POLL_MIN
+        try:
+            store.add("arrived", 1)
+            while int(store.add("arrived", 0)) < gen.role.world_size:
+                if self.ctx.wait(pause):
+                    raise StepAborted("node set changed during rendezvous")
+                if not gen.role.leader and pause >= POLL_MAX:
+                    self._published(gen)  # raises if the leader is at a later generation
+                if time.monotonic() > deadline:
+                    raise StepAborted("not every member came to the rendezvous")
+                pause = min(POLL_MAX, pause * 1.5)
+        except RuntimeError as exc:
+            self.drop()
+            raise StepAborted(f"rendezvous store: {short(exc)}") from None
+        except StepAborted:
+            self.drop()
+            raise
