@@ -4,15 +4,23 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 from queueworks import events
 from queueworks.connection import Connection, connect, text
 from queueworks.keys import Keys, TaskKeys, check_task_id
-from queueworks.messages import NotJSON, from_json, partition_of, to_json
-from queueworks.models import DeadLetter, NodeInfo, TaskSpec, TaskState, TaskStatus, WorkerRecord
-from queueworks.records import BadRecord, new_task, task_fields, worker_record
+from queueworks.messages import NotJSON, partition_of, to_json
+from queueworks.models import (
+    QueueStatus,
+    TaskSpec,
+    TaskStatus,
+    WorkerRecord,
+)
+from queueworks.queues import DEFAULTS, UNSET, Queue, Unset, open_queue
+from queueworks.tasks import Task, TaskNotFound
+
+__all__ = ["BadRecord", "Client", "NotReplicated", "SubmitError", "Task", "TaskNotFound"]
+from queueworks.records import BadRecord, new_task, worker_record
 from queueworks.scripts import Scripts
 from queueworks.topology import queue_replication_wait
 
@@ -25,10 +33,6 @@ SUBMIT_LEASE_MS = 120_000
 
 class SubmitError(ValueError):
     """A task that cannot be submitted; the message names the field or subtask."""
-
-
-class TaskNotFound(LookupError):
-    pass
 
 
 class NotReplicated(RuntimeError):
@@ -163,6 +167,53 @@ class Client:
     def task(self, task_id: str) -> Task:
         return Task(self, check_task_id(task_id))
 
+    # -- queues ---------------------------------------------------------------------------
+
+    def queue(
+        self,
+        name: str,
+        *,
+        min_nodes: int | Unset = UNSET,
+        max_nodes: int | Unset | None = UNSET,
+        priority: int | Unset = UNSET,
+        max_attempts: int | Unset = UNSET,
+        job_timeout: float | Unset = UNSET,
+        result_ttl: float | Unset = UNSET,
+        idle_after: float | Unset = UNSET,
+        node_selector: dict[str, str] | Unset = UNSET,
+    ) -> Queue:
+        """Create the queue ``name`` or open it (idempotent). Settings not given are the
+        queue's own (or the defaults, when it is created: ``min_nodes=1``, no
+        ``max_nodes``, ``priority=0``, ``max_attempts=3``, ``job_timeout=60`` s,
+        ``result_ttl`` a day, ``idle_after=30`` s); given ones must match an existing
+        queue's (``ValueError`` names the ones that do not)."""
+        given = {
+            k: v
+            for k, v in {
+                "min_nodes": min_nodes,
+                "max_nodes": max_nodes,
+                "priority": priority,
+                "max_attempts": max_attempts,
+                "job_timeout": job_timeout,
+                "result_ttl": result_ttl,
+                "idle_after": idle_after,
+                "node_selector": node_selector,
+            }.items()
+            if v is not UNSET
+        }
+        return open_queue(self, check_task_id(name), given)
+
+    def queues(self) -> list[QueueStatus]:
+        """Every queue that still exists, by name."""
+        names = sorted(text(n) for n in self.redis.smembers(self.keys.queues))
+        out = []
+        for name in names:
+            try:
+                out.append(Queue(self, name, DEFAULTS).status())
+            except TaskNotFound:
+                self.redis.srem(self.keys.queues, name)  # its record expired
+        return out
+
     def tasks(self) -> list[TaskStatus]:
         """Every task known to Redis (active ones and finished ones not yet expired)."""
         ids = sorted(
@@ -195,113 +246,3 @@ class Client:
         """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""
         self.redis.hset(self.keys.worker(worker_id), "drain", "1")
         events.emit(self.redis, self.keys, "drain_requested", worker=worker_id)
-
-
-def _f(raw: Any, name: str) -> str | None:
-    v = raw.get(name.encode())
-    return v.decode() if v is not None else None
-
-
-class Task:
-    """A handle to one submitted task."""
-
-    def __init__(self, client: Client, task_id: str) -> None:
-        self.client = client
-        self.id = task_id
-        self.keys = client.keys.task(task_id)
-
-    def __repr__(self) -> str:
-        return f"Task({self.id!r})"
-
-    def status(self, *, with_nodes: bool = True) -> TaskStatus:
-        r = self.client.redis
-        raw: Any = r.hgetall(self.keys.record)
-        if not raw:
-            raise TaskNotFound(self.id)
-        nodes: list[NodeInfo] = []
-        if with_nodes:
-            nodes = self._nodes()
-        return TaskStatus(**task_fields(self.id, raw), nodes=nodes)
-
-    def _nodes(self) -> list[NodeInfo]:
-        r = self.client.redis
-        members: Any = r.zrange(self.keys.members, 0, -1, withscores=True)
-        pipe = r.pipeline(transaction=False)
-        for wid, _ in members:
-            pipe.get(self.keys.heartbeat(wid.decode()))
-            pipe.hget(self.client.keys.worker(wid.decode()), "current")
-        replies = pipe.execute()
-        now = time.time()
-        nodes = []
-        for rank, (wid, joined) in enumerate(members):
-            beat, current = replies[2 * rank], replies[2 * rank + 1]
-            nodes.append(
-                NodeInfo(
-                    worker=wid.decode(),
-                    rank=rank,
-                    epoch=int(joined),
-                    heartbeat_age=round(now - float(beat), 3) if beat else None,
-                    current=current.decode() if current else None,
-                )
-            )
-        return nodes
-
-    def wait(self, timeout: float | None = None, poll: float = 0.1) -> TaskStatus:
-        """Block until the task is finished; raise ``TimeoutError`` after ``timeout`` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.status(with_nodes=False)
-            if status.finished:
-                return status
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"task {self.id} still {status.state} after {timeout} s "
-                    f"({status.done + status.dead}/{status.total})"
-                )
-            time.sleep(poll)
-
-    def results(self) -> Iterator[tuple[int, Any]]:
-        """``(index, result)`` for every subtask that succeeded, in no particular order."""
-        for index, value in self.client.redis.hscan_iter(self.keys.results, count=1000):
-            yield int(text(index)), from_json(text(value), f"result {text(index)!r}")
-
-    def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
-        out = []
-        entries: Any = self.client.redis.xrange(self.keys.dead, count=count)
-        for entry_id, raw in entries:
-            index = _f(raw, "index")
-            out.append(
-                DeadLetter(
-                    id=entry_id.decode(),
-                    index=int(index) if index else None,
-                    reason=_f(raw, "reason") or "",
-                    error=_f(raw, "error") or "",
-                    attempts=int(_f(raw, "attempts") or 0),
-                    payload=_f(raw, "payload"),
-                    worker=_f(raw, "worker"),
-                )
-            )
-        return out
-
-    def cancel(self) -> bool:
-        """Cancel the task: its nodes are released at once. False if it had finished."""
-        changed = self.client.scripts.set_state(self.keys, TaskState.CANCELLED, time.time())
-        if changed:
-            events.emit(self.client.redis, self.client.keys, "cancelled", task=self.id)
-        return changed
-
-    def set_priority(self, priority: int) -> None:
-        self._change(priority=priority)
-
-    def resize(self, min_nodes: int, max_nodes: int | None) -> None:
-        if min_nodes < 1 or (max_nodes is not None and max_nodes < min_nodes):
-            raise ValueError(
-                f"resize: need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}"
-            )
-        self._change(min_nodes=min_nodes, max_nodes="" if max_nodes is None else max_nodes)
-
-    def _change(self, **fields: object) -> None:
-        if self.status(with_nodes=False).finished:
-            raise ValueError(f"task {self.id} has finished; it cannot change")
-        self.client.redis.hset(self.keys.record, mapping=fields)  # type: ignore[arg-type]
-        events.emit(self.client.redis, self.client.keys, "changed", task=self.id, **fields)

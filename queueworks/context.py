@@ -1,4 +1,5 @@
-"""What a handler sees: ``SubtaskContext`` and the ``Suspended`` signal for long steps."""
+"""What a handler sees: ``SubtaskContext`` (a task's subtask), ``JobContext`` (a queue's job),
+and the ``Suspended`` signal for long steps."""
 
 from __future__ import annotations
 
@@ -49,3 +50,26 @@ def on_rebalance(hook: Callable[..., Any]) -> Callable[[Callable[..., Any]], Cal
         return handler
 
     return wrap
+
+
+@dataclass
+class JobContext:
+    """Passed to a queue's job handlers that take a second parameter."""
+
+    queue: str
+    job_id: str
+    attempt: int
+    role: Role
+    worker_id: str
+    log: Any
+    _suspend: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    @property
+    def suspended(self) -> bool:
+        """True once the node set changed (or the worker is stopping): stop at a safe point."""
+        return self._suspend.is_set()
+
+    def checkpoint(self) -> None:
+        """Raise ``Suspended`` if the job should stop now (it runs again, same attempt)."""
+        if self._suspend.is_set():
+            raise Suspended()

@@ -24,10 +24,18 @@ key                                type          meaning
 ``qw:task:{T}:refused``            hash          worker -> why it cannot run this task's
                                                  handler (JSON); it is not assigned it again
 ``qw:task:{T}:history``            stream        this task's rebalances (epoch, cause, pause)
+``qw:task:{Q}:job:<J>``            hash          a queue's job J: state, entry, handler, times,
+                                                 attempts, result or error; expires
+                                                 ``result_ttl`` after it finished
+``qw:task:{Q}:scheduled``          zset          a queue's delayed jobs, score = when they run
+``qw:task:{Q}:handlers``           set           the handlers a queue's jobs have named
+``qw:task:{Q}:latency``            hash          a queue's enqueue -> start histogram (buckets)
+``qw:task:{Q}:rate``               hash          a queue's jobs finished per second (60 s)
 ``qw:task:{T}:steps``              hash          step mode: each step's shards and decision
 ``qw:task:{T}:rdzv``               string + TTL  step mode: the leader's c10d store address
 ``qw:task:{T}:checkpoint``         string        step mode: the last checkpoint (if in Redis)
 ``qw:queue``                       zset          active tasks, score orders by priority then age
+``qw:queues``                      set           the names of every queue (a queue is a task)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:worker:<W>``                  hash          host, pid, labels, state, task, rank, current
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
@@ -134,6 +142,25 @@ class TaskKeys:
     def checkpoint(self) -> str:
         return f"{self._base}:checkpoint"
 
+    def job(self, job_id: str) -> str:
+        return f"{self._base}:job:{job_id}"
+
+    @property
+    def scheduled(self) -> str:
+        return f"{self._base}:scheduled"
+
+    @property
+    def handlers(self) -> str:
+        return f"{self._base}:handlers"
+
+    @property
+    def latency(self) -> str:
+        return f"{self._base}:latency"
+
+    @property
+    def rate(self) -> str:
+        return f"{self._base}:rate"
+
     @property
     def group(self) -> str:
         """The consumer group of every stream of this task is named by the task id."""
@@ -161,6 +188,10 @@ class TaskKeys:
             self.steps,
             self.rendezvous,
             self.checkpoint,
+            self.scheduled,
+            self.handlers,
+            self.latency,
+            self.rate,
         ]
 
 
@@ -184,6 +215,10 @@ class Keys:
     @property
     def queue(self) -> str:
         return f"{self.prefix}:queue"
+
+    @property
+    def queues(self) -> str:
+        return f"{self.prefix}:queues"
 
     @property
     def workers(self) -> str:

@@ -82,7 +82,7 @@ class TaskSpec(_Model):
     model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True, allow_inf_nan=False)
 
     name: str = Field(min_length=1, max_length=200)
-    handler: str
+    handler: str = ""  # required except for mode "queue" (its jobs name their handlers)
     subtasks: Iterable[Any] = Field(default=(), exclude=True, repr=False)
     min_nodes: int = Field(default=1, ge=1)
     max_nodes: int | None = Field(default=None, ge=1)
@@ -93,13 +93,14 @@ class TaskSpec(_Model):
     node_selector: dict[str, str] = Field(default_factory=dict)
     result_ttl: float = Field(default=24 * 3600.0, gt=0, le=3650 * 86400.0)
     max_dead: int | None = Field(default=None, ge=0)
-    mode: Literal["subtask", "step"] = "subtask"
+    mode: Literal["subtask", "step", "queue"] = "subtask"
     options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("handler")
     @classmethod
     def _handler_path(cls, v: str) -> str:
-        parse_handler_path(v)
+        if v:
+            parse_handler_path(v)
         return v
 
     @field_validator("subtasks", mode="plain")
@@ -110,7 +111,12 @@ class TaskSpec(_Model):
         return v
 
     @model_validator(mode="after")
-    def _step_mode(self) -> TaskSpec:
+    def _mode(self) -> TaskSpec:
+        if self.mode == "queue":
+            if self.handler or self.partitions:
+                raise ValueError("mode='queue' takes no handler and no partitions")
+        elif not self.handler:
+            parse_handler_path(self.handler)  # "handler '' must look like ..."
         if self.mode == "step" and self.partitions:
             raise ValueError("mode='step' takes no partitions")
         return self
@@ -231,6 +237,56 @@ class DeadLetter(_Model):
     attempts: int
     payload: str | None
     worker: str | None
+
+
+class JobState(StrEnum):
+    SCHEDULED = "scheduled"  # delayed: waits for its time
+    QUEUED = "queued"  # on the queue's stream, not started
+    RUNNING = "running"  # a member has it (started, or about to)
+    DONE = "done"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (JobState.DONE, JobState.DEAD, JobState.CANCELLED)
+
+
+class JobStatus(_Model):
+    """What ``Job.status()`` says."""
+
+    id: str
+    queue: str
+    handler: str
+    state: JobState
+    attempts: int = 0
+    worker: str | None = None
+    enqueued_at: float
+    run_at: float | None = None  # a delayed job's time
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None  # a dead job's reason and last error line
+
+
+class QueueStatus(_Model):
+    """What ``Queue.status()`` and ``Client.queues()`` say."""
+
+    name: str
+    state: TaskState
+    backlog: int  # jobs on the stream not started yet
+    scheduled: int  # delayed jobs not due yet
+    running: int  # jobs a member holds
+    done: int
+    dead: int
+    rejected: int = 0
+    nodes: list[NodeInfo] = Field(default_factory=list)
+    epoch: int
+    min_nodes: int
+    max_nodes: int | None
+    want: int | None = None  # how many nodes it asks for now (None: as many as max_nodes)
+    priority: int
+    rates: dict[str, float] = Field(default_factory=dict)  # jobs finished per s: "1s", ...
+    reason: str | None = None
 
 
 class Event(_Model):

@@ -31,7 +31,15 @@ from typing import Any
 
 from redis.typing import EncodableT
 
-from queueworks.models import TaskSpec, TaskState, WorkerRecord, WorkerState, describe_error
+from queueworks.models import (
+    JobState,
+    JobStatus,
+    TaskSpec,
+    TaskState,
+    WorkerRecord,
+    WorkerState,
+    describe_error,
+)
 
 Hash = dict[EncodableT, EncodableT]  # fields to write with HSET
 
@@ -167,3 +175,60 @@ def member_of(task_id: str, rank: int, epoch: int) -> Hash:
 def idle_worker() -> Hash:
     """The worker hash fields of a worker that left its node set."""
     return {"state": WorkerState.IDLE.value, "task": "", "rank": "", "epoch": "", "current": ""}
+
+
+# -- a queue's job record (qw:task:{Q}:job:<J>) ------------------------------------------------
+#
+# s   JobState (scheduled, queued, done, dead, cancelled; "running" is read off the stream's
+#     pending list: a queued job a member has read)
+# h   handler ("module:function")      e   its stream entry id, once on the stream
+# t   enqueued at (s)                  at  when a delayed job runs   p  its payload, until then
+# st  started at    ft  finished at    a  attempts    w  the worker that settled it
+# r   result JSON (done)    reason / err   why it died, and its traceback (dead)
+
+
+def job_status(
+    queue: str, job_id: str, raw: Mapping[bytes, bytes], pending: Any, now: float
+) -> JobStatus:
+    """A job's status from its record and, for a queued job, its pending-list row (an
+    XPENDING range reply: empty if no member has read it yet)."""
+    f = {k.decode(): v.decode() for k, v in raw.items()}
+    state = JobState(f.get("s", JobState.QUEUED.value))
+    attempts, worker, started = _int(f.get("a")), f.get("w"), _float(f.get("st"))
+    if state == JobState.QUEUED and pending:
+        row = pending[0]
+        state, worker = JobState.RUNNING, _str(row["consumer"])
+        attempts = int(row["times_delivered"])
+        started = now - int(row["time_since_delivered"]) / 1000
+    error = None
+    if state == JobState.DEAD:
+        lines = (f.get("err") or "").strip().splitlines()
+        error = f"{f.get('reason', 'dead')}: {lines[-1]}" if lines else f.get("reason", "dead")
+    return JobStatus(
+        id=job_id,
+        queue=queue,
+        handler=f.get("h", ""),
+        state=state,
+        attempts=attempts,
+        worker=worker,
+        enqueued_at=_float(f.get("t")) or 0.0,
+        run_at=_float(f.get("at")),
+        started_at=started,
+        finished_at=_float(f.get("ft")),
+        error=error,
+    )
+
+
+def queue_counts(length: Any, running: int, rate: Any, now: float) -> tuple[int, dict[str, float]]:
+    """A queue's backlog (entries on its stream no member holds: settled ones leave it) and
+    its rates (jobs finished per second over the last 1, 10 and 60 s) from its rate hash."""
+    backlog = max(0, int(length or 0) - running) if not isinstance(length, Exception) else 0
+    per_second = {}
+    if isinstance(rate, dict):
+        per_second = {int(k): int(v) for k, v in rate.items()}
+    last = int(now) - 1  # the last full second
+    rates = {
+        f"{span}s": round(sum(per_second.get(last - i, 0) for i in range(span)) / span, 2)
+        for span in (1, 10, 60)
+    }
+    return backlog, rates

@@ -8,8 +8,9 @@ server restart flushed the script cache).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
+from string import Template
 from typing import Any
 
 from redis.cluster import ClusterPipeline
@@ -17,7 +18,7 @@ from redis.commands.core import Script
 
 from queueworks.connection import Connection
 from queueworks.keys import TaskKeys
-from queueworks.models import ACTIVE_STATES
+from queueworks.models import ACTIVE_STATES, JobState
 
 _NAMES = (
     "enqueue",
@@ -31,13 +32,24 @@ _NAMES = (
     "expire_finished",
     "sweep_lost",
     "record_task",
+    "enqueue_jobs",
+    "settle_jobs",
+    "promote_due",
+    "cancel_job",
+    "requeue_job",
 )
 # The states in which a task still takes work, as the scripts that need them receive them.
 ACTIVE = ",".join(state.value for state in ACTIVE_STATES)
 
 
+# Constants a script writes, given to it from Python when it is loaded (``${NAME}`` in
+# its source), never retyped there.
+_CONSTANTS = {state.name: state.value for state in JobState}
+
+
 def _source(name: str) -> str:
-    return resources.files("queueworks").joinpath("lua", f"{name}.lua").read_text()
+    text = resources.files("queueworks").joinpath("lua", f"{name}.lua").read_text()
+    return Template(text).substitute(_CONSTANTS) if "${" in text else text
 
 
 @dataclass(frozen=True)
@@ -66,6 +78,29 @@ class Settled:
     finished: bool  # this call finished the task
     rejected: int = 0
     active: bool = True  # the task still takes work (False: it has finished, by any hand)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    id: str
+    handler: str
+    payload: str  # JSON
+    at: float | None = None  # when a delayed job runs (None: now)
+
+
+@dataclass
+class JobBatch:
+    """What one member settles of a queue at once (``settle_jobs``)."""
+
+    ok: list[tuple[str, str, float, int, str]] = field(default_factory=list)
+    # (entry id, job id, started at, attempts, result JSON)
+    dead: list[tuple[str, str, float, int, str, str, str]] = field(default_factory=list)
+    # (entry id, job id, started at, attempts, reason, error, payload)
+    rejected: list[tuple[str, str, str]] = field(default_factory=list)  # (entry, why, payload)
+    buckets: dict[str, float] = field(default_factory=dict)  # latency histogram additions
+
+    def __len__(self) -> int:
+        return len(self.ok) + len(self.dead) + len(self.rejected)
 
 
 READ_FENCED = -1
@@ -191,6 +226,53 @@ class Scripts:
         ]
         gone = [(_s(eid), int(deliveries)) for eid, deliveries in gone_raw]
         return claimed, gone
+
+    # -- queues ---------------------------------------------------------------------------
+
+    def enqueue_jobs(
+        self, tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any = None
+    ) -> None:
+        """Put ``jobs`` on a queue (or in its scheduled zset), each with its record; may be
+        pipelined (not on a cluster pipeline, as for ``enqueue``)."""
+        argv: list[Any] = [repr(now)]
+        for job in jobs:
+            argv += (job.id, job.handler, job.payload, "" if job.at is None else repr(job.at))
+        keys = [tk.stream, tk.scheduled, *(tk.job(job.id) for job in jobs)]
+        if isinstance(client, ClusterPipeline):
+            client = None
+        self._s["enqueue_jobs"](keys=keys, args=argv, client=client)
+
+    def settle_jobs(
+        self, tk: TaskKeys, batch: JobBatch, worker_id: str, now: float, ttl: int, client: Any
+    ) -> Any:
+        """Settle a batch of jobs (see settle_jobs.lua); with a pipeline, the reply comes
+        with it: ``(ok, dead, rejected)``."""
+        argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
+        argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets))
+        keys = [tk.stream, tk.record, tk.dead, tk.latency, tk.rate]
+        for entry_id, job_id, started, attempts, result in batch.ok:
+            keys.append(tk.job(job_id))
+            argv += (entry_id, repr(started), attempts, result)
+        for entry_id, job_id, started, attempts, reason, error, payload in batch.dead:
+            keys.append(tk.job(job_id))
+            argv += (entry_id, repr(started), attempts, reason, error, job_id, payload)
+        for entry_id, why, payload in batch.rejected:
+            argv += (entry_id, why, payload)
+        for bucket, amount in batch.buckets.items():
+            argv += (bucket, repr(amount))
+        return self._s["settle_jobs"](keys=keys, args=argv, client=client)
+
+    def promote_due(self, tk: TaskKeys, job_ids: Sequence[str]) -> int:
+        keys = [tk.stream, tk.scheduled, *(tk.job(j) for j in job_ids)]
+        return int(self._s["promote_due"](keys=keys, args=list(job_ids)))
+
+    def cancel_job(self, tk: TaskKeys, job_id: str, now: float, ttl: int) -> int:
+        keys = [tk.stream, tk.scheduled, tk.job(job_id)]
+        return int(self._s["cancel_job"](keys=keys, args=[tk.group, job_id, repr(now), ttl]))
+
+    def requeue_job(self, tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Any:
+        keys = [tk.stream, tk.record, tk.dead, tk.job(job_id)]
+        return self._s["requeue_job"](keys=keys, args=[dead_entry, repr(now)])
 
     def set_state(self, tk: TaskKeys, state: str, now: float, error: str = "") -> bool:
         args = [state, repr(now), error, ACTIVE]

@@ -26,7 +26,9 @@ from workers.work import Gone, Work
 Succeeded = list[tuple[str, int, str]]  # (entry id, index, result JSON) of one stream
 
 
-class Ledger:
+class Attempts:
+    """What every ledger shares: an attempt is a start, charged in Redis."""
+
     def __init__(
         self,
         r: Connection,
@@ -40,16 +42,25 @@ class Ledger:
         self.r, self.scripts, self.tk, self.keys, self.spec = r, scripts, tk, keys, spec
         self.state, self.log = state, log
         self.me = state.worker_id
-        self.ok: dict[str, Succeeded] = {}
-        self.dead: dict[str, list[DeadEntry]] = {}
         self.last_flush = time.monotonic()
         self.ended = False  # a settle found the task finished: the member should leave
         self.interrupted: str | None = None  # the entry a cold stop interrupted: it started
 
-    def succeeded(self, stream: str) -> Succeeded:
-        """The list to append ``(entry id, index, result JSON)`` of ``stream`` to (the hot
-        path appends to it directly; ``flush`` settles it)."""
-        return self.ok.setdefault(stream, [])
+    def flush(self) -> None:
+        """Settle everything recorded so far."""
+        raise NotImplementedError
+
+    def exhausted(self, work: Work, why: str) -> None:
+        """``work`` may not start again: it ran out of attempts."""
+        raise NotImplementedError
+
+    def bury_gone(self, stream: str, gone: Sequence[Gone]) -> None:
+        """Pending entries whose payload was deleted or trimmed: settle them."""
+        raise NotImplementedError
+
+    def sweep_lost(self, streams: Sequence[str]) -> None:
+        """The leader, idle: account for what was deleted before it settled (if anything
+        can be: a task's indices can)."""
 
     def start(self, work: Work) -> Work | None:
         """The entry as it may run now, or None (dead-lettered, or no longer ours).
@@ -70,10 +81,33 @@ class Ledger:
                 f"started {starts} times without finishing (max_attempts="
                 f"{self.spec.max_attempts}): each time its worker died or hung"
             )
-            spent = Work(work.stream, work.entry_id, work.fields, starts)
-            self.bury(spent, work.index, "exceeded max_attempts", why)
+            self.exhausted(Work(work.stream, work.entry_id, work.fields, starts), why)
             return None
         return work
+
+    def retry(self, work: Work) -> Work | None:
+        """Spend an attempt of ``work`` (XCLAIM to ourselves raises the delivery count: in
+        Redis too) and return it as the next attempt; None if it is no longer ours."""
+        if not self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id]):
+            return None  # reclaimed by the others meanwhile
+        return Work(work.stream, work.entry_id, work.fields, work.attempt + 1)
+
+
+class Ledger(Attempts):
+    """The subtasks' ledger: outcomes by index, settled by ``settle.lua``."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ok: dict[str, Succeeded] = {}
+        self.dead: dict[str, list[DeadEntry]] = {}
+
+    def exhausted(self, work: Work, why: str) -> None:
+        self.bury(work, work.index, "exceeded max_attempts", why)
+
+    def succeeded(self, stream: str) -> Succeeded:
+        """The list to append ``(entry id, index, result JSON)`` of ``stream`` to (the hot
+        path appends to it directly; ``flush`` settles it)."""
+        return self.ok.setdefault(stream, [])
 
     def failed(self, work: Work, index: int, exc: BaseException, payload: str) -> Work | None:
         """A handler raised: dead-letter it after ``max_attempts``, else spend an attempt
@@ -83,10 +117,7 @@ class Ledger:
             self.bury(work, index, f"failed {work.attempt} times", tb, payload)
             return None
         self.log.info("subtask_retry", index=index, attempt=work.attempt, error=repr(exc))
-        # XCLAIM to ourselves raises the delivery count: the attempt is spent in Redis too.
-        if not self.r.xclaim(work.stream, self.tk.group, self.me, 0, [work.entry_id]):
-            return None  # no longer ours (reclaimed by the others meanwhile)
-        return Work(work.stream, work.entry_id, work.fields, work.attempt + 1)
+        return self.retry(work)
 
     def bury(
         self, work: Work, index: int | None, reason: str, error: str, payload: str | None = None

@@ -16,7 +16,7 @@ from queueworks.models import StoredSpec
 from queueworks.scripts import Scripts
 from workers.handlers import Handler
 from workers.heartbeat import NodeState
-from workers.ledger import Ledger
+from workers.ledger import Attempts
 from workers.membership import Membership
 from workers.reclaim import Reclaim
 from workers.watchdog import Watchdog
@@ -35,13 +35,13 @@ class Run(Protocol):
     state: NodeState
     watchdog: Watchdog
     spec: StoredSpec
-    handler: Handler
+    handler: Handler | None  # the task's handler (None for a queue: each job names its own)
     batch_size: int
     streams: list[str]  # every subtask stream of the task
     owned: list[str]  # the streams this member reads in its role
     held: deque[Work]  # entries in hand, to run before anything new (reclaimed, retried)
     membership: Membership
-    ledger: Ledger
+    ledger: Attempts  # the mode loop's own ledger (it made it)
     reclaim: Reclaim
 
     def check(self) -> None:
@@ -56,6 +56,10 @@ class Run(Protocol):
 
 
 class ModeLoop(Protocol):
+    @property
+    def ledger(self) -> Attempts:
+        """What the loop settles with (it made it); the run settles through it too."""
+
     def serve(self) -> None:
         """Work until told to stop; ends only by raising ``Leave``."""
 

@@ -8,7 +8,9 @@ from workers.loop import ModeLoop, Run
 from workers.steps import StepLoop
 from workers.subtasks import SubtaskLoop
 
-MODES: dict[str, Callable[[Run], ModeLoop]] = {
+Mode = Callable[[Run], ModeLoop]
+
+MODES: dict[str, Mode] = {
     "subtask": SubtaskLoop,
     "step": StepLoop,
 }

@@ -26,8 +26,7 @@ from queueworks.models import Refusal, StoredSpec, TaskState, describe_error
 from queueworks.scripts import Scripts
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.heartbeat import Heartbeat, NodeState
-from workers.ledger import Ledger
-from workers.loop import ModeLoop
+from workers.ledger import Attempts
 from workers.membership import Membership
 from workers.modes import MODES
 from workers.reclaim import Reclaim
@@ -67,6 +66,7 @@ class TaskRun:
         self.me = parts.state.worker_id
         self.log = parts.log.bind(task_id=task_id)
         self.held: deque[Work] = deque()
+        self.ledger: Attempts  # the mode loop's
         self.owned: list[str] = []
         self.last_backstop = time.monotonic()
         self.swept_at = 0.0  # monotonic time of the last look for lost indices
@@ -86,30 +86,27 @@ class TaskRun:
             return "finished"
         self.streams = self.tk.streams(self.spec.partitions)
         self.watchdog.use(self.spec.subtask_timeout, self.log)
+        r, scripts, tk, keys, state = self.r, self.scripts, self.tk, self.keys, self.state
+        self.membership = Membership(r, scripts, tk, keys, state, ttl=self.parts.ttl, log=self.log)
+        self.reclaim = Reclaim(r, scripts, tk, self.me)
         try:
-            self.handler: Handler = resolve(self.spec.handler, self.parts.allow)
+            self.handler: Handler | None = None
+            if self.spec.handler:
+                self.handler = resolve(self.spec.handler, self.parts.allow)
+            loop = MODES[self.spec.mode](self)  # a queue's resolves its known handlers
         except HandlerRefused as exc:
             self._refuse(exc)
             return "refused"
-        self.membership = Membership(
-            self.r, self.scripts, self.tk, self.keys, self.state, ttl=self.parts.ttl, log=self.log
-        )
-        self.ledger = Ledger(
-            self.r, self.scripts, self.tk, self.keys, self.spec, self.state, self.log
-        )
-        self.reclaim = Reclaim(self.r, self.scripts, self.tk, self.me)
+        self.ledger = loop.ledger
         if not self._join():
             return "finished"
         reason = "error"  # unless the loop says why it ends (anything else propagates)
-        loop: ModeLoop | None = None
         try:
-            loop = MODES[self.spec.mode](self)
             loop.serve()
         except Leave as why:
             reason = str(why)
         finally:
-            if loop is not None:
-                loop.close(reason)
+            loop.close(reason)
             self._leave()
         return reason
 
@@ -237,7 +234,7 @@ class TaskRun:
         )
         if role.leader:
             m.record_rebalance(pause_ms, reclaimed, last)
-        if self.handler.on_rebalance is not None and old != role:
+        if self.handler is not None and self.handler.on_rebalance is not None and old != role:
             self.handler.on_rebalance(old, role)
 
     def _take_over(self, members: Collection[str], *, departed: bool, adopt: bool) -> int:

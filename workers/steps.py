@@ -44,6 +44,7 @@ from queueworks.models import Role, TaskState
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED
 from queueworks.signals import ColdStop
 from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
+from workers.ledger import Ledger
 from workers.loop import Run
 from workers.work import Leave, Work
 
@@ -116,6 +117,7 @@ class StepLoop:
 
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.ledger = Ledger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
         self.trainer: StepTrainer | None = None
         self.failed = False
         self.key = run.tk.steps
@@ -130,6 +132,7 @@ class StepLoop:
             if run.spec.partitions:
                 raise TrainerFailed("step mode does not take partitions")
             ctx = StepContext(run.tk.task_id, run.me, run.spec, run.r, run.tk, run.log, _Live(run))
+            assert run.handler is not None
             self.trainer = _call(run.handler.fn, ctx)
             self._serve(self.trainer)
         except TrainerFailed as exc:
@@ -226,7 +229,7 @@ class StepLoop:
             _call(trainer.commit if ok else trainer.abort, info)
             if work is not None and index is not None:
                 body = self._body(result if ok else None)
-                run.ledger.succeeded(work.stream).append((work.entry_id, index, body))
+                self.ledger.succeeded(work.stream).append((work.entry_id, index, body))
             self.backlog = [x for x in recorded if x.rank != gen.role.rank]
         else:
             _call(trainer.abort, info)
@@ -235,7 +238,7 @@ class StepLoop:
             self.backlog = []
             if decision == FENCED:
                 run.state.fenced = True  # pruned: the check parks what we hold and rejoins
-        run.ledger.flush()
+        self.ledger.flush()
         self.seq += 1
         if not ok or decision != COMMIT:
             self.gen = None  # this group is broken: form the next round
@@ -247,12 +250,12 @@ class StepLoop:
         """At most one shard: one in hand, else a parked one, else a new one."""
         run = self.run
         while run.held:
-            work = run.ledger.start(run.held.popleft())
+            work = self.ledger.start(run.held.popleft())
             if work is not None:
                 return work
         stream = run.streams[0]
         parked, gone = run.reclaim.parked_one(stream)
-        run.ledger.bury_gone(stream, gone)
+        self.ledger.bury_gone(stream, gone)
         if parked is not None:
             return parked
         role = run.membership.role
@@ -273,7 +276,7 @@ class StepLoop:
         """Charge what we hold that may have run before (reclaimed from a departed member)
         before parking it: a parked entry is not charged again when claimed."""
         run = self.run
-        held = [run.ledger.start(w) for w in run.held]
+        held = [self.ledger.start(w) for w in run.held]
         run.held.clear()
         run.held.extend(w for w in held if w is not None)
 
@@ -283,14 +286,14 @@ class StepLoop:
         try:
             sub = decode_entry(work.entry_id, work.fields)
         except BadMessage as exc:
-            run.ledger.bury(work, None, "malformed entry", str(exc))
+            self.ledger.bury(work, None, "malformed entry", str(exc))
             return None
         try:  # the shard's local work is bounded by subtask_timeout, as a handler is
             run.watchdog.call(sub.index, trainer.prepare, sub.payload)
         except (StepAborted, Leave, ColdStop, redis.ConnectionError, redis.TimeoutError):
             raise
         except BaseException as exc:  # SystemExit in prepare too: a failed attempt
-            retry = run.ledger.failed(work, sub.index, exc, sub.raw_payload)
+            retry = self.ledger.failed(work, sub.index, exc, sub.raw_payload)
             if retry is not None:
                 run.held.appendleft(retry)
             return None
@@ -352,8 +355,7 @@ class StepLoop:
         the settle script counts an entry only when XACK removed it)."""
         if not self.backlog:
             return
-        run = self.run
         for x in self.backlog:
-            run.ledger.succeeded(x.stream).append((x.entry_id, x.index, "null"))
+            self.ledger.succeeded(x.stream).append((x.entry_id, x.index, "null"))
         self.backlog = []
-        run.ledger.flush()
+        self.ledger.flush()

@@ -11,6 +11,7 @@ from queueworks.context import SubtaskContext, Suspended
 from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of
 from queueworks.signals import ColdStop
+from workers.ledger import Ledger
 from workers.loop import Run
 from workers.work import Batches, Entries, Work
 
@@ -21,7 +22,9 @@ CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this ofte
 
 class SubtaskLoop:
     def __init__(self, run: Run) -> None:
-        self.run = run
+        assert run.handler is not None
+        self.run, self.handler = run, run.handler
+        self.ledger = Ledger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
         self.avg_seconds = 0.0
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0  # monotonic time of the last read that checked membership
@@ -127,7 +130,7 @@ class SubtaskLoop:
         while run.held:
             if s.suspend.is_set() or s.stopping or s.fenced:
                 break
-            work = run.ledger.start(run.held.popleft())
+            work = self.ledger.start(run.held.popleft())
             if work is None:
                 continue
             # (the id back to bytes, as read: the rare path shares the hot one)
@@ -148,12 +151,12 @@ class SubtaskLoop:
 
         This is the hot path: what every entry needs is looked up once per call, and a
         ``Work`` is only built on the rare paths that keep or bury an entry."""
-        run, ledger = self.run, self.run.ledger
+        run, ledger = self.run, self.ledger
         s = run.state
         suspended = s.suspend.is_set
         monotonic = time.monotonic
         call = run.watchdog.call
-        fn, takes_ctx = run.handler.fn, run.handler.takes_ctx
+        fn, takes_ctx = self.handler.fn, self.handler.takes_ctx
         ok = ledger.succeeded(stream)
         flush_at = ledger.last_flush + FLUSH_SECONDS
         for i, (raw_id, fields) in enumerate(entries):
@@ -217,4 +220,4 @@ class SubtaskLoop:
         if ran:
             spent = (time.monotonic() - started) / ran
             self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
-        self.run.ledger.flush()
+        self.ledger.flush()

@@ -22,9 +22,9 @@ import torch
 import torch._dynamo  # the first optimizer imports it (~1 s): pay before joining, not after
 import torch.distributed as dist
 
-from queueworks.client import Task
 from queueworks.models import TaskStatus
 from queueworks.steps import Generation, StepContext, StepInfo
+from queueworks.tasks import Task
 from queueworks.torch.checkpoints import Checkpoints
 from queueworks.torch.options import LossFn, StepRecord, TorchOptions
 from queueworks.torch.rendezvous import Group

@@ -1,0 +1,35 @@
+-- Put a queue's dead job back on its stream: its dead letter is removed, `dead` goes down by
+-- one, its record says queued again (and no longer expires), and it runs as a new attempt 1.
+-- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] the job's record
+-- ARGV[1] dead-letter entry id   ARGV[2] now (s)
+-- returns {1, new entry id, job id} or {0, reason}: 'missing entry', 'rejected entry',
+--   'payload missing', 'job <state>' (its record says it is not dead)
+local found = redis.call('XRANGE', KEYS[3], ARGV[1], ARGV[1])
+if #found == 0 then
+  return {0, 'missing entry'}
+end
+local f = {}
+local flat = found[1][2]
+for i = 1, #flat, 2 do
+  f[flat[i]] = flat[i + 1]
+end
+if f['reason'] == 'rejected' or (f['job'] or '') == '' then
+  return {0, 'rejected entry: it was no job of this queue'}
+end
+if (f['payload'] or '') == '' then
+  return {0, 'payload missing'}
+end
+local state = redis.call('HGET', KEYS[4], 's')
+if state and state ~= '${DEAD}' then
+  return {0, 'job ' .. state}
+end
+local eid = redis.call('XADD', KEYS[1], '*', 'j', f['job'], 'h', f['handler'] or '',
+  'p', f['payload'], 't', ARGV[2])
+redis.call('HSET', KEYS[4], 's', '${QUEUED}', 'h', f['handler'] or '', 'e', eid, 't', ARGV[2])
+redis.call('HDEL', KEYS[4], 'reason', 'err', 'st', 'ft', 'a', 'w', 'r')
+redis.call('PERSIST', KEYS[4])
+redis.call('XDEL', KEYS[3], ARGV[1])
+if tonumber(redis.call('HGET', KEYS[2], 'dead') or '0') > 0 then
+  redis.call('HINCRBY', KEYS[2], 'dead', -1)
+end
+return {1, eid, f['job']}

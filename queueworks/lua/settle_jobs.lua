@@ -1,0 +1,90 @@
+-- Settle a batch of a queue's jobs in one atomic step: ack and delete each entry (settled
+-- entries leave the stream), write each job's outcome into its record (done with its
+-- result, or dead with its reason) and start the record's expiry (result ttl), count it,
+-- and add the batch to the queue's enqueue -> start histogram and per-second rate. Only an
+-- entry the XACK removed counts: a late ack (a presumed-dead member, a job run twice)
+-- changes nothing. An entry whose job has no record (no job of this queue) is rejected.
+-- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
+-- KEYS[5] rate   KEYS[6..] the records of the ok jobs, then of the dead ones, in order
+-- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
+-- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
+-- then n_ok 4-tuples: entry id, started at, attempts, result JSON
+-- then n_dead 7-tuples: entry id, started at, attempts, reason, error, job id, payload
+-- then n_rejected 3-tuples: entry id, why, payload
+-- then n_buckets pairs: histogram bucket ("le" bound or "sum"), amount to add
+-- returns {ok counted, dead counted, rejected counted}
+local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
+local n_rej, n_buckets = tonumber(ARGV[7]), tonumber(ARGV[8])
+local now, worker, ttl = ARGV[2], ARGV[3], ARGV[4]
+local call = redis.call
+local ok, dead, rejected = 0, 0, 0
+local at, key = 9, 6
+
+local function reject(entry, why, payload)
+  call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'entry', entry, 'job', '',
+    'reason', 'rejected', 'error', why, 'attempts', '', 'payload', payload,
+    'worker', worker, 'ts', now)
+  rejected = rejected + 1
+end
+
+for _ = 1, n_ok do
+  if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
+    call('XDEL', KEYS[1], ARGV[at])
+    local job = KEYS[key]
+    if call('EXISTS', job) == 0 then
+      reject(ARGV[at], 'no such job in this queue; its result was discarded', '')
+    else
+      call('HSET', job, 's', '${DONE}', 'r', ARGV[at + 3], 'st', ARGV[at + 1],
+        'ft', now, 'a', ARGV[at + 2], 'w', worker)
+      call('EXPIRE', job, ttl)
+      ok = ok + 1
+    end
+  end
+  at, key = at + 4, key + 1
+end
+for _ = 1, n_dead do
+  if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
+    call('XDEL', KEYS[1], ARGV[at])
+    local job = KEYS[key]
+    if call('EXISTS', job) == 0 then
+      reject(ARGV[at], 'no such job in this queue; ' .. ARGV[at + 3], ARGV[at + 6])
+    else
+      call('HSET', job, 's', '${DEAD}', 'reason', ARGV[at + 3], 'err', ARGV[at + 4],
+        'st', ARGV[at + 1], 'ft', now, 'a', ARGV[at + 2], 'w', worker)
+      call('EXPIRE', job, ttl)
+      call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'entry', ARGV[at], 'job', ARGV[at + 5],
+        'reason', ARGV[at + 3], 'error', ARGV[at + 4], 'attempts', ARGV[at + 2],
+        'payload', ARGV[at + 6], 'handler', call('HGET', job, 'h') or '',
+        'worker', worker, 'ts', now)
+      dead = dead + 1
+    end
+  end
+  at, key = at + 7, key + 1
+end
+for _ = 1, n_rej do
+  if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
+    call('XDEL', KEYS[1], ARGV[at])
+    reject(ARGV[at], ARGV[at + 1], ARGV[at + 2])
+  end
+  at = at + 3
+end
+for _ = 1, n_buckets do
+  call('HINCRBYFLOAT', KEYS[4], ARGV[at], ARGV[at + 1])
+  at = at + 2
+end
+if ok > 0 then
+  call('HINCRBY', KEYS[2], 'done', ok)
+end
+if dead > 0 then
+  call('HINCRBY', KEYS[2], 'dead', dead)
+end
+if rejected > 0 then
+  call('HINCRBY', KEYS[2], 'rejected', rejected)
+end
+if ok + dead > 0 then
+  local second = math.floor(tonumber(now))
+  call('HINCRBY', KEYS[5], second, ok + dead)
+  call('HDEL', KEYS[5], second - 61)
+  call('EXPIRE', KEYS[5], 120)
+end
+return {ok, dead, rejected}

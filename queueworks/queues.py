@@ -1,0 +1,350 @@
+"""Queues: jobs enqueued one at a time, on an elastic node set.
+
+A queue is a long-lived task (``TaskSpec(mode="queue")``) whose stream stays open: a job is
+one stream entry naming its own handler, and its record (``qw:task:{Q}:job:<id>``) says how
+it is doing. Enqueueing is one round trip (one Lua call: the entry and the record); the
+queue's members are already blocked on the stream, so a job starts in about one more. The
+controller sizes the node set like any task's; the queue's leader asks for more nodes while
+jobs wait and for ``min_nodes`` after ``idle_after`` seconds without work. Reclaim,
+attempts, timeouts (``job_timeout``), dead letters and once-only accounting are the ones of
+subtasks. A settled job leaves the stream; its record (result or error) expires
+``result_ttl`` after it finished.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from enum import Enum
+from typing import Any
+
+from queueworks import events
+from queueworks.connection import text
+from queueworks.messages import NotJSON, from_json, to_json
+from queueworks.models import (
+    JobState,
+    JobStatus,
+    QueueStatus,
+    TaskSpec,
+    TaskState,
+    parse_handler_path,
+)
+from queueworks.records import job_status, new_task, queue_counts
+from queueworks.scripts import NewJob
+from queueworks.tasks import Backend, Task
+
+ENQUEUE_BATCH = 500  # jobs per Lua call in enqueue_many
+ENQUEUE_PIPELINE = 8  # Lua calls per round trip
+
+
+class Unset(Enum):
+    UNSET = 0
+
+
+UNSET = Unset.UNSET  # "as the queue has it" (or the default, when it is created)
+
+
+class JobFailed(Exception):
+    """The job is dead (or was cancelled): ``reason`` says why, ``traceback`` how."""
+
+    def __init__(self, job_id: str, reason: str, traceback: str = "") -> None:
+        super().__init__(f"job {job_id}: {reason}")
+        self.job_id, self.reason, self.traceback = job_id, reason, traceback
+
+
+def handler_path(handler: str | Callable[..., Any]) -> str:
+    """``"module:function"`` for a path or a module-level function object."""
+    if isinstance(handler, str):
+        path = handler
+    else:
+        module, name = getattr(handler, "__module__", ""), getattr(handler, "__qualname__", "")
+        if not module or module == "__main__" or "." in name or "<" in name:
+            raise ValueError(
+                f"handler {handler!r}: a worker can only import a module-level function of an "
+                "importable module; give it as 'package.module:function'"
+            )
+        path = f"{module}:{name}"
+    parse_handler_path(path)
+    return path
+
+
+def new_job_id() -> str:
+    return os.urandom(10).hex()
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    min_nodes: int
+    max_nodes: int | None
+    priority: int
+    max_attempts: int
+    job_timeout: float
+    result_ttl: float
+    idle_after: float
+    node_selector: dict[str, str]
+
+    def spec(self, name: str) -> TaskSpec:
+        return TaskSpec(
+            name=name,
+            mode="queue",
+            min_nodes=self.min_nodes,
+            max_nodes=self.max_nodes,
+            priority=self.priority,
+            max_attempts=self.max_attempts,
+            subtask_timeout=self.job_timeout,
+            result_ttl=self.result_ttl,
+            node_selector=self.node_selector,
+            options={"queue": {"idle_after": self.idle_after}},
+        )
+
+    @classmethod
+    def of(cls, spec: TaskSpec) -> QueueSettings:
+        return cls(
+            min_nodes=spec.min_nodes,
+            max_nodes=spec.max_nodes,
+            priority=spec.priority,
+            max_attempts=spec.max_attempts,
+            job_timeout=spec.subtask_timeout,
+            result_ttl=spec.result_ttl,
+            idle_after=float(spec.options.get("queue", {}).get("idle_after", IDLE_AFTER)),
+            node_selector=dict(spec.node_selector),
+        )
+
+
+IDLE_AFTER = 30.0  # s without a job before a queue asks for min_nodes only
+DEFAULTS = QueueSettings(1, None, 0, 3, 60.0, 24 * 3600.0, IDLE_AFTER, {})
+
+
+class Queue:
+    """A handle to one queue: ``client.queue("emails")``."""
+
+    def __init__(self, client: Backend, name: str, settings: QueueSettings) -> None:
+        self.client, self.name, self.settings = client, name, settings
+        self.keys = client.keys.task(name)
+        self._known: set[str] = set()  # handlers this handle has told the queue about
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    @property
+    def task(self) -> Task:
+        """The queue as a task (``resize``, ``set_priority``, ``cancel`` stop it taking
+        nodes for good)."""
+        return Task(self.client, self.name)
+
+    def job(self, job_id: str) -> Job:
+        return Job(self, job_id)
+
+    # -- enqueueing -----------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        handler: str | Callable[..., Any],
+        payload: Any = None,
+        *,
+        delay: float | None = None,
+        at: datetime | float | None = None,
+    ) -> Job:
+        """Add one job: ``handler`` (``"module:function"`` or the function) runs on
+        ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
+        One round trip."""
+        job = self._new_job(handler, payload, delay, at)
+        now = time.time()
+        if job.handler in self._known:
+            self.client.scripts.enqueue_jobs(self.keys, [job], now)
+        else:
+            pipe = self.client.redis.pipeline(transaction=False)
+            self._tell_handlers(pipe, [job.handler])
+            self.client.scripts.enqueue_jobs(self.keys, [job], now, client=pipe)
+            pipe.execute()
+        return Job(self, job.id)
+
+    def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
+        """Add many ``(handler, payload)`` jobs, in batches, pipelined."""
+        out: list[Job] = []
+        pipe = self.client.redis.pipeline(transaction=False)
+        batch: list[NewJob] = []
+        calls = 0
+        for handler, payload in jobs:
+            job = self._new_job(handler, payload, None, None)
+            if job.handler not in self._known:
+                self._tell_handlers(pipe, [job.handler])
+            batch.append(job)
+            out.append(Job(self, job.id))
+            if len(batch) >= ENQUEUE_BATCH:
+                self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
+                batch, calls = [], calls + 1
+                if calls >= ENQUEUE_PIPELINE:
+                    pipe.execute()
+                    calls = 0
+        if batch:
+            self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
+        pipe.execute()
+        return out
+
+    def _new_job(
+        self,
+        handler: str | Callable[..., Any],
+        payload: Any,
+        delay: float | None,
+        at: datetime | float | None,
+    ) -> NewJob:
+        path = handler_path(handler)
+        try:
+            body = to_json(payload, "payload")
+        except NotJSON as exc:
+            raise ValueError(str(exc)) from None
+        if delay is not None and at is not None:
+            raise ValueError("enqueue: give delay or at, not both")
+        run_at: float | None = None
+        if delay is not None:
+            if delay < 0:
+                raise ValueError(f"enqueue: delay must be >= 0, got {delay}")
+            run_at = time.time() + delay
+        elif at is not None:
+            run_at = at.timestamp() if isinstance(at, datetime) else float(at)
+        return NewJob(new_job_id(), path, body, run_at if run_at and run_at > time.time() else None)
+
+    def _tell_handlers(self, pipe: Any, handlers: Sequence[str]) -> None:
+        """The queue learns which handlers its jobs name (the controller gives it only to
+        workers that may run them all)."""
+        pipe.sadd(self.keys.handlers, *handlers)
+        events.emit(pipe, self.client.keys, "handlers", task=self.name)
+        self._known.update(handlers)
+
+    # -- reading --------------------------------------------------------------------------
+
+    def status(self) -> QueueStatus:
+        r = self.client.redis
+        task = self.task.status()
+        pipe = r.pipeline(transaction=False)
+        pipe.hget(self.keys.record, "want")
+        pipe.xlen(self.keys.stream)
+        pipe.xpending(self.keys.stream, self.keys.group)
+        pipe.zcard(self.keys.scheduled)
+        pipe.hgetall(self.keys.rate)
+        want, length, pending, scheduled, rate = pipe.execute(raise_on_error=False)
+        running = int(pending["pending"]) if isinstance(pending, dict) else 0
+        backlog, rates = queue_counts(length, running, rate, time.time())
+        return QueueStatus(
+            name=self.name,
+            state=task.state,
+            backlog=backlog,
+            scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
+            running=running,
+            done=task.done,
+            dead=task.dead,
+            rejected=task.rejected,
+            nodes=task.nodes,
+            epoch=task.epoch,
+            min_nodes=task.min_nodes,
+            max_nodes=task.max_nodes,
+            want=int(want) if want not in (None, b"") and not isinstance(want, Exception) else None,
+            priority=task.priority,
+            rates=rates,
+            reason=task.reason,
+        )
+
+
+class Job:
+    """A handle to one job of a queue."""
+
+    def __init__(self, queue: Queue, job_id: str) -> None:
+        self.queue, self.id = queue, job_id
+        self.key = queue.keys.job(job_id)
+
+    def __repr__(self) -> str:
+        return f"Job({self.queue.name!r}, {self.id!r})"
+
+    def status(self) -> JobStatus:
+        r, qk = self.queue.client.redis, self.queue.keys
+        raw: Any = r.hgetall(self.key)
+        if not raw:
+            raise LookupError(f"queue {self.queue.name!r} has no job {self.id!r} (or it expired)")
+        pending: Any = None
+        entry = raw.get(b"e")
+        if raw.get(b"s") == JobState.QUEUED.value.encode() and entry:
+            pending = r.xpending_range(qk.stream, qk.group, entry, entry, 1)
+        return job_status(self.queue.name, self.id, raw, pending, time.time())
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
+        ``TimeoutError`` after ``timeout`` s."""
+        r = self.queue.client.redis
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = 0.001
+        while True:
+            state, value, reason, error = r.hmget(self.key, ["s", "r", "reason", "err"])
+            if state is None:
+                raise LookupError(
+                    f"queue {self.queue.name!r} has no job {self.id!r} (or it expired)"
+                )
+            done = finished(self.id, state, value, reason, error)
+            if done is not None:
+                return done[0]
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"job {self.id} not finished after {timeout} s ({text(state)})")
+            time.sleep(pause)
+            pause = min(0.05, pause * 1.5)
+
+    def cancel(self) -> bool:
+        """Cancel the job if it has not started; False if it has started or finished."""
+        q = self.queue
+        now, ttl = time.time(), int(q.settings.result_ttl)
+        found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        if found < 0:
+            raise LookupError(f"queue {q.name!r} has no job {self.id!r} (or it expired)")
+        return found == 1
+
+
+def finished(job_id: str, state: Any, value: Any, reason: Any, error: Any) -> tuple[Any] | None:
+    """``(result,)`` of a done job; raises ``JobFailed`` for a dead or cancelled one; None
+    while it is not finished."""
+    s = text(state)
+    if s == JobState.DONE:
+        return (from_json(text(value), f"result of job {job_id}") if value else None,)
+    if s == JobState.DEAD:
+        raise JobFailed(job_id, text(reason) or "dead", text(error))
+    if s == JobState.CANCELLED:
+        raise JobFailed(job_id, "cancelled")
+    return None
+
+
+def open_queue(client: Backend, name: str, given: dict[str, Any]) -> Queue:
+    """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
+    ``ValueError`` if it exists with other settings than ``given``."""
+    from queueworks.models import StoredSpec
+
+    r, tk = client.redis, client.keys.task(name)
+    raw: Any = r.hmget(tk.record, ["spec", "state"])
+    if raw[0] is not None:
+        stored = StoredSpec.model_validate_json(raw[0])
+        if stored.mode != "queue":
+            raise ValueError(f"queue {name!r}: a task with that id exists (not a queue)")
+        settings = QueueSettings.of(stored)
+        differs = {k: v for k, v in given.items() if getattr(settings, k) != v}
+        if differs:
+            have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
+            raise ValueError(
+                f"queue {name!r} exists with {have}; open it without those settings, or "
+                "change it (q.task.resize / set_priority)"
+            )
+        if TaskState(text(raw[1])).finished:
+            raise ValueError(f"queue {name!r} was {text(raw[1])}; it takes no jobs")
+        return Queue(client, name, settings)
+    settings = QueueSettings(**{**DEFAULTS.__dict__, **given})
+    now = time.time()
+    pipe = r.pipeline(transaction=False)
+    pipe.xgroup_create(tk.stream, tk.group, id="0", mkstream=True)
+    record = new_task(settings.spec(name), 0, now)
+    client.scripts.record_task(tk, [tk.stream], record, client=pipe)
+    pipe.zadd(client.keys.queue, {name: now}, nx=True)
+    pipe.sadd(client.keys.queues, name)
+    events.emit(pipe, client.keys, "submitted", task=name, name=name, total=0)
+    for reply in pipe.execute(raise_on_error=False):
+        if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
+            raise reply
+    return Queue(client, name, settings)

@@ -1,0 +1,138 @@
+"""A handle to one submitted task (``Client.task``, ``Client.submit``): its status with the
+node set, results, dead letters, and the operator's changes (cancel, priority, resize)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+from queueworks import events
+from queueworks.connection import Connection, text
+from queueworks.keys import Keys
+from queueworks.messages import from_json
+from queueworks.models import DeadLetter, NodeInfo, TaskState, TaskStatus
+from queueworks.records import task_fields
+from queueworks.scripts import Scripts
+
+
+class TaskNotFound(LookupError):
+    pass
+
+
+class Backend(Protocol):
+    """What task and queue handles use of their client."""
+
+    redis: Connection
+    keys: Keys
+    scripts: Scripts
+
+
+def _f(raw: Any, name: str) -> str | None:
+    v = raw.get(name.encode())
+    return v.decode() if v is not None else None
+
+
+class Task:
+    """A handle to one submitted task."""
+
+    def __init__(self, client: Backend, task_id: str) -> None:
+        self.client = client
+        self.id = task_id
+        self.keys = client.keys.task(task_id)
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r})"
+
+    def status(self, *, with_nodes: bool = True) -> TaskStatus:
+        r = self.client.redis
+        raw: Any = r.hgetall(self.keys.record)
+        if not raw:
+            raise TaskNotFound(self.id)
+        nodes: list[NodeInfo] = []
+        if with_nodes:
+            nodes = self._nodes()
+        return TaskStatus(**task_fields(self.id, raw), nodes=nodes)
+
+    def _nodes(self) -> list[NodeInfo]:
+        r = self.client.redis
+        members: Any = r.zrange(self.keys.members, 0, -1, withscores=True)
+        pipe = r.pipeline(transaction=False)
+        for wid, _ in members:
+            pipe.get(self.keys.heartbeat(wid.decode()))
+            pipe.hget(self.client.keys.worker(wid.decode()), "current")
+        replies = pipe.execute()
+        now = time.time()
+        nodes = []
+        for rank, (wid, joined) in enumerate(members):
+            beat, current = replies[2 * rank], replies[2 * rank + 1]
+            nodes.append(
+                NodeInfo(
+                    worker=wid.decode(),
+                    rank=rank,
+                    epoch=int(joined),
+                    heartbeat_age=round(now - float(beat), 3) if beat else None,
+                    current=current.decode() if current else None,
+                )
+            )
+        return nodes
+
+    def wait(self, timeout: float | None = None, poll: float = 0.1) -> TaskStatus:
+        """Block until the task is finished; raise ``TimeoutError`` after ``timeout`` s."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status(with_nodes=False)
+            if status.finished:
+                return status
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"task {self.id} still {status.state} after {timeout} s "
+                    f"({status.done + status.dead}/{status.total})"
+                )
+            time.sleep(poll)
+
+    def results(self) -> Iterator[tuple[int, Any]]:
+        """``(index, result)`` for every subtask that succeeded, in no particular order."""
+        for index, value in self.client.redis.hscan_iter(self.keys.results, count=1000):
+            yield int(text(index)), from_json(text(value), f"result {text(index)!r}")
+
+    def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
+        out = []
+        entries: Any = self.client.redis.xrange(self.keys.dead, count=count)
+        for entry_id, raw in entries:
+            index = _f(raw, "index")
+            out.append(
+                DeadLetter(
+                    id=entry_id.decode(),
+                    index=int(index) if index else None,
+                    reason=_f(raw, "reason") or "",
+                    error=_f(raw, "error") or "",
+                    attempts=int(_f(raw, "attempts") or 0),
+                    payload=_f(raw, "payload"),
+                    worker=_f(raw, "worker"),
+                )
+            )
+        return out
+
+    def cancel(self) -> bool:
+        """Cancel the task: its nodes are released at once. False if it had finished."""
+        changed = self.client.scripts.set_state(self.keys, TaskState.CANCELLED, time.time())
+        if changed:
+            events.emit(self.client.redis, self.client.keys, "cancelled", task=self.id)
+        return changed
+
+    def set_priority(self, priority: int) -> None:
+        self._change(priority=priority)
+
+    def resize(self, min_nodes: int, max_nodes: int | None) -> None:
+        if min_nodes < 1 or (max_nodes is not None and max_nodes < min_nodes):
+            raise ValueError(
+                f"resize: need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}"
+            )
+        self._change(min_nodes=min_nodes, max_nodes="" if max_nodes is None else max_nodes)
+
+    def _change(self, **fields: object) -> None:
+        if self.status(with_nodes=False).finished:
+            raise ValueError(f"task {self.id} has finished; it cannot change")
+        self.client.redis.hset(self.keys.record, mapping=fields)  # type: ignore[arg-type]
+        events.emit(self.client.redis, self.client.keys, "changed", task=self.id, **fields)
