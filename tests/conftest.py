@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -60,14 +61,14 @@ def need_program(name: str, install: str) -> str:
     return shutil.which(name) or missing(name, install)
 
 
-def need_module(name: str, install: str) -> ModuleType:
-    """Module ``name`` imported, else skip / fail (see ``missing``). Works at module level."""
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as exc:
-        if exc.name != name.split(".")[0]:
-            raise  # the module is there but broken: that is an error, not an absence
-        missing(f"the Python package {name!r}", install)
+def need_module(name: str, install: str, *, needs: tuple[str, ...] = ()) -> ModuleType:
+    """Module ``name`` imported, else skip / fail (see ``missing``). Works at module level.
+    ``needs``: packages it must find beside it (torch warns, an error here, without numpy).
+    Only an absent package is an absence: one that is there and fails to import raises."""
+    for package in (name, *needs):
+        if importlib.util.find_spec(package) is None:
+            missing(f"the Python package {package!r}", install)
+    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="session")

@@ -56,8 +56,7 @@ def test_readme_demo_command_runs() -> None:
 def test_readme_training_example_runs() -> None:
     """The README's elastic-training command: one job scaled 2 -> 4 -> 1 workers."""
     assert "python examples/elastic_training.py --scale 2,4,1" in README
-    need_module("numpy", TORCH_INSTALL)
-    need_module("torch", TORCH_INSTALL)
+    need_module("torch", TORCH_INSTALL, needs=("numpy",))
     out = subprocess.run(
         [sys.executable, "examples/elastic_training.py", "--scale", "2,4,1"],
         cwd=ROOT,

@@ -17,8 +17,7 @@ from queueworks import Client, TaskState
 from queueworks.keys import Keys
 from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module, wait_for
 
-need_module("numpy", TORCH_INSTALL)  # torch's CPU wheel does not pull it; torch warns without
-torch = need_module("torch", TORCH_INSTALL)
+torch = need_module("torch", TORCH_INSTALL, needs=("numpy",))  # its CPU wheel lacks numpy
 
 from examples.elastic_training import (  # noqa: E402  (needs torch)
     Config,
