@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -36,6 +36,9 @@ from queueworks.cli_errors import (
 from queueworks.cli_options import ENV, common, option, setting
 from queueworks.logs import configure
 from queueworks.settings import Settings
+
+if TYPE_CHECKING:
+    from queueworks.client import Client
 
 
 def _settings(**flags: Any) -> Settings:
@@ -57,7 +60,7 @@ def _settings(**flags: Any) -> Settings:
     return settings
 
 
-def _client(settings: Settings) -> Any:
+def _client(settings: Settings) -> Client:
     """A ``Client`` for the settings; a URL it cannot use is a usage error."""
     from queueworks.client import Client
 
@@ -137,7 +140,9 @@ def _labels(items: tuple[str, ...]) -> dict[str, str]:
     "seconds without a heartbeat before the others reclaim this worker's work",
     type=float,
 )
-@setting("--batch-size", "batch_size", "subtasks read from the stream at a time", type=int)
+@setting(
+    "--batch-size", "batch_size", "most subtasks read at a time (fewer for slow handlers)", type=int
+)
 @setting(
     "--grace-period",
     "grace_period",
@@ -466,7 +471,8 @@ def dashboard(host: str, port: int, token: str | None, refresh: float, **flags: 
 def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
     """Exit 0 when Redis answers (and the worker's heartbeat is alive); else non-zero.
 
-    Prints `ok`, or `unhealthy: ...` on stderr with exit 1 (Redis) or 2 (the process)."""
+    Prints `ok`; else `unhealthy: ...` on stderr and exit 1 (Redis) or 2 (the worker's
+    heartbeat or the leader lease). A bad URL or flag is an `error:` line, exit 2."""
     from queueworks.connection import connect
     from queueworks.keys import Keys
 
@@ -518,9 +524,9 @@ def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
 def demo(n_workers: int, subtasks: int, embedded: bool, redis_url: str | None) -> None:
     """Run everything locally and show a task's progress.
 
-    Redis (embedded if none answers), a controller, workers, and an example task of
-    SUBTASKS subtasks with a progress bar; then a summary. Exit 0 when every result is
-    right."""
+    Redis (embedded if none answers), a controller, --workers workers and an example
+    task of --subtasks subtasks with a progress bar; then a summary. Exit 0 when every
+    result is right."""
     from queueworks.demo import run_demo
 
     sys.exit(
