@@ -1,3 +1,3 @@
 from queueworks.cli import main
 
-main()
+main(prog_name="queueworks")

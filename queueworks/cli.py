@@ -1,7 +1,11 @@
-"""The ``queueworks`` command: worker, controller, submit, info, health, demo, dashboard.
+"""The ``queueworks`` command: worker, controller, submit, info, dead, health, dashboard, demo.
 
-Settings come from flags and ``QUEUEWORKS_*`` environment variables (flags win). Signal
-handlers live here and only here: the first SIGTERM/SIGINT is a warm stop (finish or
+Settings come from flags and ``QUEUEWORKS_*`` environment variables (flags win); every
+option's help names its default and its variable, both read from ``Settings``. Expected
+failures are one line on stderr and a non-zero exit (``queueworks.cli_errors``); a
+traceback only with ``queueworks --debug``.
+
+Signal handlers live here and only here: the first SIGTERM/SIGINT is a warm stop (finish or
 abort the step at a safe point, leave the node set, exit); a second one, or the grace
 period running out, is a cold stop that interrupts the running handler.
 """
@@ -12,56 +16,125 @@ import json
 import signal
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from queueworks.cli_errors import (
+    EXIT_UNFINISHED,
+    META_PREFIX,
+    META_URL,
+    BadInput,
+    OneLineErrors,
+    explain,
+    missing_extra,
+)
+from queueworks.cli_options import ENV, common, option, setting
 from queueworks.logs import configure
 from queueworks.settings import Settings
 from queueworks.signals import ColdStop, install_stop_signals
 
+if TYPE_CHECKING:
+    from queueworks.client import Client
+
 
 def _settings(**flags: Any) -> Settings:
+    """Settings from the flags (and the environment); logging configured; the URL noted
+    (redacted) so that an error can say which Redis it is about."""
+    from queueworks.connection import as_cluster_url, redact_url
+
     cluster = flags.pop("cluster", False)
+    ctx = click.get_current_context()
+    url = flags.get("redis_url")
+    if url:  # before validation: a bad setting's error may still name the URL
+        ctx.meta[META_URL] = redact_url(url)
     settings = Settings(**{k: v for k, v in flags.items() if v is not None})
     if cluster:
-        from queueworks.connection import as_cluster_url
-
         settings.redis_url = as_cluster_url(settings.redis_url)
+    ctx.meta[META_URL] = redact_url(settings.redis_url)
+    ctx.meta[META_PREFIX] = settings.prefix
+    configure(settings.log_level, settings.log_format)
     return settings
 
 
-def _common(f: Any) -> Any:
-    f = click.option("--redis", "redis_url", help="Redis URL [env QUEUEWORKS_REDIS_URL]")(f)
-    f = click.option(
-        "--cluster",
-        is_flag=True,
-        help="the URL's host(s) are Redis Cluster seed nodes (= redis+cluster://...)",
-    )(f)
-    f = click.option("--prefix", help="key prefix [qw]")(f)
-    f = click.option("--ssl-ca-certs", help="CA file for rediss:// URLs")(f)
-    f = click.option("--log-level", help="debug|info|warning [info]")(f)
-    f = click.option("--log-format", type=click.Choice(["json", "console"]))(f)
-    return f
+def _client(settings: Settings) -> Client:
+    """A ``Client`` for the settings; a URL it cannot use is a usage error."""
+    from queueworks.client import Client
+
+    try:
+        return Client.from_url(
+            settings.redis_url, prefix=settings.prefix, ssl_ca_certs=settings.ssl_ca_certs
+        )
+    except ValueError as exc:  # connect() says what a URL looks like, never the password
+        raise BadInput(str(exc)) from None
 
 
-@click.group()
+@click.group(cls=OneLineErrors)
 @click.version_option(package_name="queueworks")
-def main() -> None:
-    """queueworks: an elastic work-queue on Redis Streams."""
+@option(
+    "--debug",
+    is_flag=True,
+    envvar=ENV + "DEBUG",
+    show_envvar=True,
+    help="show the traceback of an error instead of its one-line message",
+)
+def main(debug: bool) -> None:
+    """queueworks: an elastic work-queue on Redis Streams.
+
+    Every option can also be set by the environment variable its help names (a flag wins
+    over its variable). An expected error is one line on stderr; `queueworks --debug
+    COMMAND` shows its traceback. Exit codes: 0 success, 1 error (Redis unreachable,
+    credentials refused, no such task, missing extra), 2 bad usage or input, 3 `submit
+    --wait` whose task did not fully succeed.
+    """
 
 
-@main.command()
-@_common
-@click.option("--name", help="worker id (default: host-pid-random, unique per process)")
-@click.option("--allow", multiple=True, help="module prefix handlers may come from (repeat)")
-@click.option("--label", multiple=True, help="k=v label, matched by node_selector (repeat)")
-@click.option("--heartbeat-interval", type=float)
-@click.option("--heartbeat-ttl", type=float)
-@click.option("--batch-size", type=int)
-@click.option("--grace-period", type=float, help="seconds a warm stop may take [10]")
-@click.option("--id-file", type=click.Path(dir_okay=False), help="write the worker id here")
+def _labels(items: tuple[str, ...]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"label {item!r} must be key=value", param_hint="--label")
+        labels[key] = value
+    return labels
+
+
+@main.command(short_help="Join the pool and process subtasks.")
+@common
+@option(
+    "--name",
+    help="worker id, unique in the pool",
+    show_default="<host>-<pid>-<random>, unique per process",
+)
+@option(
+    "--allow",
+    multiple=True,
+    help="module prefix handlers may come from (repeat); none given: every handler refused",
+)
+@option("--label", multiple=True, help="k=v label, matched by a task's node_selector (repeat)")
+@setting("--heartbeat-interval", "heartbeat_interval", "seconds between heartbeats", type=float)
+@setting(
+    "--heartbeat-ttl",
+    "heartbeat_ttl",
+    "seconds without a heartbeat before the others reclaim this worker's work",
+    type=float,
+)
+@setting(
+    "--batch-size", "batch_size", "most subtasks read at a time (fewer for slow handlers)", type=int
+)
+@setting(
+    "--grace-period",
+    "grace_period",
+    "seconds a warm stop (SIGTERM) may take before the handler is interrupted",
+    type=float,
+)
+@option(
+    "--id-file",
+    type=click.Path(dir_okay=False),
+    help="write the worker id to this file (for `queueworks health --id-file`)",
+)
 def worker(
     name: str | None,
     allow: tuple[str, ...],
@@ -69,40 +142,54 @@ def worker(
     id_file: str | None,
     **flags: Any,
 ) -> None:
-    """Join the pool and process subtasks of the tasks this worker is given."""
+    """Join the pool and process subtasks of the tasks this worker is given.
+
+    SIGTERM or SIGINT: warm stop (finish or abort the step, leave the node set, exit 0); a
+    second signal, or the grace period running out, interrupts the handler."""
     from workers.worker import Worker
 
     settings = _settings(**flags)
-    configure(settings.log_level, settings.log_format)
-    labels = {}
-    for item in label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"label {item!r} must be key=value", param_hint="--label")
-        labels[key] = value
+    labels = _labels(label)
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
-    w = Worker(settings, worker_id=name, allow=list(allow), labels=labels)
+    try:
+        w = Worker(settings, worker_id=name, allow=list(allow), labels=labels)
+    except ValueError as exc:  # the URL or the worker id
+        raise BadInput(str(exc)) from None
     if id_file:
         Path(id_file).write_text(w.id)
     install_stop_signals(w.stop, settings.grace_period)
     try:
-        w.run()
+        w.run()  # stopped before Redis answered: the connection error, as one line
     except ColdStop:
         sys.exit(1)
 
 
-@main.command()
-@_common
-@click.option("--lease-ttl", type=float)
-@click.option("--reconcile-interval", type=float)
+@main.command(short_help="Give tasks node sets and keep them sized.")
+@common
+@setting(
+    "--lease-ttl",
+    "lease_ttl",
+    "seconds the leader lease lasts; a standby takes over within it",
+    type=float,
+)
+@setting(
+    "--reconcile-interval",
+    "reconcile_interval",
+    "seconds between periodic passes (events wake it at once anyway)",
+    type=float,
+)
 def controller(**flags: Any) -> None:
-    """Give tasks their node sets and keep them sized (run several: one leads)."""
+    """Give tasks their node sets and keep them sized.
+
+    Run two or more: one holds the leader lease, the others stand by."""
     from controller.main import Controller
 
     settings = _settings(**flags)
-    configure(settings.log_level, settings.log_format)
-    c = Controller(settings)
+    try:
+        c = Controller(settings)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     install_stop_signals(c.stop, 5.0)
     try:
         c.run()
@@ -110,18 +197,61 @@ def controller(**flags: Any) -> None:
         sys.exit(1)
 
 
-@main.command()
-@_common
+def _jsonl(lines: Any, source: str) -> Iterator[Any]:
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except ValueError as exc:
+            message = f"--jsonl {source} line {number}: not JSON ({exc})"
+            raise BadInput(message) from None
+
+
+@main.command(short_help="Submit a target task; print its id.")
+@common
 @click.argument("handler")
-@click.option("--name", default=None, help="task name [the handler]")
-@click.option("--count", type=int, help='submit N subtasks {"x": i}')
-@click.option("--jsonl", type=click.File("r"), help="one JSON payload per line ('-' = stdin)")
-@click.option("--min-nodes", type=int, default=1)
-@click.option("--max-nodes", type=int, default=None)
-@click.option("--priority", type=int, default=0)
-@click.option("--max-attempts", type=int, default=3)
-@click.option("--partitions", type=int, default=0)
-@click.option("--wait/--no-wait", default=False, help="wait for the task to finish")
+@option("--name", help="task name", show_default="the handler")
+@option("--count", type=int, help='submit N subtasks {"x": 0} ... {"x": N-1}')
+@option(
+    "--jsonl",
+    type=click.File("r"),
+    help="submit one subtask per line of this JSON-lines file ('-' = stdin)",
+)
+@option("--min-nodes", type=int, default=1, show_default=True, help="fewest workers it runs on")
+@option(
+    "--max-nodes",
+    type=int,
+    help="most workers it runs on",
+    show_default="no limit",
+)
+@option(
+    "--priority",
+    type=int,
+    default=0,
+    show_default=True,
+    help="higher runs first and may take nodes from lower",
+)
+@option(
+    "--max-attempts",
+    type=int,
+    default=3,
+    show_default=True,
+    help="runs of a failing subtask before it is dead-lettered",
+)
+@option(
+    "--partitions",
+    type=int,
+    default=0,
+    show_default=True,
+    help="ordered task: P partitions by each payload's 'key' (0 = unordered)",
+)
+@option(
+    "--wait/--no-wait",
+    default=False,
+    show_default=True,
+    help="wait for the task to finish; exit 3 if any subtask died",
+)
 def submit(
     handler: str,
     name: str | None,
@@ -135,17 +265,21 @@ def submit(
     wait: bool,
     **flags: Any,
 ) -> None:
-    """Submit a target task; prints its id."""
-    from queueworks.client import Client
-    from queueworks.models import TaskSpec
+    """Submit a target task of HANDLER ("package.module:function"); print its id.
+
+    Give exactly one of --count and --jsonl. With --wait: print the outcome; exit 0 only
+    when every subtask succeeded, else 3 with the first dead letters' reasons."""
+    from queueworks.models import TaskSpec, parse_handler_path
 
     settings = _settings(**flags)
     if (count is None) == (jsonl is None):
         raise click.UsageError("give exactly one of --count or --jsonl")
+    try:
+        parse_handler_path(handler)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
     subtasks: Any = (
-        ({"x": i} for i in range(count))
-        if count is not None
-        else (json.loads(line) for line in jsonl if line.strip())
+        ({"x": i} for i in range(count)) if count is not None else _jsonl(jsonl, jsonl.name)
     )
     spec = TaskSpec(
         name=name or handler,
@@ -157,30 +291,32 @@ def submit(
         max_attempts=max_attempts,
         partitions=partitions,
     )
-    client = Client.from_url(
-        settings.redis_url, prefix=settings.prefix, ssl_ca_certs=settings.ssl_ca_certs
-    )
+    client = _client(settings)
     task = client.submit(spec)
     click.echo(task.id)
     if wait:
+        from queueworks.dead import outcome
+
         status = task.wait()
-        click.echo(f"{status.state}: {status.done} done, {status.dead} dead of {status.total}")
+        lines, ok = outcome(task, status)
+        click.echo(lines[0])
+        for line in lines[1:]:
+            click.echo(line, err=True)
+        if not ok:
+            sys.exit(EXIT_UNFINISHED)
 
 
-@main.command()
-@_common
-@click.option("--watch", is_flag=True, help="refresh every --interval seconds")
-@click.option("--interval", type=float, default=1.0)
-@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@main.command(short_help="Tasks (progress, node sets) and workers.")
+@common
+@option("--watch", is_flag=True, help="redraw every --interval seconds until Ctrl-C")
+@option("--interval", type=float, default=1.0, show_default=True, help="seconds between redraws")
+@option("--json", "as_json", is_flag=True, help="machine-readable output")
 def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
-    """Tasks (state, progress, node set) and workers, like `rq info`."""
-    from queueworks.client import Client
+    """Tasks (state, progress, node set with ranks) and workers, like `rq info`."""
     from queueworks.info import render
 
     settings = _settings(**flags)
-    client = Client.from_url(
-        settings.redis_url, prefix=settings.prefix, ssl_ca_certs=settings.ssl_ca_certs
-    )
+    client = _client(settings)
     while True:
         text = render(client, as_json=as_json)
         if watch:
@@ -194,23 +330,89 @@ def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
             return
 
 
-@main.command()
-@_common
-@click.option("--host", default="127.0.0.1", show_default=True, help="address to bind")
-@click.option("--port", type=int, default=9181, show_default=True)
-@click.option(
-    "--token",
-    envvar="QUEUEWORKS_DASHBOARD_TOKEN",
-    help="access token; required beyond loopback [env QUEUEWORKS_DASHBOARD_TOKEN]",
+def _task_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from queueworks.keys import check_task_id
+
+    try:
+        return check_task_id(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@main.command(short_help="List (or requeue) a task's dead letters.")
+@common
+@click.argument("task_id", metavar="TASK", callback=_task_id)
+@option("--json", "as_json", is_flag=True, help="machine-readable output")
+@option(
+    "--index",
+    "indexes",
+    type=int,
+    multiple=True,
+    help="only the dead letters of this subtask index (repeat)",
+    show_default="all",
 )
-@click.option("--refresh", type=float, default=1.0, show_default=True, help="live update, s")
-@click.option(
+@option("--limit", type=int, default=1000, show_default=True, help="read at most N dead letters")
+@option(
+    "--requeue",
+    is_flag=True,
+    help="put the listed dead letters back on the task's stream (reopens a completed task)",
+)
+def dead(
+    task_id: str,
+    as_json: bool,
+    indexes: tuple[int, ...],
+    limit: int,
+    requeue: bool,
+    **flags: Any,
+) -> None:
+    """List the dead letters of TASK: index, attempts, reason, last error line.
+
+    With --requeue, each listed one goes back on the task's stream with its index and
+    payload and the dead count goes down (a completed task becomes active again)."""
+    from queueworks.dead import render, requeue_all
+
+    settings = _settings(**flags)
+    client = _client(settings)
+    task = client.task(task_id)
+    status = task.status(with_nodes=False)  # TaskNotFound: one line
+    letters = [d for d in task.dead_letters(count=limit) if not indexes or d.index in indexes]
+    click.echo(render(status, letters, as_json=as_json))
+    if requeue:
+        click.echo(requeue_all(client, task_id, letters), err=as_json)
+
+
+@main.command(short_help="Web dashboard, JSON API and /metrics.")
+@common
+@option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="address to bind; beyond loopback a --token is required",
+)
+@option("--port", type=int, default=9181, show_default=True, help="port to bind")
+@option(
+    "--token",
+    envvar=ENV + "DASHBOARD_TOKEN",
+    show_envvar=True,
+    help="access token for every page and API call",
+    show_default="none: loopback only, no login",
+)
+@option(
+    "--refresh",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="seconds between live updates of a page",
+)
+@option(
     "--allowed-host",
     "allowed_hosts",
     multiple=True,
-    envvar="QUEUEWORKS_DASHBOARD_ALLOWED_HOSTS",
-    help="a Host name to serve besides the loopback ones (repeat; bound beyond loopback: "
-    "the only names served) [env QUEUEWORKS_DASHBOARD_ALLOWED_HOSTS, space-separated]",
+    envvar=ENV + "DASHBOARD_ALLOWED_HOSTS",
+    show_envvar=True,
+    help="a Host name to serve besides the loopback ones (repeat; space-separated in the "
+    "variable); bound beyond loopback, the only names served",
+    show_default="loopback names only when bound to loopback, else any",
 )
 def dashboard(
     host: str,
@@ -221,13 +423,15 @@ def dashboard(
     **flags: Any,
 ) -> None:
     """Web dashboard, JSON API and /metrics (default http://127.0.0.1:9181)."""
-    import uvicorn
+    try:
+        import uvicorn
 
+        from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
+    except ModuleNotFoundError as exc:
+        raise missing_extra("dashboard", exc.name or "?") from None
     from queueworks.connection import redact_url
-    from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
 
     settings = _settings(**flags)
-    configure(settings.log_level, settings.log_format)
     try:
         check_bind(host, token)
         config = DashboardConfig(
@@ -255,12 +459,24 @@ def dashboard(
     )
 
 
-@main.command()
-@_common
-@click.option("--id-file", type=click.Path(dir_okay=False), help="check this worker's heartbeat")
-@click.option("--controller", "is_controller", is_flag=True, help="check that a leader exists")
+@main.command(short_help="Exit non-zero when Redis or a process is unhealthy.")
+@common
+@option(
+    "--id-file",
+    type=click.Path(dir_okay=False),
+    help="also check the heartbeat of the worker whose id is in this file",
+)
+@option(
+    "--controller",
+    "is_controller",
+    is_flag=True,
+    help="also check that some controller holds the leader lease",
+)
 def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
-    """Exit 0 when Redis answers (and the worker's heartbeat is alive); else non-zero."""
+    """Exit 0 when Redis answers (and the worker's heartbeat is alive); else non-zero.
+
+    Prints `ok`; else `unhealthy: ...` on stderr and exit 1 (Redis) or 2 (the worker's
+    heartbeat or the leader lease). A bad URL or flag is an `error:` line, exit 2."""
     from queueworks.connection import connect
     from queueworks.keys import Keys
 
@@ -268,6 +484,9 @@ def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
     keys = Keys(settings.prefix)
     try:
         r = connect(settings.redis_url, ssl_ca_certs=settings.ssl_ca_certs, socket_timeout=3)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    try:
         r.ping()
         if id_file:
             wid = Path(id_file).read_text().strip()
@@ -280,19 +499,38 @@ def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
     except (OSError, Exception) as exc:
         if isinstance(exc, SystemExit):
             raise
-        click.echo(f"unhealthy: {type(exc).__name__}", err=True)
+        error = explain(exc, click.get_current_context().meta)
+        click.echo(f"unhealthy: {error.message if error else type(exc).__name__}", err=True)
         sys.exit(1)
     click.echo("ok")
 
 
-@main.command()
-@click.option("--workers", "n_workers", type=int, default=3, show_default=True)
-@click.option("--subtasks", type=int, default=5000, show_default=True)
-@click.option("--embedded", is_flag=True, help="always start an embedded Redis")
-@click.option("--redis", "redis_url", help="Redis URL [env QUEUEWORKS_REDIS_URL]")
+@main.command(short_help="Everything on one machine, with a progress bar.")
+@option(
+    "--workers",
+    "n_workers",
+    type=int,
+    default=3,
+    show_default=True,
+    help="worker processes to start",
+)
+@option("--subtasks", type=int, default=5000, show_default=True, help="subtasks of the demo task")
+@option(
+    "--embedded",
+    is_flag=True,
+    help="always start an embedded Redis-compatible server, even if --redis answers",
+)
+@setting(
+    "--redis",
+    "redis_url",
+    "Redis to use when it answers; else an embedded server is started",
+)
 def demo(n_workers: int, subtasks: int, embedded: bool, redis_url: str | None) -> None:
-    """Run everything locally: Redis (embedded if none is reachable), a controller, workers,
-    and an example task with a progress bar."""
+    """Run everything locally and show a task's progress.
+
+    Redis (embedded if none answers), a controller, --workers workers and an example
+    task of --subtasks subtasks with a progress bar; then a summary. Exit 0 when every
+    result is right."""
     from queueworks.demo import run_demo
 
     sys.exit(

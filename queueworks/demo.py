@@ -6,12 +6,13 @@ import os
 import subprocess
 import sys
 import time
+from typing import Any
 
 import redis
 
-from queueworks.client import Client
+from queueworks.client import Client, Task
 from queueworks.connection import connect, redact_url
-from queueworks.models import TaskSpec
+from queueworks.models import TaskSpec, TaskStatus
 from queueworks.settings import Settings
 
 
@@ -33,6 +34,32 @@ def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     )
 
 
+def _largest_node_set(client: Client, task_id: str) -> int:
+    """From the task's history: every join records the node set's size after it."""
+    entries: Any = client.redis.xrange(client.keys.task(task_id).history)
+    return max((int(f[b"size"]) for _, f in entries if b"size" in f), default=0)
+
+
+def _follow(task: Task, deadline: float) -> TaskStatus | None:
+    """Draw the progress bar until the task finishes (its status), or None at ``deadline``."""
+    while True:
+        status = task.status()
+        frac = status.progress
+        bar = "#" * int(frac * 40) + "." * (40 - int(frac * 40))
+        nodes = "released" if status.finished else str(len(status.nodes))
+        print(
+            f"\r[{bar}] {status.done + status.dead}/{status.total} {status.state.value:<9}"
+            f" node set={nodes} epoch={status.epoch}  ",
+            end="",
+            flush=True,
+        )
+        if status.finished:
+            return status
+        if time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)
+
+
 def run_demo(*, n_workers: int, subtasks: int, embedded: bool, redis_url: str | None) -> int:
     from queueworks.redis_server import RedisServer
 
@@ -47,15 +74,12 @@ def run_demo(*, n_workers: int, subtasks: int, embedded: bool, redis_url: str | 
             print(f"started an embedded Redis-compatible server: {server.binary} on {url}")
         else:
             print(f"using Redis at {redact_url(url)}")
-        env = {
-            **os.environ,
-            "QUEUEWORKS_REDIS_URL": url,
-            "QUEUEWORKS_PREFIX": prefix,
-            "QUEUEWORKS_LOG_LEVEL": "warning",
-        }
+        env = {**os.environ, "QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": prefix}
+        env["QUEUEWORKS_LOG_LEVEL"] = "warning"
         procs.append(_spawn(["controller"], env))
-        for _ in range(n_workers):
-            procs.append(_spawn(["worker", "--allow", "queueworks.examples"], env))
+        procs += [
+            _spawn(["worker", "--allow", "queueworks.examples"], env) for _ in range(n_workers)
+        ]
         client = Client.from_url(url, prefix=prefix)
         started = time.monotonic()
         task = client.submit(
@@ -67,28 +91,18 @@ def run_demo(*, n_workers: int, subtasks: int, embedded: bool, redis_url: str | 
             )
         )
         print(f"submitted task {task.id}: {subtasks} subtasks, {n_workers} workers")
-        while True:
-            status = task.status()
-            frac = status.progress
-            bar = "#" * int(frac * 40) + "." * (40 - int(frac * 40))
-            print(
-                f"\r[{bar}] {status.done + status.dead}/{status.total} {status.state.value:<9}"
-                f" nodes={len(status.nodes)} epoch={status.epoch}  ",
-                end="",
-                flush=True,
-            )
-            if status.finished:
-                break
-            if time.monotonic() - started > 300:
-                print("\ndemo: gave up after 300 s")
-                return 1
-            time.sleep(0.2)
+        status = _follow(task, deadline=started + 300)
+        if status is None:
+            print("\ndemo: gave up after 300 s")
+            return 1
         seconds = (status.finished_at or time.time()) - (status.started_at or status.created_at)
         rate = status.total / seconds if seconds > 0 else 0.0
         results = dict(task.results())
+        peak = _largest_node_set(client, task.id)  # a finished task has released its nodes
         print(
             f"\n{status.state.value}: done={status.done} dead={status.dead} "
-            f"seconds={seconds:.2f} subtasks/s={rate:,.0f} results={len(results)}"
+            f"seconds={seconds:.2f} subtasks/s={rate:,.0f} results={len(results)} "
+            f"largest node set={peak} of {n_workers} workers"
         )
         client.close()
         return 0 if status.done == subtasks and len(results) == subtasks else 1
@@ -96,14 +110,19 @@ def run_demo(*, n_workers: int, subtasks: int, embedded: bool, redis_url: str | 
         print("\ninterrupted; stopping everything")
         return 130
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.terminate()
-        for p in procs:
-            try:
-                p.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        _stop(procs)
         if server is not None:
             server.close()
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    """SIGTERM to all (a warm stop each), then wait; SIGKILL what is left after 15 s."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -8,9 +8,16 @@ import time
 from queueworks.client import Client
 
 
-def _bar(fraction: float, width: int = 20) -> str:
-    filled = round(fraction * width)
-    return "#" * filled + "." * (width - filled)
+def _bar(done: int, dead: int, total: int, width: int = 20) -> str:
+    """``#`` for done, ``x`` for dead, ``.`` for the rest: a task whose subtasks all died
+    does not look finished well."""
+    if total <= 0:
+        return "." * width
+    ok = round(done / total * width)
+    bad = min(width - ok, round((done + dead) / total * width) - ok)
+    if dead and not bad:
+        bad, ok = 1, min(ok, width - 1)  # one dead subtask still shows
+    return "#" * ok + "x" * bad + "." * (width - ok - bad)
 
 
 def render(client: Client, *, as_json: bool = False) -> str:
@@ -26,12 +33,13 @@ def render(client: Client, *, as_json: bool = False) -> str:
         )
     now = time.time()
     lines = [f"{len(tasks)} task(s)"]
+    width = max((len(t.name) for t in tasks), default=0)  # names in full, never cut
     for t in tasks:
         nodes = client.task(t.id).status().nodes if not t.finished else []
         size = f"{len(nodes)}/{t.min_nodes}/{t.max_nodes if t.max_nodes else '-'}"
         lines.append(
-            f"  {t.id}  {t.name[:24]:<24} {t.state.value:<9} p={t.priority:<3} "
-            f"[{_bar(t.progress)}] {t.done + t.dead}/{t.total} dead={t.dead} "
+            f"  {t.id}  {t.name:<{width}}  {t.state.value:<9} p={t.priority:<3} "
+            f"[{_bar(t.done, t.dead, t.total)}] {t.done + t.dead}/{t.total} dead={t.dead} "
             f"nodes(now/min/max)={size} epoch={t.epoch}"
         )
         if t.rejected:

@@ -1,7 +1,7 @@
 """The membership protocol's read side: the sorted member list and the roles it gives.
 
 Writes (join, leave, prune) are Lua scripts (``join.lua``, ``depart.lua``) called through
-``queueworks.scripts``; see DESIGN.md, "The membership protocol".
+``queueworks.scripts``; see docs/architecture.md, "The membership protocol".
 """
 
 from __future__ import annotations

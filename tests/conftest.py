@@ -2,12 +2,20 @@
 real worker and controller processes that are always stopped (SIGKILL as the last resort).
 
 ``QUEUEWORKS_TEST_REDIS_URL`` runs the suite against an external server instead.
+
+Optional pieces (torch, chromium, docker-compose, a redis-server with TLS, redis-cli) go
+through ``need_program`` / ``need_module``: where one is missing, the test is skipped with
+the command that installs it, except under ``QUEUEWORKS_REQUIRE_ALL=1`` (set by
+``.ci/run``), where it fails: CI runs every test.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
+import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -15,7 +23,8 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import Any, NoReturn
 
 import pytest
 import redis
@@ -25,6 +34,41 @@ from queueworks.keys import Keys
 from queueworks.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
+
+REQUIRE_ALL = "QUEUEWORKS_REQUIRE_ALL"
+TORCH_INSTALL = (
+    "pip install -e '.[torch]' --extra-index-url https://download.pytorch.org/whl/cpu"
+    " (the CPU build)"
+)
+REDIS_INSTALL = "apt-get install redis-server (brings redis-cli; has TLS)"
+
+
+def require_all() -> bool:
+    """True where every test must run (CI): a missing optional piece is then a failure."""
+    return os.environ.get(REQUIRE_ALL, "") not in ("", "0")
+
+
+def missing(what: str, install: str) -> NoReturn:
+    """Skip for lack of ``what`` (saying how to install it), or fail under REQUIRE_ALL."""
+    message = f"{what} is not installed: {install}"
+    if require_all():
+        pytest.fail(f"{message} ({REQUIRE_ALL}=1: every test must run)", pytrace=False)
+    pytest.skip(message, allow_module_level=True)
+
+
+def need_program(name: str, install: str) -> str:
+    """The path of program ``name`` on PATH, else skip / fail (see ``missing``)."""
+    return shutil.which(name) or missing(name, install)
+
+
+def need_module(name: str, install: str, *, needs: tuple[str, ...] = ()) -> ModuleType:
+    """Module ``name`` imported, else skip / fail (see ``missing``). Works at module level.
+    ``needs``: packages it must find beside it (torch warns, an error here, without numpy).
+    Only an absent package is an absence: one that is there and fails to import raises."""
+    for package in (name, *needs):
+        if importlib.util.find_spec(package) is None:
+            missing(f"the Python package {package!r}", install)
+    return importlib.import_module(name)
 
 
 @pytest.fixture(scope="session")

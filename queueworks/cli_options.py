@@ -1,0 +1,78 @@
+"""The options of the ``queueworks`` command, written one way: every option's help says what
+it does, its default (``[default: ...]``) and, where one applies, its environment variable.
+A ``Settings``-backed option takes both from ``Settings``, the one place they are defined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from queueworks.settings import Settings
+
+ENV = "QUEUEWORKS_"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+class Option(click.Option):
+    """Shows a descriptive default as click shows a value: ``[default: no limit]``, without
+    the parentheses click puts around it, so every default reads the same way."""
+
+    def get_help_extra(self, ctx: click.Context) -> Any:
+        extra = super().get_help_extra(ctx)
+        if isinstance(self.show_default, str) and "default" in extra:
+            extra["default"] = self.show_default
+        return extra
+
+
+def option(*decls: str, **kwargs: Any) -> Callable[[Any], Any]:
+    return click.option(*decls, cls=Option, **kwargs)
+
+
+def setting(flag: str, field: str, help: str, **kwargs: Any) -> Callable[[Any], Any]:
+    """An option backed by a ``Settings`` field: default and variable shown from there.
+
+    The option's own default stays None, so that Settings (flag, else variable, else its
+    default) decides; click reads the variable only to show it and type-check it."""
+    default = Settings.model_fields[field].default
+    return option(
+        flag,
+        field,
+        help=help,
+        envvar=ENV + field.upper(),
+        show_envvar=True,
+        show_default="none" if default is None else str(default),
+        **kwargs,
+    )
+
+
+def common(f: Any) -> Any:
+    """The options every command that talks to Redis takes."""
+    for decorate in reversed(
+        [
+            setting("--redis", "redis_url", "Redis URL (see the README for the schemes)"),
+            option(
+                "--cluster",
+                is_flag=True,
+                help="treat the URL's hosts as Redis Cluster seed nodes (as redis+cluster://)",
+            ),
+            setting("--prefix", "prefix", "key prefix: one deployment's namespace in Redis"),
+            setting("--ssl-ca-certs", "ssl_ca_certs", "CA file to verify a rediss:// server"),
+            setting(
+                "--log-level",
+                "log_level",
+                "least level logged",
+                type=click.Choice(LOG_LEVELS, case_sensitive=False),
+            ),
+            setting(
+                "--log-format",
+                "log_format",
+                "log lines as JSON events or for a console",
+                type=click.Choice(["json", "console"]),
+            ),
+        ]
+    ):
+        f = decorate(f)
+    return f

@@ -1,0 +1,88 @@
+"""``queueworks dead`` and ``submit --wait``: a task's dead letters, read by a person.
+
+A dead letter is a subtask that will not run again by itself: it failed ``max_attempts``
+times, its handler was refused or could not be imported, or its entry could not be decoded.
+Its record keeps the index, the attempts spent, a short reason and the error (a traceback);
+here the error is cut to its last line, the one that says what went wrong.
+"""
+
+from __future__ import annotations
+
+import json
+
+from queueworks.admin import Admin
+from queueworks.client import Client, Task
+from queueworks.models import DeadLetter, TaskState, TaskStatus
+
+FIRST_REASONS = 3  # distinct reasons that `submit --wait` prints
+SAMPLE = 200  # dead letters read to find them
+
+
+def last_line(error: str) -> str:
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def render(status: TaskStatus, letters: list[DeadLetter], *, as_json: bool = False) -> str:
+    if as_json:
+        return json.dumps(
+            {
+                "task": status.id,
+                "state": status.state.value,
+                "total": status.total,
+                "done": status.done,
+                "dead": status.dead,
+                "dead_letters": [
+                    {**d.model_dump(mode="json"), "last_error": last_line(d.error)} for d in letters
+                ],
+            },
+            indent=2,
+        )
+    head = f"task {status.id} ({status.name}) {status.state.value}: {status.dead} dead of "
+    head += f"{status.total}, {len(letters)} dead letter(s) shown"
+    if not letters:
+        return head
+    rows = [("index", "attempts", "reason", "last error line")]
+    for d in letters:
+        index = "-" if d.index is None else str(d.index)
+        rows.append((index, str(d.attempts), d.reason, last_line(d.error)))
+    widths = [max(len(row[c]) for row in rows) for c in range(3)]
+    lines = [head]
+    for row in rows:
+        cells = [row[c].ljust(widths[c]) for c in range(3)]
+        lines.append("  " + "  ".join(cells) + "  " + row[3])
+    return "\n".join(lines)
+
+
+def outcome(task: Task, status: TaskStatus) -> tuple[list[str], bool]:
+    """What ``submit --wait`` prints: the count line, and when anything died, the first
+    distinct reasons. True only if every subtask succeeded."""
+    ok = status.state == TaskState.COMPLETED and status.dead == 0 and status.done == status.total
+    lines = [f"{status.state.value}: {status.done} done, {status.dead} dead of {status.total}"]
+    if ok:
+        return lines, True
+    if status.error:
+        lines.append(f"task {status.state.value}: {status.error}")
+    groups: dict[tuple[str, str], list[DeadLetter]] = {}
+    for d in task.dead_letters(count=SAMPLE) if status.dead else []:
+        groups.setdefault((d.reason, last_line(d.error)), []).append(d)
+    for (reason, error), same in list(groups.items())[:FIRST_REASONS]:
+        first = same[0]
+        why = f"{reason}: {error}" if error and error != reason else reason
+        lines.append(
+            f"dead: {len(same)} subtask(s) like index {first.index} "
+            f"({first.attempts} attempt(s)): {why}"
+        )
+    if status.dead:
+        lines.append(f"(queueworks dead {status.id} lists every dead letter)")
+    return lines, False
+
+
+def requeue_all(client: Client, task_id: str, letters: list[DeadLetter]) -> str:
+    """Requeue every one of ``letters``; one line saying what happened."""
+    admin = Admin(client)
+    reopened = False
+    for d in letters:
+        reopened = admin.requeue_dead(task_id, d.id).reopened or reopened
+    tail = "; the task is active again" if reopened else ""
+    return f"requeued {len(letters)} dead letter(s) of task {task_id}{tail}"

@@ -1,0 +1,315 @@
+"""Issue 16: the ``queueworks`` command tells the truth in one line.
+
+Every expected error is one line on stderr and a non-zero exit, against real servers: a
+closed port, a password-protected server, a bad URL, a bad handler path, an unknown task, a
+missing extra, SIGTERM to a worker that never reached Redis; ``--debug`` shows the
+traceback. ``submit --wait`` exits 0 only when nothing died, and names the reason; ``dead``
+lists, prints JSON and requeues. ``--help`` names every option's default and variable.
+
+Budget: ~25 s for the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import click
+import pytest
+import redis
+
+from queueworks import Client, TaskSpec, TaskState
+from queueworks.cli import main
+from queueworks.redis_server import RedisServer, free_port
+from queueworks.settings import Settings
+from tests.conftest import ROOT, Cluster, wait_for
+
+PREFIX_ENV = ("QUEUEWORKS_REDIS_URL", "QUEUEWORKS_PREFIX", "QUEUEWORKS_DEBUG")
+
+
+def cli(
+    args: Sequence[str], url: str, prefix: str = "qw", *, code: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m queueworks ARGS`` (or ``python -c CODE ARGS``) against ``url``."""
+    env = {k: v for k, v in os.environ.items() if k not in PREFIX_ENV}
+    env.update({"QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": prefix})
+    entry = ["-c", code] if code else ["-m", "queueworks"]
+    return subprocess.run(
+        [sys.executable, *entry, *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def one_line_error(res: subprocess.CompletedProcess[str], code: int, *pieces: str) -> str:
+    """Exit ``code``, and stderr is exactly one line that says ``pieces``."""
+    err = res.stderr.strip()
+    assert res.returncode == code, (res.returncode, res.stdout[-500:], err[-1500:])
+    assert "Traceback" not in err and "\n" not in err, err[-1500:]
+    assert err.startswith("error: "), err
+    for piece in pieces:
+        assert piece in err, (piece, err)
+    return err
+
+
+@pytest.fixture(scope="module")
+def closed_url() -> str:
+    return f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+
+
+@pytest.fixture(scope="module")
+def locked() -> Iterator[RedisServer]:
+    with RedisServer(password="Pw-" + uuid.uuid4().hex[:8]) as server:
+        server.start()
+        yield server
+
+
+# -- one line per expected error -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["info"], ["submit", "queueworks.examples:double", "--count", "2"], ["dead", "abc"]],
+    ids=["info", "submit", "dead"],
+)
+def test_unreachable_redis_is_one_line(closed_url: str, args: list[str]) -> None:
+    one_line_error(cli(args, closed_url), 1, f"cannot reach Redis at {closed_url}", "refused")
+
+
+def test_debug_shows_the_traceback(closed_url: str) -> None:
+    res = cli(["--debug", "info"], closed_url)
+    assert res.returncode == 1 and "Traceback" in res.stderr, res.stderr[-800:]
+    assert "redis.exceptions.ConnectionError" in res.stderr
+
+
+def test_auth_failure_is_one_line_without_the_password(locked: RedisServer) -> None:
+    password = str(locked.password)
+    port = locked.port
+    wrong = f"redis://:not-{password}@127.0.0.1:{port}/0"
+    err = one_line_error(cli(["info"], wrong), 1, "refused the credentials", "***@")
+    assert password not in err
+    bare = f"redis://127.0.0.1:{port}/0"  # no password at all: NOAUTH
+    one_line_error(cli(["dead", "abc"], bare), 1, f"Redis at {bare} refused the credentials")
+
+
+def test_bad_url_handler_and_setting_are_usage_errors(closed_url: str) -> None:
+    one_line_error(cli(["info", "--redis", "localhost:6379"], closed_url), 2, "invalid Redis URL")
+    one_line_error(
+        cli(["submit", "myapp.dubble", "--count", "1"], closed_url),
+        2,
+        "handler 'myapp.dubble' must look like 'package.module:function'",
+    )
+    one_line_error(cli(["submit", "myapp:__init__", "--count", "1"], closed_url), 2, "dunder name")
+    one_line_error(
+        cli(["worker", "--allow", "x", "--heartbeat-ttl", "0.5"], closed_url),
+        2,
+        "invalid setting: heartbeat_ttl (0.5) must be greater than heartbeat_interval",
+    )
+    one_line_error(cli(["submit", "x:y"], closed_url), 2, "give exactly one of --count or --jsonl")
+    one_line_error(cli(["info", "--bogus"], closed_url), 2, "No such option '--bogus'")
+    one_line_error(cli(["nosuch"], closed_url), 2, "No such command 'nosuch'")
+
+
+def test_bad_payload_line_is_a_usage_error_and_leaves_nothing(
+    redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    lines = tmp_path / "p.jsonl"
+    lines.write_text('{"x": 1}\n\n{"x": \n')
+    res = cli(["submit", "x:y", "--jsonl", str(lines)], redis_url, prefix)
+    one_line_error(res, 2, f"--jsonl {lines} line 3: not JSON")
+    assert list(r.scan_iter(match=f"{prefix}:*")) == []
+
+
+def test_unknown_task_is_one_line(redis_url: str, prefix: str) -> None:
+    one_line_error(
+        cli(["dead", "no-such-task"], redis_url, prefix), 1, "no task no-such-task", prefix
+    )
+    one_line_error(cli(["dead", "../etc"], redis_url, prefix), 2, "task id '../etc' must match")
+
+
+def test_missing_dashboard_extra_names_the_pip_line(redis_url: str) -> None:
+    """The interpreter cannot import uvicorn (``sys.modules[name] = None`` is Python's own
+    way to make an import fail), as in an install without the dashboard extra."""
+    code = (
+        "import sys; sys.modules['uvicorn'] = None; "
+        "from queueworks.cli import main; main(prog_name='queueworks')"
+    )
+    res = cli(["dashboard"], redis_url, code=code)
+    one_line_error(res, 1, "dashboard extra", "'uvicorn'", "pip install 'queueworks[dashboard]'")
+
+
+def test_sigterm_to_a_worker_that_never_reached_redis(closed_url: str, tmp_path: Path) -> None:
+    log = tmp_path / "worker.err"
+    env = {k: v for k, v in os.environ.items() if k not in PREFIX_ENV}
+    with log.open("w") as err:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "queueworks", "worker", "--allow", "x", "--redis", closed_url],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            wait_for(lambda: "register_failed" in log.read_text(), 20, "a failed register")
+            p.send_signal(signal.SIGTERM)
+            code = p.wait(timeout=20)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    text = log.read_text()
+    said = [line for line in text.splitlines() if not line.startswith("{")]  # not log events
+    assert code == 1, text[-1500:]
+    assert "Traceback" not in text, text[-1500:]
+    assert len(said) == 1 and said[0].startswith(f"error: cannot reach Redis at {closed_url}")
+
+
+# -- submit --wait and dead ------------------------------------------------------------------
+
+
+def test_submit_wait_and_dead_letters(
+    cluster: Cluster, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
+) -> None:
+    """A task whose every subtask dies exits 3 and says why; `dead` lists them, as text and
+    JSON; after the cause is fixed, `dead --requeue` runs them again and they succeed."""
+    cluster.controller()
+    cluster.worker(allow=("tests.handlers_cli", "queueworks.examples"))
+    cluster.wait_workers(r, 1)
+
+    res = cli(["submit", "queueworks.examples:dubble", "--count", "5", "--wait"], redis_url, prefix)
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    assert res.stdout.splitlines()[1] == "completed: 0 done, 5 dead of 5"
+    assert "module 'queueworks.examples' has no 'dubble'" in res.stderr, res.stderr
+    assert "dead: 5 subtask(s)" in res.stderr and "Traceback" not in res.stderr
+    shown = cli(["info"], redis_url, prefix).stdout  # dead is not done: its bar says so
+    assert "[xxxxxxxxxxxxxxxxxxxx] 5/5 dead=5" in shown, shown
+
+    ok = tmp_path / "ok"
+    payloads = tmp_path / "p.jsonl"
+    payloads.write_text("".join(json.dumps({"x": i, "file": str(ok)}) + "\n" for i in range(4)))
+    args = ["submit", "tests.handlers_cli:needs_file", "--jsonl", str(payloads)]
+    res = cli([*args, "--max-attempts", "2", "--wait"], redis_url, prefix)
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    task_id, counts = res.stdout.splitlines()
+    assert counts == "completed: 0 done, 4 dead of 4"
+    assert f"FileNotFoundError: needs_file: {ok} does not exist yet" in res.stderr, res.stderr
+    assert f"queueworks dead {task_id}" in res.stderr
+
+    listed = cli(["dead", task_id], redis_url, prefix)
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    assert lines[0].endswith("completed: 4 dead of 4, 4 dead letter(s) shown"), lines[0]
+    assert lines[1].split() == ["index", "attempts", "reason", "last", "error", "line"]
+    rows = [line.split(None, 2) for line in lines[2:]]
+    assert sorted(int(index) for index, _, _ in rows) == [0, 1, 2, 3]
+    assert all(attempts == "2" for _, attempts, _ in rows), rows
+    assert all(
+        rest.startswith("failed 2 times") and "FileNotFoundError" in rest for *_, rest in rows
+    )
+
+    as_json = cli(["dead", task_id, "--json"], redis_url, prefix)
+    data = json.loads(as_json.stdout)
+    assert (data["task"], data["dead"], data["state"]) == (task_id, 4, "completed")
+    letters = data["dead_letters"]
+    assert sorted(d["index"] for d in letters) == [0, 1, 2, 3]
+    assert {d["attempts"] for d in letters} == {2}
+    assert all(d["last_error"].startswith("FileNotFoundError:") for d in letters)
+    only = json.loads(cli(["dead", task_id, "--json", "--index", "2"], redis_url, prefix).stdout)
+    assert [d["index"] for d in only["dead_letters"]] == [2]
+
+    ok.write_text("fixed")
+    requeued = cli(["dead", task_id, "--requeue"], redis_url, prefix)
+    assert requeued.returncode == 0, requeued.stderr
+    assert "requeued 4 dead letter(s)" in requeued.stdout and "active again" in requeued.stdout
+    with Client.from_url(redis_url, prefix=prefix) as client:
+        task = client.task(task_id)
+        status = task.wait(timeout=60)
+        assert (status.state, status.done, status.dead) == (TaskState.COMPLETED, 4, 0)
+        assert dict(task.results()) == {i: 2 * i for i in range(4)}
+    after = cli(["dead", task_id], redis_url, prefix)
+    assert after.stdout.strip().endswith("0 dead of 4, 0 dead letter(s) shown")
+
+    res = cli([*args, "--wait"], redis_url, prefix)  # the file exists now: nothing dies
+    assert res.returncode == 0, (res.stdout, res.stderr)
+    assert res.stdout.splitlines()[1] == "completed: 4 done, 0 dead of 4" and not res.stderr
+
+
+def test_info_shows_whole_names(redis_url: str, prefix: str, client: Client) -> None:
+    name = "queueworks.examples:double-with-a-long-descriptive-task-name"
+    client.submit(TaskSpec(name=name, handler="queueworks.examples:double", subtasks=[{"x": 1}]))
+    res = cli(["info"], redis_url, prefix)
+    assert res.returncode == 0 and name in res.stdout, res.stdout
+
+
+# -- --help ----------------------------------------------------------------------------------
+
+
+def _commands() -> Iterator[tuple[click.Command, click.Context]]:
+    root = click.Context(main, info_name="queueworks")
+    yield main, root
+    assert isinstance(main, click.Group)
+    for name, command in sorted(main.commands.items()):
+        yield command, click.Context(command, info_name=name, parent=root)
+
+
+def test_every_option_says_what_it_does_its_default_and_variable() -> None:
+    fields = Settings.model_fields
+    checked = 0
+    for command, ctx in _commands():
+        where = ctx.command_path
+        summary = command.get_short_help_str(limit=60)
+        assert summary and not summary.endswith("..."), (where, summary)
+        assert command.help, f"{where} has no help"
+        for param in command.params:
+            if isinstance(param, click.Argument):
+                assert param.human_readable_name in command.help, (where, param.name)
+                continue
+            assert isinstance(param, click.Option)
+            record = param.get_help_record(ctx)
+            assert record is not None and param.help, f"{where} {param.opts} has no help"
+            text = record[1]
+            assert "default: (" not in text, f"{where} {param.opts}: default written two ways"
+            if param.name in fields and param.name != "cluster":
+                default = fields[param.name].default
+                shown = "none" if default is None else str(default)
+                assert f"default: {shown}]" in text or f"default: {shown};" in text, (where, text)
+                assert f"env var: QUEUEWORKS_{param.name.upper()}" in text, (where, text)
+            if param.envvar:
+                assert f"env var: {param.envvar}" in text, (where, text)
+            value = param.to_info_dict()["default"]  # None where it has none (any click)
+            has_default = value not in (None, False, ()) and param.name not in ("help", "version")
+            if has_default:
+                assert "default: " in text, f"{where} {param.opts} hides its default: {text}"
+            checked += 1
+    assert checked > 50, checked
+
+
+def test_top_level_help_lists_every_command_uncut() -> None:
+    env = {**os.environ, "COLUMNS": "80"}
+    res = subprocess.run(
+        [sys.executable, "-m", "queueworks", "--help"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    listing = res.stdout.split("Commands:", 1)[1]
+    assert isinstance(main, click.Group)
+    for name, command in main.commands.items():
+        row = re.search(rf"^  {name}\s+(.+)$", listing, flags=re.M)
+        assert row, (name, listing)
+        assert row.group(1) == command.short_help, (name, row.group(1))
+    assert "..." not in listing, listing
