@@ -250,7 +250,15 @@ def _jsonl(lines: Any, source: str) -> Iterator[Any]:
     "--wait/--no-wait",
     default=False,
     show_default=True,
-    help="wait for the task to finish; exit 3 if any subtask died",
+    help="wait for the task to finish (saying why while it waits for nodes); exit 3 if it "
+    "did not fully succeed",
+)
+@option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="with --wait: give up after this many seconds (exit 3)",
+    show_default="wait for as long as it takes",
 )
 def submit(
     handler: str,
@@ -263,6 +271,7 @@ def submit(
     max_attempts: int,
     partitions: int,
     wait: bool,
+    timeout: float | None,
     **flags: Any,
 ) -> None:
     """Submit a target task of HANDLER ("package.module:function"); print its id.
@@ -295,9 +304,12 @@ def submit(
     task = client.submit(spec)
     click.echo(task.id)
     if wait:
-        from queueworks.dead import outcome
+        from queueworks.dead import outcome, wait_saying_why
 
-        status = task.wait()
+        status = wait_saying_why(task, timeout, lambda line: click.echo(line, err=True))
+        if status is None:
+            click.echo(f"error: task {task.id} did not finish within {timeout} s", err=True)
+            sys.exit(EXIT_UNFINISHED)
         lines, ok = outcome(task, status)
         click.echo(lines[0])
         for line in lines[1:]:

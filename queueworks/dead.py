@@ -9,6 +9,8 @@ here the error is cut to its last line, the one that says what went wrong.
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 
 from queueworks.admin import Admin
 from queueworks.client import Client, Task
@@ -52,6 +54,25 @@ def render(status: TaskStatus, letters: list[DeadLetter], *, as_json: bool = Fal
         cells = [row[c].ljust(widths[c]) for c in range(3)]
         lines.append("  " + "  ".join(cells) + "  " + row[3])
     return "\n".join(lines)
+
+
+def wait_saying_why(
+    task: Task, timeout: float | None, say: Callable[[str], None]
+) -> TaskStatus | None:
+    """Wait for ``task`` to finish, saying each new reason it waits for nodes (a handler
+    no live worker may run, say); None if ``timeout`` s passed first."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    said: str | None = None
+    while True:
+        status = task.status(with_nodes=False)
+        if status.finished:
+            return status
+        if status.reason and status.reason != said:
+            say(f"waiting: {status.reason}")
+            said = status.reason
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
 
 
 def outcome(task: Task, status: TaskStatus) -> tuple[list[str], bool]:

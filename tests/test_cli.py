@@ -181,19 +181,21 @@ def test_sigterm_to_a_worker_that_never_reached_redis(closed_url: str, tmp_path:
 def test_submit_wait_and_dead_letters(
     cluster: Cluster, redis_url: str, prefix: str, r: redis.Redis, tmp_path: Path
 ) -> None:
-    """A task whose every subtask dies exits 3 and says why; `dead` lists them, as text and
-    JSON; after the cause is fixed, `dead --requeue` runs them again and they succeed."""
+    """A task no worker can run fails and exits 3 saying why; a task whose every subtask
+    dies exits 3 and says why; `dead` lists them, as text and JSON; after the cause is
+    fixed, `dead --requeue` runs them again and they succeed."""
     cluster.controller()
     cluster.worker(allow=("tests.handlers_cli", "queueworks.examples"))
     cluster.wait_workers(r, 1)
 
+    # the only worker that may run it cannot import it: it refuses, and the task fails
     res = cli(["submit", "queueworks.examples:dubble", "--count", "5", "--wait"], redis_url, prefix)
     assert res.returncode == 3, (res.stdout, res.stderr)
-    assert res.stdout.splitlines()[1] == "completed: 0 done, 5 dead of 5"
+    assert res.stdout.splitlines()[1] == "failed: 0 done, 0 dead of 5"
     assert "module 'queueworks.examples' has no 'dubble'" in res.stderr, res.stderr
-    assert "dead: 5 subtask(s)" in res.stderr and "Traceback" not in res.stderr
-    shown = cli(["info"], redis_url, prefix).stdout  # dead is not done: its bar says so
-    assert "[xxxxxxxxxxxxxxxxxxxx] 5/5 dead=5" in shown, shown
+    assert "Traceback" not in res.stderr
+    shown = cli(["info"], redis_url, prefix).stdout
+    assert "failed" in shown and "0/5 dead=0" in shown, shown
 
     ok = tmp_path / "ok"
     payloads = tmp_path / "p.jsonl"
@@ -313,3 +315,19 @@ def test_top_level_help_lists_every_command_uncut() -> None:
         assert row, (name, listing)
         assert row.group(1) == command.short_help, (name, row.group(1))
     assert "..." not in listing, listing
+
+
+def test_submit_wait_says_why_a_task_waits_and_times_out(
+    cluster: Cluster, redis_url: str, prefix: str, r: redis.Redis
+) -> None:
+    cluster.controller()
+    cluster.worker(allow=("queueworks.examples",))
+    cluster.wait_workers(r, 1)
+    args = ["submit", "tests.handlers_cli:needs_file", "--count", "2", "--wait", "--timeout", "3"]
+    res = cli(args, redis_url, prefix)
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    assert (
+        "waiting: no live worker may run 'tests.handlers_cli:needs_file': their --allow "
+        "prefixes are queueworks.examples"
+    ) in res.stderr, res.stderr
+    assert "did not finish within 3.0 s" in res.stderr
