@@ -41,6 +41,8 @@ class TaskView:
     running: bool = False
     handler: str = ""  # "module:function"; "" = any worker may run it
     refused: frozenset[str] = frozenset()  # workers that said they cannot run its handler
+    handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name (all must fit)
+    want: int | None = None  # a queue's demand now: grow no further (None: max_nodes)
 
 
 @dataclass(frozen=True)
@@ -89,9 +91,14 @@ def labelled(worker: WorkerView, task: TaskView) -> bool:
     return all(worker.labels.get(key) == value for key, value in task.selector.items())
 
 
+def handlers_of(task: TaskView) -> tuple[str, ...]:
+    return (task.handler, *task.handlers) if task.handler else task.handlers
+
+
 def may_run(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker's --allow prefixes cover the task's handler."""
-    return not task.handler or worker.allow is None or covers(worker.allow, task.handler)
+    """True if the worker's --allow prefixes cover the task's handler(s)."""
+    allow = worker.allow
+    return allow is None or all(covers(allow, h) for h in handlers_of(task))
 
 
 def matches(worker: WorkerView, task: TaskView) -> bool:
@@ -143,7 +150,9 @@ class _Pass:
             self.held.append(mine[: self._max(task)])
         self.free = set(self.ids).difference(*self.held)
         self.holders = [i for i, held in enumerate(self.held) if held]
-        self.short: dict[tuple[frozenset[tuple[str, str]], int, str, frozenset[str]], int] = {}
+        self.short: dict[
+            tuple[frozenset[tuple[str, str]], int, tuple[str, ...], frozenset[str]], int
+        ] = {}
 
     def _fits(self, worker: str, task: TaskView) -> bool:
         return matches(self.workers[worker], task)
@@ -152,7 +161,10 @@ class _Pass:
         return max(1, self.order[i].min_nodes)
 
     def _max(self, task: TaskView) -> int:
-        return len(self.workers) if task.max_nodes is None else task.max_nodes
+        most = len(self.workers) if task.max_nodes is None else task.max_nodes
+        if task.want is not None:  # a queue that asks for fewer now (never below min_nodes)
+            most = min(most, max(task.want, task.min_nodes))
+        return most
 
     def _free_fits(self, task: TaskView, limit: int) -> list[str]:
         """Up to `limit` free workers matching `task`, by id."""
@@ -203,7 +215,7 @@ class _Pass:
             return self._release(i)
         # Within a level (until a rerun) the free and lower nodes a (selector, priority) can use
         # only shrink, so a known shortfall stays one: many alike queued tasks cost O(1) each.
-        key = (frozenset(task.selector.items()), task.priority, task.handler, task.refused)
+        key = (frozenset(task.selector.items()), task.priority, handlers_of(task), task.refused)
         if self.short.get(key, need) < need:
             return self._release(i)
         picks = self._free_fits(task, need)
@@ -277,8 +289,9 @@ def why_waiting(
     allowing = [w for w in fitting if may_run(w, task)]
     if not allowing:
         prefixes = sorted({p for w in fitting for p in (w.allow or ())})
+        wanted = " and ".join(repr(h) for h in handlers_of(task))
         return (
-            f"no live worker may run {task.handler!r}: their --allow prefixes are "
+            f"no live worker may run {wanted}: their --allow prefixes are "
             f"{', '.join(prefixes) or 'none'}"
         ), False
     eligible = [w for w in allowing if w.id not in refusals]

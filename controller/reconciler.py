@@ -51,6 +51,7 @@ class Reconciler:
         for tid in task_ids:
             pipe.hmget(k.task(tid).record, [*TASK_FIELDS, "spec"])
             pipe.hgetall(k.task(tid).refused)
+            pipe.smembers(k.task(tid).handlers)
         for wid in worker_ids:
             pipe.exists(k.worker_heartbeat(wid))
             pipe.get(k.assign(wid))
@@ -60,7 +61,7 @@ class Reconciler:
         tasks: dict[str, dict[str, Any]] = {}
         refused_raw: dict[str, dict[bytes, bytes]] = {}
         for i, tid in enumerate(task_ids):
-            raw, refused_raw[tid] = replies[2 * i], replies[2 * i + 1]
+            raw, refused_raw[tid], handlers = replies[3 * i : 3 * i + 3]
             *record_raw, spec_raw = raw
             try:
                 state = TaskState(text(record_raw[1]))
@@ -83,6 +84,8 @@ class Reconciler:
                     "seq": record.created_at,
                     "selector": spec.node_selector if spec else {},
                     "handler": spec.handler if spec else "",
+                    "handlers": tuple(sorted(text(h) for h in handlers)),
+                    "want": record.want,
                 }
             except ValueError as exc:  # another writer broke it: fail it, never crash on it
                 if state.finished:
@@ -96,7 +99,7 @@ class Reconciler:
         workers: list[WorkerView] = []
         started: dict[str, float] = {}  # worker -> its process's start (refusals are per process)
         nodes: dict[str, set[str]] = {tid: set() for tid in tasks}
-        rest = replies[2 * len(task_ids) :]
+        rest = replies[3 * len(task_ids) :]
         for i, wid in enumerate(worker_ids):
             alive, assign, record = rest[3 * i], rest[3 * i + 1], rest[3 * i + 2]
             if not alive:

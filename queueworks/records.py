@@ -21,6 +21,7 @@ Task record fields (all strings in Redis):
 ``error``          why it failed ("" or absent = none)
 ``reason``         why it waits without (enough) nodes, written by the controller
 ``rq_job``         the RQ job that submitted it (``queueworks.rq``), if any
+``want``           a queue's demand: the most nodes it asks for now ("" or absent: max_nodes)
 =================  ===========================================================================
 """
 
@@ -61,6 +62,7 @@ TASK_FIELDS = (
     "error",
     "reason",
     "rq_job",
+    "want",
 )
 
 
@@ -131,6 +133,7 @@ def task_fields(task_id: str, raw: Mapping[Any, Any] | Sequence[Any]) -> dict[st
         "error": _str(f["error"]) or None,
         "reason": _str(f["reason"]) or None,
         "rq_job": _str(f["rq_job"]) or None,
+        "want": _int(f["want"]) if _str(f["want"]) else None,
     }
 
 

@@ -20,11 +20,13 @@ from queueworks.models import NOT_ALLOWED, UNUSABLE, parse_handler_path
 
 
 class HandlerRefused(Exception):
-    """The handler cannot be used; the message is the reason, ``kind`` says which."""
+    """The handler cannot be used; the message is the reason, ``kind`` says which, and
+    ``imported`` whether its module imported here (then the path itself is at fault: no
+    such function, not a function, a wrong signature — not this worker)."""
 
-    def __init__(self, message: str, kind: str = UNUSABLE) -> None:
+    def __init__(self, message: str, kind: str = UNUSABLE, *, imported: bool = False) -> None:
         super().__init__(message)
-        self.kind = kind
+        self.kind, self.imported = kind, imported
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,11 @@ def resolve(path: str, prefixes: Sequence[str]) -> Handler:
         ) from None
     fn = getattr(module, attr, None)
     if fn is None:
-        raise HandlerRefused(f"handler {path!r}: module {module_name!r} has no {attr!r}")
+        raise HandlerRefused(
+            f"handler {path!r}: module {module_name!r} has no {attr!r}", imported=True
+        )
     if not inspect.isfunction(fn):
-        raise HandlerRefused(f"handler {path!r} is not a plain Python function")
+        raise HandlerRefused(f"handler {path!r} is not a plain Python function", imported=True)
     defined_in = getattr(fn, "__module__", None) or "?"
     if not allowed(defined_in, prefixes):  # imported into an allowed module from elsewhere
         raise HandlerRefused(
@@ -69,6 +73,8 @@ def resolve(path: str, prefixes: Sequence[str]) -> Handler:
         if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
     ]
     if not params:
-        raise HandlerRefused(f"handler {path!r} must take (payload) or (payload, ctx)")
+        raise HandlerRefused(
+            f"handler {path!r} must take (payload) or (payload, ctx)", imported=True
+        )
     hook = getattr(fn, "on_rebalance", None)
     return Handler(path, fn, len(params) >= 2, hook if callable(hook) else None)

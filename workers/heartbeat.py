@@ -68,7 +68,7 @@ class Heartbeat(threading.Thread):
         ttl: float,
         log: Any,
         on_forgotten: Callable[[], None] | None = None,
-        current: Callable[[], int | None] = lambda: None,
+        current: Callable[[], int | str | None] = lambda: None,
     ) -> None:
         super().__init__(name="qw-heartbeat", daemon=True)
         self._on_forgotten = on_forgotten
@@ -171,5 +171,5 @@ class Heartbeat(threading.Thread):
         return bool(epoch)
 
 
-def _or_blank(value: int | None) -> int | str:
+def _or_blank(value: int | str | None) -> int | str:
     return "" if value is None else value

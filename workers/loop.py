@@ -14,7 +14,7 @@ from queueworks.connection import Connection
 from queueworks.keys import Keys, TaskKeys
 from queueworks.models import StoredSpec
 from queueworks.scripts import Scripts
-from workers.handlers import Handler
+from workers.handlers import Handler, HandlerRefused
 from workers.heartbeat import NodeState
 from workers.ledger import Attempts
 from workers.membership import Membership
@@ -36,6 +36,7 @@ class Run(Protocol):
     watchdog: Watchdog
     spec: StoredSpec
     handler: Handler | None  # the task's handler (None for a queue: each job names its own)
+    allow: list[str]  # the worker's --allow prefixes
     batch_size: int
     streams: list[str]  # every subtask stream of the task
     owned: list[str]  # the streams this member reads in its role
@@ -49,7 +50,15 @@ class Run(Protocol):
         fenced, re-rank on a new epoch."""
 
     def idle(self) -> None:
-        """Nothing to do now: settle, leave if the task finished, run the backstops, wait."""
+        """Nothing to do now: ``look_around``, then wait for a wake-up or a heartbeat."""
+
+    def look_around(self) -> None:
+        """Settle, leave if the task finished, run the backstops (a wedged member's work;
+        for the leader, indices whose entries were deleted)."""
+
+    def refuse(self, exc: HandlerRefused) -> None:
+        """Record that this worker cannot run the task's (or a job's) handler; the
+        controller does not give it the task again. The loop then raises ``Leave``."""
 
     def hand_back(self, streams: Sequence[str]) -> None:
         """Park what we hold in ``streams``; it leaves ``held``."""

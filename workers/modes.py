@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from workers.loop import ModeLoop, Run
+from workers.queues import QueueLoop
 from workers.steps import StepLoop
 from workers.subtasks import SubtaskLoop
 
@@ -13,4 +14,5 @@ Mode = Callable[[Run], ModeLoop]
 MODES: dict[str, Mode] = {
     "subtask": SubtaskLoop,
     "step": StepLoop,
+    "queue": QueueLoop,
 }

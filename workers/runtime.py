@@ -55,13 +55,9 @@ class TaskRun:
 
     def __init__(self, parts: WorkerParts, task_id: str) -> None:
         self.parts = parts
-        self.r, self.scripts, self.keys, self.state = (
-            parts.r,
-            parts.scripts,
-            parts.keys,
-            parts.state,
-        )
-        self.watchdog, self.batch_size = parts.watchdog, parts.batch_size
+        self.r, self.scripts, self.keys = parts.r, parts.scripts, parts.keys
+        self.state, self.watchdog, self.batch_size = parts.state, parts.watchdog, parts.batch_size
+        self.allow = parts.allow
         self.tk = parts.keys.task(task_id)
         self.me = parts.state.worker_id
         self.log = parts.log.bind(task_id=task_id)
@@ -92,10 +88,10 @@ class TaskRun:
         try:
             self.handler: Handler | None = None
             if self.spec.handler:
-                self.handler = resolve(self.spec.handler, self.parts.allow)
+                self.handler = resolve(self.spec.handler, self.allow)
             loop = MODES[self.spec.mode](self)  # a queue's resolves its known handlers
         except HandlerRefused as exc:
-            self._refuse(exc)
+            self.refuse(exc)
             return "refused"
         self.ledger = loop.ledger
         if not self._join():
@@ -118,7 +114,7 @@ class TaskRun:
             events.emit(self.r, self.keys, "failed", task=self.tk.task_id, error=error)
         self.log.error("spec_invalid", error=error)
 
-    def _refuse(self, exc: HandlerRefused) -> None:
+    def refuse(self, exc: HandlerRefused) -> None:
         """This worker cannot run the task's handler: say so instead of joining (and
         dead-lettering everything it would read); the controller gives the task to others."""
         refusal = Refusal(reason=str(exc), kind=exc.kind, since=self.state.started_at)
@@ -170,6 +166,13 @@ class TaskRun:
             self.rerank()
 
     def idle(self) -> None:
+        self.look_around()
+        if self.held:
+            return
+        self.state.wake.wait(self.parts.heartbeat.interval)
+        self.state.wake.clear()
+
+    def look_around(self) -> None:
         self.ledger.flush()
         state = self.r.hget(self.tk.record, "state")
         if state is None or TaskState(text(state)).finished:
@@ -184,8 +187,6 @@ class TaskRun:
         if role is not None and role.leader and sweep_due:
             self.swept_at = time.monotonic()
             self.ledger.sweep_lost(self.streams)
-        self.state.wake.wait(self.parts.heartbeat.interval)
-        self.state.wake.clear()
 
     def hand_back(self, streams: Sequence[str]) -> None:
         for stream in streams:

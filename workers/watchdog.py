@@ -46,8 +46,8 @@ class Watchdog(threading.Thread):
         super().__init__(name="qw-watchdog", daemon=True)
         self._lock = threading.Lock()
         self._halt = threading.Event()
-        self._job: tuple[int, float, int] | None = None  # (thread ident, started, index)
-        self._fired: tuple[int, float, int] | None = None
+        self._job: tuple[int, float, int | str] | None = None  # (thread ident, started, what)
+        self._fired: tuple[int, float, int | str] | None = None
         self.timeouts = 0
         self.use(timeout, log, grace=grace)
 
@@ -57,7 +57,7 @@ class Watchdog(threading.Thread):
         self.grace = grace if grace is not None else min(max(timeout, 1.0), 30.0)
         self._log = log
 
-    def call(self, index: int, fn: Callable[..., Any], *args: Any) -> Any:
+    def call(self, index: int | str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` under the deadline; raises ``TimedOut`` if it was abandoned.
 
         The timeout exception can land only while the deadline is armed; disarming clears
@@ -76,17 +76,21 @@ class Watchdog(threading.Thread):
         except SubtaskTimeout:  # it may have landed inside the ``finally``: disarm again
             self._job = None
             self._clear(job)
+            what, limit = (
+                (f"job {index}", "job_timeout")
+                if isinstance(index, str)
+                else (f"subtask {index}", "subtask_timeout")
+            )
             raise TimedOut(
-                f"subtask {index} timed out: it ran past subtask_timeout ({self.timeout} s) "
-                "and was abandoned"
+                f"{what} timed out: it ran past {limit} ({self.timeout} s) and was abandoned"
             ) from None
 
-    def current(self) -> int | None:
-        """The index of the subtask whose handler runs now, if any."""
+    def current(self) -> int | str | None:
+        """The subtask index (or job id) whose handler runs now, if any."""
         job = self._job
         return None if job is None else job[2]
 
-    def _clear(self, job: tuple[int, float, int]) -> None:
+    def _clear(self, job: tuple[int, float, int | str]) -> None:
         with self._lock:
             if job is self._fired:
                 _raise_in(job[0], None)  # clear it if still pending

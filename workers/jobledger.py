@@ -1,0 +1,106 @@
+"""The ledger of one member of a queue's node set: each job's outcome, settled in batches by
+``settle_jobs.lua`` (ack and delete the entry, write the job's record, count it once), with
+the enqueue -> start histogram and the per-second rate. Attempts are charged as for
+subtasks (``Attempts``)."""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from queueworks import events
+from queueworks.messages import safe_text
+from queueworks.scripts import JobBatch
+from workers.ledger import Attempts
+from workers.work import Gone, Work
+
+# enqueue -> start histogram bounds (s), Prometheus style ("+Inf" last)
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def job_id_of(work: Work) -> str | None:
+    raw = work.fields.get(b"j")
+    return raw.decode(errors="replace") if raw else None
+
+
+def bucket_of(seconds: float) -> str:
+    for bound in LATENCY_BUCKETS:
+        if seconds <= bound:
+            return repr(bound)
+    return "+Inf"
+
+
+class JobLedger(Attempts):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.batch = JobBatch()
+        self.ttl = int(self.spec.result_ttl)
+
+    def succeeded(self, work: Work, job_id: str, started: float, body: str) -> None:
+        self.batch.ok.append((work.entry_id, job_id, started, work.attempt, body))
+
+    def latency(self, seconds: float) -> None:
+        """A job started ``seconds`` after it was enqueued (or became due)."""
+        buckets = self.batch.buckets
+        name = bucket_of(max(0.0, seconds))
+        buckets[name] = buckets.get(name, 0.0) + 1
+        buckets["sum"] = buckets.get("sum", 0.0) + max(0.0, seconds)
+        buckets["count"] = buckets.get("count", 0.0) + 1
+
+    def bury(
+        self, work: Work, job_id: str, started: float, reason: str, error: str, payload: str
+    ) -> None:
+        """Dead-letter a job at the next flush."""
+        entry = (work.entry_id, job_id, started, work.attempt, reason, error[-8000:], payload)
+        self.batch.dead.append(entry)
+        self.log.warning("job_dead", job=job_id, reason=reason, attempts=work.attempt)
+
+    def reject(self, work: Work, why: str) -> None:
+        """An entry that is no job of this queue: settled apart, never counted as a job."""
+        self.batch.rejected.append((work.entry_id, why, safe_text(work.fields.get(b"p"))))
+        self.log.warning("entry_rejected", entry=work.entry_id, why=why)
+
+    def failed(
+        self, work: Work, job_id: str, started: float, exc: BaseException, payload: str
+    ) -> Work | None:
+        """A handler raised: dead after ``max_attempts``, else the retry (charged)."""
+        tb = "".join(traceback.format_exception(exc))
+        if work.attempt >= self.spec.max_attempts:
+            self.bury(work, job_id, started, f"failed {work.attempt} times", tb, payload)
+            return None
+        self.log.info("job_retry", job=job_id, attempt=work.attempt, error=repr(exc))
+        return self.retry(work)
+
+    def exhausted(self, work: Work, why: str) -> None:
+        job_id = job_id_of(work)
+        if job_id is None:
+            self.reject(work, f"exceeded max_attempts: {why}")
+            return
+        payload = safe_text(work.fields.get(b"p"))
+        self.bury(work, job_id, time.time(), "exceeded max_attempts", why, payload)
+
+    def bury_gone(self, stream: str, gone: Sequence[Gone]) -> None:
+        for entry_id, deliveries in gone:
+            work = Work(stream, entry_id, {}, deliveries)
+            self.reject(work, "payload gone: entry deleted or trimmed while pending")
+
+    def flush(self) -> None:
+        pipe = self.r.pipeline(transaction=False)
+        if self.flush_into(pipe):
+            pipe.execute()
+
+    def flush_into(self, pipe: Any) -> bool:
+        """Put the settle of everything recorded on ``pipe`` (it runs with the pipe's other
+        commands: a read, say); False if there is nothing to settle."""
+        self.last_flush = time.monotonic()
+        batch = self.batch
+        if not batch and not batch.buckets:
+            return False
+        self.batch = JobBatch()
+        self.state.processed += len(batch)
+        self.scripts.settle_jobs(self.tk, batch, self.me, time.time(), self.ttl, client=pipe)
+        if batch.dead or batch.rejected:
+            events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
+        return True
