@@ -5,11 +5,27 @@ workers that can grow, shrink, lose a node or give nodes away while the task run
 """
 
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
-from queueworks.context import SubtaskContext, Suspended, on_rebalance
-from queueworks.models import Role, TaskSpec, TaskState, TaskStatus
+from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
+from queueworks.models import (
+    JobState,
+    JobStatus,
+    QueueStatus,
+    Role,
+    TaskSpec,
+    TaskState,
+    TaskStatus,
+)
+from queueworks.queues import Job, JobFailed, Queue
 
 __all__ = [
     "Client",
+    "Job",
+    "JobContext",
+    "JobFailed",
+    "JobState",
+    "JobStatus",
+    "Queue",
+    "QueueStatus",
     "Role",
     "SubmitError",
     "SubtaskContext",

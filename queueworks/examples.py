@@ -37,3 +37,8 @@ def sleep(payload: dict[str, Any], ctx: SubtaskContext) -> float:
         ctx.checkpoint()
         time.sleep(min(0.01, seconds))
     return seconds
+
+
+def greet(payload: dict[str, Any]) -> str:
+    """A queue's job: ``{"name": "Ada"} -> "hello Ada"``."""
+    return f"hello {payload['name']}"

@@ -131,3 +131,33 @@ def slow_first(payload: dict[str, Any], ctx: SubtaskContext) -> int:
     if ctx.attempt == 1:
         time.sleep(float(payload["seconds"]))
     return ctx.attempt
+
+
+def square(payload: dict[str, Any]) -> int:
+    return int(payload["x"]) ** 2
+
+
+def job_echo(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """A queue job that says who ran it: its id, attempt and worker."""
+    return {"x": payload["x"], "job": ctx.job_id, "attempt": ctx.attempt, "worker": ctx.worker_id}
+
+
+def job_logged(payload: dict[str, Any], ctx: Any) -> int:
+    """Logs "job|worker|attempt|t_start" to the Redis list ``payload["log"]``, works for
+    ``seconds`` in small steps (stopping at safe points), returns 2x."""
+    r = _conn(os.environ["QUEUEWORKS_REDIS_URL"])
+    r.rpush(payload["log"], f"{ctx.job_id}|{ctx.worker_id}|{ctx.attempt}|{time.time()!r}")
+    seconds = float(payload.get("seconds", 0.0))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        ctx.checkpoint()
+        time.sleep(min(0.002, seconds))
+    return int(payload["x"]) * 2
+
+
+def sleep_for(payload: dict[str, Any]) -> None:
+    """Sleeps ``seconds`` in Python (10 ms at a time) with no safe point: only a timeout
+    gets it out."""
+    end = time.monotonic() + float(payload["seconds"])
+    while time.monotonic() < end:
+        time.sleep(0.01)

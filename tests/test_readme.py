@@ -14,14 +14,15 @@ from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module
 README = (ROOT / "README.md").read_text()
 
 
-def python_blocks() -> list[str]:
-    return re.findall(r"```python\n(.*?)```", README, flags=re.S)
+def python_blocks(text: str = README) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-def test_readme_python_examples_run(redis_url: str, tmp_path: Path) -> None:
-    blocks = python_blocks()
-    assert blocks, "the README has Python examples"
-    # the examples use the default prefix "qw" and localhost: point them at the test server
+def run_blocks(blocks: list[str], where: str, redis_url: str, tmp_path: Path) -> None:
+    """Run a page's Python examples in order, against a controller and a worker that
+    allows ``queueworks.examples`` (the examples use prefix "qw" and localhost: they are
+    pointed at the test server)."""
+    assert blocks, f"{where} has Python examples"
     cluster = Cluster(redis_url, "qw", tmp_path)
     r = redis.Redis.from_url(redis_url)
     try:
@@ -30,9 +31,20 @@ def test_readme_python_examples_run(redis_url: str, tmp_path: Path) -> None:
         cluster.wait_workers(r, 1)
         for code in blocks:
             code = code.replace("redis://localhost:6379/0", redis_url)
-            exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+            exec(compile(code, where, "exec"), {"__name__": "readme"})
     finally:
         cluster.close()
+        for key in r.scan_iter(match="qw:*"):  # prefix "qw" is shared by every page's
+            r.delete(key)
+
+
+def test_readme_python_examples_run(redis_url: str, tmp_path: Path) -> None:
+    run_blocks(python_blocks(), "README.md", redis_url, tmp_path)
+
+
+def test_queue_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "queues.md").read_text()
+    run_blocks(python_blocks(page), "docs/queues.md", redis_url, tmp_path)
 
 
 def test_readme_demo_command_runs() -> None:
