@@ -125,6 +125,13 @@ def _labels(items: tuple[str, ...]) -> dict[str, str]:
     "--batch-size", "batch_size", "most subtasks read at a time (fewer for slow handlers)", type=int
 )
 @setting(
+    "--concurrency",
+    "concurrency",
+    "subtasks or jobs of the current task in flight at once (async def handlers on one "
+    "event loop, plain ones on a pool of this many threads)",
+    type=int,
+)
+@setting(
     "--grace-period",
     "grace_period",
     "seconds a warm stop (SIGTERM) may take before the handler is interrupted",

@@ -4,7 +4,7 @@ and the ``Suspended`` signal for long steps."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,6 +14,20 @@ from queueworks.models import Role
 class Suspended(Exception):
     """Raised by ``ctx.checkpoint()`` when the node set changed: the subtask goes back for
     redelivery without spending an attempt."""
+
+
+class SafePoint:
+    """What ``checkpoint()`` returns when the work may go on: nothing to do in a plain
+    handler; awaited in an ``async def`` handler (``await ctx.checkpoint()``), it also lets
+    the event loop run the other jobs in flight once."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield  # a bare yield: the event loop runs others, then resumes us (as sleep(0))
+
+
+_GO_ON = SafePoint()
 
 
 @dataclass
@@ -34,10 +48,12 @@ class SubtaskContext:
         """True once the node set changed (or the worker is stopping): stop at a safe point."""
         return self._suspend.is_set()
 
-    def checkpoint(self) -> None:
-        """Raise ``Suspended`` if the step should stop now; call it between chunks of work."""
+    def checkpoint(self) -> SafePoint:
+        """Raise ``Suspended`` if the step should stop now; call it between chunks of work
+        (``await ctx.checkpoint()`` in an ``async def`` handler)."""
         if self._suspend.is_set():
             raise Suspended()
+        return _GO_ON
 
 
 def on_rebalance(hook: Callable[..., Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -69,7 +85,9 @@ class JobContext:
         """True once the node set changed (or the worker is stopping): stop at a safe point."""
         return self._suspend.is_set()
 
-    def checkpoint(self) -> None:
-        """Raise ``Suspended`` if the job should stop now (it runs again, same attempt)."""
+    def checkpoint(self) -> SafePoint:
+        """Raise ``Suspended`` if the job should stop now (it runs again, same attempt);
+        ``await ctx.checkpoint()`` in an ``async def`` handler."""
         if self._suspend.is_set():
             raise Suspended()
+        return _GO_ON

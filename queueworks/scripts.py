@@ -7,7 +7,7 @@ server restart flushed the script cache).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from string import Template
@@ -205,10 +205,10 @@ class Scripts:
         hand_back: bool = False,
         min_idle_ms: int = 0,
         only_departed: bool = True,
-        keep: str = "",
+        keep: Collection[str] = (),
     ) -> tuple[list[Claimed], list[tuple[str, int]]]:
-        """``keep``: an entry id to leave where it is (the one a cold stop interrupted: it
-        started, so whoever reclaims it from us charges it)."""
+        """``keep``: entry ids to leave where they are (the ones a cold stop interrupted:
+        they started, so whoever reclaims them from us charges them)."""
         args: list[Any] = [
             tk.group,
             to,
@@ -217,7 +217,7 @@ class Scripts:
             "1" if hand_back else "0",
             min_idle_ms,
             "1" if only_departed else "0",
-            keep,
+            " ".join(keep),
         ]
         claimed_raw, gone_raw = self._s["reclaim"](keys=[stream, tk.members], args=args)
         claimed = [

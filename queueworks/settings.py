@@ -20,6 +20,7 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(default=5.0, gt=0)
     reconcile_interval: float = Field(default=1.0, gt=0)
     batch_size: int = Field(default=100, ge=1, le=10_000)
+    concurrency: int = Field(default=1, ge=1, le=10_000)
     grace_period: float = Field(default=10.0, ge=0)
     log_level: str = "info"
     log_format: str = Field(default="json", pattern=r"^(json|console)$")

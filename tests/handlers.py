@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import threading
 import time
 from typing import Any
 
@@ -161,3 +163,31 @@ def sleep_for(payload: dict[str, Any]) -> None:
     end = time.monotonic() + float(payload["seconds"])
     while time.monotonic() < end:
         time.sleep(0.01)
+
+
+async def async_double(payload: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """An async handler: waits ``seconds`` (stopping at safe points), says who ran it."""
+    end = time.monotonic() + float(payload.get("seconds", 0.0))
+    await ctx.checkpoint()
+    while time.monotonic() < end:
+        await asyncio.sleep(min(0.05, max(0.0, end - time.monotonic())))
+        await ctx.checkpoint()
+    return {"y": int(payload["x"]) * 2, "attempt": ctx.attempt, "worker": ctx.worker_id}
+
+
+async def async_sleep(payload: dict[str, Any]) -> float:
+    """An async job that only waits (I/O-bound work)."""
+    await asyncio.sleep(float(payload["seconds"]))
+    return float(payload["seconds"])
+
+
+async def async_hang(payload: dict[str, Any]) -> None:
+    """Never finishes by itself: only a timeout (a cancellation) ends it."""
+    await asyncio.sleep(3600)
+
+
+def sleepy_double(payload: dict[str, Any]) -> dict[str, Any]:
+    """A plain handler that waits (for a thread pool): which thread ran it, and when."""
+    started = time.time()
+    time.sleep(float(payload.get("seconds", 0.0)))
+    return {"y": int(payload["x"]) * 2, "thread": threading.get_ident(), "t": started}

@@ -224,7 +224,7 @@ def test_hand_back_keeps_the_interrupted_entry_and_reports_gone(
     a = Member(client, tid, "a")
     held = a.read(3)
     r.xdel(a.tk.stream, held[2].entry_id)  # its payload deleted while pending
-    gone = a.reclaim.hand_back(a.tk.stream, keep=held[0].entry_id)
+    gone = a.reclaim.hand_back(a.tk.stream, keep={held[0].entry_id})
     assert gone == [(held[2].entry_id, 1)]
     consumers = a.reclaim.consumers(a.tk.stream)
     assert consumers == {"a": 2, PARKED: 1}  # the kept one and the gone one stay with a

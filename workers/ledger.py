@@ -44,7 +44,7 @@ class Attempts:
         self.me = state.worker_id
         self.last_flush = time.monotonic()
         self.ended = False  # a settle found the task finished: the member should leave
-        self.interrupted: str | None = None  # the entry a cold stop interrupted: it started
+        self.interrupted: set[str] = set()  # entries a cold stop interrupted: they started
 
     def flush(self) -> None:
         """Settle everything recorded so far."""

@@ -16,6 +16,7 @@ from queueworks.models import StoredSpec
 from queueworks.scripts import Scripts
 from workers.handlers import Handler, HandlerRefused
 from workers.heartbeat import NodeState
+from workers.inflight import EventLoop
 from workers.ledger import Attempts
 from workers.membership import Membership
 from workers.reclaim import Reclaim
@@ -37,6 +38,8 @@ class Run(Protocol):
     spec: StoredSpec
     handler: Handler | None  # the task's handler (None for a queue: each job names its own)
     allow: list[str]  # the worker's --allow prefixes
+    concurrency: int  # items of the task in flight at once (--concurrency)
+    aio: EventLoop  # the process's event loop for async def handlers
     batch_size: int
     streams: list[str]  # every subtask stream of the task
     owned: list[str]  # the streams this member reads in its role

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from queueworks import events
@@ -26,7 +27,9 @@ from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
 from queueworks.queues import IDLE_AFTER
 from queueworks.signals import ColdStop
+from workers.concurrent import Concurrently
 from workers.handlers import Handler, HandlerRefused, resolve
+from workers.inflight import Call, InFlight, is_async
 from workers.jobledger import JobLedger
 from workers.loop import Run
 from workers.work import Entries, Leave, Work
@@ -39,6 +42,18 @@ FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once
 DUE_BATCH = 100
 _JOB_ID = re.compile(rb"^[0-9a-f]{1,64}$")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One job as it is about to run: its entry, id, handler and arguments."""
+
+    work: Work
+    id: str
+    handler: Handler
+    args: tuple[Any, ...]
+    raw: str  # its payload as enqueued (for a dead letter)
+    started: float
 
 
 class QueueLoop:
@@ -59,14 +74,16 @@ class QueueLoop:
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
         self.settled_seen: tuple[int, float] = (-1, time.monotonic())  # (done+dead, since)
         self.avg_seconds = 0.0
+        self.flight = InFlight.of(run)
 
     def serve(self) -> None:
         run = self.run
+        if self.flight is not None:
+            timeout = run.spec.subtask_timeout
+            Concurrently(run, self.ledger, self, self.flight, timeout).serve()
         while True:
             run.check()
-            due = self.next_due is not None and time.time() >= self.next_due
-            if due or time.monotonic() - self.duties_at >= DUTY_SECONDS:
-                self._duties()
+            self.tick()
             if run.held:
                 self._run_held()
                 continue
@@ -79,25 +96,22 @@ class QueueLoop:
 
     # -- reading --------------------------------------------------------------------------
 
-    def _read(self) -> Entries | None:
-        """Wait on the stream for new jobs, with the settle of what ran before and (at
-        least every ``check_every``) the membership check, in one round trip."""
+    def _read(self, count: int | None = None, block: bool = True) -> Entries | None:
+        """Wait on the stream for new jobs (not if ``block`` is false), with the settle of
+        what ran before and (at least every ``check_every``) the membership check, in one
+        round trip."""
         run = self.run
         pipe = run.r.pipeline(transaction=False)
         self.ledger.flush_into(pipe)
         base = len(pipe)
         now = time.monotonic()
         check = now - self.checked_at >= self.check_every
+        read: dict[Any, Any] = {run.tk.stream: ">"}
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
-        pipe.xreadgroup(
-            run.tk.group,
-            run.me,
-            {run.tk.stream: ">"},
-            count=self._read_count(),
-            block=self._block(),
-        )
+        wait = self._block() if block else None
+        pipe.xreadgroup(run.tk.group, run.me, read, count=count or self._read_count(), block=wait)
         replies = pipe.execute()[base:]
         if check:  # a change suspends us: what was read stays ours, run after the re-rank
             self.checked_at = now
@@ -150,60 +164,108 @@ class QueueLoop:
             spent = (time.monotonic() - started) / ran
             self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
 
-    def _run_one(self, work: Work) -> bool:
-        """Run one job and record its outcome; False if the batch should stop here (a
-        retry or a suspended job waits first in ``held``)."""
-        run, ledger, f = self.run, self.ledger, work.fields
+    def _decoded(self, work: Work) -> Job | None:
+        """The job an entry holds; None if it was settled at once (no job of ours: rejected;
+        a function its module lacks: dead); ``HandlerRefused`` if this worker may not run
+        its handler (then it refuses the queue)."""
+        ledger, f = self.ledger, work.fields
         job_id, path, raw_payload = f.get(b"j"), f.get(b"h"), f.get(b"p")
         if not job_id or not _JOB_ID.match(job_id) or not path or raw_payload is None:
             ledger.reject(work, f"malformed entry: fields {sorted(k.decode() for k in f)}")
-            return True
+            return None
         jid, body_text = job_id.decode(), raw_payload.decode(errors="replace")
         try:
             payload = from_json(body_text, "field 'p'")
             handler = self._handler(path.decode())
         except (NotJSON, UnicodeDecodeError) as exc:
             ledger.reject(work, f"malformed entry: {exc}")
-            return True
+            return None
         if isinstance(handler, HandlerRefused):
             if self._refuses(handler):
-                run.held.appendleft(work)  # handed back, uncharged, as the run leaves
-                run.refuse(handler)
-                raise Leave("refused")
+                raise handler
             ledger.bury(work, jid, time.time(), "handler refused", str(handler), body_text)
-            return True
-        return self._call(work, jid, handler, payload, body_text)
-
-    def _call(self, work: Work, jid: str, handler: Handler, payload: Any, raw: str) -> bool:
-        run, ledger = self.run, self.ledger
+            return None
         started = time.time()
         if work.attempt == 1 and b"t" in work.fields:
             ledger.latency(started - float(work.fields[b"t"]))
-        if time.monotonic() > ledger.last_flush + FLUSH_SECONDS:
-            ledger.flush()
+        args = (payload, self._context(jid, work)) if handler.takes_ctx else (payload,)
+        return Job(work, jid, handler, args, body_text, started)
+
+    def _run_one(self, work: Work) -> bool:
+        """Run one job and record its outcome; False if the batch should stop here (a
+        retry or a suspended job waits first in ``held``)."""
+        run = self.run
         try:
-            if handler.takes_ctx:
-                result = run.watchdog.call(jid, handler.fn, payload, self._context(jid, work))
-            else:
-                result = run.watchdog.call(jid, handler.fn, payload)
-            body = to_json(result, "result")
-        except Suspended:  # runs again after the re-rank, same attempt
-            run.held.appendleft(work)
-            return False
-        except NotJSON as exc:
-            ledger.bury(work, jid, started, "result is not JSON", str(exc), raw)
+            job = self._decoded(work)
+        except HandlerRefused as exc:
+            run.held.appendleft(work)  # handed back, uncharged, as the run leaves
+            run.refuse(exc)
+            raise Leave("refused") from None
+        if job is None:
             return True
+        if time.monotonic() > self.ledger.last_flush + FLUSH_SECONDS:
+            self.ledger.flush()
+        fn = job.handler.fn
+        try:
+            if is_async(fn):
+                value = run.aio.run(job.id, fn, job.args, run.spec.subtask_timeout)
+            else:
+                value = run.watchdog.call(job.id, fn, *job.args)
         except ColdStop:
-            ledger.interrupted = work.entry_id  # it started: it stays ours, charged
+            self.ledger.interrupted.add(work.entry_id)  # it started: it stays ours, charged
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the handler's own
-            retry = ledger.failed(work, jid, started, exc, raw)
-            if retry is not None:
-                run.held.appendleft(retry)
-                return False
+            return self._outcome(job, None, exc)
+        return self._outcome(job, value, None)
+
+    def _outcome(self, job: Job, value: Any, error: BaseException | None) -> bool:
+        """Record how a job's call ended; False if it waits again first in ``held``."""
+        run, ledger, work = self.run, self.ledger, job.work
+        if isinstance(error, Suspended):  # runs again after the re-rank, same attempt
+            run.held.appendleft(work)
+            return False
+        if error is not None:
+            retry = ledger.failed(work, job.id, job.started, error, job.raw)
+            if retry is None:
+                return True
+            run.held.appendleft(retry)
+            return False
+        try:
+            body = to_json(value, "result")
+        except NotJSON as exc:
+            ledger.bury(work, job.id, job.started, "result is not JSON", str(exc), job.raw)
             return True
-        ledger.succeeded(work, jid, started, body)
+        ledger.succeeded(work, job.id, job.started, body)
         return True
+
+    # -- many in flight (--concurrency > 1): workers.concurrent.Items -----------------------
+
+    def read(self, count: int, block: bool) -> list[Work] | None:
+        entries = self._read(count, block)
+        if not entries:
+            return None
+        stream = self.run.tk.stream
+        return [Work(stream, eid.decode(), f, 1) for eid, f in entries]
+
+    def key_of(self, work: Work) -> str | None:
+        return None  # a queue's jobs have no order among them
+
+    def call_for(self, work: Work) -> Call | None:
+        job = self._decoded(work)
+        if job is None:
+            return None
+        return Call(work, job.id, job.handler.fn, job.args, extra={"job": job})
+
+    def record(self, call: Call) -> None:
+        self._outcome(call.extra["job"], call.value, call.error)
+
+    def tick(self) -> None:
+        due = self.next_due is not None and time.time() >= self.next_due
+        if due or time.monotonic() - self.duties_at >= DUTY_SECONDS:
+            self._duties()
+
+    def idle(self) -> None:
+        """The read waited on the stream already."""
 
     def _context(self, jid: str, work: Work) -> JobContext:
         run = self.run

@@ -92,10 +92,11 @@ class Reclaim:
         )
         return _works(stream, claimed, charge=True), gone
 
-    def hand_back(self, stream: str, keep: str = "") -> list[Gone]:
-        """Park every entry we still hold in ``stream`` (JUSTID: no attempt spent), but
-        ``keep`` (the one a cold stop interrupted: it started, so whoever takes it from us
-        charges it). Only entries still ours move: nothing a reclaimer took is stolen back."""
+    def hand_back(self, stream: str, keep: Collection[str] = ()) -> list[Gone]:
+        """Park every entry we still hold in ``stream`` (JUSTID: no attempt spent), but those
+        in ``keep`` (the ones a cold stop interrupted: they started, so whoever takes them
+        from us charges them). Only entries still ours move: nothing a reclaimer took is
+        stolen back."""
         gone: list[Gone] = []
         while True:
             claimed, lost = self.scripts.reclaim(

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -26,6 +26,7 @@ from queueworks.models import Refusal, StoredSpec, TaskState, describe_error
 from queueworks.scripts import Scripts
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.heartbeat import Heartbeat, NodeState
+from workers.inflight import EventLoop
 from workers.ledger import Attempts
 from workers.membership import Membership
 from workers.modes import MODES
@@ -48,6 +49,8 @@ class WorkerParts:
     batch_size: int
     ttl: float
     log: Any
+    concurrency: int = 1  # items of the current task in flight at once
+    aio: EventLoop = field(default_factory=EventLoop)  # the process's loop for async handlers
 
 
 class TaskRun:
@@ -57,7 +60,7 @@ class TaskRun:
         self.parts = parts
         self.r, self.scripts, self.keys = parts.r, parts.scripts, parts.keys
         self.state, self.watchdog, self.batch_size = parts.state, parts.watchdog, parts.batch_size
-        self.allow = parts.allow
+        self.allow, self.concurrency, self.aio = parts.allow, parts.concurrency, parts.aio
         self.tk = parts.keys.task(task_id)
         self.me = parts.state.worker_id
         self.log = parts.log.bind(task_id=task_id)
@@ -190,9 +193,7 @@ class TaskRun:
 
     def hand_back(self, streams: Sequence[str]) -> None:
         for stream in streams:
-            self.ledger.bury_gone(
-                stream, self.reclaim.hand_back(stream, self.ledger.interrupted or "")
-            )
+            self.ledger.bury_gone(stream, self.reclaim.hand_back(stream, self.ledger.interrupted))
         self.held = deque(w for w in self.held if w.stream not in streams)
 
     # -- membership changes ---------------------------------------------------------------

@@ -11,6 +11,8 @@ from queueworks.context import SubtaskContext, Suspended
 from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of
 from queueworks.signals import ColdStop
+from workers.concurrent import Concurrently
+from workers.inflight import Call, InFlight, is_async
 from workers.ledger import Ledger
 from workers.loop import Run
 from workers.work import Batches, Entries, Work
@@ -25,12 +27,18 @@ class SubtaskLoop:
         assert run.handler is not None
         self.run, self.handler = run, run.handler
         self.ledger = Ledger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
+        self.flight = (
+            InFlight(run.concurrency, run.aio, run.watchdog) if run.concurrency > 1 else None
+        )
         self.avg_seconds = 0.0
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0  # monotonic time of the last read that checked membership
 
     def serve(self) -> None:
         run = self.run
+        if self.flight is not None:
+            timeout = run.spec.subtask_timeout
+            Concurrently(run, self.ledger, self, self.flight, timeout).serve()
         while True:
             run.check()
             if run.held:
@@ -47,7 +55,7 @@ class SubtaskLoop:
 
     # -- reading --------------------------------------------------------------------------
 
-    def _read(self) -> Batches | None:
+    def _read(self, count: int | None = None) -> Batches | None:
         """Dynamic tasks: read new entries with native XREADGROUP (about 2x cheaper than
         reading inside Lua), pipelined behind the member check and the epoch in one round
         trip when the last check is older than ``check_every``.
@@ -68,12 +76,12 @@ class SubtaskLoop:
         changed = False
         reply: Any
         if now - self.checked_at < self.check_every:
-            reply = run.r.xreadgroup(run.tk.group, run.me, read, count=self._read_count())
+            reply = run.r.xreadgroup(run.tk.group, run.me, read, count=count or self._read_count())
         else:
             pipe = run.r.pipeline(transaction=False)
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
-            pipe.xreadgroup(run.tk.group, run.me, read, count=self._read_count())
+            pipe.xreadgroup(run.tk.group, run.me, read, count=count or self._read_count())
             score, epoch, reply = pipe.execute()
             self.checked_at = now
             changed = run.membership.fence(score, epoch)
@@ -81,14 +89,14 @@ class SubtaskLoop:
             return [] if changed else None
         return [(text(stream), entries) for stream, entries in reply]
 
-    def _read_partitions(self) -> Batches | None:
+    def _read_partitions(self, count: int | None = None) -> Batches | None:
         """Partitioned tasks: read inside Lua, fenced, so no partition is ever read by two
         members in one epoch (a stale member reads nothing at all)."""
         run = self.run
         role = run.membership.role
         assert role is not None
         status, reply = run.scripts.fenced_read(
-            run.tk, run.owned, run.me, self._read_count(), role.epoch
+            run.tk, run.owned, run.me, count or self._read_count(), role.epoch
         )
         if status == READ_FENCED:
             run.state.fenced = True
@@ -155,7 +163,7 @@ class SubtaskLoop:
         s = run.state
         suspended = s.suspend.is_set
         monotonic = time.monotonic
-        call = run.watchdog.call
+        call = run.watchdog.call if not is_async(self.handler.fn) else self._await
         fn, takes_ctx = self.handler.fn, self.handler.takes_ctx
         ok = ledger.succeeded(stream)
         flush_at = ledger.last_flush + FLUSH_SECONDS
@@ -186,7 +194,7 @@ class SubtaskLoop:
                 ledger.bury(work, sub.index, "result is not JSON", str(exc), sub.raw_payload)
                 continue
             except ColdStop:
-                ledger.interrupted = entry_id  # it started: it stays ours, charged, for reclaim
+                ledger.interrupted.add(entry_id)  # it started: it stays ours, charged
                 raise
             except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the handler's own
                 retry = ledger.failed(
@@ -198,6 +206,56 @@ class SubtaskLoop:
                 continue
             ok.append((entry_id, sub.index, body))
         return len(entries)
+
+    def _await(self, index: int, fn: Any, *args: Any) -> Any:
+        """An ``async def`` handler at concurrency 1: on the event loop, waited for here."""
+        return self.run.aio.run(index, fn, args, self.run.spec.subtask_timeout)
+
+    # -- many in flight (--concurrency > 1): workers.concurrent.Items -----------------------
+
+    def read(self, count: int, block: bool) -> list[Work] | None:
+        run = self.run
+        read = self._read_partitions(count) if run.spec.partitions else self._read(count)
+        if read is None:
+            return None
+        return [Work(stream, eid.decode(), f, 1) for stream, entries in read for eid, f in entries]
+
+    def key_of(self, work: Work) -> str | None:
+        key = work.fields.get(b"k") if self.run.spec.partitions else None
+        return key.decode(errors="replace") if key is not None else None
+
+    def call_for(self, work: Work) -> Call | None:
+        try:
+            sub = decode_entry(work.entry_id, work.fields)
+        except BadMessage as exc:
+            self.ledger.bury(work, None, "malformed entry", str(exc))
+            return None
+        args: tuple[Any, ...] = (sub.payload,)
+        if self.handler.takes_ctx:
+            args = (sub.payload, self._context(sub, work.attempt))
+        return Call(work, sub.index, self.handler.fn, args, key=sub.key, extra={"sub": sub})
+
+    def record(self, call: Call) -> None:
+        work, sub, ledger = call.item, call.extra["sub"], self.ledger
+        if call.error is None:
+            try:
+                body = to_json(call.value, "result")
+            except NotJSON as exc:
+                ledger.bury(work, sub.index, "result is not JSON", str(exc), sub.raw_payload)
+                return
+            ledger.succeeded(work.stream).append((work.entry_id, sub.index, body))
+        elif isinstance(call.error, Suspended):
+            self.run.held.appendleft(work)  # runs again after the re-rank, same attempt
+        else:
+            retry = ledger.failed(work, sub.index, call.error, sub.raw_payload)
+            if retry is not None:
+                self.run.held.appendleft(retry)
+
+    def tick(self) -> None:
+        """Nothing beside running subtasks."""
+
+    def idle(self) -> None:
+        self.run.idle()
 
     def _context(self, sub: Subtask, attempt: int) -> SubtaskContext:
         run = self.run

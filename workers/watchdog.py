@@ -38,16 +38,32 @@ class TimedOut(Exception):
     """What the runtime records for an abandoned handler (a failed attempt)."""
 
 
+Job = tuple[int, float, int | str]  # (thread ident, started, subtask index or job id)
+
+
+class Slot:
+    """One thread's armed call (the member's own thread has one; each pool thread its own:
+    ``Watchdog.slot``)."""
+
+    __slots__ = ("fired", "job")
+
+    def __init__(self) -> None:
+        self.job: Job | None = None
+        self.fired: Job | None = None
+
+
 class Watchdog(threading.Thread):
     """Watches the handler calls of one worker process against the ``subtask_timeout`` of
-    the task it runs (``use``). One per process, started once: a task run starts no thread."""
+    the task it runs (``use``). One per process, started once: a task run starts no thread.
+    Calls made on the member's own thread use its slot (``call``); a pool thread running
+    handlers concurrently has a slot of its own (``slot`` and ``call_in``)."""
 
     def __init__(self, log: Any, *, timeout: float = 60.0, grace: float | None = None) -> None:
         super().__init__(name="qw-watchdog", daemon=True)
         self._lock = threading.Lock()
         self._halt = threading.Event()
-        self._job: tuple[int, float, int | str] | None = None  # (thread ident, started, what)
-        self._fired: tuple[int, float, int | str] | None = None
+        self._main = Slot()
+        self._slots = [self._main]
         self.timeouts = 0
         self.use(timeout, log, grace=grace)
 
@@ -57,42 +73,49 @@ class Watchdog(threading.Thread):
         self.grace = grace if grace is not None else min(max(timeout, 1.0), 30.0)
         self._log = log
 
+    def slot(self) -> Slot:
+        """A slot for another thread that calls handlers (kept for the process's life)."""
+        slot = Slot()
+        with self._lock:
+            self._slots = [*self._slots, slot]
+        return slot
+
     def call(self, index: int | str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` on the member's thread, under the deadline."""
+        return self.call_in(self._main, index, fn, *args)
+
+    def call_in(self, slot: Slot, index: int | str, fn: Callable[..., Any], *args: Any) -> Any:
         """``fn(*args)`` under the deadline; raises ``TimedOut`` if it was abandoned.
 
         The timeout exception can land only while the deadline is armed; disarming clears
         one still pending, so it never escapes into the runtime's own code."""
-        job = self._job = (_ident(), _now(), index)
+        job = slot.job = (_ident(), _now(), index)
         try:
             try:
                 return fn(*args)
             finally:
-                # Without the lock: once ``_job`` is cleared the watchdog cannot fire on this
+                # Without the lock: once ``job`` is cleared the watchdog cannot fire on this
                 # job any more; it may only be firing right now (it holds the lock) or have
-                # fired already (``_fired``), and then the pending exception is cleared.
-                self._job = None
-                if job is self._fired or self._lock.locked():
-                    self._clear(job)
+                # fired already (``fired``), and then the pending exception is cleared.
+                slot.job = None
+                if job is slot.fired or self._lock.locked():
+                    self._clear(slot, job)
         except SubtaskTimeout:  # it may have landed inside the ``finally``: disarm again
-            self._job = None
-            self._clear(job)
-            what, limit = (
-                (f"job {index}", "job_timeout")
-                if isinstance(index, str)
-                else (f"subtask {index}", "subtask_timeout")
-            )
-            raise TimedOut(
-                f"{what} timed out: it ran past {limit} ({self.timeout} s) and was abandoned"
-            ) from None
+            slot.job = None
+            self._clear(slot, job)
+            raise TimedOut(timed_out(index, self.timeout, "abandoned")) from None
 
     def current(self) -> int | str | None:
-        """The subtask index (or job id) whose handler runs now, if any."""
-        job = self._job
-        return None if job is None else job[2]
+        """The subtask index (or job id) whose handler runs now, if any (the first found)."""
+        for slot in self._slots:
+            job = slot.job
+            if job is not None:
+                return job[2]
+        return None
 
-    def _clear(self, job: tuple[int, float, int | str]) -> None:
+    def _clear(self, slot: Slot, job: Job) -> None:
         with self._lock:
-            if job is self._fired:
+            if job is slot.fired:
                 _raise_in(job[0], None)  # clear it if still pending
 
     def stop(self) -> None:
@@ -100,26 +123,38 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         while not self._halt.wait(min(0.25, self.timeout / 4)):
-            job = self._job
-            if job is None:
-                continue
-            overrun = time.monotonic() - job[1] - self.timeout
-            if overrun < 0:
-                continue
-            if job is not self._fired:
-                with self._lock:
-                    if self._job is job:
-                        self._fired = job
-                        self.timeouts += 1
-                        self._log.warning("subtask_timed_out", index=job[2], timeout=self.timeout)
-                        _raise_in(job[0], SubtaskTimeout)
-            elif overrun > self.grace and self._job is job:
-                self._log.error(
-                    "subtask_hung", index=job[2], timeout=self.timeout, exit_code=EXIT_HUNG
-                )
-                sys.stderr.flush()
-                sys.stdout.flush()
-                os._exit(EXIT_HUNG)
+            for slot in self._slots:
+                self._watch(slot)
+
+    def _watch(self, slot: Slot) -> None:
+        job = slot.job
+        if job is None:
+            return
+        overrun = time.monotonic() - job[1] - self.timeout
+        if overrun < 0:
+            return
+        if job is not slot.fired:
+            with self._lock:
+                if slot.job is job:
+                    slot.fired = job
+                    self.timeouts += 1
+                    self._log.warning("subtask_timed_out", index=job[2], timeout=self.timeout)
+                    _raise_in(job[0], SubtaskTimeout)
+        elif overrun > self.grace and slot.job is job:
+            self._log.error("subtask_hung", index=job[2], timeout=self.timeout, exit_code=EXIT_HUNG)
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(EXIT_HUNG)
+
+
+def timed_out(index: int | str, timeout: float, how: str) -> str:
+    """What a failed attempt says when its handler ran past its limit."""
+    what, limit = (
+        (f"job {index}", "job_timeout")
+        if isinstance(index, str)
+        else (f"subtask {index}", "subtask_timeout")
+    )
+    return f"{what} timed out: it ran past {limit} ({timeout} s) and was {how}"
 
 
 def _raise_in(thread_id: int, exc: type[BaseException] | None) -> None:

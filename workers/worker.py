@@ -78,6 +78,7 @@ class Worker:
             batch_size=settings.batch_size,
             ttl=settings.heartbeat_ttl,
             log=self.log,
+            concurrency=settings.concurrency,
         )
         self._watched_task: str | None = None
         self._done_tasks: set[str] = set()
@@ -107,6 +108,7 @@ class Worker:
             self._serve()
         finally:
             self.watchdog.stop()
+            self.parts.aio.stop()
             # Heartbeat first: a tick after deregistering would register us again.
             self.heartbeat.stop()
             if self.heartbeat.is_alive():

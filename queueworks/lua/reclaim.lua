@@ -7,10 +7,14 @@
 -- ARGV[1] group   ARGV[2] to (claiming consumer)   ARGV[3] from consumer ("" = any consumer)
 -- ARGV[4] count   ARGV[5] "1": JUSTID claim (a hand-back: spends no attempt)
 -- ARGV[6] min idle (ms)   ARGV[7] "1": refuse when `from` is still a member
--- ARGV[8] an entry id to leave pending where it is ("" = none)
+-- ARGV[8] entry ids to leave pending where they are, space-separated ("" = none)
 -- returns {claimed, gone}: claimed = {{id, {field, value, ...}, deliveries}, ...},
 --   gone = {{id, deliveries}, ...}
 local from = ARGV[3]
+local keep = {}
+for id in string.gmatch(ARGV[8], '%S+') do
+  keep[id] = true
+end
 if ARGV[7] == '1' and from ~= '' and redis.call('ZSCORE', KEYS[2], from) then
   return {{}, {}}
 end
@@ -29,7 +33,7 @@ local pending = redis.call(unpack(args))
 local claimed, gone = {}, {}
 for _, p in ipairs(pending) do
   local id, owner, deliveries = p[1], p[2], p[4]
-  if owner ~= ARGV[2] and id ~= ARGV[8] then
+  if owner ~= ARGV[2] and not keep[id] then
     local entry = redis.call('XRANGE', KEYS[1], id, id)
     if #entry == 0 then
       gone[#gone + 1] = {id, deliveries}
