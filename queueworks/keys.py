@@ -52,6 +52,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+PARKED = "_parked"  # the consumer of every group that holds entries handed back by a leave
+
 _TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _WORKER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
 

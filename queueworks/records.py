@@ -32,6 +32,7 @@ from typing import Any
 
 from redis.typing import EncodableT
 
+from queueworks.keys import PARKED
 from queueworks.models import (
     JobState,
     JobStatus,
@@ -198,8 +199,8 @@ def job_status(
     f = {k.decode(): v.decode() for k, v in raw.items()}
     state = JobState(f.get("s", JobState.QUEUED.value))
     attempts, worker, started = _int(f.get("a")), f.get("w"), _float(f.get("st"))
-    if state == JobState.QUEUED and pending:
-        row = pending[0]
+    if state == JobState.QUEUED and pending and _str(pending[0]["consumer"]) != PARKED:
+        row = pending[0]  # a member has it (a parked one waits to be taken over)
         state, worker = JobState.RUNNING, _str(row["consumer"])
         attempts = int(row["times_delivered"])
         started = now - int(row["time_since_delivered"]) / 1000

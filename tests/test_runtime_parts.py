@@ -12,13 +12,14 @@ import redis
 import structlog
 
 from queueworks import Client, TaskSpec, TaskState
+from queueworks.keys import PARKED
 from queueworks.models import StoredSpec
 from queueworks.scripts import Scripts
 from workers.heartbeat import NodeState
 from workers.ledger import Ledger
 from workers.membership import Membership
 from workers.reclaim import Reclaim
-from workers.work import PARKED, Work
+from workers.work import Work
 
 LOG = structlog.get_logger("test")
 

@@ -21,9 +21,9 @@ from collections.abc import Collection
 from typing import Any
 
 from queueworks.connection import Connection, text
-from queueworks.keys import TaskKeys
+from queueworks.keys import PARKED, TaskKeys
 from queueworks.scripts import Claimed, Scripts
-from workers.work import PARKED, Gone, Work
+from workers.work import Gone, Work
 
 RECLAIM_BATCH = 500  # XPENDING/XCLAIM batch: large batches stall the server
 

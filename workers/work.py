@@ -13,8 +13,6 @@ Entries = list[tuple[bytes, Fields]]  # (entry id, fields) as XREADGROUP returns
 Batches = list[tuple[str, Entries]]  # entries read, by stream
 Gone = tuple[str, int]  # (entry id, deliveries) of a pending entry whose payload was deleted
 
-PARKED = "_parked"  # consumer that holds entries handed back by a graceful leave
-
 
 @dataclass(slots=True)
 class Work:
