@@ -11,15 +11,18 @@ machine, loopback only::
   (``queueworks.torch.ElasticTrainer``). SIGKILL = the worker process; graceful = SIGTERM.
 * **torchrun**: one agent per node, ``torchrun --nnodes=1:4 --nproc-per-node=1
   --rdzv-backend=c10d --rdzv-endpoint=127.0.0.1:PORT --max-restarts=50
-  -m bench.torchrun_job`` (the first agent hosts the c10d store). SIGKILL = the node: its
-  agent *and* its worker (they are in different sessions; killing only the agent leaves
-  the worker training as an orphan, killing only the worker makes the agent restart the
-  group at the same size). Graceful = SIGTERM to the agent, which stops its worker.
+  -m bench.torchrun_job`` (node 1 hosts the c10d store: ``--rdzv-conf is_host=true``, the
+  others ``false``). SIGKILL = the node: its agent *and* its worker (they are in different
+  sessions: killing only the agent leaves its worker training on as an orphan; killing
+  only the worker makes the agent restart the group at the same size, by the agent's
+  code). Graceful = SIGTERM to the agent, which stops its worker and exits.
 
 The nodes are numbered in start order: node 2 is the one SIGKILLed and node 4 the one
 removed, in both systems (node 1 hosts torchrun's c10d store, and is queueworks' leader).
 Changes are made at the same points of the data for both (10%, 40% and 65% of the shards
-trained), each only after the previous one has settled (a step at the new size).
+trained), each only after the previous one has settled (a step at the new size), and
+halfway between two torchrun snapshots (every ``checkpoint_steps`` = 20 steps, in both
+systems): the average case of a change at a random moment.
 
 Every figure comes from the step logs (one JSON line per rank and step, see
 ``bench.torchrun_job``) and the times the driver made each change:
@@ -39,16 +42,18 @@ Every figure comes from the step logs (one JSON line per rank and step, see
   replayed in one process (equal when no update was lost or applied twice).
 
 Profiles: ``default`` runs both systems with their defaults (queueworks heartbeat 1 s /
-TTL 3 s; torchrun keep-alive 5 s x 3, last call 30 s); ``fast`` gives both a ~2 s dead-node
-detection (queueworks 0.5 s / 2 s; torchrun keep-alive 1 s x 2, last call 1 s).
+TTL 3 s; torchrun keep-alive 5 s x 3 = 15 s, last call 30 s); ``matched`` gives torchrun
+queueworks' 3 s dead-node detection (keep-alive 1 s x 3) and a 1 s last call.
 
-    python -m bench.torchrun_vs                     # both profiles, ~7 minutes here
-    python -m bench.torchrun_vs --profiles fast     # ~2 minutes
-    python -m bench.torchrun_vs --smoke --json out.json   # CI: fewer shards, fast profile
+    python -m bench.torchrun_vs                        # both profiles, ~6 minutes here
+    python -m bench.torchrun_vs --profiles matched     # ~2 minutes
+    python -m bench.torchrun_vs --smoke --json out.json   # CI: 600 shards, matched, ~1 minute
+    python -m bench.torchrun_vs --static 2             # 2 nodes throughout: step times only
 
 torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: in torch 2.13.0 with the
-default (shared store) a node that joins a running job never gets in (see
-``--torch-share-store`` and docs/torch.md).
+default (the agents' TCPStore shared with the workers) a node that joins a running job
+never gets in and the job fails a minute later (``--torch-share-store`` shows it).
+``BENCH_QW_LOG_LEVEL=info`` keeps the queueworks processes' info logs.
 """
 
 from __future__ import annotations
@@ -252,7 +257,7 @@ class Queueworks(System):
             "QUEUEWORKS_REDIS_URL": url,
             "QUEUEWORKS_PREFIX": self.prefix,
             "QUEUEWORKS_TORCH_HOST": "127.0.0.1",
-            "QUEUEWORKS_LOG_LEVEL": "warning",
+            "QUEUEWORKS_LOG_LEVEL": os.environ.get("BENCH_QW_LOG_LEVEL", "warning"),
             **profile.qw_env,
         }
         self.client = Client.from_url(url, prefix=self.prefix)
