@@ -124,7 +124,7 @@ def reference_loss(job: Job) -> float:
     for i in range(job.shards):
         opt.zero_grad()
         x, y = shard_data(job, i)
-        torch.nn.functional.mse_loss(model(x), y).backward()
+        torch.autograd.backward(torch.nn.functional.mse_loss(model(x), y))
         opt.step()
     return eval_loss(job, model)
 
@@ -155,7 +155,9 @@ def process_start() -> float:
     return time.time() - (uptime - started)
 
 
-def _save(path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, progress: dict) -> None:
+def _save(
+    path: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, progress: dict[str, int]
+) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     with tmp.open("wb") as f:
         torch.save(
@@ -172,7 +174,7 @@ def _all_reduce_step(job: Job, model: torch.nn.Module, shard: int | None) -> flo
     n, loss_sum = 0.0, 0.0
     if shard is not None:
         loss, count = shard_loss(job, model, shard)
-        loss.backward()
+        torch.autograd.backward(loss)
         n, loss_sum = float(count), float(loss.detach()) * count
     parts = [
         (p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) * n for p in params

@@ -459,9 +459,14 @@ def _watch(sys_: System, changes: list[Change]) -> None:
         made[-1].members_t = time.time()
 
 
+def _add_two(s: System) -> None:
+    s.add()  # both start at once, as a scale-up of 2 would
+    s.add()
+
+
 def scenario() -> list[Change]:
     return [
-        Change("add 2", 0.10, 4, lambda s: (s.add(), s.add())),
+        Change("add 2", 0.10, 4, _add_two),
         Change("SIGKILL 1", 0.40, 3, lambda s: s.kill(1)),
         Change("remove 1 (SIGTERM)", 0.65, 2, lambda s: s.remove(3)),
     ]
@@ -534,7 +539,8 @@ def replay_loss(job: Job, steps: list[Step]) -> float:
     for s in steps:
         xs, ys = zip(*(shard_data(job, i) for i in sorted(s.shards)), strict=True)
         opt.zero_grad()
-        torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys)).backward()
+        loss = torch.nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
+        torch.autograd.backward(loss)
         opt.step()
     return eval_loss(job, model)
 
@@ -547,7 +553,9 @@ def _cause(changes: list[Change], start: float, end: float) -> int | None:
     return None
 
 
-def _wasted(job: Job, changes: list[Change], steps: list[Step], eff: list[Step]) -> list[dict]:
+def _wasted(
+    job: Job, changes: list[Change], steps: list[Step], eff: list[Step]
+) -> list[dict[str, int]]:
     """Repeated and aborted steps and samples, per change (a last row: none of them)."""
     rows = [dict.fromkeys(WASTE, 0) for _ in [*changes, None]]
     kept = {id(s) for s in eff}
