@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, TORCH_INSTALL, need_module
 
-pytest.importorskip("torch")
+need_module("torch", TORCH_INSTALL, needs=("numpy",))  # skipped for a user, a failure in CI
 
 
 def is_subsequence(wanted: list[int], seen: list[int]) -> bool:
