@@ -26,6 +26,7 @@ from queueworks.torch.options import TorchOptions, short
 RDZV_TTL = 7 * 24 * 3600  # the rendezvous key outlives any generation; deleted at the end
 POLL_MIN, POLL_MAX = 0.002, 0.05
 STORE_CONNECT_TIMEOUT = 5.0  # the leader's store was just published: it answers in ms
+CONNECT_ATTEMPT = 0.25  # s per attempt to connect to it
 
 
 class Group:
@@ -115,19 +116,33 @@ class Group:
             if time.monotonic() > deadline:
                 raise StepAborted("no rendezvous from the leader")
             pause = min(POLL_MAX, pause * 1.5)
-        try:
-            store = TCPStore(
-                str(doc["host"]),
-                int(doc["port"]),
-                is_master=False,
-                timeout=datetime.timedelta(
-                    seconds=min(STORE_CONNECT_TIMEOUT, self.opts.collective_timeout)
-                ),
-            )
-        except RuntimeError as exc:
-            raise StepAborted(f"cannot reach the leader's store: {short(exc)}") from None
+        store = self._connect(gen, str(doc["host"]), int(doc["port"]))
         self._store = store
         return store
+
+    def _connect(self, gen: Generation, host: str, port: int) -> TCPStore:
+        """The leader's store, in short attempts: between two, give up at once if the node
+        set changed or the leader moved on to a later generation (its store for ``gen`` is
+        closed then, and a long connect would wait for nothing)."""
+        timeout = min(STORE_CONNECT_TIMEOUT, self.opts.collective_timeout)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                store = TCPStore(
+                    host,
+                    port,
+                    is_master=False,
+                    timeout=datetime.timedelta(seconds=CONNECT_ATTEMPT),
+                )
+            except RuntimeError as exc:
+                if time.monotonic() > deadline:
+                    raise StepAborted(f"cannot reach the leader's store: {short(exc)}") from None
+                if self.ctx.wait(POLL_MIN):
+                    raise StepAborted("node set changed during rendezvous") from None
+                self._published(gen)  # raises if the leader is at a later generation
+                continue
+            store.set_timeout(datetime.timedelta(seconds=timeout))
+            return store
 
     def _published(self, gen: Generation) -> dict[str, Any] | None:
         """The leader's published store if it is for ``gen``; None if not yet there;
