@@ -336,10 +336,20 @@ def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     (job_id,) = res.stdout.split()
     assert res.stderr.strip() == f"job {job_id}: failed 1 times: ValueError: cannot handle [1]"
 
+    # as the README shows it: a handler the module does not have is the job's fault
+    typo = ["enqueue", "jobs", "queueworks.examples:dubble", "--json", '{"x": 21}', "--wait"]
+    res = cli(typo, redis_url, prefix)
+    assert res.returncode == 3, (res.stdout, res.stderr)
+    (job_id,) = res.stdout.split()
+    assert res.stderr.strip() == (
+        f"job {job_id}: handler refused: handler 'queueworks.examples:dubble': module "
+        "'queueworks.examples' has no 'dubble'"
+    )
+
     # the queue exists with other settings: one line, nothing enqueued
     res = cli([*failing, "--max-attempts", "2"], redis_url, prefix)
     one_line_error(res, 2, "queue 'jobs' exists with max_attempts=1")
-    assert client.queue("jobs").status().dead == 1
+    assert client.queue("jobs").status().dead == 2
 
     # no live worker may run its handler: --wait says why, and gives up at --timeout
     blocked = ["enqueue", "blocked", "tests.handlers_cli:needs_file", "--json", '{"x": 1}']
