@@ -7,11 +7,16 @@ the ``qw:queue`` zset, with a ``requeued`` event so the controller gives it node
 cancelled or failed task is never reopened (resubmit it instead).
 
 Delete discards the dead-letter record only: the subtask stays counted as dead.
+
+A queue's dead job is requeued by ``requeue_job.lua``: its dead letter goes, ``dead`` goes down
+by one, the job goes back on the queue's stream under its own id (its record says queued
+again) and runs as a new first attempt. A queue that was cancelled takes no job back.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +28,10 @@ from queueworks.client import Client, TaskNotFound
 from queueworks.connection import text
 from queueworks.keys import check_task_id
 from queueworks.messages import partition_of
+from queueworks.models import StoredSpec, TaskState
 from queueworks.scripts import ACTIVE, _source
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # goes into a key: the hash tag must hold
 
 
 class AdminError(ValueError):
@@ -38,6 +46,14 @@ class Requeued:
     new_entry: str
     stream: str
     reopened: bool
+
+
+@dataclass(frozen=True)
+class RequeuedJob:
+    queue: str
+    dead_entry: str
+    job: str
+    new_entry: str
 
 
 class Admin:
@@ -93,6 +109,36 @@ class Admin:
         pipe.execute()
         return Requeued(task_id, entry_id, index, new_entry, stream, reopened)
 
+    def requeue_job(self, queue: str, entry_id: str) -> RequeuedJob:
+        """Put dead letter ``entry_id`` of queue ``queue`` back on its stream, as the same job."""
+        r, keys = self.client.redis, self.client.keys
+        tk = keys.task(check_task_id(queue))
+        pipe = r.pipeline(transaction=False)
+        pipe.hmget(tk.record, ["state", "spec"])
+        pipe.xrange(tk.dead, entry_id, entry_id)
+        (state, spec), found = pipe.execute()
+        if state is None:
+            raise TaskNotFound(queue)
+        if not _is_queue(spec):
+            raise AdminError(f"{queue} is a task, not a queue")
+        if text(state) not in {s.value for s in TaskState}:
+            raise AdminError(f"queue {queue}: its record's state {text(state)[:40]!r} is no state")
+        if TaskState(text(state)).finished:
+            raise AdminError(f"queue {queue} is {text(state)}: it takes no job back")
+        if not found:
+            raise AdminError(f"dead letter {entry_id} of queue {queue}: missing entry")
+        job = text(found[0][1].get(b"job") or b"")
+        if not job:
+            raise AdminError(f"dead letter {entry_id} of queue {queue}: it was no job (rejected)")
+        if not _JOB_ID.match(job):
+            raise AdminError(f"dead letter {entry_id} of queue {queue}: bad job id {job[:80]!r}")
+        reply: Any = self.client.scripts.requeue_job(tk, entry_id, job, time.time())
+        if int(reply[0]) != 1:
+            raise AdminError(f"dead letter {entry_id} of queue {queue}: {text(reply[1])}")
+        new_entry = text(reply[1])
+        events.emit(r, keys, "requeued", task=queue, entry=entry_id, job=job)
+        return RequeuedJob(queue, entry_id, job, new_entry)
+
     def delete_dead(self, task_id: str, entry_id: str) -> bool:
         """Discard a dead-letter record (the subtask stays counted as dead)."""
         r, keys = self.client.redis, self.client.keys
@@ -101,6 +147,13 @@ class Admin:
         if removed:
             events.emit(r, keys, "dead_letter_deleted", task=task_id, entry=entry_id)
         return bool(removed)
+
+
+def _is_queue(spec: Any) -> bool:
+    try:
+        return StoredSpec.model_validate_json(spec or b"").mode == "queue"
+    except ValueError:
+        return False
 
 
 def _ordering_key(payload: str) -> str | None:

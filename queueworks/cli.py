@@ -1,4 +1,5 @@
-"""The ``queueworks`` command: worker, controller, submit, info, dead, health, dashboard, demo.
+"""The ``queueworks`` command: worker, controller, submit, enqueue (``cli_enqueue``), info,
+dead, health, dashboard, demo.
 
 Settings come from flags and ``QUEUEWORKS_*`` environment variables (flags win); every
 option's help names its default and its variable, both read from ``Settings``. Expected
@@ -18,57 +19,28 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
+from queueworks.cli_enqueue import enqueue
 from queueworks.cli_errors import (
     EXIT_UNFINISHED,
-    META_PREFIX,
-    META_URL,
     BadInput,
     OneLineErrors,
     explain,
     missing_extra,
 )
-from queueworks.cli_options import ENV, common, option, setting
-from queueworks.logs import configure
-from queueworks.settings import Settings
+from queueworks.cli_options import (
+    ENV,
+    client_for,
+    common,
+    option,
+    setting,
+    settings_from_flags,
+    task_id_param,
+)
 from queueworks.signals import ColdStop, install_stop_signals
-
-if TYPE_CHECKING:
-    from queueworks.client import Client
-
-
-def _settings(**flags: Any) -> Settings:
-    """Settings from the flags (and the environment); logging configured; the URL noted
-    (redacted) so that an error can say which Redis it is about."""
-    from queueworks.connection import as_cluster_url, redact_url
-
-    cluster = flags.pop("cluster", False)
-    ctx = click.get_current_context()
-    url = flags.get("redis_url")
-    if url:  # before validation: a bad setting's error may still name the URL
-        ctx.meta[META_URL] = redact_url(url)
-    settings = Settings(**{k: v for k, v in flags.items() if v is not None})
-    if cluster:
-        settings.redis_url = as_cluster_url(settings.redis_url)
-    ctx.meta[META_URL] = redact_url(settings.redis_url)
-    ctx.meta[META_PREFIX] = settings.prefix
-    configure(settings.log_level, settings.log_format)
-    return settings
-
-
-def _client(settings: Settings) -> Client:
-    """A ``Client`` for the settings; a URL it cannot use is a usage error."""
-    from queueworks.client import Client
-
-    try:
-        return Client.from_url(
-            settings.redis_url, prefix=settings.prefix, ssl_ca_certs=settings.ssl_ca_certs
-        )
-    except ValueError as exc:  # connect() says what a URL looks like, never the password
-        raise BadInput(str(exc)) from None
 
 
 @click.group(cls=OneLineErrors)
@@ -87,8 +59,11 @@ def main(debug: bool) -> None:
     over its variable). An expected error is one line on stderr; `queueworks --debug
     COMMAND` shows its traceback. Exit codes: 0 success, 1 error (Redis unreachable,
     credentials refused, no such task, missing extra), 2 bad usage or input, 3 `submit
-    --wait` whose task did not fully succeed.
+    --wait` whose task did not fully succeed, or `enqueue --wait` whose job died.
     """
+
+
+main.add_command(enqueue)
 
 
 def _labels(items: tuple[str, ...]) -> dict[str, str]:
@@ -155,7 +130,7 @@ def worker(
     second signal, or the grace period running out, interrupts the handler."""
     from workers.worker import Worker
 
-    settings = _settings(**flags)
+    settings = settings_from_flags(**flags)
     labels = _labels(label)
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
@@ -192,7 +167,7 @@ def controller(**flags: Any) -> None:
     Run two or more: one holds the leader lease, the others stand by."""
     from controller.main import Controller
 
-    settings = _settings(**flags)
+    settings = settings_from_flags(**flags)
     try:
         c = Controller(settings)
     except ValueError as exc:
@@ -287,7 +262,7 @@ def submit(
     when every subtask succeeded, else 3 with the first dead letters' reasons."""
     from queueworks.models import TaskSpec, parse_handler_path
 
-    settings = _settings(**flags)
+    settings = settings_from_flags(**flags)
     if (count is None) == (jsonl is None):
         raise click.UsageError("give exactly one of --count or --jsonl")
     try:
@@ -307,7 +282,7 @@ def submit(
         max_attempts=max_attempts,
         partitions=partitions,
     )
-    client = _client(settings)
+    client = client_for(settings)
     task = client.submit(spec)
     click.echo(task.id)
     if wait:
@@ -325,17 +300,18 @@ def submit(
             sys.exit(EXIT_UNFINISHED)
 
 
-@main.command(short_help="Tasks (progress, node sets) and workers.")
+@main.command(short_help="Tasks, queues (backlog, node sets) and workers.")
 @common
 @option("--watch", is_flag=True, help="redraw every --interval seconds until Ctrl-C")
 @option("--interval", type=float, default=1.0, show_default=True, help="seconds between redraws")
 @option("--json", "as_json", is_flag=True, help="machine-readable output")
 def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
-    """Tasks (state, progress, node set with ranks) and workers, like `rq info`."""
+    """Tasks (state, progress, node set with ranks), queues (backlog, rate, node set) and
+    workers, like `rq info`."""
     from queueworks.info import render
 
-    settings = _settings(**flags)
-    client = _client(settings)
+    settings = settings_from_flags(**flags)
+    client = client_for(settings)
     while True:
         text = render(client, as_json=as_json)
         if watch:
@@ -349,18 +325,9 @@ def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
             return
 
 
-def _task_id(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from queueworks.keys import check_task_id
-
-    try:
-        return check_task_id(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
 @main.command(short_help="List (or requeue) a task's dead letters.")
 @common
-@click.argument("task_id", metavar="TASK", callback=_task_id)
+@click.argument("task_id", metavar="TASK", callback=task_id_param)
 @option("--json", "as_json", is_flag=True, help="machine-readable output")
 @option(
     "--index",
@@ -390,8 +357,8 @@ def dead(
     payload and the dead count goes down (a completed task becomes active again)."""
     from queueworks.dead import render, requeue_all
 
-    settings = _settings(**flags)
-    client = _client(settings)
+    settings = settings_from_flags(**flags)
+    client = client_for(settings)
     task = client.task(task_id)
     status = task.status(with_nodes=False)  # TaskNotFound: one line
     letters = [d for d in task.dead_letters(count=limit) if not indexes or d.index in indexes]
@@ -450,7 +417,7 @@ def dashboard(
         raise missing_extra("dashboard", exc.name or "?") from None
     from queueworks.connection import redact_url
 
-    settings = _settings(**flags)
+    settings = settings_from_flags(**flags)
     try:
         check_bind(host, token)
         config = DashboardConfig(
@@ -499,7 +466,7 @@ def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
     from queueworks.connection import connect
     from queueworks.keys import Keys
 
-    settings = _settings(**flags)
+    settings = settings_from_flags(**flags)
     keys = Keys(settings.prefix)
     try:
         r = connect(settings.redis_url, ssl_ca_certs=settings.ssl_ca_certs, socket_timeout=3)

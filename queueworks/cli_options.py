@@ -1,16 +1,22 @@
 """The options of the ``queueworks`` command, written one way: every option's help says what
 it does, its default (``[default: ...]``) and, where one applies, its environment variable.
 A ``Settings``-backed option takes both from ``Settings``, the one place they are defined.
+And what every command makes of them: its ``Settings`` and its ``Client``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
+from queueworks.cli_errors import META_PREFIX, META_URL, BadInput
+from queueworks.logs import configure
 from queueworks.settings import Settings
+
+if TYPE_CHECKING:
+    from queueworks.client import Client
 
 ENV = "QUEUEWORKS_"
 LOG_LEVELS = ("debug", "info", "warning", "error")
@@ -76,3 +82,44 @@ def common(f: Any) -> Any:
     ):
         f = decorate(f)
     return f
+
+
+def settings_from_flags(**flags: Any) -> Settings:
+    """Settings from the flags (and the environment); logging configured; the URL noted
+    (redacted) so that an error can say which Redis it is about."""
+    from queueworks.connection import as_cluster_url, redact_url
+
+    cluster = flags.pop("cluster", False)
+    ctx = click.get_current_context()
+    url = flags.get("redis_url")
+    if url:  # before validation: a bad setting's error may still name the URL
+        ctx.meta[META_URL] = redact_url(url)
+    settings = Settings(**{k: v for k, v in flags.items() if v is not None})
+    if cluster:
+        settings.redis_url = as_cluster_url(settings.redis_url)
+    ctx.meta[META_URL] = redact_url(settings.redis_url)
+    ctx.meta[META_PREFIX] = settings.prefix
+    configure(settings.log_level, settings.log_format)
+    return settings
+
+
+def client_for(settings: Settings) -> Client:
+    """A ``Client`` for the settings; a URL it cannot use is a usage error."""
+    from queueworks.client import Client
+
+    try:
+        return Client.from_url(
+            settings.redis_url, prefix=settings.prefix, ssl_ca_certs=settings.ssl_ca_certs
+        )
+    except ValueError as exc:  # connect() says what a URL looks like, never the password
+        raise BadInput(str(exc)) from None
+
+
+def task_id_param(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A task (or queue) id argument, checked as ``keys.check_task_id`` checks it."""
+    from queueworks.keys import check_task_id
+
+    try:
+        return check_task_id(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None

@@ -1,4 +1,6 @@
-"""``queueworks info``: tasks and workers as text (or JSON), like ``rq info``."""
+"""``queueworks info``: tasks, queues and workers as text (or JSON), like ``rq info``.
+
+A queue is a task (mode "queue"), but it is listed with the queues, not among the tasks."""
 
 from __future__ import annotations
 
@@ -6,6 +8,7 @@ import json
 import time
 
 from queueworks.client import Client
+from queueworks.models import NodeInfo, QueueStatus
 
 
 def _bar(done: int, dead: int, total: int, width: int = 20) -> str:
@@ -20,13 +23,44 @@ def _bar(done: int, dead: int, total: int, width: int = 20) -> str:
     return "#" * ok + "x" * bad + "." * (width - ok - bad)
 
 
+def _nodes(nodes: list[NodeInfo]) -> list[str]:
+    out = []
+    for n in nodes:
+        age = f"{n.heartbeat_age:.1f}s" if n.heartbeat_age is not None else "-"
+        out.append(f"      rank {n.rank}: {n.worker}  hb {age}  current={n.current or '-'}")
+    return out
+
+
+def _queues(queues: list[QueueStatus]) -> list[str]:
+    lines = [f"{len(queues)} queue(s)"]
+    width = max((len(q.name) for q in queues), default=0)
+    for q in queues:
+        bound = q.max_nodes if q.max_nodes else "-"
+        want = q.want if q.want is not None else "max"
+        lines.append(
+            f"  {q.name:<{width}}  {q.state.value:<9} p={q.priority:<3} backlog={q.backlog} "
+            f"scheduled={q.scheduled} running={q.running} done={q.done} dead={q.dead} "
+            f"rate(10s)={q.rates.get('10s', 0.0):g}/s "
+            f"nodes(now/min/max/want)={len(q.nodes)}/{q.min_nodes}/{bound}/{want} epoch={q.epoch}"
+        )
+        if q.rejected:
+            lines.append(f"      rejected {q.rejected} stream entries that were no job")
+        if q.reason and not q.state.finished:
+            lines.append(f"      waiting: {q.reason}")
+        lines += _nodes(q.nodes)
+    return lines
+
+
 def render(client: Client, *, as_json: bool = False) -> str:
-    tasks = client.tasks()
+    queues = client.queues()
+    names = {q.name for q in queues}
+    tasks = [t for t in client.tasks() if t.id not in names]
     workers = client.workers()
     if as_json:
         return json.dumps(
             {
                 "tasks": [t.model_dump(mode="json") for t in tasks],
+                "queues": [q.model_dump(mode="json") for q in queues],
                 "workers": [w.model_dump(mode="json") for w in workers],
             },
             indent=2,
@@ -46,9 +80,8 @@ def render(client: Client, *, as_json: bool = False) -> str:
             lines.append(f"      rejected {t.rejected} stream entries that were no subtask")
         if t.reason and not t.finished:
             lines.append(f"      waiting: {t.reason}")
-        for n in nodes:
-            age = f"{n.heartbeat_age:.1f}s" if n.heartbeat_age is not None else "-"
-            lines.append(f"      rank {n.rank}: {n.worker}  hb {age}  current={n.current or '-'}")
+        lines += _nodes(nodes)
+    lines += _queues(queues)
     lines.append(f"{len(workers)} worker(s)")
     for w in workers:
         beat = f"{now - w.last_heartbeat:.1f}s ago" if w.last_heartbeat else "-"

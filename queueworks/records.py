@@ -236,3 +236,39 @@ def queue_counts(length: Any, running: int, rate: Any, now: float) -> tuple[int,
         for span in (1, 10, 60)
     }
     return backlog, rates
+
+
+# -- a queue's enqueue -> start histogram (qw:task:{Q}:latency) --------------------------------
+#
+# Written by the members (settle_jobs.lua, HINCRBYFLOAT): one field per bucket, named by its
+# upper bound in seconds (``repr(float)``, or ``+Inf``), holding the jobs that started within
+# it and above the bound below: counts per bucket, NOT cumulative; ``sum`` (s) and ``count``.
+# A job is counted at its first start (a requeued job once more: it is enqueued again).
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+def latency_histogram(raw: Mapping[Any, Any] | None) -> tuple[list[tuple[float, int]], float]:
+    """A latency hash as ``([(upper bound, cumulative count), ...], sum)``: ascending, with
+    every bound of ``LATENCY_BUCKETS`` (and any other a writer used), ``inf`` last, whose
+    count is the total. A field that does not decode is left out, never an error."""
+    counts: dict[float, int] = dict.fromkeys((*LATENCY_BUCKETS, float("inf")), 0)
+    total_seconds = 0.0
+    for k, v in (raw or {}).items():
+        name, value = _str(k) or "", _str(v) or ""
+        try:
+            amount = float(value)
+            bound = float(name) if name not in ("sum", "count") else None
+        except ValueError:
+            continue
+        if not 0 <= amount < float("inf"):
+            continue
+        if name == "sum":
+            total_seconds = amount
+        elif bound is not None and bound > 0:
+            counts[bound] = counts.get(bound, 0) + round(amount)
+    cumulative, running = [], 0
+    for bound in sorted(counts):
+        running += counts[bound]
+        cumulative.append((bound, running))
+    return cumulative, total_seconds

@@ -51,10 +51,12 @@ class Task:
             raise TaskNotFound(self.id)
         nodes: list[NodeInfo] = []
         if with_nodes:
-            nodes = self._nodes()
+            nodes = self.nodes()
         return TaskStatus(**task_fields(self.id, raw), nodes=nodes)
 
-    def _nodes(self) -> list[NodeInfo]:
+    def nodes(self) -> list[NodeInfo]:
+        """The node set now: each member with its rank, the epoch it joined at, its heartbeat
+        age and its current subtask (or job)."""
         r = self.client.redis
         members: Any = r.zrange(self.keys.members, 0, -1, withscores=True)
         pipe = r.pipeline(transaction=False)

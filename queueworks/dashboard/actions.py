@@ -1,4 +1,6 @@
-"""Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain.
+"""Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain;
+and requeue / delete a queue's dead letter (``/queues/{name}/dead/{entry}/...``: a queue's
+priority, bounds and cancel are its task's, ``/tasks/{name}/...``).
 
 Each action has two addresses: ``/api/...`` answers JSON (scripts, and the page's own
 JavaScript), the same path without ``/api`` answers a redirect back to the page (forms
@@ -118,6 +120,27 @@ def drain(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[st
     return {"draining": wid, "message": f"Worker {wid} will leave and exit."}
 
 
+def _queue(d: Dashboard, params: dict[str, str]) -> str:
+    name = check_task_id(params["queue"])
+    if not d.queues.is_queue(name):
+        raise LookupError(f"queue {name}")
+    return name
+
+
+def requeue_job(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    got = d.admin.requeue_job(_queue(d, params), _entry(params))
+    return {"job": got.job, "entry": got.new_entry, "message": f"Job {got.job} requeued."}
+
+
+def delete_job(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name, entry = _queue(d, params), _entry(params)
+    if not d.admin.delete_dead(name, entry):
+        raise LookupError(f"dead letter {entry} of queue {name} not found")
+    return {"deleted": entry, "message": "Dead letter deleted."}
+
+
+QUEUE_ACTIONS: dict[str, Action] = {"requeue": requeue_job, "delete": delete_job}
+
 ACTIONS: dict[str, Action] = {
     "cancel": cancel,
     "priority": priority,
@@ -178,7 +201,7 @@ async def run_action(request: Request) -> Response:
         if not d.guard.csrf_ok(request, str(submitted) if submitted else None):
             return _error(request, 403, "CSRF token missing or invalid; reload the page")
     name = request.path_params["action"]
-    action = ACTIONS.get(name)
+    action = (QUEUE_ACTIONS if "queue" in request.path_params else ACTIONS).get(name)
     if action is None:
         return _error(request, 404, f"no action {name!r}")
     params = {k: str(v) for k, v in request.path_params.items()}

@@ -1,5 +1,6 @@
 """The JSON API (read side): ``/api/overview``, ``/api/tasks``, ``/api/tasks/{id}``,
-``/api/workers``, ``/api/events``; and ``/metrics``. Documented in ``docs/dashboard.md``."""
+``/api/queues``, ``/api/queues/{name}``, ``/api/workers``, ``/api/events``; and ``/metrics``.
+Documented in ``docs/dashboard.md``. Queues are listed apart, not among the tasks."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks
+from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks, tasks_only
 from queueworks.dashboard.reader import task_counts
 from queueworks.dashboard.state import dash_of
 from queueworks.dashboard.templating import json_response
-from queueworks.dashboard.views import Overview, TaskSummary, WorkerView
+from queueworks.dashboard.views import (
+    Overview,
+    QueueDetail,
+    QueueSummary,
+    TaskSummary,
+    WorkerView,
+)
 
 MAX_LIMIT = 10_000
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -50,7 +57,7 @@ def tasks(request: Request) -> Response:
         raise BadQuery(f"state must be one of {', '.join(STATE_FILTERS)}, got {state!r}")
     limit = _param(request, "limit", 1000, 1, MAX_LIMIT)
     offset = _param(request, "offset", 0, 0, 10**9)
-    shown = filter_tasks(d.reader.tasks(), state)  # one full pass: cheaper than index + rows
+    shown = filter_tasks(tasks_only(d, d.reader.tasks()), state)  # one pass: no index + rows
     rows = shown[offset : offset + limit]
     return json_response(
         request,
@@ -69,6 +76,25 @@ def task(request: Request) -> Response:
     body = detail.model_dump(mode="json")
     body["task"] = task_json(detail.task)
     body["backlog_total"] = detail.backlog_total
+    return json_response(request, body)
+
+
+def queue_json(q: QueueSummary) -> dict[str, Any]:
+    return q.model_dump(mode="json")
+
+
+def queues(request: Request) -> Response:
+    d = dash_of(request)
+    rows = d.queues.queues()
+    return json_response(request, {"count": len(rows), "queues": [queue_json(q) for q in rows]})
+
+
+def queue(request: Request) -> Response:
+    d = dash_of(request)
+    detail: QueueDetail = d.queues.detail(request.path_params["name"])
+    body = detail.model_dump(mode="json")
+    body["latency_p50"] = detail.latency_quantile(0.5)
+    body["latency_p99"] = detail.latency_quantile(0.99)
     return json_response(request, body)
 
 
@@ -95,7 +121,8 @@ def events(request: Request) -> Response:
 
 def overview(request: Request) -> Response:
     d = dash_of(request)
-    all_tasks = d.reader.index()
+    names = d.queues.names()
+    all_tasks = tasks_only(d, d.reader.index(), names)
     rows = d.reader.workers()
     body = Overview(
         tasks_by_state=task_counts(all_tasks),
@@ -105,6 +132,7 @@ def overview(request: Request) -> Response:
         leader=d.reader.leader(),
         throughput=d.throughput.series(),
         events=d.reader.events(25),
+        queues=d.queues.summaries(names),
     )
     return json_response(request, body.model_dump(mode="json"))
 

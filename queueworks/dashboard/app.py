@@ -154,12 +154,15 @@ def routes() -> list[Any]:
         "/tasks/{task_id}/{action:str}",
         "/tasks/{task_id}/dead/{entry_id}/{action:str}",
         "/workers/{worker_id}/{action:str}",
+        "/queues/{queue}/dead/{entry_id}/{action:str}",
     ]
     static = resources.files("queueworks.dashboard").joinpath("static")
     return [
         Route("/", pages.overview),
         Route("/tasks", pages.tasks_page),
         Route("/tasks/{task_id}", pages.task_page),
+        Route("/queues", pages.queues_page),
+        Route("/queues/{name}", pages.queue_page),
         Route("/workers", pages.workers_page),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -168,6 +171,8 @@ def routes() -> list[Any]:
         Route("/api/overview", api.overview),
         Route("/api/tasks", api.tasks),
         Route("/api/tasks/{task_id}", api.task),
+        Route("/api/queues", api.queues),
+        Route("/api/queues/{name}", api.queue),
         Route("/api/workers", api.workers),
         Route("/api/events", api.events),
         *(Route(p, actions.run_action, methods=["POST"]) for p in action_paths),

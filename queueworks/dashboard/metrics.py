@@ -5,6 +5,10 @@ backlog = unread + pending per active task, workers by state). Rebalances and th
 histograms come from the tasks' history streams: each scrape reads only the entries written
 since the previous one (per task, by stream id), so they are counters of what this dashboard
 process has seen, as Prometheus expects of counters (they restart with the process).
+
+Queues are not counted as tasks: they have families of their own (``queueworks_queue_*``:
+backlog, scheduled, running, jobs by outcome, nodes, and the enqueue -> start histogram that
+the members keep in Redis, so it does not restart with this process).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from queueworks.dashboard.queues import QueueReader
 from queueworks.dashboard.reader import Reader, history_entry, task_counts
-from queueworks.dashboard.views import TaskSummary, WorkerView
+from queueworks.dashboard.views import QueueSummary, TaskSummary, WorkerView
 
 PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 RECLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -54,8 +59,9 @@ class Histogram:
 class Metrics:
     """What one dashboard process exposes; ``render`` is called once per scrape."""
 
-    def __init__(self, reader: Reader) -> None:
+    def __init__(self, reader: Reader, queues: QueueReader) -> None:
         self.reader = reader
+        self.queues = queues
         self.pause = Histogram(PAUSE_BUCKETS)
         self.reclaim = Histogram(RECLAIM_BUCKETS)
         self.rebalances = 0
@@ -65,12 +71,17 @@ class Metrics:
 
     def render(self) -> str:
         tasks = self.reader.tasks()
-        active = [t for t in tasks if not t.finished]
-        backlog = self.reader.backlog(active)
+        names = self.queues.names()
+        queues = self.queues.summaries(names)
+        latency = self.queues.latency(names)
+        hidden = set(names)
+        plain = [t for t in tasks if t.id not in hidden]
+        backlog = self.reader.backlog([t for t in plain if not t.finished])
         workers = self.reader.workers()
         with self._lock:
-            self._read_history(tasks)
-            return "\n".join(self._lines(tasks, backlog, workers)) + "\n"
+            self._read_history(tasks)  # a queue's rebalances count with the tasks'
+            lines = self._lines(plain, backlog, workers) + queue_lines(queues, latency)
+            return "\n".join(lines) + "\n"
 
     def _read_history(self, tasks: Sequence[TaskSummary]) -> None:
         r = self.reader.r
@@ -156,6 +167,47 @@ class Metrics:
         )
         out += self.reclaim.lines("queueworks_reclaim_latency_seconds")
         return out
+
+
+Latency = dict[str, tuple[list[tuple[float, int]], float]]
+
+
+def queue_lines(queues: Sequence[QueueSummary], latency: Latency) -> list[str]:
+    """The ``queueworks_queue_*`` families."""
+    out: list[str] = []
+    fam = _Family(out)
+    gauges = (
+        ("backlog", "Jobs on a queue's stream that no member has started."),
+        ("scheduled", "Delayed jobs of a queue, not due yet."),
+        ("running", "Jobs of a queue that a member holds now."),
+        ("nodes", "Members in the node set of a queue."),
+    )
+    for what, help_text in gauges:
+        fam(f"queueworks_queue_{what}", "gauge", help_text)
+        for q in queues:
+            out.append(f'queueworks_queue_{what}{{queue="{_label(q.name)}"}} {getattr(q, what)}')
+    fam(
+        "queueworks_queue_jobs_total",
+        "counter",
+        "Jobs of a queue settled, by outcome (a requeue takes a job back out of dead).",
+    )
+    for q in queues:
+        for outcome in ("done", "dead", "rejected"):
+            out.append(
+                f'queueworks_queue_jobs_total{{queue="{_label(q.name)}",outcome="{outcome}"}} '
+                f"{getattr(q, outcome)}"
+            )
+    name = "queueworks_queue_enqueue_to_start_seconds"
+    fam(name, "histogram", "From a job's enqueue (or due time) to its handler's first start.")
+    for q in queues:
+        buckets, seconds = latency.get(q.name, ([(float("inf"), 0)], 0.0))
+        label = f'queue="{_label(q.name)}"'
+        for le, n in buckets:
+            bound = "+Inf" if le == float("inf") else _num(le)
+            out.append(f'{name}_bucket{{{label},le="{bound}"}} {n}')
+        out.append(f"{name}_sum{{{label}}} {_num(seconds)}")
+        out.append(f"{name}_count{{{label}}} {buckets[-1][1]}")
+    return out
 
 
 class _Family:

@@ -6,12 +6,13 @@ import math
 from typing import Any, TypeVar
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
 from queueworks.dashboard.reader import TaskRef, task_counts
-from queueworks.dashboard.state import dash_of
+from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render
 from queueworks.dashboard.views import TaskSummary
+from queueworks.keys import check_task_id
 from queueworks.models import ACTIVE_STATES, TaskState
 
 T = TypeVar("T", TaskRef, TaskSummary)
@@ -49,9 +50,16 @@ def _nice(value: float) -> float:
     return float(10 * exp)  # pragma: no cover
 
 
+def tasks_only(d: Dashboard, tasks: list[T], queues: list[str] | None = None) -> list[T]:
+    """``tasks`` without the queues (a queue is a task, shown in its own section)."""
+    hidden = set(d.queues.names() if queues is None else queues)
+    return [t for t in tasks if t.id not in hidden] if hidden else tasks
+
+
 def overview(request: Request) -> Response:
     d = dash_of(request)
-    index = d.reader.index()
+    names = d.queues.names()
+    index = tasks_only(d, d.reader.index(), names)
     workers = d.reader.workers()
     active = [t.id for t in index if not t.finished][:10]
     ctx = d.context(
@@ -62,6 +70,7 @@ def overview(request: Request) -> Response:
         workers_by_state=d.reader.worker_counts(workers),
         workers_total=len(workers),
         running=d.reader.summaries(active),
+        queues=d.queues.summaries(names),
         leader=d.reader.leader(),
         chart=chart(d.throughput.series()),
         window_min=int(d.throughput.window // 60),
@@ -84,7 +93,7 @@ def tasks_page(request: Request) -> Response:
     if state not in STATE_FILTERS:
         state = "all"
     page = _int_param(request.query_params.get("page"), 1)
-    index = d.reader.index()
+    index = tasks_only(d, d.reader.index())
     shown = filter_tasks(index, state)
     size = d.config.page_size
     pages = max(1, math.ceil(len(shown) / size))
@@ -106,10 +115,30 @@ def tasks_page(request: Request) -> Response:
 
 def task_page(request: Request) -> Response:
     d = dash_of(request)
-    detail = d.reader.detail(request.path_params["task_id"])
+    task_id = request.path_params["task_id"]
+    if d.queues.is_queue(task_id):
+        return RedirectResponse(f"/queues/{task_id}", status_code=303)
+    detail = d.reader.detail(task_id)
     events = d.reader.events(15, task=detail.task.id)
     ctx = d.context(request, "tasks", d=detail, t=detail.task, events=events)
     return render(request, "task.html", ctx)
+
+
+def queues_page(request: Request) -> Response:
+    d = dash_of(request)
+    return render(request, "queues.html", d.context(request, "queues", queues=d.queues.queues()))
+
+
+def queue_page(request: Request) -> Response:
+    d = dash_of(request)
+    name = request.path_params["name"]
+    if not d.queues.is_queue(check_task_id(name)):
+        d.reader.task_summary(name)  # no such task either: 404
+        return RedirectResponse(f"/tasks/{name}", status_code=303)
+    detail = d.queues.detail(name)
+    events = d.reader.events(15, task=name)
+    ctx = d.context(request, "queues", d=detail, q=detail.queue, events=events)
+    return render(request, "queue.html", ctx)
 
 
 def workers_page(request: Request) -> Response:

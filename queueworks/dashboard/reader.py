@@ -169,7 +169,13 @@ class Reader:
         for tid in active:
             pipe.zcard(self.keys.task(tid).members)
         members = dict(zip(active, pipe.execute(), strict=True)) if active else {}
-        return [summary(tid, raw, int(members.get(tid, 0))) for tid, raw in rows]
+        out = []
+        for tid, raw in rows:
+            try:
+                out.append(summary(tid, raw, int(members.get(tid, 0))))
+            except ValueError:  # one broken record must not hide every other task
+                continue
+        return out
 
     def tasks(self) -> list[TaskSummary]:
         """Every task known to Redis, full rows: active ones first, then newest first."""

@@ -16,6 +16,7 @@ from queueworks.admin import Admin
 from queueworks.client import Client
 from queueworks.connection import redact_url
 from queueworks.dashboard.metrics import Metrics
+from queueworks.dashboard.queues import QueueReader
 from queueworks.dashboard.reader import Reader
 from queueworks.dashboard.security import Guard, request_host
 from queueworks.dashboard.throughput import Throughput
@@ -47,6 +48,7 @@ class Dashboard:
     config: DashboardConfig
     client: Client
     reader: Reader = field(init=False)
+    queues: QueueReader = field(init=False)
     admin: Admin = field(init=False)
     metrics: Metrics = field(init=False)
     throughput: Throughput = field(init=False)
@@ -56,8 +58,9 @@ class Dashboard:
     def __post_init__(self) -> None:
         self.secrets = secret_forms(self.config.redis_url)
         self.reader = Reader(self.client)
+        self.queues = QueueReader(self.client)
         self.admin = Admin(self.client)
-        self.metrics = Metrics(self.reader)
+        self.metrics = Metrics(self.reader, self.queues)
         self.throughput = Throughput()
         self.guard = Guard(self.config.token)
 

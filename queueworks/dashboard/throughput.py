@@ -41,10 +41,13 @@ class Throughput:
             for tid, (done, dead, created) in zip(ids, replies, strict=True):
                 if created is None:  # expired: forget it
                     continue
-                value = int(done or 0) + int(dead or 0)
+                try:
+                    value, born = int(done or 0) + int(dead or 0), float(created)
+                except ValueError:  # a record no writer would store: not counted
+                    continue
                 if tid in self._last:
                     base = self._last[tid]
-                elif first or float(created) < since:
+                elif first or born < since:
                     base = value  # progress made before we watched: not ours to count
                 else:
                     base = 0

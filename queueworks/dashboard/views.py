@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from queueworks.models import DeadLetter, NodeInfo, TaskRecord, WorkerRecord
+from queueworks.models import DeadLetter, NodeInfo, TaskRecord, TaskState, WorkerRecord
 
 
 class _View(BaseModel):
@@ -126,3 +126,77 @@ class Overview(_View):
     leader: str | None
     throughput: list[tuple[float, float]]
     events: list[EventView]
+    queues: list[QueueSummary] = []
+
+
+class QueueSummary(_View):
+    """One row of the queue list (``nodes`` is the member count)."""
+
+    name: str
+    state: TaskState
+    backlog: int  # on the stream, not started
+    scheduled: int  # delayed, not due yet
+    running: int  # held by a member
+    done: int
+    dead: int
+    rejected: int
+    nodes: int
+    epoch: int
+    min_nodes: int
+    max_nodes: int | None
+    want: int | None  # the most nodes it asks for now (None: as many as max_nodes)
+    priority: int
+    rates: dict[str, float]  # jobs finished per second over the last "1s", "10s", "60s"
+    reason: str | None
+    created_at: float
+    problems: list[str] = []  # record fields that did not decode (shown as their default)
+
+    @property
+    def finished(self) -> bool:
+        return self.state.finished
+
+
+class JobDeadLetter(_View):
+    """A dead letter of a queue: a job that died (or an entry that was no job: rejected)."""
+
+    id: str
+    job: str | None
+    handler: str | None
+    reason: str
+    error: str
+    attempts: int | None
+    payload: str | None
+    worker: str | None
+    ts: float | None
+
+
+class LatencyBucket(_View):
+    le: float | None  # upper bound in seconds; None = +Inf
+    count: int  # cumulative: jobs that started within ``le`` of being enqueued
+
+
+class QueueDetail(_View):
+    queue: QueueSummary
+    max_attempts: int
+    job_timeout: float
+    result_ttl: float
+    idle_after: float | None
+    node_selector: dict[str, str]
+    handlers: list[str]
+    nodes: list[NodeInfo]
+    rebalances: list[Rebalance]
+    latency: list[LatencyBucket]
+    latency_sum: float
+    latency_count: int
+    dead_letters: list[JobDeadLetter]  # newest first
+    dead_letters_total: int
+
+    def latency_quantile(self, q: float) -> float | None:
+        """The upper bound of the bucket the ``q`` quantile falls in (None: no job yet, or
+        beyond the last finite bound)."""
+        if not self.latency_count:
+            return None
+        for b in self.latency:
+            if b.count >= q * self.latency_count:
+                return b.le
+        return None

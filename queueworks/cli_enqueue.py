@@ -1,0 +1,153 @@
+"""``queueworks enqueue``: one job on a queue from the command line, and ``--wait`` for it.
+
+The queue is opened as ``Client.queue`` opens it: created with the settings given (the rest
+default) when it does not exist, else the given settings must be the queue's own. While
+``--wait`` waits, each new reason the queue waits for nodes is said once (a handler no live
+worker may run, say), as ``submit --wait`` does.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import click
+import pydantic
+
+from queueworks.cli_errors import EXIT_UNFINISHED, BadInput, validation_text
+from queueworks.cli_options import client_for, common, option, settings_from_flags, task_id_param
+
+if TYPE_CHECKING:
+    from queueworks.queues import Queue
+
+POLL = 0.5  # s between looks at the queue's reason while the job is not finished
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finished job: ``ok`` with its ``result``, or dead / cancelled with ``reason``."""
+
+    ok: bool
+    result: Any = None
+    reason: str = ""
+
+
+def wait_for_job(
+    queue: Queue, job_id: str, timeout: float | None, say: Callable[[str], None]
+) -> Outcome | None:
+    """Wait for job ``job_id`` of ``queue`` to finish; None if ``timeout`` s passed first."""
+    from queueworks.dead import last_line
+    from queueworks.queues import JobFailed
+
+    job = queue.job(job_id)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    said: str | None = None
+    while True:
+        left = POLL if deadline is None else max(0.0, min(POLL, deadline - time.monotonic()))
+        try:
+            return Outcome(True, job.result(timeout=left))
+        except TimeoutError:
+            pass
+        except JobFailed as exc:
+            error = last_line(exc.traceback)
+            why = f"{exc.reason}: {error}" if error and error != exc.reason else exc.reason
+            return Outcome(False, reason=why)
+        reason = queue.task.status(with_nodes=False).reason
+        if reason and reason != said:
+            say(f"waiting: {reason}")
+            said = reason
+        if deadline is not None and time.monotonic() >= deadline:
+            return None
+
+
+def _queue_setting(flag: str, help: str, default: str, **kwargs: Any) -> Callable[[Any], Any]:
+    return option(flag, help=help, show_default=f"the queue's own; {default} if new", **kwargs)
+
+
+@click.command(short_help="Enqueue one job on a queue; print its id.")
+@common
+@click.argument("queue", metavar="QUEUE", callback=task_id_param)
+@click.argument("handler")
+@option(
+    "--json",
+    "payload",
+    default="null",
+    show_default=True,
+    help="the job's payload, as JSON (given to the handler)",
+)
+@option(
+    "--delay",
+    type=click.FloatRange(min=0),
+    help="run it this many seconds from now, not before",
+    show_default="now",
+)
+@option(
+    "--wait/--no-wait",
+    default=False,
+    show_default=True,
+    help="wait for the job to finish; print its result as JSON, or exit 3 if it died",
+)
+@option(
+    "--timeout",
+    type=float,
+    default=None,
+    help="with --wait: give up after this many seconds (exit 3)",
+    show_default="wait for as long as it takes",
+)
+@_queue_setting("--min-nodes", "fewest workers the queue runs on", "1", type=int)
+@_queue_setting("--max-nodes", "most workers the queue runs on", "no limit", type=int)
+@_queue_setting("--priority", "higher runs first and may take nodes from lower", "0", type=int)
+@_queue_setting("--max-attempts", "runs of a failing job before it is dead", "3", type=int)
+@_queue_setting(
+    "--job-timeout",
+    "seconds a job may run before it is interrupted (a failed attempt)",
+    "60",
+    type=float,
+)
+def enqueue(
+    queue: str,
+    handler: str,
+    payload: str,
+    delay: float | None,
+    wait: bool,
+    timeout: float | None,
+    **flags: Any,
+) -> None:
+    """Enqueue a job of HANDLER ("package.module:function") on QUEUE; print the job's id.
+
+    QUEUE is created with the settings given when it does not exist; given settings must
+    match an existing queue's. With --wait: print the job's result as JSON and exit 0, or
+    say why it died (or was cancelled) on stderr and exit 3."""
+    from queueworks.messages import NotJSON, from_json, to_json
+    from queueworks.models import parse_handler_path
+
+    names = ("min_nodes", "max_nodes", "priority", "max_attempts", "job_timeout")
+    given = {k: v for k in names if (v := flags.pop(k)) is not None}
+    settings = settings_from_flags(**flags)
+    try:
+        parse_handler_path(handler)
+        value = from_json(payload, "--json")
+    except (ValueError, NotJSON) as exc:
+        raise BadInput(str(exc)) from None
+    client = client_for(settings)
+    try:
+        q = client.queue(queue, **given)
+    except pydantic.ValidationError as exc:
+        raise BadInput(f"invalid queue setting: {validation_text(exc)}") from None
+    except ValueError as exc:  # a setting the queue has otherwise, a task of that name...
+        raise BadInput(str(exc)) from None
+    job = q.enqueue(handler, value, delay=delay)
+    click.echo(job.id)
+    if not wait:
+        return
+    done = wait_for_job(q, job.id, timeout, lambda line: click.echo(line, err=True))
+    if done is None:
+        click.echo(f"error: job {job.id} did not finish within {timeout} s", err=True)
+        sys.exit(EXIT_UNFINISHED)
+    if not done.ok:
+        click.echo(f"job {job.id}: {done.reason}", err=True)
+        sys.exit(EXIT_UNFINISHED)
+    click.echo(to_json(done.result, "result"))

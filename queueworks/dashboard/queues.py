@@ -1,0 +1,254 @@
+"""The dashboard's reads of queues: the list, one queue's page, and what ``/metrics`` needs.
+
+A queue is a task (its record is a task record, spec mode ``"queue"``, total 0) whose name is
+in ``qw:queues``. The list costs three round trips whatever the number of queues: SMEMBERS of
+``qw:queues``, one pipeline of their specs (only real queues are kept: a task that took the
+name of an expired queue is a task), one pipeline of six reads per queue (record, members,
+stream length, pending summary, scheduled count, rate). A stored value that does not decode
+is shown as its default and named in ``problems``, never an error.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from queueworks.client import Client, TaskNotFound
+from queueworks.connection import Connection, redact_url, text
+from queueworks.dashboard.reader import HISTORY_SHOWN, _loads, _ok, history_entry, rebalances
+from queueworks.dashboard.views import (
+    HistoryEntry,
+    JobDeadLetter,
+    LatencyBucket,
+    QueueDetail,
+    QueueSummary,
+)
+from queueworks.keys import check_task_id
+from queueworks.records import TASK_FIELDS, latency_histogram, queue_counts, task_fields
+
+DEAD_SHOWN = 50
+INF = float("inf")
+_EMPTY = [None] * len(TASK_FIELDS)
+
+
+def record_fields(name: str, raw: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
+    """The task-record fields of a queue (an HMGET of ``TASK_FIELDS``) and the names of those
+    that did not decode (they keep their default)."""
+    try:
+        return task_fields(name, raw), []
+    except ValueError:
+        pass
+    fields, problems = task_fields(name, _EMPTY), []
+    for i, field in enumerate(TASK_FIELDS):
+        one = list(_EMPTY)
+        one[i] = raw[i]
+        try:
+            fields[field] = task_fields(name, one)[field]
+        except ValueError:
+            problems.append(field)
+    return fields, problems
+
+
+def _rate_hash(raw: Any) -> dict[bytes, bytes]:
+    """The rate hash with only the fields ``queue_counts`` can read (second -> jobs)."""
+    if not isinstance(raw, dict):
+        return {}
+    return {k: v for k, v in raw.items() if k.isdigit() and v.isdigit()}
+
+
+def _int(raw: Any) -> int:
+    return int(raw) if isinstance(raw, int) else 0
+
+
+def _pending_count(reply: Any) -> int:
+    return int(reply.get("pending") or 0) if isinstance(reply, dict) else 0
+
+
+def dead_letter(entry_id: bytes, raw: dict[bytes, bytes]) -> JobDeadLetter:
+    def f(name: str) -> str | None:
+        value = raw.get(name.encode())
+        return value.decode(errors="replace") if value else None
+
+    attempts, ts = f("attempts"), f("ts")
+    return JobDeadLetter(
+        id=entry_id.decode(errors="replace"),
+        job=f("job"),
+        handler=f("handler"),
+        reason=f("reason") or "",
+        error=redact_url(f("error") or ""),
+        attempts=int(attempts) if attempts and attempts.isdigit() else None,
+        payload=f("payload"),
+        worker=f("worker"),
+        ts=_number(ts),
+    )
+
+
+def _number(raw: str | None) -> float | None:
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and abs(value) < INF else None
+
+
+class QueueReader:
+    """Every read of queues the dashboard does, against one client."""
+
+    def __init__(self, client: Client) -> None:
+        self.client = client
+        self.r: Connection = client.redis
+        self.keys = client.keys
+
+    def names(self) -> list[str]:
+        """The queues that exist, by name."""
+        listed = sorted(text(n) for n in self.r.smembers(self.keys.queues))
+        pipe = self.r.pipeline(transaction=False)
+        for name in listed:
+            pipe.hget(self.keys.task(name).record, "spec")
+        return [n for n, spec in zip(listed, pipe.execute(), strict=True) if _is_queue(spec)]
+
+    def is_queue(self, name: str) -> bool:
+        if not self.r.sismember(self.keys.queues, name):
+            return False
+        return _is_queue(self.r.hget(self.keys.task(name).record, "spec"))
+
+    def summaries(self, names: Iterable[str]) -> list[QueueSummary]:
+        """The rows of ``names`` (one pipeline), in that order; those whose record is gone
+        are left out."""
+        names = list(names)
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            tk = self.keys.task(name)
+            pipe.hmget(tk.record, TASK_FIELDS)
+            pipe.zcard(tk.members)
+            pipe.xlen(tk.stream)
+            pipe.xpending(tk.stream, tk.group)
+            pipe.zcard(tk.scheduled)
+            pipe.hgetall(tk.rate)
+        replies = pipe.execute(raise_on_error=False)
+        now = time.time()
+        out = []
+        for i, name in enumerate(names):
+            record, members, length, pending, scheduled, rate = replies[6 * i : 6 * i + 6]
+            if isinstance(record, Exception) or record[1] is None:
+                continue
+            out.append(self._summary(name, record, members, length, pending, scheduled, rate, now))
+        return out
+
+    def _summary(
+        self,
+        name: str,
+        record: Sequence[Any],
+        members: Any,
+        length: Any,
+        pending: Any,
+        scheduled: Any,
+        rate: Any,
+        now: float,
+    ) -> QueueSummary:
+        fields, problems = record_fields(name, record)
+        running = _pending_count(pending)
+        backlog, rates = queue_counts(_int(length), running, _rate_hash(rate), now)
+        return QueueSummary(
+            name=name,
+            state=fields["state"],
+            backlog=backlog,
+            scheduled=_int(scheduled),
+            running=running,
+            done=fields["done"],
+            dead=fields["dead"],
+            rejected=fields["rejected"],
+            nodes=_int(members),
+            epoch=fields["epoch"],
+            min_nodes=fields["min_nodes"],
+            max_nodes=fields["max_nodes"],
+            want=fields["want"],
+            priority=fields["priority"],
+            rates=rates,
+            reason=fields["reason"],
+            created_at=fields["created_at"],
+            problems=problems,
+        )
+
+    def queues(self) -> list[QueueSummary]:
+        return self.summaries(self.names())
+
+    def summary(self, name: str) -> QueueSummary:
+        check_task_id(name)
+        rows = self.summaries([name]) if self.is_queue(name) else []
+        if not rows:
+            raise TaskNotFound(f"queue {name}")
+        return rows[0]
+
+    def latency(self, names: Sequence[str]) -> dict[str, tuple[list[tuple[float, int]], float]]:
+        """Each queue's enqueue -> start histogram (cumulative buckets, sum), one pipeline."""
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            pipe.hgetall(self.keys.task(name).latency)
+        replies = pipe.execute(raise_on_error=False)
+        return {n: latency_histogram(_ok(raw)) for n, raw in zip(names, replies, strict=True)}
+
+    def detail(self, name: str) -> QueueDetail:
+        """Everything the queue page shows, in a few pipelined round trips."""
+        queue = self.summary(name)
+        tk = self.keys.task(name)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hget(tk.record, "spec")
+        pipe.smembers(tk.handlers)
+        pipe.hgetall(tk.latency)
+        pipe.xrevrange(tk.dead, count=DEAD_SHOWN)
+        pipe.xlen(tk.dead)
+        pipe.xrevrange(tk.history, count=HISTORY_SHOWN * 2)
+        spec_raw, handlers, latency, dead, dead_total, hist = (
+            _ok(x) for x in pipe.execute(raise_on_error=False)
+        )
+        spec = _loads(spec_raw) if spec_raw else {}
+        spec = spec if isinstance(spec, dict) else {}
+        options = spec.get("options")
+        queue_options = options.get("queue") if isinstance(options, dict) else None
+        buckets, seconds = latency_histogram(latency)
+        return QueueDetail(
+            queue=queue,
+            max_attempts=_spec_number(spec, "max_attempts", int),
+            job_timeout=_spec_number(spec, "subtask_timeout", float),
+            result_ttl=_spec_number(spec, "result_ttl", float),
+            idle_after=_spec_number(queue_options or {}, "idle_after", float) or None,
+            node_selector=_str_dict(spec.get("node_selector")),
+            handlers=sorted(text(h) for h in handlers or ()),
+            nodes=self.client.task(name).nodes(),
+            rebalances=rebalances(_history(hist)),
+            latency=[LatencyBucket(le=None if le == INF else le, count=n) for le, n in buckets],
+            latency_sum=round(seconds, 6),
+            latency_count=buckets[-1][1],
+            dead_letters=[dead_letter(i, raw) for i, raw in dead or ()],
+            dead_letters_total=_int(dead_total),
+        )
+
+
+def _history(entries: Any) -> list[HistoryEntry]:
+    out = []
+    for entry_id, raw in entries or ():
+        try:
+            out.append(history_entry(entry_id, raw))
+        except ValueError:  # a member wrote something else: leave that one out
+            continue
+    return out
+
+
+def _is_queue(spec: Any) -> bool:
+    value = _loads(spec) if spec else None
+    return isinstance(value, dict) and value.get("mode") == "queue"
+
+
+def _spec_number(spec: dict[str, Any], name: str, kind: type[int] | type[float]) -> Any:
+    value = spec.get(name)
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return kind(value)
+    return kind(0)
+
+
+def _str_dict(value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): str(v) for k, v in value.items()}
