@@ -100,8 +100,13 @@ def outcome(task: Task, status: TaskStatus) -> tuple[list[str], bool]:
 
 
 def requeue_all(client: Client, task_id: str, letters: list[DeadLetter]) -> str:
-    """Requeue every one of ``letters``; one line saying what happened."""
+    """Requeue every one of ``letters`` (a task's subtasks, or a queue's jobs); one line
+    saying what happened."""
     admin = Admin(client)
+    if client.redis.sismember(client.keys.queues, task_id):
+        for d in letters:
+            admin.requeue_job(task_id, d.id)
+        return f"requeued {len(letters)} dead job(s) of queue {task_id}"
     reopened = False
     for d in letters:
         reopened = admin.requeue_dead(task_id, d.id).reopened or reopened

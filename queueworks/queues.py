@@ -329,8 +329,8 @@ def open_queue(client: Backend, name: str, given: dict[str, Any]) -> Queue:
         if differs:
             have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
             raise ValueError(
-                f"queue {name!r} exists with {have}; open it without those settings, or "
-                "change it (q.task.resize / set_priority)"
+                f"queue {name!r} exists with {have}; open it without those settings (its "
+                "node set can change: q.task.resize, q.task.set_priority)"
             )
         if TaskState(text(raw[1])).finished:
             raise ValueError(f"queue {name!r} was {text(raw[1])}; it takes no jobs")

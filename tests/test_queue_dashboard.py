@@ -383,3 +383,23 @@ def test_enqueue_cli_errors_are_one_line(redis_url: str, prefix: str, r: redis.R
         "max_nodes (2) must be >= min_nodes (3)",
     )
     assert list(r.scan_iter(match=f"{prefix}:*")) == []  # nothing was written
+
+
+def test_dead_cli_requeues_a_queues_dead_jobs(
+    cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, prefix: str
+) -> None:
+    cluster.controller()
+    cluster.worker("w-d", allow=("tests.test_queue_dashboard",))
+    cluster.wait_workers(r, 1)
+    gate = f"{prefix}:gate"
+    q = client.queue("dead-cli", max_attempts=1)
+    jobs = [q.enqueue(gated_job, {"x": i, "gate": gate}) for i in range(3)]
+    for job in jobs:
+        with pytest.raises(JobFailed):
+            job.result(timeout=30)
+    r.set(gate, "open")
+    res = cli(["dead", "dead-cli", "--requeue"], redis_url, prefix)
+    assert res.returncode == 0, res.stderr
+    assert "requeued 3 dead job(s) of queue dead-cli" in res.stdout + res.stderr
+    assert [j.result(timeout=30) for j in jobs] == [0, 2, 4]
+    assert (q.status().done, q.status().dead) == (3, 0)

@@ -12,12 +12,10 @@ from typing import Any
 
 from queueworks import events
 from queueworks.messages import safe_text
+from queueworks.records import LATENCY_BUCKETS
 from queueworks.scripts import JobBatch
 from workers.ledger import Attempts
 from workers.work import Gone, Work
-
-# enqueue -> start histogram bounds (s), Prometheus style ("+Inf" last)
-LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
 
 
 def job_id_of(work: Work) -> str | None:
