@@ -2,8 +2,11 @@
 in its node set, reads the task's epoch and the assignment, and checks one other member.
 
 Every member checks only its successor in rank order (a ring), so finding a dead member
-costs O(members) per tick per task, and a member whose heartbeat key is gone is pruned
-within TTL + one tick whatever notifications do. The member heartbeat is refreshed with
+costs O(members) per tick per task. The check reads how long the successor's heartbeat
+key has left (PTTL); when it runs out before the next tick, the member looks again the
+moment it does. So a member whose heartbeat stopped is pruned within the TTL of its last
+beat plus a round trip, whatever notifications do (and within TTL + one tick at worst,
+when a tick is late). The member heartbeat is refreshed with
 ``SET ... XX``: a heartbeat never recreates a key that was deleted (rq #1450) — if ours is
 gone we were pruned, and the runtime must rejoin before it takes work again.
 """
@@ -56,6 +59,9 @@ class NodeState:
         self.wake.set()
 
 
+EXPIRY_SLACK = 0.005  # s after a heartbeat key runs out before we look for it
+
+
 class Heartbeat(threading.Thread):
     def __init__(
         self,
@@ -79,6 +85,7 @@ class Heartbeat(threading.Thread):
         self._halt = threading.Event()
         self._poke = threading.Event()
         self._roster_at: tuple[str, int] | None = None
+        self._check_at: float | None = None  # an extra tick when the successor's beat ends
         self.pruned = 0
         self._reported = 0  # state.processed as of the last tick that reached Redis
 
@@ -99,7 +106,11 @@ class Heartbeat(threading.Thread):
                 self._log.warning("heartbeat_failed", error=str(exc))
             except Exception:
                 self._log.exception("heartbeat_error")
-            self._poke.wait(max(0.0, self.interval - (time.monotonic() - started)))
+            wait = self.interval - (time.monotonic() - started)
+            if self._check_at is not None:  # the successor's heartbeat runs out sooner
+                wait = min(wait, self._check_at - time.monotonic())
+                self._check_at = None
+            self._poke.wait(max(0.0, wait))
             self._poke.clear()
 
     def tick(self) -> None:
@@ -122,7 +133,7 @@ class Heartbeat(threading.Thread):
             pipe.set(tk.heartbeat(s.worker_id), repr(now), px=self.ttl_ms, xx=True)
             pipe.get(tk.epoch)
             if successor is not None:
-                pipe.exists(tk.heartbeat(successor))
+                pipe.pttl(tk.heartbeat(successor))  # -2: gone (PTTL expires it on the spot)
         replies = pipe.execute()
         self._reported = processed
         if replies[1] and self._on_forgotten is not None:
@@ -144,8 +155,12 @@ class Heartbeat(threading.Thread):
             s.wake.set()
         epoch = int(replies[7] or 0)
         s.observe_epoch(epoch)
-        if successor is not None and not replies[8] and self.prune(task_id, successor):
-            return
+        if successor is not None:
+            left_ms = int(replies[8])
+            if left_ms == -2 and self.prune(task_id, successor):
+                return
+            if 0 <= left_ms < self.interval * 1000:  # look again the moment it runs out
+                self._check_at = time.monotonic() + left_ms / 1000 + EXPIRY_SLACK
         if self._roster_at != (task_id, epoch):
             self._follow(task_id)
 
