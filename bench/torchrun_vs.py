@@ -47,7 +47,7 @@ queueworks' 3 s dead-node detection (keep-alive 1 s x 3) and a 1 s last call.
 
     python -m bench.torchrun_vs                        # both profiles, ~6 minutes here
     python -m bench.torchrun_vs --profiles matched     # ~2 minutes
-    python -m bench.torchrun_vs --smoke --json out.json   # CI: 600 shards, matched, ~1 minute
+    python -m bench.torchrun_vs --smoke --json out.json   # CI: 1000 shards, matched, ~1 minute
     python -m bench.torchrun_vs --static 2             # 2 nodes throughout: step times only
 
 torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: in torch 2.13.0 with the
@@ -749,7 +749,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--smoke", action="store_true", help="few shards, matched profile (CI)")
     ap.add_argument("--profiles", help="comma list of default,matched [both; matched with --smoke]")
     ap.add_argument("--systems", default="queueworks,torchrun")
-    ap.add_argument("--shards", type=int, help="shards of 32 samples [2400; 600 with --smoke]")
+    ap.add_argument("--shards", type=int, help="shards of 32 samples [2400; 1000 with --smoke]")
     ap.add_argument("--pace", type=float, help="seconds per shard [0.03; 0.02 with --smoke]")
     ap.add_argument("--timeout", type=float, help="per system run [300 s; 90 s with --smoke]")
     ap.add_argument(
@@ -763,7 +763,7 @@ def main(argv: list[str] | None = None) -> None:
     args.profiles = args.profiles or ("matched" if args.smoke else "default,matched")
     args.timeout = args.timeout or (90.0 if args.smoke else 300.0)
     job = Job(
-        shards=args.shards or (600 if args.smoke else 2400),
+        shards=args.shards or (1000 if args.smoke else 2400),
         pace=args.pace if args.pace is not None else (0.02 if args.smoke else 0.03),
     )
     run_dir = Path(tempfile.mkdtemp(prefix="qw-torchrun-vs-"))
