@@ -5,6 +5,7 @@ Run workers with ``--allow queueworks.examples`` to let them import these.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import time
 from typing import Any
@@ -42,3 +43,11 @@ def sleep(payload: dict[str, Any], ctx: SubtaskContext) -> float:
 def greet(payload: dict[str, Any]) -> str:
     """A queue's job: ``{"name": "Ada"} -> "hello Ada"``."""
     return f"hello {payload['name']}"
+
+
+async def wait(payload: dict[str, Any]) -> float:
+    """An I/O-bound job, as an ``async def`` handler: waits ``seconds`` (an HTTP call, say);
+    with ``--concurrency N`` a worker waits on N of them at once."""
+    seconds = float(payload.get("seconds", 0.5))
+    await asyncio.sleep(seconds)
+    return seconds
