@@ -9,6 +9,7 @@ Budget: ~60 s for the file (sentinel and cluster setups included).
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Coroutine
@@ -39,7 +40,14 @@ T = TypeVar("T")
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    return asyncio.run(main())
+    """``asyncio.run(main())``, then collect its garbage: redis.asyncio's pools and clients
+    have finalizers, and one run by a later, random collection inside an ``ast.parse``
+    (pytest rewriting a module it imports late) trips CPython 3.11's "AST constructor
+    recursion depth mismatch" SystemError."""
+    try:
+        return asyncio.run(main())
+    finally:
+        gc.collect()
 
 
 def payload(i: int) -> dict[str, Any]:
@@ -235,7 +243,7 @@ def test_every_script_runs_alike_through_both_executors(
             return out
 
     got_sync = path_sync("via-sync")
-    got_async = asyncio.run(path_async("via-async"))
+    got_async = run(lambda: path_async("via-async"))
     assert got_async == got_sync
     assert got_sync[3].ok == 1 and got_sync[3].dead == 1 and len(got_sync[4]) == 1
     a, s = client.task("via-async").status(), client.task("via-sync").status()
@@ -347,6 +355,10 @@ def test_job_errors_timeouts_and_cancel(
             assert (await waiting.status()).state == JobState.CANCELLED
             with pytest.raises(TimeoutError, match=f"job {hung.id} not finished after 0.2 s"):
                 await hung.result(timeout=0.2)  # no worker yet
+            with pytest.raises(TimeoutError):  # the call is cancelled: its polling stops
+                await asyncio.wait_for(hung.result(), 0.2)
+            await asyncio.sleep(0.1)
+            assert asyncio.all_tasks() == {asyncio.current_task()}  # no poller left behind
             cluster.worker()
             failing = await q.enqueue("tests.handlers:always_fails", {"x": 1})
             with pytest.raises(JobFailed) as failed:

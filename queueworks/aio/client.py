@@ -14,6 +14,7 @@ from typing import Any
 from queueworks import events
 from queueworks.aio.connection import AsyncConnection, connect_async
 from queueworks.aio.queues import AsyncQueue, each, open_queue
+from queueworks.aio.results import ResultWatcher
 from queueworks.aio.tasks import AsyncTask
 from queueworks.client import (
     SUBMIT_BATCH,
@@ -46,6 +47,7 @@ class AsyncClient:
         self.redis = connection
         self.keys = Keys(prefix)
         self.scripts = AsyncScripts(connection)
+        self.results = ResultWatcher(connection)  # every job.result() call polls through it
 
     @classmethod
     def from_url(cls, url: str, *, prefix: str = "qw", **connect_options: Any) -> AsyncClient:

@@ -21,17 +21,12 @@ from queueworks.models import JobStatus, QueueStatus
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
-    FIRST_PAUSE,
-    LAST_PAUSE,
-    RESULT_FIELDS,
     QueueSettings,
     cancelled,
     check_created,
-    finished,
     new_job,
     new_queue,
     no_job,
-    not_finished,
     opened_settings,
     queue_created,
     queue_reads,
@@ -221,19 +216,10 @@ class AsyncJob:
 
     async def result(self, timeout: float | None = None) -> Any:
         """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
-        ``TimeoutError`` after ``timeout`` s."""
-        r = self.queue.client.redis
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause = FIRST_PAUSE
-        while True:
-            reply = await r.hmget(self.key, RESULT_FIELDS)
-            done = finished(self.queue.name, self.id, reply)
-            if done is not None:
-                return done[0]
-            if deadline is not None and time.monotonic() >= deadline:
-                raise not_finished(self.id, reply, timeout)
-            await asyncio.sleep(pause)
-            pause = min(LAST_PAUSE, pause * 1.5)
+        ``TimeoutError`` after ``timeout`` s. Polled as ``Job.result`` polls, together with
+        the client's other calls (``ResultWatcher``)."""
+        watcher = self.queue.client.results
+        return await watcher.result(self.queue.name, self.id, self.key, timeout)
 
     async def cancel(self) -> bool:
         """Cancel the job if it has not started; False if it has started or finished."""

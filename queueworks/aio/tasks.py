@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from queueworks import events
 from queueworks.aio.connection import AsyncConnection
+from queueworks.aio.results import ResultWatcher
 from queueworks.connection import text
 from queueworks.keys import Keys
 from queueworks.messages import from_json
@@ -33,6 +34,7 @@ class AsyncBackend(Protocol):
     redis: AsyncConnection
     keys: Keys
     scripts: AsyncScripts
+    results: ResultWatcher
 
 
 class AsyncTask:
