@@ -12,7 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -141,26 +148,39 @@ async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
 
 
 class JobWriter:
-    """Writes the jobs of concurrent ``enqueue`` calls together: each call waits for the
-    round trip that carries its job, and a call alone goes out at once (in the loop's
-    next turn). One round trip is in flight at a time; what comes meanwhile goes in the
-    next (up to ``ENQUEUE_BATCH`` jobs each).
+    """Writes the jobs of concurrent ``enqueue`` calls together. A call that finds no round
+    trip in flight sends its job at once, itself; calls that come while one is in flight
+    wait, and go together in the next (up to ``ENQUEUE_BATCH`` jobs each), sent by a task
+    of the writer's. One round trip is in flight at a time.
 
     A failed round trip fails every call whose job it carried, with its error (the jobs
     may have been written or not, as for any failed write). A call cancelled before its
     round trip left is not written; one cancelled after may be."""
 
-    def __init__(self, send: Callable[[Sequence[NewJob]], Any]) -> None:
+    def __init__(self, send: Callable[[Sequence[NewJob]], Awaitable[None]]) -> None:
         self._send = send
+        self._busy = False  # a round trip is in flight
         self._waiting: list[tuple[NewJob, asyncio.Future[None]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
     async def write(self, job: NewJob) -> None:
+        if not self._busy:
+            self._busy = True
+            try:
+                await self._send([job])
+            finally:
+                self._busy = False
+                self._kick()
+            return
         done = asyncio.get_running_loop().create_future()
         self._waiting.append((job, done))
-        if self._flusher is None:
-            self._flusher = asyncio.create_task(self._flush())
         await done
+
+    def _kick(self) -> None:
+        """Send what waits, from a task of the writer's (not from a caller: it may go)."""
+        if self._waiting and self._flusher is None:
+            self._busy = True
+            self._flusher = asyncio.create_task(self._flush())
 
     async def _flush(self) -> None:
         try:
@@ -171,7 +191,7 @@ class JobWriter:
                 if batch:
                     await self._round_trip(batch)
         finally:
-            self._flusher = None
+            self._busy, self._flusher = False, None
             for _, done in self._waiting:  # only if this task itself was cancelled
                 done.cancel()
             self._waiting.clear()
