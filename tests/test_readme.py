@@ -47,6 +47,11 @@ def test_queue_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
     run_blocks(python_blocks(page), "docs/queues.md", redis_url, tmp_path)
 
 
+def test_asyncio_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "asyncio.md").read_text()
+    run_blocks(python_blocks(page), "docs/asyncio.md", redis_url, tmp_path)
+
+
 def test_readme_demo_command_runs() -> None:
     commands = re.findall(r"^\./install\.sh && (queueworks demo[^\n]*)$", README, flags=re.M)
     assert commands == ["queueworks demo --embedded"]
