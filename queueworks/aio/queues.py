@@ -2,10 +2,11 @@
 ``redis.asyncio``, name for name, with the same checks, job ids and decoding (the functions
 of ``queueworks.queues``).
 
-``await q.enqueue(...)`` is one round trip, as the sync one; enqueues of one handle that are
-in flight at the same time share it: they go out together in one Lua call (``JobWriter``),
-so a thousand gathered enqueues cost a few round trips and a connection or two, not a
-thousand. Each job is still written once, in one atomic step with its record.
+``await q.enqueue(...)`` is one round trip, as the sync one. A call alone goes out at once;
+calls made while one is in flight on the same handle go out together after it, in one Lua
+call (``JobWriter``), so a thousand gathered enqueues cost a few round trips and a
+connection or two, not a thousand. Each job is still written once, in one atomic step with
+its record.
 """
 
 from __future__ import annotations
