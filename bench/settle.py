@@ -3,13 +3,16 @@
     python -m bench.settle                    # against the revision before completion by index
     python -m bench.settle --against REV --n 200000 --repeat 5
     python -m bench.settle --python-against REV   # the same settle.lua, REV's Scripts class
+    python -m bench.settle --python-against REV --no-redis   # the Python side alone
 
 Both scripts run against one private Redis, on identical tasks (``--n`` subtasks, read
 with XREADGROUP COUNT 100 beforehand, settled in batches of 100), alternating, so the
 ratio is what the per-index completion check costs on the hot path. With
 ``--python-against``, both sides run today's settle.lua, one through today's
 ``Scripts.settle``, the other through REV's ``queueworks/scripts.py``: the ratio is what
-the Python side of the call costs.
+the Python side of the call costs. ``--no-redis`` times that Python side alone: each
+script replaced by a function returning a constant reply, ``--calls`` calls of 100 each,
+the best of ``--repeat`` rounds per side.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 
 from bench.common import ROOT, private_redis
 from queueworks import Client, TaskSpec
+from queueworks.scripts import Scripts
 
 BATCH = 100
 BEFORE_BY_INDEX = "1add547"  # the last revision that completed by count
@@ -83,6 +87,33 @@ def run_old_python(url: str, n: int, source: str) -> float:
     return spent / n * 1e6
 
 
+class _ConstantReplies:
+    """Stands in for a client: every script it registers returns a settle-shaped reply."""
+
+    def register_script(self, source: str) -> Any:
+        return lambda keys, args, client=None: [BATCH, 0, 0, 0, 1]
+
+
+def python_side(source: str, calls: int, repeat: int, against: str) -> None:
+    module = types.ModuleType("bench_old_scripts")
+    sys.modules[module.__name__] = module
+    exec(compile(source, "old queueworks/scripts.py", "exec"), module.__dict__)
+    sides = {"now": Scripts(_ConstantReplies()), against: module.Scripts(_ConstantReplies())}
+    tk = Client.from_url("redis://unused").keys.task("t")
+    ok = [(f"{i}-0", i, "0") for i in range(BATCH)]
+    best = dict.fromkeys(sides, float("inf"))
+    for rep in range(repeat):
+        for name, scripts in sides.items() if rep % 2 == 0 else reversed(sides.items()):
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                scripts.settle(tk, tk.stream, "w", 1.0, ok)
+            best[name] = min(best[name], (time.perf_counter() - t0) / calls * 1e6)
+    print(f"Scripts.settle without Redis, {calls} calls of {BATCH}, best of {repeat} (µs per call)")
+    for name, us in best.items():
+        print(f"{name:<10} {us:6.2f}")
+    print(f"now - {against}: {best['now'] - best[against]:+.2f} µs per call")
+
+
 def _git_show(rev: str, path: str) -> str:
     return subprocess.run(
         ["git", "show", f"{rev}:{path}"], cwd=ROOT, check=True, capture_output=True, text=True
@@ -95,10 +126,18 @@ def main() -> None:
     ap.add_argument(
         "--python-against", default=None, help="compare the Python side with REV's instead"
     )
+    ap.add_argument("--no-redis", action="store_true", help="with --python-against: no Redis")
+    ap.add_argument("--calls", type=int, default=10_000, help="with --no-redis")
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--repeat", type=int, default=5)
     args = ap.parse_args()
     against = args.python_against or args.against
+    if args.no_redis:
+        if not args.python_against:
+            ap.error("--no-redis needs --python-against REV")
+        source = _git_show(against, "queueworks/scripts.py")
+        python_side(source, args.calls, args.repeat, against)
+        return
     if args.python_against:
         source = _git_show(against, "queueworks/scripts.py")
         other = run_old_python
