@@ -4,6 +4,7 @@ A target task is split into subtasks on Redis streams and processed by a node se
 workers that can grow, shrink, lose a node or give nodes away while the task runs.
 """
 
+from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
 from queueworks.models import (
@@ -18,6 +19,10 @@ from queueworks.models import (
 from queueworks.queues import Job, JobFailed, Queue
 
 __all__ = [
+    "AsyncClient",
+    "AsyncJob",
+    "AsyncQueue",
+    "AsyncTask",
     "Client",
     "Job",
     "JobContext",

@@ -4,25 +4,24 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from queueworks import events
 from queueworks.connection import Connection, connect, text
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.messages import NotJSON, partition_of, to_json
-from queueworks.models import (
-    QueueStatus,
-    TaskSpec,
-    TaskStatus,
-    WorkerRecord,
-)
+from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.queues import DEFAULTS, UNSET, Queue, Unset, open_queue
-from queueworks.tasks import Task, TaskNotFound
-
-__all__ = ["BadRecord", "Client", "NotReplicated", "SubmitError", "Task", "TaskNotFound"]
 from queueworks.records import BadRecord, new_task, worker_record
 from queueworks.scripts import Scripts
+from queueworks.tasks import Task, TaskNotFound, task_statuses
 from queueworks.topology import queue_replication_wait
+
+if TYPE_CHECKING:
+    from queueworks.aio.tasks import AsyncTask
+
+__all__ = ["BadRecord", "Client", "NotReplicated", "SubmitError", "Task", "TaskNotFound"]
 
 SUBMIT_BATCH = 1000  # messages per Lua call
 SUBMIT_PIPELINE = 8  # Lua calls per round trip
@@ -39,7 +38,7 @@ class NotReplicated(RuntimeError):
     """``submit(wait_replicas=n)``: the task was written to the primary, but fewer than ``n``
     replicas acknowledged it in time; a failover now could lose it. ``task`` is its handle."""
 
-    def __init__(self, task: Task, acked: int, wanted: int, timeout: float) -> None:
+    def __init__(self, task: Task | AsyncTask, acked: int, wanted: int, timeout: float) -> None:
         super().__init__(
             f"task {task.id} is written but only {acked} of {wanted} replica(s) acknowledged "
             f"it within {timeout} s: a failover now could lose it"
@@ -87,29 +86,24 @@ class Client:
         task (its keys, the queue, the events) have it (``WAIT n``, up to ``wait_timeout``
         s); else raise ``NotReplicated`` (the task exists; a failover may still lose it).
         """
-        if wait_replicas < 0 or wait_timeout <= 0:
-            raise ValueError("submit: need wait_replicas >= 0 and wait_timeout > 0")
-        tid = check_task_id(task_id or uuid.uuid4().hex[:16])
+        tid = submit_task_id(spec, task_id, wait_replicas, wait_timeout)
+        subtasks = sync_subtasks(spec)
         tk = self.keys.task(tid)
         if self.redis.exists(tk.record):
-            raise SubmitError(f"task_id: a task {tid!r} exists already")
+            raise task_exists(tid)
         streams = tk.streams(spec.partitions)
         pipe = self.redis.pipeline(transaction=False)
-        for stream in streams:
-            pipe.xgroup_create(stream, tk.group, id="0", mkstream=True)
-            pipe.pexpire(stream, SUBMIT_LEASE_MS)
+        open_streams(pipe, tk, streams)
         pipe.execute()
         try:
-            total = self._write_subtasks(tk, spec, streams)
+            total = self._write_subtasks(tk, spec.partitions, subtasks, streams)
         except BaseException:
             self.redis.delete(*streams)
             raise
         now = time.time()
-        record = new_task(spec, total, now)
         pipe = self.redis.pipeline(transaction=False)
-        self.scripts.record_task(tk, streams, record, client=pipe)
-        pipe.zadd(self.keys.queue, {tid: now})
-        events.emit(pipe, self.keys, "submitted", task=tid, name=spec.name, total=total)
+        self.scripts.record_task(tk, streams, new_task(spec, total, now), client=pipe)
+        record_steps(pipe, self.keys, spec, tid, total, now)
         waits = 0
         if wait_replicas:  # after the last write on each node: WAIT covers all before it
             waits = queue_replication_wait(
@@ -123,38 +117,24 @@ class Client:
         task = Task(self, tid)
         if total == 0:  # nothing to do: complete at once, through the one completion path
             self.scripts.settle(tk, streams[0], "client", now, [])
-        if waits:
-            acked = min(int(n) for n in replies[-waits:])
-            if acked < wait_replicas:
-                raise NotReplicated(task, acked, wait_replicas, wait_timeout)
+        check_replicated(task, replies, waits, wait_replicas, wait_timeout)
         return task
 
-    def _write_subtasks(self, tk: TaskKeys, spec: TaskSpec, streams: list[str]) -> int:
+    def _write_subtasks(
+        self, tk: TaskKeys, partitions: int, subtasks: Iterable[Any], streams: list[str]
+    ) -> int:
         batch: list[tuple[int, int, str, str]] = []
         pipe = self.redis.pipeline(transaction=False)
         queued_calls = 0
         index = -1
-        for index, payload in enumerate(spec.subtasks):
-            try:
-                body = to_json(payload, f"subtasks[{index}]")
-            except NotJSON as exc:
-                raise SubmitError(str(exc)) from None
-            stream_no, key = 0, ""
-            if spec.partitions:
-                if not isinstance(payload, dict) or "key" not in payload:
-                    raise SubmitError(
-                        f"subtasks[{index}]: a partitioned task needs dict payloads with a 'key'"
-                    )
-                key = str(payload["key"])
-                stream_no = partition_of(key, spec.partitions)
-            batch.append((stream_no, index, body, key))
+        for index, payload in enumerate(subtasks):
+            batch.append(subtask_message(partitions, index, payload))
             if len(batch) >= SUBMIT_BATCH:
                 self.scripts.enqueue(streams, batch, client=pipe)
                 batch = []
                 queued_calls += 1
                 if queued_calls >= SUBMIT_PIPELINE:
-                    for stream in streams:  # still submitting: keep the lease
-                        pipe.pexpire(stream, SUBMIT_LEASE_MS)
+                    keep_lease(pipe, streams)
                     pipe.execute()
                     queued_calls = 0
         if batch:
@@ -187,20 +167,16 @@ class Client:
         ``max_nodes``, ``priority=0``, ``max_attempts=3``, ``job_timeout=60`` s,
         ``result_ttl`` a day, ``idle_after=30`` s); given ones must match an existing
         queue's (``ValueError`` names the ones that do not)."""
-        given = {
-            k: v
-            for k, v in {
-                "min_nodes": min_nodes,
-                "max_nodes": max_nodes,
-                "priority": priority,
-                "max_attempts": max_attempts,
-                "job_timeout": job_timeout,
-                "result_ttl": result_ttl,
-                "idle_after": idle_after,
-                "node_selector": node_selector,
-            }.items()
-            if v is not UNSET
-        }
+        given = given_settings(
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            priority=priority,
+            max_attempts=max_attempts,
+            job_timeout=job_timeout,
+            result_ttl=result_ttl,
+            idle_after=idle_after,
+            node_selector=node_selector,
+        )
         return open_queue(self, check_task_id(name), given)
 
     def queues(self) -> list[QueueStatus]:
@@ -220,29 +196,107 @@ class Client:
             self.keys.task_id_from_record(text(k))
             for k in self.redis.scan_iter(match=self.keys.task_pattern, count=1000)
         )
-        out = []
+        pipe = self.redis.pipeline(transaction=False)
         for tid in ids:
-            try:
-                out.append(Task(self, tid).status(with_nodes=False))
-            except TaskNotFound:
-                continue
-        return sorted(out, key=lambda s: s.created_at)
+            pipe.hgetall(self.keys.task(tid).record)
+        return task_statuses(ids, pipe.execute())
 
     def workers(self) -> list[WorkerRecord]:
         ids = [text(w) for w in self.redis.zrange(self.keys.workers, 0, -1)]
         pipe = self.redis.pipeline(transaction=False)
         for wid in ids:
             pipe.hgetall(self.keys.worker(wid))
-        out = []
-        for raw in pipe.execute():
-            if raw and b"record" in raw:
-                try:
-                    out.append(worker_record(raw))
-                except BadRecord:
-                    continue  # one broken hash must not hide every other worker
-        return out
+        return worker_records(pipe.execute())
 
     def drain_worker(self, worker_id: str) -> None:
         """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""
         self.redis.hset(self.keys.worker(worker_id), "drain", "1")
         events.emit(self.redis, self.keys, "drain_requested", worker=worker_id)
+
+
+# -- what Client and AsyncClient share: no I/O, or only commands queued on a pipeline -------
+
+
+def submit_task_id(
+    spec: TaskSpec, task_id: str | None, wait_replicas: int, wait_timeout: float
+) -> str:
+    """The id of a task to submit (a new one unless given); checks submit's arguments."""
+    if wait_replicas < 0 or wait_timeout <= 0:
+        raise ValueError("submit: need wait_replicas >= 0 and wait_timeout > 0")
+    if not isinstance(spec, TaskSpec):
+        raise TypeError(f"submit: spec must be a TaskSpec, got {type(spec).__name__}")
+    return check_task_id(task_id or uuid.uuid4().hex[:16])
+
+
+def sync_subtasks(spec: TaskSpec) -> Iterable[Any]:
+    """The subtasks of a spec for a sync submit: an async iterable is for AsyncClient."""
+    if not isinstance(spec.subtasks, Iterable):
+        raise SubmitError("subtasks: an async iterable needs AsyncClient.submit")
+    return spec.subtasks
+
+
+def task_exists(task_id: str) -> SubmitError:
+    return SubmitError(f"task_id: a task {task_id!r} exists already")
+
+
+def open_streams(pipe: Any, tk: TaskKeys, streams: Sequence[str]) -> None:
+    """Queue on ``pipe`` the creation of a task's streams, under the submit lease."""
+    for stream in streams:
+        pipe.xgroup_create(stream, tk.group, id="0", mkstream=True)
+        pipe.pexpire(stream, SUBMIT_LEASE_MS)
+
+
+def keep_lease(pipe: Any, streams: Sequence[str]) -> None:
+    """Still submitting: the streams' lease runs from now again."""
+    for stream in streams:
+        pipe.pexpire(stream, SUBMIT_LEASE_MS)
+
+
+def subtask_message(partitions: int, index: int, payload: Any) -> tuple[int, int, str, str]:
+    """Subtask ``index`` as ``(stream number, index, payload JSON, key)`` for
+    ``scripts.enqueue``; ``SubmitError`` naming the subtask if it cannot be one."""
+    try:
+        body = to_json(payload, f"subtasks[{index}]")
+    except NotJSON as exc:
+        raise SubmitError(str(exc)) from None
+    if not partitions:
+        return 0, index, body, ""
+    if not isinstance(payload, dict) or "key" not in payload:
+        raise SubmitError(f"subtasks[{index}]: a partitioned task needs dict payloads with a 'key'")
+    key = str(payload["key"])
+    return partition_of(key, partitions), index, body, key
+
+
+def record_steps(pipe: Any, keys: Keys, spec: TaskSpec, tid: str, total: int, now: float) -> None:
+    """Queue on ``pipe`` what follows the record (``scripts.record_task``): the task in the
+    queue of tasks, and its ``submitted`` event."""
+    pipe.zadd(keys.queue, {tid: now})
+    events.emit(pipe, keys, "submitted", task=tid, name=spec.name, total=total)
+
+
+def check_replicated(
+    task: Task | AsyncTask, replies: Sequence[Any], waits: int, wanted: int, timeout: float
+) -> None:
+    """``NotReplicated`` if the ``waits`` WAITs at the end of ``replies`` saw fewer than
+    ``wanted`` replicas."""
+    if waits:
+        acked = min(int(n) for n in replies[-waits:])
+        if acked < wanted:
+            raise NotReplicated(task, acked, wanted, timeout)
+
+
+def given_settings(**settings: Any) -> dict[str, Any]:
+    """The queue settings a caller gave (the rest are ``UNSET``)."""
+    return {k: v for k, v in settings.items() if v is not UNSET}
+
+
+def worker_records(raws: Sequence[Any]) -> list[WorkerRecord]:
+    """Worker records from their hashes (HGETALL replies), skipping gone or broken ones."""
+    out = []
+    for raw in raws:
+        if raw and b"record" in raw:
+            try:
+                out.append(worker_record(raw))
+            except BadRecord:
+                continue  # one broken hash must not hide every other worker
+    return out

@@ -111,6 +111,32 @@ def connect(
     the next attempt goes to the node that serves the slot now; through a sentinel the next
     connection asks the sentinels for the primary again.
     """
+    kwargs = client_options(
+        url, ssl_ca_certs, ssl_certfile, ssl_keyfile, socket_timeout, max_connections
+    )
+    try:
+        target = parse_target(url)
+        if target.kind == "cluster":
+            return _cluster(target, kwargs)
+        if target.kind == "sentinel":
+            return _sentinel(target, kwargs)
+        return redis.Redis.from_url(url, retry=_no_retry(), **kwargs)
+    except BadUrl as exc:
+        raise ValueError(f"{_URL_HELP} ({exc})") from None
+    except ValueError:
+        # redis-py's message may quote part of the URL, password included
+        raise ValueError(_URL_HELP) from None
+
+
+def client_options(
+    url: str,
+    ssl_ca_certs: str | None,
+    ssl_certfile: str | None,
+    ssl_keyfile: str | None,
+    socket_timeout: float,
+    max_connections: int | None,
+) -> dict[str, Any]:
+    """The connection options of every client (sync or asyncio) beside the URL's own."""
     kwargs: dict[str, Any] = {
         "socket_timeout": socket_timeout,
         "socket_connect_timeout": 5.0,
@@ -126,18 +152,18 @@ def connect(
             kwargs["ssl_certfile"] = ssl_certfile
         if ssl_keyfile:
             kwargs["ssl_keyfile"] = ssl_keyfile
-    try:
-        target = parse_target(url)
-        if target.kind == "cluster":
-            return _cluster(target, kwargs)
-        if target.kind == "sentinel":
-            return _sentinel(target, kwargs)
-        return redis.Redis.from_url(url, retry=_no_retry(), **kwargs)
-    except BadUrl as exc:
-        raise ValueError(f"{_URL_HELP} ({exc})") from None
-    except ValueError:
-        # redis-py's message may quote part of the URL, password included
-        raise ValueError(_URL_HELP) from None
+    return kwargs
+
+
+def sentinel_options(target: Target, kwargs: dict[str, Any]) -> dict[str, Any]:
+    """How to talk to the sentinels themselves: timeouts, TLS and their own credentials."""
+    sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
+    if target.options.get("ssl"):
+        sentinel_kwargs["ssl"] = True
+        for source in (target.options, kwargs):  # CA file etc. from the URL or the flags
+            sentinel_kwargs.update({k: v for k, v in source.items() if k.startswith("ssl_")})
+    sentinel_kwargs.update(target.sentinel_options or {})
+    return sentinel_kwargs
 
 
 def _no_retry() -> Retry:
@@ -236,12 +262,7 @@ def _cluster(target: Target, kwargs: dict[str, Any]) -> RedisCluster:
 
 
 def _sentinel(target: Target, kwargs: dict[str, Any]) -> redis.Redis:
-    sentinel_kwargs = {k: v for k, v in kwargs.items() if k.startswith("socket_")}
-    if target.options.get("ssl"):
-        sentinel_kwargs["ssl"] = True
-        for source in (target.options, kwargs):  # CA file etc. from the URL or the flags
-            sentinel_kwargs.update({k: v for k, v in source.items() if k.startswith("ssl_")})
-    sentinel_kwargs.update(target.sentinel_options or {})
+    sentinel_kwargs = sentinel_options(target, kwargs)
     sentinel_kwargs["retry"] = _no_retry()
     sentinels = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
     client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]

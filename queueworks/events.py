@@ -12,11 +12,22 @@ from queueworks.keys import Keys
 EVENTS_MAXLEN = 10_000
 
 
-def emit(r: Any, keys: Keys, kind: str, **fields: object) -> None:
-    """Append an event; ``r`` may be a client or a pipeline."""
+def event(kind: str, **fields: object) -> dict[str, str]:
+    """An event's fields: its kind, when, and the given fields that are not None."""
     body: dict[str, str] = {"kind": kind, "ts": repr(time.time())}
     body.update({k: str(v) for k, v in fields.items() if v is not None})
-    r.xadd(keys.events, body, maxlen=EVENTS_MAXLEN, approximate=True)
+    return body
+
+
+def emit(r: Any, keys: Keys, kind: str, **fields: object) -> None:
+    """Append an event; ``r`` may be a client or a pipeline (sync or asyncio: an asyncio
+    pipeline queues the command without an ``await``)."""
+    r.xadd(keys.events, event(kind, **fields), maxlen=EVENTS_MAXLEN, approximate=True)
+
+
+async def emit_async(r: Any, keys: Keys, kind: str, **fields: object) -> None:
+    """Append an event through a ``redis.asyncio`` client."""
+    await r.xadd(keys.events, event(kind, **fields), maxlen=EVENTS_MAXLEN, approximate=True)
 
 
 def latest_id(r: Connection, keys: Keys) -> str:

@@ -8,7 +8,7 @@ Hot-path messages (subtask entries, results) are decoded by small hand-written f
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Literal
@@ -83,7 +83,8 @@ class TaskSpec(_Model):
 
     name: str = Field(min_length=1, max_length=200)
     handler: str = ""  # required except for mode "queue" (its jobs name their handlers)
-    subtasks: Iterable[Any] = Field(default=(), exclude=True, repr=False)
+    # an iterable; or an async iterable, for AsyncClient.submit
+    subtasks: Iterable[Any] | AsyncIterable[Any] = Field(default=(), exclude=True, repr=False)
     min_nodes: int = Field(default=1, ge=1)
     max_nodes: int | None = Field(default=None, ge=1)
     priority: int = 0
@@ -105,7 +106,9 @@ class TaskSpec(_Model):
 
     @field_validator("subtasks", mode="plain")
     @classmethod
-    def _iterable(cls, v: Any) -> Iterable[Any]:
+    def _iterable(cls, v: Any) -> Iterable[Any] | AsyncIterable[Any]:
+        if isinstance(v, AsyncIterable):
+            return v
         if isinstance(v, str | bytes | dict) or not isinstance(v, Iterable):
             raise ValueError("subtasks must be a list or an iterable of JSON-able payloads")
         return v

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -23,16 +23,19 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import text
+from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import (
     JobState,
     JobStatus,
     QueueStatus,
+    StoredSpec,
     TaskSpec,
     TaskState,
+    TaskStatus,
     parse_handler_path,
 )
-from queueworks.records import job_status, new_task, queue_counts
+from queueworks.records import Hash, job_status, new_task, queue_counts
 from queueworks.scripts import NewJob
 from queueworks.tasks import Backend, Task
 
@@ -151,15 +154,16 @@ class Queue:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         One round trip."""
-        job = self._new_job(handler, payload, delay, at)
+        job = new_job(handler, payload, delay, at)
         now = time.time()
         if job.handler in self._known:
             self.client.scripts.enqueue_jobs(self.keys, [job], now)
         else:
             pipe = self.client.redis.pipeline(transaction=False)
-            self._tell_handlers(pipe, [job.handler])
+            tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
             self.client.scripts.enqueue_jobs(self.keys, [job], now, client=pipe)
             pipe.execute()
+            self._known.add(job.handler)
         return Job(self, job.id)
 
     def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
@@ -167,11 +171,13 @@ class Queue:
         out: list[Job] = []
         pipe = self.client.redis.pipeline(transaction=False)
         batch: list[NewJob] = []
+        told: set[str] = set()  # handlers this round trip tells the queue about
         calls = 0
         for handler, payload in jobs:
-            job = self._new_job(handler, payload, None, None)
-            if job.handler not in self._known:
-                self._tell_handlers(pipe, [job.handler])
+            job = new_job(handler, payload, None, None)
+            if job.handler not in self._known and job.handler not in told:
+                tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
+                told.add(job.handler)
             batch.append(job)
             out.append(Job(self, job.id))
             if len(batch) >= ENQUEUE_BATCH:
@@ -179,74 +185,21 @@ class Queue:
                 batch, calls = [], calls + 1
                 if calls >= ENQUEUE_PIPELINE:
                     pipe.execute()
+                    self._known |= told
                     calls = 0
         if batch:
             self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
         pipe.execute()
+        self._known |= told
         return out
-
-    def _new_job(
-        self,
-        handler: str | Callable[..., Any],
-        payload: Any,
-        delay: float | None,
-        at: datetime | float | None,
-    ) -> NewJob:
-        path = handler_path(handler)
-        try:
-            body = to_json(payload, "payload")
-        except NotJSON as exc:
-            raise ValueError(str(exc)) from None
-        if delay is not None and at is not None:
-            raise ValueError("enqueue: give delay or at, not both")
-        run_at: float | None = None
-        if delay is not None:
-            if delay < 0:
-                raise ValueError(f"enqueue: delay must be >= 0, got {delay}")
-            run_at = time.time() + delay
-        elif at is not None:
-            run_at = at.timestamp() if isinstance(at, datetime) else float(at)
-        return NewJob(new_job_id(), path, body, run_at if run_at and run_at > time.time() else None)
-
-    def _tell_handlers(self, pipe: Any, handlers: Sequence[str]) -> None:
-        """The queue learns which handlers its jobs name (the controller gives it only to
-        workers that may run them all)."""
-        pipe.sadd(self.keys.handlers, *handlers)
-        events.emit(pipe, self.client.keys, "handlers", task=self.name)
-        self._known.update(handlers)
 
     # -- reading --------------------------------------------------------------------------
 
     def status(self) -> QueueStatus:
-        r = self.client.redis
         task = self.task.status()
-        pipe = r.pipeline(transaction=False)
-        pipe.hget(self.keys.record, "want")
-        pipe.xlen(self.keys.stream)
-        pipe.xpending(self.keys.stream, self.keys.group)
-        pipe.zcard(self.keys.scheduled)
-        pipe.hgetall(self.keys.rate)
-        want, length, pending, scheduled, rate = pipe.execute(raise_on_error=False)
-        running = int(pending["pending"]) if isinstance(pending, dict) else 0
-        backlog, rates = queue_counts(length, running, rate, time.time())
-        return QueueStatus(
-            name=self.name,
-            state=task.state,
-            backlog=backlog,
-            scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
-            running=running,
-            done=task.done,
-            dead=task.dead,
-            rejected=task.rejected,
-            nodes=task.nodes,
-            epoch=task.epoch,
-            min_nodes=task.min_nodes,
-            max_nodes=task.max_nodes,
-            want=int(want) if want not in (None, b"") and not isinstance(want, Exception) else None,
-            priority=task.priority,
-            rates=rates,
-            reason=task.reason,
-        )
+        pipe = self.client.redis.pipeline(transaction=False)
+        queue_reads(pipe, self.keys)
+        return queue_status(task, pipe.execute(raise_on_error=False), time.time())
 
 
 class Job:
@@ -263,10 +216,10 @@ class Job:
         r, qk = self.queue.client.redis, self.queue.keys
         raw: Any = r.hgetall(self.key)
         if not raw:
-            raise LookupError(f"queue {self.queue.name!r} has no job {self.id!r} (or it expired)")
+            raise no_job(self.queue.name, self.id)
         pending: Any = None
-        entry = raw.get(b"e")
-        if raw.get(b"s") == JobState.QUEUED.value.encode() and entry:
+        entry = running_entry(raw)
+        if entry:
             pending = r.xpending_range(qk.stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
 
@@ -275,34 +228,115 @@ class Job:
         ``TimeoutError`` after ``timeout`` s."""
         r = self.queue.client.redis
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = 0.001
+        pause = FIRST_PAUSE
         while True:
-            state, value, reason, error = r.hmget(self.key, ["s", "r", "reason", "err"])
-            if state is None:
-                raise LookupError(
-                    f"queue {self.queue.name!r} has no job {self.id!r} (or it expired)"
-                )
-            done = finished(self.id, state, value, reason, error)
+            reply = r.hmget(self.key, RESULT_FIELDS)
+            done = finished(self.queue.name, self.id, reply)
             if done is not None:
                 return done[0]
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(f"job {self.id} not finished after {timeout} s ({text(state)})")
+                raise not_finished(self.id, reply, timeout)
             time.sleep(pause)
-            pause = min(0.05, pause * 1.5)
+            pause = min(LAST_PAUSE, pause * 1.5)
 
     def cancel(self) -> bool:
         """Cancel the job if it has not started; False if it has started or finished."""
         q = self.queue
         now, ttl = time.time(), int(q.settings.result_ttl)
-        found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
-        if found < 0:
-            raise LookupError(f"queue {q.name!r} has no job {self.id!r} (or it expired)")
-        return found == 1
+        return cancelled(q.name, self.id, q.client.scripts.cancel_job(q.keys, self.id, now, ttl))
 
 
-def finished(job_id: str, state: Any, value: Any, reason: Any, error: Any) -> tuple[Any] | None:
-    """``(result,)`` of a done job; raises ``JobFailed`` for a dead or cancelled one; None
-    while it is not finished."""
+# -- what Queue/Job and AsyncQueue/AsyncJob share: no I/O, or commands queued on a pipeline --
+
+RESULT_FIELDS = ["s", "r", "reason", "err"]  # what ``result`` polls of a job's record
+FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from the first
+
+
+def new_job(
+    handler: str | Callable[..., Any],
+    payload: Any,
+    delay: float | None,
+    at: datetime | float | None,
+) -> NewJob:
+    """A job to enqueue: a new id, its handler path and payload JSON, and when it runs;
+    ``ValueError`` naming what is wrong."""
+    path = handler_path(handler)
+    try:
+        body = to_json(payload, "payload")
+    except NotJSON as exc:
+        raise ValueError(str(exc)) from None
+    if delay is not None and at is not None:
+        raise ValueError("enqueue: give delay or at, not both")
+    run_at: float | None = None
+    if delay is not None:
+        if delay < 0:
+            raise ValueError(f"enqueue: delay must be >= 0, got {delay}")
+        run_at = time.time() + delay
+    elif at is not None:
+        run_at = at.timestamp() if isinstance(at, datetime) else float(at)
+    return NewJob(new_job_id(), path, body, run_at if run_at and run_at > time.time() else None)
+
+
+def tell_handlers(pipe: Any, keys: Keys, qk: TaskKeys, handlers: Sequence[str]) -> None:
+    """Queue on ``pipe``: the queue learns which handlers its jobs name (the controller
+    gives it only to workers that may run them all)."""
+    pipe.sadd(qk.handlers, *handlers)
+    events.emit(pipe, keys, "handlers", task=qk.task_id)
+
+
+def queue_reads(pipe: Any, qk: TaskKeys) -> None:
+    """Queue on ``pipe`` what ``queue_status`` reads beside the queue's task status."""
+    pipe.hget(qk.record, "want")
+    pipe.xlen(qk.stream)
+    pipe.xpending(qk.stream, qk.group)
+    pipe.zcard(qk.scheduled)
+    pipe.hgetall(qk.rate)
+
+
+def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueStatus:
+    """A queue's status from its task's and the replies of ``queue_reads`` (errors as
+    exceptions in them: a key of the wrong type counts nothing)."""
+    want, length, pending, scheduled, rate = replies
+    running = int(pending["pending"]) if isinstance(pending, dict) else 0
+    backlog, rates = queue_counts(length, running, rate, now)
+    return QueueStatus(
+        name=task.id,
+        state=task.state,
+        backlog=backlog,
+        scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
+        running=running,
+        done=task.done,
+        dead=task.dead,
+        rejected=task.rejected,
+        nodes=task.nodes,
+        epoch=task.epoch,
+        min_nodes=task.min_nodes,
+        max_nodes=task.max_nodes,
+        want=int(want) if want not in (None, b"") and not isinstance(want, Exception) else None,
+        priority=task.priority,
+        rates=rates,
+        reason=task.reason,
+    )
+
+
+def no_job(queue: str, job_id: str) -> LookupError:
+    return LookupError(f"queue {queue!r} has no job {job_id!r} (or it expired)")
+
+
+def running_entry(raw: Mapping[bytes, bytes]) -> bytes | None:
+    """The stream entry of a queued job, whose pending-list row says whether a member has
+    read it (it runs); None for a job in any other state."""
+    entry = raw.get(b"e")
+    return entry if raw.get(b"s") == JobState.QUEUED.value.encode() and entry else None
+
+
+def finished(queue: str, job_id: str, reply: Sequence[Any]) -> tuple[Any] | None:
+    """From the ``RESULT_FIELDS`` of a job's record: ``(result,)`` of a done job; raises
+    ``JobFailed`` for a dead or cancelled one, ``LookupError`` for none; None while it is
+    not finished."""
+    state, value, reason, error = reply
+    if state is None:
+        raise no_job(queue, job_id)
     s = text(state)
     if s == JobState.DONE:
         return (from_json(text(value), f"result of job {job_id}") if value else None,)
@@ -313,38 +347,70 @@ def finished(job_id: str, state: Any, value: Any, reason: Any, error: Any) -> tu
     return None
 
 
+def not_finished(job_id: str, reply: Sequence[Any], timeout: float | None) -> TimeoutError:
+    return TimeoutError(f"job {job_id} not finished after {timeout} s ({text(reply[0])})")
+
+
+def cancelled(queue: str, job_id: str, found: int) -> bool:
+    """What ``cancel_job`` said: True cancelled, False it had started or finished."""
+    if found < 0:
+        raise no_job(queue, job_id)
+    return found == 1
+
+
+def opened_settings(name: str, raw: Sequence[Any], given: Mapping[str, Any]) -> QueueSettings:
+    """An existing queue's settings, from the HMGET of its record's ``spec`` and ``state``;
+    ``ValueError`` if it is no queue, differs from ``given``, or has finished."""
+    stored = StoredSpec.model_validate_json(raw[0])
+    if stored.mode != "queue":
+        raise ValueError(f"queue {name!r}: a task with that id exists (not a queue)")
+    settings = QueueSettings.of(stored)
+    differs = {k: v for k, v in given.items() if getattr(settings, k) != v}
+    if differs:
+        have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
+        raise ValueError(
+            f"queue {name!r} exists with {have}; open it without those settings (its "
+            "node set can change: q.task.resize, q.task.set_priority)"
+        )
+    if TaskState(text(raw[1])).finished:
+        raise ValueError(f"queue {name!r} was {text(raw[1])}; it takes no jobs")
+    return settings
+
+
+def new_queue(name: str, given: Mapping[str, Any], now: float) -> tuple[QueueSettings, Hash]:
+    """A queue to create: its settings (``given``, the rest the defaults) and record."""
+    settings = QueueSettings(**{**DEFAULTS.__dict__, **given})
+    return settings, new_task(settings.spec(name), 0, now)
+
+
+def queue_created(pipe: Any, keys: Keys, name: str, now: float) -> None:
+    """Queue on ``pipe`` what follows a new queue's record: the queue among the tasks to
+    size, in the set of queues, and its ``submitted`` event."""
+    pipe.zadd(keys.queue, {name: now}, nx=True)
+    pipe.sadd(keys.queues, name)
+    events.emit(pipe, keys, "submitted", task=name, name=name, total=0)
+
+
+def check_created(replies: Sequence[Any]) -> None:
+    """Raise the first error of a creation pipeline but BUSYGROUP (it existed: opened by a
+    racing creator, which is as good)."""
+    for reply in replies:
+        if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
+            raise reply
+
+
 def open_queue(client: Backend, name: str, given: dict[str, Any]) -> Queue:
     """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
     ``ValueError`` if it exists with other settings than ``given``."""
-    from queueworks.models import StoredSpec
-
     r, tk = client.redis, client.keys.task(name)
     raw: Any = r.hmget(tk.record, ["spec", "state"])
     if raw[0] is not None:
-        stored = StoredSpec.model_validate_json(raw[0])
-        if stored.mode != "queue":
-            raise ValueError(f"queue {name!r}: a task with that id exists (not a queue)")
-        settings = QueueSettings.of(stored)
-        differs = {k: v for k, v in given.items() if getattr(settings, k) != v}
-        if differs:
-            have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
-            raise ValueError(
-                f"queue {name!r} exists with {have}; open it without those settings (its "
-                "node set can change: q.task.resize, q.task.set_priority)"
-            )
-        if TaskState(text(raw[1])).finished:
-            raise ValueError(f"queue {name!r} was {text(raw[1])}; it takes no jobs")
-        return Queue(client, name, settings)
-    settings = QueueSettings(**{**DEFAULTS.__dict__, **given})
+        return Queue(client, name, opened_settings(name, raw, given))
     now = time.time()
+    settings, record = new_queue(name, given, now)
     pipe = r.pipeline(transaction=False)
     pipe.xgroup_create(tk.stream, tk.group, id="0", mkstream=True)
-    record = new_task(settings.spec(name), 0, now)
     client.scripts.record_task(tk, [tk.stream], record, client=pipe)
-    pipe.zadd(client.keys.queue, {name: now}, nx=True)
-    pipe.sadd(client.keys.queues, name)
-    events.emit(pipe, client.keys, "submitted", task=name, name=name, total=0)
-    for reply in pipe.execute(raise_on_error=False):
-        if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
-            raise reply
+    queue_created(pipe, client.keys, name, now)
+    check_created(pipe.execute(raise_on_error=False))
     return Queue(client, name, settings)

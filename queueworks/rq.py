@@ -49,7 +49,7 @@ from rq.command import PUBSUB_CHANNEL_TEMPLATE, send_command
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 
-from queueworks.client import Client, SubmitError, Task, TaskNotFound
+from queueworks.client import Client, SubmitError, Task, TaskNotFound, sync_subtasks
 from queueworks.messages import NotJSON, to_json
 from queueworks.models import TaskSpec, TaskState, TaskStatus, parse_handler_path
 
@@ -171,7 +171,7 @@ def _prepare(
     else:
         parts = []
         try:
-            for index, payload in enumerate(spec.subtasks):
+            for index, payload in enumerate(sync_subtasks(spec)):
                 parts.append(to_json(payload, f"subtasks[{index}]"))
         except NotJSON as exc:
             raise SubmitError(str(exc)) from None

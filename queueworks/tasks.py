@@ -4,12 +4,12 @@ node set, results, dead letters, and the operator's changes (cancel, priority, r
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Protocol
 
 from queueworks import events
 from queueworks.connection import Connection, text
-from queueworks.keys import Keys
+from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import from_json
 from queueworks.models import DeadLetter, NodeInfo, TaskState, TaskStatus
 from queueworks.records import task_fields
@@ -28,7 +28,7 @@ class Backend(Protocol):
     scripts: Scripts
 
 
-def _f(raw: Any, name: str) -> str | None:
+def _f(raw: Mapping[bytes, bytes], name: str) -> str | None:
     v = raw.get(name.encode())
     return v.decode() if v is not None else None
 
@@ -60,24 +60,8 @@ class Task:
         r = self.client.redis
         members: Any = r.zrange(self.keys.members, 0, -1, withscores=True)
         pipe = r.pipeline(transaction=False)
-        for wid, _ in members:
-            pipe.get(self.keys.heartbeat(wid.decode()))
-            pipe.hget(self.client.keys.worker(wid.decode()), "current")
-        replies = pipe.execute()
-        now = time.time()
-        nodes = []
-        for rank, (wid, joined) in enumerate(members):
-            beat, current = replies[2 * rank], replies[2 * rank + 1]
-            nodes.append(
-                NodeInfo(
-                    worker=wid.decode(),
-                    rank=rank,
-                    epoch=int(joined),
-                    heartbeat_age=round(now - float(beat), 3) if beat else None,
-                    current=current.decode() if current else None,
-                )
-            )
-        return nodes
+        node_reads(pipe, self.client.keys, self.keys, members)
+        return node_infos(members, pipe.execute(), time.time())
 
     def wait(self, timeout: float | None = None, poll: float = 0.1) -> TaskStatus:
         """Block until the task is finished; raise ``TimeoutError`` after ``timeout`` s."""
@@ -87,10 +71,7 @@ class Task:
             if status.finished:
                 return status
             if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"task {self.id} still {status.state} after {timeout} s "
-                    f"({status.done + status.dead}/{status.total})"
-                )
+                raise still_running(status, timeout)
             time.sleep(poll)
 
     def results(self) -> Iterator[tuple[int, Any]]:
@@ -99,22 +80,8 @@ class Task:
             yield int(text(index)), from_json(text(value), f"result {text(index)!r}")
 
     def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
-        out = []
         entries: Any = self.client.redis.xrange(self.keys.dead, count=count)
-        for entry_id, raw in entries:
-            index = _f(raw, "index")
-            out.append(
-                DeadLetter(
-                    id=entry_id.decode(),
-                    index=int(index) if index else None,
-                    reason=_f(raw, "reason") or "",
-                    error=_f(raw, "error") or "",
-                    attempts=int(_f(raw, "attempts") or 0),
-                    payload=_f(raw, "payload"),
-                    worker=_f(raw, "worker"),
-                )
-            )
-        return out
+        return [dead_letter(entry_id, raw) for entry_id, raw in entries]
 
     def cancel(self) -> bool:
         """Cancel the task: its nodes are released at once. False if it had finished."""
@@ -127,14 +94,77 @@ class Task:
         self._change(priority=priority)
 
     def resize(self, min_nodes: int, max_nodes: int | None) -> None:
-        if min_nodes < 1 or (max_nodes is not None and max_nodes < min_nodes):
-            raise ValueError(
-                f"resize: need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}"
-            )
-        self._change(min_nodes=min_nodes, max_nodes="" if max_nodes is None else max_nodes)
+        self._change(**resize_fields(min_nodes, max_nodes))
 
     def _change(self, **fields: object) -> None:
         if self.status(with_nodes=False).finished:
-            raise ValueError(f"task {self.id} has finished; it cannot change")
+            raise finished_task(self.id)
         self.client.redis.hset(self.keys.record, mapping=fields)  # type: ignore[arg-type]
         events.emit(self.client.redis, self.client.keys, "changed", task=self.id, **fields)
+
+
+# -- what Task and AsyncTask share: no I/O ---------------------------------------------------
+
+
+def node_reads(pipe: Any, keys: Keys, tk: TaskKeys, members: Sequence[Any]) -> None:
+    """Queue on ``pipe`` what ``node_infos`` reads of each member (``members``: the
+    ZRANGE WITHSCORES of the task's members); a sync or an asyncio pipeline."""
+    for wid, _ in members:
+        pipe.get(tk.heartbeat(wid.decode()))
+        pipe.hget(keys.worker(wid.decode()), "current")
+
+
+def node_infos(members: Sequence[Any], replies: Sequence[Any], now: float) -> list[NodeInfo]:
+    """The node set, by rank, from the members and the replies of ``node_reads``."""
+    nodes = []
+    for rank, (wid, joined) in enumerate(members):
+        beat, current = replies[2 * rank], replies[2 * rank + 1]
+        nodes.append(
+            NodeInfo(
+                worker=wid.decode(),
+                rank=rank,
+                epoch=int(joined),
+                heartbeat_age=round(now - float(beat), 3) if beat else None,
+                current=current.decode() if current else None,
+            )
+        )
+    return nodes
+
+
+def still_running(status: TaskStatus, timeout: float | None) -> TimeoutError:
+    return TimeoutError(
+        f"task {status.id} still {status.state} after {timeout} s "
+        f"({status.done + status.dead}/{status.total})"
+    )
+
+
+def dead_letter(entry_id: bytes, raw: Mapping[bytes, bytes]) -> DeadLetter:
+    """One entry of a task's dead-letter stream."""
+    index = _f(raw, "index")
+    return DeadLetter(
+        id=entry_id.decode(),
+        index=int(index) if index else None,
+        reason=_f(raw, "reason") or "",
+        error=_f(raw, "error") or "",
+        attempts=int(_f(raw, "attempts") or 0),
+        payload=_f(raw, "payload"),
+        worker=_f(raw, "worker"),
+    )
+
+
+def resize_fields(min_nodes: int, max_nodes: int | None) -> dict[str, object]:
+    """The record fields ``resize`` writes; ``ValueError`` for bounds that cannot be."""
+    if min_nodes < 1 or (max_nodes is not None and max_nodes < min_nodes):
+        raise ValueError(f"resize: need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}")
+    return {"min_nodes": min_nodes, "max_nodes": "" if max_nodes is None else max_nodes}
+
+
+def finished_task(task_id: str) -> ValueError:
+    return ValueError(f"task {task_id} has finished; it cannot change")
+
+
+def task_statuses(ids: Sequence[str], raws: Sequence[Any]) -> list[TaskStatus]:
+    """``Client.tasks()``: the statuses (without nodes) of the tasks whose records are
+    ``raws`` (HGETALL replies; empty where a task is gone), oldest first."""
+    out = [TaskStatus(**task_fields(tid, raw)) for tid, raw in zip(ids, raws, strict=True) if raw]
+    return sorted(out, key=lambda s: s.created_at)

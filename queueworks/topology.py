@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import redis.asyncio
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
 from redis.crc import key_slot
@@ -91,7 +93,11 @@ def _text(v: Any) -> str:
 
 
 def queue_replication_wait(
-    pipe: Any, r: redis.Redis | RedisCluster, keys: Sequence[str], replicas: int, timeout_ms: int
+    pipe: Any,
+    r: redis.Redis | RedisCluster | redis.asyncio.Redis | AsyncRedisCluster,
+    keys: Sequence[str],
+    replicas: int,
+    timeout_ms: int,
 ) -> int:
     """Append ``WAIT replicas timeout_ms`` to ``pipe`` after its writes: once per node that
     holds one of ``keys`` (in a cluster), else once. Returns how many WAITs were added: their
@@ -99,12 +105,12 @@ def queue_replication_wait(
 
     WAIT covers every write the connection made before it, and replication is in order, so
     it also covers what other connections wrote to that node earlier (the subtasks)."""
-    if not isinstance(r, RedisCluster):
+    if not isinstance(r, RedisCluster | AsyncRedisCluster):  # a pipeline, sync or asyncio
         pipe.execute_command("WAIT", replicas, timeout_ms)
         return 1
-    nodes = {}
+    nodes: dict[str, Any] = {}
     for key in keys:
-        node = r.get_node_from_key(key)  # type: ignore[no-untyped-call]
+        node: Any = r.get_node_from_key(key)
         nodes[node.name] = node
     for node in nodes.values():
         pipe.execute_command("WAIT", replicas, timeout_ms, target_nodes=node)

@@ -18,7 +18,9 @@ def python_blocks(text: str = README) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
 
 
-def run_blocks(blocks: list[str], where: str, redis_url: str, tmp_path: Path) -> None:
+def run_blocks(
+    blocks: list[str], where: str, redis_url: str, tmp_path: Path, worker: tuple[str, ...] = ()
+) -> None:
     """Run a page's Python examples in order, against a controller and a worker that
     allows ``queueworks.examples`` (the examples use prefix "qw" and localhost: they are
     pointed at the test server)."""
@@ -27,7 +29,7 @@ def run_blocks(blocks: list[str], where: str, redis_url: str, tmp_path: Path) ->
     r = redis.Redis.from_url(redis_url)
     try:
         cluster.controller()
-        cluster.worker(allow=("queueworks.examples",))
+        cluster.worker(allow=("queueworks.examples",), extra=list(worker))
         cluster.wait_workers(r, 1)
         for code in blocks:
             code = code.replace("redis://localhost:6379/0", redis_url)
@@ -45,6 +47,12 @@ def test_readme_python_examples_run(redis_url: str, tmp_path: Path) -> None:
 def test_queue_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
     page = (ROOT / "docs" / "queues.md").read_text()
     run_blocks(python_blocks(page), "docs/queues.md", redis_url, tmp_path)
+
+
+def test_asyncio_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "asyncio.md").read_text()
+    worker = ("--concurrency", "50")  # as the page says its workers run
+    run_blocks(python_blocks(page), "docs/asyncio.md", redis_url, tmp_path, worker)
 
 
 def test_readme_demo_command_runs() -> None:

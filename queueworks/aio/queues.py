@@ -1,0 +1,268 @@
+"""``AsyncQueue`` and ``AsyncJob``: ``queueworks.queues.Queue`` and ``Job`` on
+``redis.asyncio``, name for name, with the same checks, job ids and decoding (the functions
+of ``queueworks.queues``).
+
+``await q.enqueue(...)`` is one round trip, as the sync one. A call alone goes out at once;
+calls made while one is in flight on the same handle go out together after it, in one Lua
+call (``JobWriter``), so a thousand gathered enqueues cost a few round trips and a
+connection or two, not a thousand. Each job is still written once, in one atomic step with
+its record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import (
+    AsyncIterable,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Sequence,
+)
+from datetime import datetime
+from typing import Any, TypeVar
+
+from queueworks.aio.tasks import AsyncBackend, AsyncTask
+from queueworks.models import JobStatus, QueueStatus
+from queueworks.queues import (
+    ENQUEUE_BATCH,
+    ENQUEUE_PIPELINE,
+    QueueSettings,
+    cancelled,
+    check_created,
+    new_job,
+    new_queue,
+    no_job,
+    opened_settings,
+    queue_created,
+    queue_reads,
+    queue_status,
+    running_entry,
+    tell_handlers,
+)
+from queueworks.records import job_status
+from queueworks.scripts import NewJob
+
+T = TypeVar("T")
+Jobs = (
+    Iterable[tuple[str | Callable[..., Any], Any]]
+    | AsyncIterable[tuple[str | Callable[..., Any], Any]]
+)
+
+
+class AsyncQueue:
+    """A handle to one queue: ``q = await client.queue("emails")``."""
+
+    def __init__(self, client: AsyncBackend, name: str, settings: QueueSettings) -> None:
+        self.client, self.name, self.settings = client, name, settings
+        self.keys = client.keys.task(name)
+        self._known: set[str] = set()  # handlers this handle has told the queue about
+        self._writer = JobWriter(self._send)
+
+    def __repr__(self) -> str:
+        return f"AsyncQueue({self.name!r})"
+
+    @property
+    def task(self) -> AsyncTask:
+        """The queue as a task (``resize``, ``set_priority``, ``cancel`` stop it taking
+        nodes for good)."""
+        return AsyncTask(self.client, self.name)
+
+    def job(self, job_id: str) -> AsyncJob:
+        return AsyncJob(self, job_id)
+
+    # -- enqueueing -----------------------------------------------------------------------
+
+    async def enqueue(
+        self,
+        handler: str | Callable[..., Any],
+        payload: Any = None,
+        *,
+        delay: float | None = None,
+        at: datetime | float | None = None,
+    ) -> AsyncJob:
+        """Add one job: ``handler`` (``"module:function"`` or the function) runs on
+        ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
+        One round trip (shared with the enqueues of this handle in flight with it)."""
+        job = new_job(handler, payload, delay, at)
+        await self._writer.write(job)
+        return AsyncJob(self, job.id)
+
+    async def enqueue_many(self, jobs: Jobs) -> list[AsyncJob]:
+        """Add many ``(handler, payload)`` jobs (an iterable or an async iterable), in
+        batches, pipelined."""
+        out: list[AsyncJob] = []
+        batches: list[list[NewJob]] = [[]]
+        async for handler, payload in each(jobs):
+            job = new_job(handler, payload, None, None)
+            batches[-1].append(job)
+            out.append(AsyncJob(self, job.id))
+            if len(batches[-1]) >= ENQUEUE_BATCH:
+                if len(batches) >= ENQUEUE_PIPELINE:
+                    await self._send_many(batches)
+                    batches = []
+                batches.append([])
+        await self._send_many(batches)
+        return out
+
+    async def _send(self, jobs: Sequence[NewJob]) -> None:
+        await self._send_many([jobs])
+
+    async def _send_many(self, batches: Sequence[Sequence[NewJob]]) -> None:
+        """One round trip: a Lua call per batch, and the handlers the queue does not know
+        from this handle yet."""
+        batches = [b for b in batches if b]
+        if not batches:
+            return
+        scripts, now = self.client.scripts, time.time()
+        new = {job.handler for batch in batches for job in batch} - self._known
+        if not new and len(batches) == 1:
+            await scripts.enqueue_jobs(self.keys, batches[0], now)
+            return
+        pipe = self.client.redis.pipeline(transaction=False)
+        if new:
+            tell_handlers(pipe, self.client.keys, self.keys, sorted(new))
+        for batch in batches:
+            await scripts.enqueue_jobs(self.keys, batch, now, client=pipe)
+        await pipe.execute()
+        self._known |= new
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def status(self) -> QueueStatus:
+        task = await self.task.status()
+        pipe = self.client.redis.pipeline(transaction=False)
+        queue_reads(pipe, self.keys)
+        return queue_status(task, await pipe.execute(raise_on_error=False), time.time())
+
+
+async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
+    """Iterate an iterable or an async iterable alike."""
+    if isinstance(items, AsyncIterable):
+        async for item in items:
+            yield item
+    else:
+        for item in items:
+            yield item
+
+
+class JobWriter:
+    """Writes the jobs of concurrent ``enqueue`` calls together. A call that finds no round
+    trip in flight sends its job at once, itself; calls that come while one is in flight
+    wait, and go together in the next (up to ``ENQUEUE_BATCH`` jobs each), sent by a task
+    of the writer's. One round trip is in flight at a time.
+
+    A failed round trip fails every call whose job it carried, with its error (the jobs
+    may have been written or not, as for any failed write). A call cancelled before its
+    round trip left is not written; one cancelled after may be."""
+
+    def __init__(self, send: Callable[[Sequence[NewJob]], Awaitable[None]]) -> None:
+        self._send = send
+        self._busy = False  # a round trip is in flight
+        self._waiting: list[tuple[NewJob, asyncio.Future[None]]] = []
+        self._flusher: asyncio.Task[None] | None = None
+
+    async def write(self, job: NewJob) -> None:
+        if not self._busy:
+            self._busy = True
+            try:
+                await self._send([job])
+            finally:
+                self._busy = False
+                self._kick()
+            return
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append((job, done))
+        await done
+
+    def _kick(self) -> None:
+        """Send what waits, from a task of the writer's (not from a caller: it may go)."""
+        if self._waiting and self._flusher is None:
+            self._busy = True
+            self._flusher = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                taken = self._waiting[:ENQUEUE_BATCH]
+                del self._waiting[:ENQUEUE_BATCH]
+                batch = [(job, done) for job, done in taken if not done.done()]
+                if batch:
+                    await self._round_trip(batch)
+        finally:
+            self._busy, self._flusher = False, None
+            for _, done in self._waiting:  # only if this task itself was cancelled
+                done.cancel()
+            self._waiting.clear()
+
+    async def _round_trip(self, batch: list[tuple[NewJob, asyncio.Future[None]]]) -> None:
+        try:
+            await self._send([job for job, _ in batch])
+        except Exception as exc:
+            for _, done in batch:
+                if not done.done():
+                    done.set_exception(exc)
+        except BaseException:
+            for _, done in batch:
+                done.cancel()
+            raise
+        else:
+            for _, done in batch:
+                if not done.done():
+                    done.set_result(None)
+
+
+class AsyncJob:
+    """A handle to one job of a queue: ``await job.result(timeout)``."""
+
+    def __init__(self, queue: AsyncQueue, job_id: str) -> None:
+        self.queue, self.id = queue, job_id
+        self.key = queue.keys.job(job_id)
+
+    def __repr__(self) -> str:
+        return f"AsyncJob({self.queue.name!r}, {self.id!r})"
+
+    async def status(self) -> JobStatus:
+        r, qk = self.queue.client.redis, self.queue.keys
+        raw: Any = await r.hgetall(self.key)
+        if not raw:
+            raise no_job(self.queue.name, self.id)
+        pending: Any = None
+        entry = running_entry(raw)
+        if entry:
+            pending = await r.xpending_range(qk.stream, qk.group, entry, entry, 1)
+        return job_status(self.queue.name, self.id, raw, pending, time.time())
+
+    async def result(self, timeout: float | None = None) -> Any:
+        """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
+        ``TimeoutError`` after ``timeout`` s. Polled as ``Job.result`` polls, together with
+        the client's other calls (``ResultWatcher``)."""
+        watcher = self.queue.client.results
+        return await watcher.result(self.queue.name, self.id, self.key, timeout)
+
+    async def cancel(self) -> bool:
+        """Cancel the job if it has not started; False if it has started or finished."""
+        q = self.queue
+        now, ttl = time.time(), int(q.settings.result_ttl)
+        return cancelled(
+            q.name, self.id, await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        )
+
+
+async def open_queue(client: AsyncBackend, name: str, given: dict[str, Any]) -> AsyncQueue:
+    """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
+    ``ValueError`` if it exists with other settings than ``given``."""
+    r, tk = client.redis, client.keys.task(name)
+    raw: Any = await r.hmget(tk.record, ["spec", "state"])
+    if raw[0] is not None:
+        return AsyncQueue(client, name, opened_settings(name, raw, given))
+    now = time.time()
+    settings, record = new_queue(name, given, now)
+    pipe = r.pipeline(transaction=False)
+    pipe.xgroup_create(tk.stream, tk.group, id="0", mkstream=True)
+    await client.scripts.record_task(tk, [tk.stream], record, client=pipe)
+    queue_created(pipe, client.keys, name, now)
+    check_created(await pipe.execute(raise_on_error=False))
+    return AsyncQueue(client, name, settings)

@@ -1,0 +1,132 @@
+"""``ResultWatcher``: the ``await job.result()`` calls of one ``AsyncClient``, polled together.
+
+``Job.result`` (sync) polls its job's record: at once, then after 1 ms, the pause growing by
+half up to 50 ms. An asyncio service may have a thousand such calls at once; polled one by
+one, that is 20,000 round trips a second and a whole core. Here every call keeps the sync
+schedule, but the records due for a look are read together, one pipeline of HMGETs per
+tick: a call's next look is put on a grid of a quarter of its pause, so calls that started
+at different times share their ticks (a lone call: looks within 25 % of the sync schedule).
+What a call gets is what the sync one would: the result, ``JobFailed``, ``LookupError``, or
+``TimeoutError`` after a look past its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from queueworks.aio.connection import AsyncConnection
+from queueworks.queues import FIRST_PAUSE, LAST_PAUSE, RESULT_FIELDS, finished, not_finished
+
+
+@dataclass(eq=False)
+class _Wait:
+    queue: str
+    job_id: str
+    key: str
+    deadline: float | None
+    timeout: float | None
+    done: asyncio.Future[Any]
+    pause: float = FIRST_PAUSE
+
+
+class ResultWatcher:
+    """Polls the records of the jobs that ``result()`` calls wait for, in shared pipelines.
+    One task runs while some call waits; none otherwise."""
+
+    def __init__(self, redis: AsyncConnection) -> None:
+        self._redis = redis
+        self._due: list[tuple[float, int, _Wait]] = []  # heap: next look, order, wait
+        self._order = itertools.count()
+        self._runner: asyncio.Task[None] | None = None
+        self._alarm: asyncio.Future[None] | None = None
+
+    async def result(self, queue: str, job_id: str, key: str, timeout: float | None) -> Any:
+        """The job's result (see ``Job.result``); its first look is at once."""
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        wait = _Wait(
+            queue, job_id, key, deadline, timeout, asyncio.get_running_loop().create_future()
+        )
+        heapq.heappush(self._due, (now, next(self._order), wait))
+        if self._runner is None:
+            self._runner = asyncio.create_task(self._run())
+        elif self._alarm is not None and not self._alarm.done():
+            self._alarm.set_result(None)  # a look due now: wake the runner
+        return await wait.done
+
+    async def _run(self) -> None:
+        try:
+            while self._due:
+                now = time.monotonic()
+                due = []
+                while self._due and self._due[0][0] <= now:
+                    wait = heapq.heappop(self._due)[2]
+                    if not wait.done.done():  # a cancelled call is forgotten
+                        due.append(wait)
+                if due:
+                    await self._look(due)
+                elif self._due:
+                    await self._sleep(self._due[0][0] - now)
+        finally:
+            self._runner = None
+            for _, _, wait in self._due:  # only if this task itself was cancelled
+                wait.done.cancel()
+            self._due.clear()
+
+    async def _look(self, due: list[_Wait]) -> None:
+        pipe = self._redis.pipeline(transaction=False)
+        for wait in due:
+            pipe.hmget(wait.key, RESULT_FIELDS)
+        try:
+            replies = await pipe.execute()
+        except Exception as exc:  # as one call's HMGET failing: each call raises it
+            for wait in due:
+                _settle(wait.done, exc=exc)
+            return
+        now = time.monotonic()
+        for wait, reply in zip(due, replies, strict=True):
+            self._read(wait, reply, now)
+
+    def _read(self, wait: _Wait, reply: list[Any], now: float) -> None:
+        try:
+            done = finished(wait.queue, wait.job_id, reply)
+        except Exception as exc:  # JobFailed, LookupError, a result that is no JSON
+            _settle(wait.done, exc=exc)
+            return
+        if done is not None:
+            _settle(wait.done, value=done[0])
+        elif wait.deadline is not None and now >= wait.deadline:
+            _settle(wait.done, exc=not_finished(wait.job_id, reply, wait.timeout))
+        else:
+            grid = wait.pause / 4
+            at = math.ceil((now + wait.pause) / grid) * grid
+            wait.pause = min(LAST_PAUSE, wait.pause * 1.5)
+            heapq.heappush(self._due, (at, next(self._order), wait))
+
+    async def _sleep(self, seconds: float) -> None:
+        """Until ``seconds`` have passed or a call wants a look now."""
+        loop = asyncio.get_running_loop()
+        alarm = self._alarm = loop.create_future()
+        timer = loop.call_later(max(0.0, seconds), _settle, alarm)
+        try:
+            await alarm
+        finally:
+            timer.cancel()
+            self._alarm = None
+
+
+def _settle(
+    future: asyncio.Future[Any], value: Any = None, exc: BaseException | None = None
+) -> None:
+    if future.done():
+        return
+    if exc is None:
+        future.set_result(value)
+    else:
+        future.set_exception(exc)

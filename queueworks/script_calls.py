@@ -1,0 +1,331 @@
+"""What each Lua script in ``queueworks/lua/`` is called with and what its reply means, once.
+
+One pure function per script builds a ``Call``: its KEYS, its ARGV and how to read its
+reply. No I/O here: ``queueworks.scripts`` runs a call, at once or on a pipeline, through a
+sync client (``Scripts``: the workers, the controller, ``Client``) or an asyncio one
+(``AsyncScripts``: ``AsyncClient``). Each script's contract (KEYS, ARGV, reply) is written
+at the top of its file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from queueworks.keys import TaskKeys
+from queueworks.models import ACTIVE_STATES
+
+T = TypeVar("T")
+
+# The states in which a task still takes work, as the scripts that need them receive them.
+ACTIVE = ",".join(state.value for state in ACTIVE_STATES)
+
+READ_FENCED = -1
+READ_EPOCH_MOVED = -2
+
+
+class Call(Generic[T]):
+    """One run of a script: ``name``, ``keys``, ``args``, and ``read`` for its reply.
+
+    ``client``: a pipeline to queue it on (None: run it at once); the reply then comes with
+    the pipeline's, and what the call returns is ``read`` of the pipeline object. With
+    ``unpiped_on_cluster`` a cluster pipeline runs it at once instead: redis-py refuses
+    EVALSHA in a cluster pipeline, and re-sends a pipelined command that met a connection
+    error (a duplicate XADD); one round trip per batch is nothing next to the batch itself.
+    """
+
+    __slots__ = ("args", "client", "keys", "name", "read", "unpiped_on_cluster")
+
+    def __init__(
+        self,
+        name: str,
+        keys: list[Any],
+        args: list[Any],
+        read: Callable[[Any], T],
+        client: Any = None,
+        unpiped_on_cluster: bool = False,
+    ) -> None:
+        self.name, self.keys, self.args, self.read = name, keys, args, read
+        self.client, self.unpiped_on_cluster = client, unpiped_on_cluster
+
+
+def _none(_: Any) -> None:
+    return None
+
+
+def _same(reply: Any) -> Any:
+    return reply
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An entry claimed from another consumer: id, raw fields, delivery count (= attempt)."""
+
+    entry_id: str
+    fields: dict[bytes, bytes]
+    deliveries: int
+
+
+@dataclass(frozen=True)
+class DeadEntry:
+    entry_id: str
+    index: int | None
+    reason: str
+    error: str
+    attempts: int
+    payload: str
+
+
+@dataclass(frozen=True)
+class Settled:
+    ok: int
+    dead: int
+    finished: bool  # this call finished the task
+    rejected: int = 0
+    active: bool = True  # the task still takes work (False: it has finished, by any hand)
+
+
+@dataclass(frozen=True)
+class NewJob:
+    id: str
+    handler: str
+    payload: str  # JSON
+    at: float | None = None  # when a delayed job runs (None: now)
+
+
+@dataclass
+class JobBatch:
+    """What one member settles of a queue at once (``settle_jobs``)."""
+
+    ok: list[tuple[str, str, float, int, str]] = field(default_factory=list)
+    # (entry id, job id, started at, attempts, result JSON)
+    dead: list[tuple[str, str, float, int, str, str, str]] = field(default_factory=list)
+    # (entry id, job id, started at, attempts, reason, error, payload)
+    rejected: list[tuple[str, str, str]] = field(default_factory=list)  # (entry, why, payload)
+    buckets: dict[str, float] = field(default_factory=dict)  # latency histogram additions
+
+    def __len__(self) -> int:
+        return len(self.ok) + len(self.dead) + len(self.rejected)
+
+
+# -- tasks ----------------------------------------------------------------------------------
+
+
+def enqueue(
+    streams: Sequence[str], batch: Sequence[tuple[int, int, str, str]], client: Any = None
+) -> Call[None]:
+    """Append ``(stream number, index, payload JSON, key)`` messages; may be pipelined
+    (a cluster pipeline runs it at once instead)."""
+    argv: list[Any] = [len(batch)]
+    for stream_no, index, payload, key in batch:
+        argv += (stream_no + 1, index, payload, key)
+    return Call("enqueue", list(streams), argv, _none, client, unpiped_on_cluster=True)
+
+
+def record_task(
+    tk: TaskKeys, streams: Sequence[str], record: Mapping[Any, Any], client: Any = None
+) -> Call[None]:
+    """Write a submitted task's record and PERSIST its streams, atomically; may be
+    pipelined (not on a cluster pipeline, as for ``enqueue``)."""
+    args: list[Any] = []
+    for name, value in record.items():
+        args += (name, value)
+    keys = [tk.record, tk.epoch, *streams]
+    return Call("record_task", keys, args, _none, client, unpiped_on_cluster=True)
+
+
+def _settled(reply: Any) -> Settled:
+    n_ok, n_dead, finished, rejected, active = reply
+    return Settled(int(n_ok), int(n_dead), bool(finished), int(rejected), bool(active))
+
+
+def settle(
+    tk: TaskKeys,
+    stream: str,
+    worker_id: str,
+    now: float,
+    ok: Sequence[tuple[str, int, str]],
+    dead: Sequence[DeadEntry] = (),
+) -> Call[Settled]:
+    argv: list[Any] = [tk.group, repr(now), worker_id, ACTIVE, len(ok), len(dead)]
+    for entry_id, index, result in ok:
+        argv += (entry_id, index, result)
+    for d in dead:
+        where = "" if d.index is None else d.index
+        argv += (d.entry_id, where, d.reason, d.error, d.attempts, d.payload)
+    keys = [stream, tk.record, tk.results, tk.dead, tk.settled]
+    return Call("settle", keys, argv, _settled)
+
+
+def sweep_lost(
+    tk: TaskKeys, streams: Sequence[str], worker_id: str, now: float, limit: int = 1000
+) -> Call[int]:
+    """Dead-letter (reason ``lost``) up to ``limit`` unsettled indices of a task that has
+    nothing in flight: their entries were deleted. Settle an empty batch afterwards to
+    complete the task."""
+    keys = [tk.record, tk.settled, tk.dead, *streams]
+    return Call("sweep_lost", keys, [tk.group, repr(now), worker_id, ACTIVE, limit], int)
+
+
+def set_state(tk: TaskKeys, state: str, now: float, error: str = "") -> Call[bool]:
+    return Call("set_state", [tk.record], [state, repr(now), error, ACTIVE], bool)
+
+
+def expire_finished(keys: Sequence[str], ttl_ms: int) -> Call[bool]:
+    """Start the expiry of a finished task's keys (``keys[0]`` is its record)."""
+    return Call("expire_finished", list(keys), [ttl_ms, ACTIVE], bool)
+
+
+def lease(key: str, holder: str, action: str, ttl_ms: int = 0) -> Call[bool]:
+    """Renew (``action="renew"``) or release the lease if ``holder`` still has it."""
+    return Call("lease", [key], [holder, action, ttl_ms], bool)
+
+
+# -- membership and reading -----------------------------------------------------------------
+
+
+def join(tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> Call[int]:
+    keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
+    return Call("join", keys, [worker_id, ttl_ms, repr(now), ACTIVE], int)
+
+
+def depart(
+    tk: TaskKeys, worker_id: str, now: float, cause: str, *, only_if_dead: bool
+) -> Call[int]:
+    """Remove a member (leave, or prune when its heartbeat is gone): new epoch or 0."""
+    keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
+    args = [worker_id, repr(now), cause, "1" if only_if_dead else "0"]
+    return Call("depart", keys, args, int)
+
+
+def _read(reply: Any) -> tuple[int, Any]:
+    return int(reply[0]), (reply[1] if len(reply) > 1 else None)
+
+
+def fenced_read(
+    tk: TaskKeys, streams: Sequence[str], worker_id: str, count: int, epoch: int
+) -> Call[tuple[int, Any]]:
+    """Returns (status, payload): status 1 with the XREADGROUP reply, 0 nothing new,
+    READ_FENCED, or READ_EPOCH_MOVED with the current epoch."""
+    keys = [tk.members, tk.epoch, *streams]
+    return Call("fenced_read", keys, [tk.group, worker_id, count, epoch], _read)
+
+
+def _reclaimed(reply: Any) -> tuple[list[Claimed], list[tuple[str, int]]]:
+    claimed_raw, gone_raw = reply
+    claimed = [
+        Claimed(_s(eid), fields_of(fields), int(deliveries))
+        for eid, fields, deliveries in claimed_raw
+    ]
+    gone = [(_s(eid), int(deliveries)) for eid, deliveries in gone_raw]
+    return claimed, gone
+
+
+def reclaim(
+    tk: TaskKeys,
+    stream: str,
+    to: str,
+    *,
+    from_consumer: str = "",
+    count: int = 500,
+    hand_back: bool = False,
+    min_idle_ms: int = 0,
+    only_departed: bool = True,
+    keep: Collection[str] = (),
+) -> Call[tuple[list[Claimed], list[tuple[str, int]]]]:
+    """``keep``: entry ids to leave where they are (the ones a cold stop interrupted: they
+    started, so whoever reclaims them from us charges them)."""
+    args: list[Any] = [
+        tk.group,
+        to,
+        from_consumer,
+        count,
+        "1" if hand_back else "0",
+        min_idle_ms,
+        "1" if only_departed else "0",
+        " ".join(keep),
+    ]
+    return Call("reclaim", [stream, tk.members], args, _reclaimed)
+
+
+# -- queues ---------------------------------------------------------------------------------
+
+
+def enqueue_jobs(
+    tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any = None
+) -> Call[None]:
+    """Put ``jobs`` on a queue (or in its scheduled zset), each with its record; may be
+    pipelined (not on a cluster pipeline, as for ``enqueue``)."""
+    argv: list[Any] = [repr(now)]
+    for job in jobs:
+        argv += (job.id, job.handler, job.payload, "" if job.at is None else repr(job.at))
+    keys = [tk.stream, tk.scheduled, *(tk.job(job.id) for job in jobs)]
+    return Call("enqueue_jobs", keys, argv, _none, client, unpiped_on_cluster=True)
+
+
+def settle_jobs(
+    tk: TaskKeys, batch: JobBatch, worker_id: str, now: float, ttl: int, client: Any
+) -> Call[Any]:
+    """Settle a batch of jobs (see settle_jobs.lua); with a pipeline, the reply comes
+    with it: ``(ok, dead, rejected)``."""
+    argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
+    argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets))
+    keys = [tk.stream, tk.record, tk.dead, tk.latency, tk.rate]
+    for entry_id, job_id, started, attempts, result in batch.ok:
+        keys.append(tk.job(job_id))
+        argv += (entry_id, repr(started), attempts, result)
+    for entry_id, job_id, started, attempts, reason, error, payload in batch.dead:
+        keys.append(tk.job(job_id))
+        argv += (entry_id, repr(started), attempts, reason, error, job_id, payload)
+    for entry_id, why, payload in batch.rejected:
+        argv += (entry_id, why, payload)
+    for bucket, amount in batch.buckets.items():
+        argv += (bucket, repr(amount))
+    return Call("settle_jobs", keys, argv, _same, client)
+
+
+def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:
+    keys = [tk.stream, tk.scheduled, *(tk.job(j) for j in job_ids)]
+    return Call("promote_due", keys, list(job_ids), int)
+
+
+def cancel_job(tk: TaskKeys, job_id: str, now: float, ttl: int) -> Call[int]:
+    """1 cancelled, 0 it had started or finished, -1 no such job."""
+    keys = [tk.stream, tk.scheduled, tk.job(job_id)]
+    return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl], int)
+
+
+def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[Any]:
+    keys = [tk.stream, tk.record, tk.dead, tk.job(job_id)]
+    return Call("requeue_job", keys, [dead_entry, repr(now)], _same)
+
+
+# The scripts a ``Scripts`` / ``AsyncScripts`` loads, each built by the function of its name.
+NAMES = (
+    "enqueue",
+    "join",
+    "depart",
+    "fenced_read",
+    "settle",
+    "reclaim",
+    "set_state",
+    "lease",
+    "expire_finished",
+    "sweep_lost",
+    "record_task",
+    "enqueue_jobs",
+    "settle_jobs",
+    "promote_due",
+    "cancel_job",
+    "requeue_job",
+)
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def fields_of(flat: Sequence[bytes]) -> dict[bytes, bytes]:
+    """A stream entry's flat field list, as read inside Lua, as the dict redis-py gives."""
+    return {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
