@@ -36,62 +36,33 @@ import heapq
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING
 
-from queueworks.allow import covers
+from controller.board import Board
+from controller.views import (
+    FitKey,
+    Snapshot,
+    TaskView,
+    WorkerView,
+    labelled,
+    matches,
+    may_run,
+    rank,
+)
 from queueworks.models import UNUSABLE, Refusal
 
-if TYPE_CHECKING:
-    from controller.board import Board
-
-FitKey = tuple[tuple[tuple[str, str], ...], str, frozenset[str]]
-
-
-@dataclass(frozen=True)
-class TaskView:
-    """An active task as the allocator sees it."""
-
-    id: str
-    priority: int  # higher number = more important
-    min_nodes: int  # >= 1
-    max_nodes: int | None  # None = no upper bound
-    seq: float  # submission order (smaller = older); ties broken by id
-    selector: Mapping[str, str] = field(default_factory=dict)
-    nodes: frozenset[str] = frozenset()
-    running: bool = False
-    handler: str = ""  # "module:function"; "" = any worker may run it
-    refused: frozenset[str] = frozenset()  # workers that said they cannot run its handler
-    want: int | None = None  # nodes it can use now (None: as many as max_nodes allows)
-    _fit: FitKey = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        fit = (tuple(sorted(self.selector.items())), self.handler, self.refused)
-        object.__setattr__(self, "_fit", fit)
-
-    def fit_key(self) -> FitKey:
-        """Everything about the task that decides which workers fit it."""
-        return self._fit
-
-
-@dataclass(frozen=True)
-class WorkerView:
-    """A live worker and its labels."""
-
-    id: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    allow: tuple[str, ...] | None = None  # its --allow prefixes; None = not known (any)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Active tasks (queued / running / waiting) and live workers."""
-
-    tasks: tuple[TaskView, ...]
-    workers: tuple[WorkerView, ...]
-
-
-def rank(task: TaskView) -> tuple[int, float, str]:
-    return (-task.priority, task.seq, task.id)
+__all__ = [
+    "Board",
+    "Plan",
+    "Snapshot",
+    "TaskView",
+    "WorkerView",
+    "allocate",
+    "labelled",
+    "matches",
+    "may_run",
+    "rank",
+    "why_waiting",
+]
 
 
 @dataclass(frozen=True)
@@ -118,25 +89,8 @@ class Plan:
         return {w: t for w, t in sorted(self.assignment.items()) if current.get(w) != t}
 
 
-def labelled(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker has every label of the task's selector."""
-    return all(worker.labels.get(key) == value for key, value in task.selector.items())
-
-
-def may_run(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker's --allow prefixes cover the task's handler."""
-    return not task.handler or worker.allow is None or covers(worker.allow, task.handler)
-
-
-def matches(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker fits the task (see the module docstring)."""
-    return labelled(worker, task) and may_run(worker, task) and worker.id not in task.refused
-
-
 def allocate(source: Snapshot | Board) -> Plan:
     """Decide which live worker serves which task (see the module docstring)."""
-    from controller.board import Board
-
     board = source if isinstance(source, Board) else Board.of(source)
     run = _Pass(board)
     for priority, holders, classes in board.levels():

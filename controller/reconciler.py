@@ -1,216 +1,351 @@
-"""The thin shell around the allocator: read a snapshot from Redis, apply the plan.
+"""One controller pass, in proportion to what changed.
 
-One pass costs O(tasks + workers) commands, all pipelined: the active tasks (``qw:queue``),
-their records, and per worker its pool heartbeat, assignment and labels.
+A pass reads again only what its events named (``controller.feed``), the workers whose
+heartbeat score in ``qw:workers`` is older than the heartbeat TTL (suspects: a dead worker
+emits nothing), the tasks it must look at again, and one page of the backstop sweep; it
+folds the reads into the mirror it keeps, allocates on the mirror's board, and writes only
+the differences, fenced (``controller.writes``, ``controller.fence``). ``rebuild`` is the full
+read a new leader starts from (and a gap in the events forces).
+
+The backstop: every ``full_pass_interval`` seconds the sweep has read every active task and
+every known worker again, a page per second (so its cost per pass is bounded:
+ceil(ids x 1 s / interval)); what it finds different from the mirror is *drift* (an event
+that was never seen), logged and corrected.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, why_waiting
-from queueworks import events
+from controller.allocator import Plan, allocate
+from controller.feed import Dirty, Feed
+from controller.fence import Fence
+from controller.mirror import Mirror
+from controller.reads import (
+    PAGE,
+    TaskRead,
+    WorkerRead,
+    all_ids,
+    parse_tasks,
+    parse_workers,
+    queue_tasks,
+    queue_workers,
+    read_tasks,
+    read_workers,
+)
+from controller.reasons import Reasons
+from controller.rows import Broken, Finished, differs, finished_row, task_row, task_state
+from controller.rows import worker_row as make_worker_row
+from controller.writes import Writes
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
-from queueworks.models import (
-    Refusal,
-    StoredSpec,
-    TaskRecord,
-    TaskState,
-    WorkerRecord,
-    describe_error,
-)
-from queueworks.records import TASK_FIELDS, task_fields
-from queueworks.scripts import Scripts
+from queueworks.models import TaskState, describe_error
+
+SUSPECTS = 1000  # workers checked for a lost heartbeat per look
+EVERY = 1.0  # s between two looks for suspects, sweep pages, expired index entries
+EXPIRED = 200  # expired index entries handled per look
+
+
+class Gap(Exception):
+    """Events may have been trimmed unread: only a full read is sound now."""
 
 
 @dataclass
-class World:
-    """What one pass read: the allocator's snapshot plus what the shell needs to act."""
-
-    snapshot: Snapshot
-    states: dict[str, TaskState] = field(default_factory=dict)
-    finished: dict[str, tuple[TaskState, float, int]] = field(default_factory=dict)
-    assigned: dict[str, str] = field(default_factory=dict)  # worker -> task, as in Redis
-    lost: list[str] = field(default_factory=list)  # workers whose pool heartbeat is gone
-    refusals: dict[str, dict[str, Refusal]] = field(default_factory=dict)  # task -> worker ->
-    reasons: dict[str, str] = field(default_factory=dict)  # task -> its record's `reason`
+class PassStats:
+    events: int = 0
+    tasks: int = 0
+    workers: int = 0
+    moves: int = 0
+    ops: int = 0
+    drift: int = 0
+    allocate_ms: float = 0.0
 
 
 class Reconciler:
-    def __init__(self, r: Connection, keys: Keys, scripts: Scripts, log: Any) -> None:
-        self.r, self.keys, self.scripts, self.log = r, keys, scripts, log
+    def __init__(
+        self,
+        r: Connection,
+        keys: Keys,
+        fence: Fence,
+        log: Any,
+        *,
+        me: str,
+        heartbeat_ttl: float,
+        full_pass_interval: float,
+    ) -> None:
+        self.r, self.keys, self.fence, self.log, self.me = r, keys, fence, log, me
+        self.ttl, self.full_interval = heartbeat_ttl, full_pass_interval
+        self.mirror = Mirror()
+        self.reasons = Reasons()
+        self.recheck: set[str] = set()
+        self._looked = 0.0  # monotonic: last look for suspects / sweep page / expiries
+        self._checked: dict[str, float] = {}  # suspect -> monotonic of its last check
+        self._sweep: list[str] = []  # "t:<id>" / "w:<id>" still to read this round
+        self._sweep_page = 0
+        self.before_apply: Callable[[int], None] = lambda ops: None  # the process's hook
 
-    def read(self) -> World:
-        k = self.keys
-        task_ids = [text(t) for t in self.r.zrange(k.queue, 0, -1)]
-        worker_ids = [text(w) for w in self.r.zrange(k.workers, 0, -1)]
+    def reset(self) -> None:
+        """Forget what was read (no longer the leader)."""
+        self.mirror, self.reasons, self.recheck = Mirror(), Reasons(), set()
+        self._sweep = []
+
+    def busy(self) -> bool:
+        """More to do without waiting for events (rechecks, reasons to refresh)."""
+        return bool(self.recheck) or self.reasons.pending()
+
+    def due(self) -> bool:
+        """Time to look for lost workers, a sweep page and expired index entries."""
+        return time.monotonic() - self._looked >= EVERY
+
+    # -- the full read --------------------------------------------------------------------
+
+    def rebuild(self) -> PassStats:
+        """Forget everything, seal the fence (a cluster), read the whole state again, pass."""
+        self.fence.seal()
+        self.reset()
+        task_ids, worker_ids = all_ids(self.r, self.keys)
+        workers = read_workers(self.r, self.keys, worker_ids)
+        tasks = read_tasks(self.r, self.keys, task_ids, spec=task_ids, deep=task_ids)
+        self.log.info("rebuilt", tasks=len(task_ids), workers=len(worker_ids))
+        return self._pass(tasks, workers, Dirty(), index=True)
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def step(self, dirty: Dirty, feed: Feed, before: str) -> PassStats:
+        """Read what ``dirty`` names (and what is due), allocate, write the differences.
+        ``Gap`` if the events stream was trimmed past ``before`` (the feed's last id before
+        the events of ``dirty`` were read)."""
+        m = self.mirror
+        tasks = dirty.tasks | self.recheck
+        self.recheck = set()
+        workers = set(dirty.workers)
+        deep = set(dirty.deep)
+        due = self.due()
+        swept: set[str] = set()
+        if due:
+            swept = self._sweep_step(tasks, workers, deep)
+        new = {t for t in tasks if t not in m.tasks}
+        deep |= new
+        task_ids, worker_ids = sorted(tasks), sorted(workers)
         pipe = self.r.pipeline(transaction=False)
-        for tid in task_ids:
-            pipe.hmget(k.task(tid).record, [*TASK_FIELDS, "spec"])
-            pipe.hgetall(k.task(tid).refused)
-        for wid in worker_ids:
-            pipe.exists(k.worker_heartbeat(wid))
-            pipe.get(k.assign(wid))
-            pipe.hget(k.worker(wid), "record")
-        replies = pipe.execute()
-        world = World(Snapshot((), ()))
-        tasks: dict[str, dict[str, Any]] = {}
-        refused_raw: dict[str, dict[bytes, bytes]] = {}
-        for i, tid in enumerate(task_ids):
-            raw, refused_raw[tid] = replies[2 * i], replies[2 * i + 1]
-            *record_raw, spec_raw = raw
-            try:
-                state = TaskState(text(record_raw[1]))
-            except ValueError:  # expired, never written, or broken: drop it from the queue
-                self.r.zrem(k.queue, tid)
-                if record_raw[1] is not None:
-                    self.log.error("task_record_invalid", task_id=tid, error="bad state")
+        feed.queue_head(pipe)
+        if due:
+            pipe.zrangebyscore(self.keys.workers, "-inf", time.time() - self.ttl, 0, SUSPECTS)
+            pipe.zrangebyscore(self.keys.tasks_expiry, "-inf", time.time(), 0, EXPIRED)
+        small = len(task_ids) + len(worker_ids) <= PAGE
+        if small:
+            queue_tasks(pipe, self.keys, task_ids, new, deep)
+            queue_workers(pipe, self.keys, worker_ids)
+        replies = iter(pipe.execute())
+        if feed.gapped(before, next(replies)):
+            raise Gap(f"events after {before} were trimmed unread")
+        suspects: list[Any] = next(replies) if due else []
+        expired: list[Any] = next(replies) if due else []
+        if small:
+            task_reads = parse_tasks(task_ids, replies, new, deep)
+            worker_reads = parse_workers(worker_ids, replies)
+        else:
+            task_reads = read_tasks(self.r, self.keys, task_ids, spec=new, deep=deep)
+            worker_reads = read_workers(self.r, self.keys, worker_ids)
+        if due:
+            self._looked = time.monotonic()
+            worker_reads += self._suspects(suspects, workers)
+        stats = self._pass(task_reads, worker_reads, dirty, swept=swept, expired=expired)
+        stats.events = dirty.events
+        return stats
+
+    def _pass(
+        self,
+        tasks: Sequence[TaskRead],
+        workers: Sequence[WorkerRead],
+        dirty: Dirty,
+        *,
+        index: bool = False,
+        swept: Collection[str] = (),
+        expired: Sequence[Any] = (),
+    ) -> PassStats:
+        writes = Writes(self.keys, self.mirror, self.me)
+        stats = PassStats(tasks=len(tasks), workers=len(workers))
+        touched: set[str] = set()
+        stats.drift += self._absorb_workers(workers, writes, touched, swept)
+        stats.drift += self._absorb_tasks(tasks, writes, touched, swept)
+        if index:
+            for row in self.mirror.tasks.values():
+                writes.index(row.id, row.created_at)
+        started = time.perf_counter()
+        plan = allocate(self.mirror.board)
+        stats.allocate_ms = (time.perf_counter() - started) * 1000
+        self._moves(plan, writes, touched)
+        self._states(plan, writes, touched)
+        self._explain(plan, writes, touched | set(self.reasons.due(self.mirror)))
+        if expired:
+            self._expired([text(t) for t in expired], writes)
+        if len(writes):
+            self.before_apply(len(writes))
+            writes.commit(self.fence.apply(writes.batch))
+        self.recheck |= writes.recheck
+        stats.moves, stats.ops = writes.moved, len(writes)
+        if stats.drift:
+            self.log.warning("state_drift", found=stats.drift)
+        return stats
+
+    # -- folding reads into the mirror ----------------------------------------------------
+
+    def _absorb_workers(
+        self,
+        reads: Sequence[WorkerRead],
+        writes: Writes,
+        touched: set[str],
+        swept: Collection[str],
+    ) -> int:
+        m, drift = self.mirror, 0
+        for read in reads:
+            known = m.workers.get(read.id)
+            row = None
+            if read.alive and read.listed:
+                try:
+                    row = make_worker_row(read, known)
+                except ValueError as exc:  # broken: drop it; a live worker registers again
+                    self.log.warning("worker_record_invalid", worker=read.id, error=str(exc))
+            if row is None:
+                if read.listed:  # its heartbeat is gone (or its record broken): lost
+                    writes.lost(read.id)
+                if known is not None:
+                    touched.add(known.assign)
+                    m.drop_worker(read.id)
+                    drift += f"w:{read.id}" in swept
+                continue
+            if known is None or known.assign != row.assign:
+                touched.update((row.assign, known.assign if known else ""))
+            drift += f"w:{read.id}" in swept and differs(known, row)
+            m.put_worker(row)
+        touched.discard("")
+        return drift
+
+    def _absorb_tasks(
+        self, reads: Sequence[TaskRead], writes: Writes, touched: set[str], swept: Collection[str]
+    ) -> int:
+        m, drift = self.mirror, 0
+        for read in reads:
+            known = m.tasks.get(read.id)
+            state = task_state(read)
+            if state is None:  # expired, never written, or broken: out of the queue
+                if read.fields[1] is not None:
+                    self.log.error("task_record_invalid", task_id=read.id, error="bad state")
+                writes.unqueue(read.id)
+                self._forget(read.id)
                 continue
             try:
-                record = TaskRecord(**task_fields(tid, record_raw))
-                spec = StoredSpec.model_validate_json(spec_raw) if spec_raw else None
-                if state.finished:
-                    ttl = spec.result_ttl if spec else 86400.0
-                    world.finished[tid] = (state, ttl, record.partitions)
-                    continue
-                row = {
-                    "priority": record.priority,
-                    "min_nodes": record.min_nodes,
-                    "max_nodes": record.max_nodes,
-                    "seq": record.created_at,
-                    "selector": spec.node_selector if spec else {},
-                    "handler": spec.handler if spec else "",
-                }
+                row: Any = task_row(read, known, state)
             except ValueError as exc:  # another writer broke it: fail it, never crash on it
+                row = Broken(f"task record is invalid: {describe_error(exc)}")
                 if state.finished:
-                    world.finished[tid] = (state, 86400.0, 0)
-                else:
-                    self._fail(tid, f"task record is invalid: {describe_error(exc)}")
-                continue
-            world.states[tid] = state
-            world.reasons[tid] = record.reason or ""
-            tasks[tid] = row
-        workers: list[WorkerView] = []
-        started: dict[str, float] = {}  # worker -> its process's start (refusals are per process)
-        nodes: dict[str, set[str]] = {tid: set() for tid in tasks}
-        rest = replies[2 * len(task_ids) :]
-        for i, wid in enumerate(worker_ids):
-            alive, assign, record = rest[3 * i], rest[3 * i + 1], rest[3 * i + 2]
-            if not alive:
-                world.lost.append(wid)
-                continue
-            try:
-                rec = WorkerRecord.model_validate_json(record) if record else None
-            except ValueError as exc:  # broken: drop it; a live worker registers again
-                self.log.warning("worker_record_invalid", worker=wid, error=describe_error(exc))
-                world.lost.append(wid)
-                continue
-            task = assign.decode() if assign else ""
-            if task:
-                world.assigned[wid] = task
-                if task in nodes:
-                    nodes[task].add(wid)
-            if rec is None:
-                workers.append(WorkerView(wid))
+                    row = finished_row(read, known, state)
+            drift += f"t:{read.id}" in swept and differs(known, getattr(row, "row", row))
+            if isinstance(row, Broken):
+                writes.fail(read.id, row.error, "task_record_invalid", self.log)
+            elif isinstance(row, Finished):
+                self._forget(read.id)
+                writes.release(row.row, row.state)
             else:
-                started[wid] = rec.started_at
-                workers.append(WorkerView(wid, rec.labels, tuple(rec.allow)))
-        for tid in tasks:
-            world.refusals[tid] = self._refusals(tid, refused_raw[tid], started)
-        views = tuple(
-            TaskView(
-                id=tid,
-                nodes=frozenset(nodes[tid]),
-                running=world.states[tid] == TaskState.RUNNING,
-                refused=frozenset(world.refusals[tid]),
-                **t,
-            )
-            for tid, t in tasks.items()
-        )
-        world.snapshot = Snapshot(views, tuple(workers))
-        return world
+                m.put_task(row)
+                touched.add(row.id)
+                if read.queued is False:
+                    writes.requeue(row)
+        return drift
 
-    def _refusals(
-        self, task_id: str, raw: dict[bytes, bytes], started: dict[str, float]
-    ) -> dict[str, Refusal]:
-        """The refusals of a task by live worker processes (a restarted worker may try again)."""
-        out: dict[str, Refusal] = {}
-        for wid_raw, body in raw.items():
-            wid = text(wid_raw)
-            try:
-                refusal = Refusal.model_validate_json(body)
-            except ValueError as exc:
-                self.log.warning("refusal_invalid", task_id=task_id, worker=wid, error=str(exc))
-                continue
-            if started.get(wid) == refusal.since:
-                out[wid] = refusal
-        return out
+    def _forget(self, task_id: str) -> None:
+        self.mirror.drop_task(task_id)
+        self.reasons.forget(task_id)
 
-    def _fail(self, task_id: str, error: str, why: str = "task_record_invalid") -> None:
-        if self.scripts.set_state(self.keys.task(task_id), TaskState.FAILED, time.time(), error):
-            events.emit(self.r, self.keys, "failed", task=task_id, error=error)
-        self.log.error(why, task_id=task_id, error=error)
+    def _suspects(self, raw: Sequence[Any], reading: set[str]) -> list[WorkerRead]:
+        """Read the workers whose last heartbeat is older than the TTL (not checked in the
+        last second): the ones whose heartbeat key is gone are lost."""
+        now = time.monotonic()
+        ids = [w for w in map(text, raw) if w not in reading]
+        ids = [w for w in ids if now - self._checked.get(w, -math.inf) >= EVERY]
+        for wid in ids:
+            self._checked[wid] = now
+        if len(self._checked) > 4 * SUSPECTS:
+            self._checked = {w: t for w, t in self._checked.items() if now - t < EVERY}
+        return read_workers(self.r, self.keys, ids) if ids else []
 
-    def apply(self, world: World) -> Plan:
-        """Release finished tasks and lost workers, then move workers as the plan says."""
-        k, now = self.keys, time.time()
-        pipe = self.r.pipeline(transaction=False)
-        for wid in world.lost:
-            pipe.zrem(k.workers, wid)
-            pipe.delete(k.assign(wid))  # one key per DEL: they may be on different nodes
-            pipe.delete(k.worker(wid))
-            events.emit(pipe, k, "worker_lost", worker=wid)
-            world.assigned.pop(wid, None)
-        for tid, (state, ttl, partitions) in world.finished.items():
-            # Out of the queue first, then expire only if still finished: a requeued dead
-            # letter may reopen the task at any moment, and then it goes back in.
-            self.r.zrem(k.queue, tid)
-            if self.scripts.expire_finished(k.task(tid).all(partitions), int(ttl * 1000)):
-                events.emit(pipe, k, "released", task=tid, state=state.value)
+    def _sweep_step(self, tasks: set[str], workers: set[str], deep: set[str]) -> set[str]:
+        """Add the next page of the backstop sweep to what this pass reads."""
+        if not self._sweep:
+            task_ids, worker_ids = all_ids(self.r, self.keys)
+            ids = {f"t:{t}" for t in {*task_ids, *self.mirror.tasks}}
+            ids |= {f"w:{w}" for w in {*worker_ids, *self.mirror.workers}}
+            self._sweep = sorted(ids, reverse=True)
+            rounds = max(1.0, self.full_interval / EVERY)
+            self._sweep_page = max(50, math.ceil(len(self._sweep) / rounds))
+        page = set(self._sweep[-self._sweep_page :])
+        del self._sweep[-self._sweep_page :]
+        for item in page:
+            kind, _, ident = item.partition(":")
+            if kind == "t":
+                tasks.add(ident)
+                deep.add(ident)
             else:
-                self.r.zadd(k.queue, {tid: time.time()}, nx=True)
-        plan = allocate(world.snapshot)
-        moves = plan.moves(world.snapshot)
-        for wid, held in sorted(world.assigned.items()):
-            if held in world.finished or held not in world.states:
-                moves.setdefault(wid, None)
-        for wid, task in sorted(moves.items()):
-            pipe.set(k.assign(wid), task or "")
-            events.emit(
-                pipe,
-                k,
-                "assigned" if task else "unassigned",
-                worker=wid,
-                task=task or world.assigned.get(wid),
-            )
-        pipe.execute()
-        for view in world.snapshot.tasks:
-            size = len(plan.nodes_of(view.id))
-            state = world.states[view.id]
-            self._explain(world, view, size)
-            if size >= view.min_nodes and size > 0:
+                workers.add(ident)
+        return page
+
+    # -- what to write --------------------------------------------------------------------
+
+    def _moves(self, plan: Plan, writes: Writes, touched: set[str]) -> None:
+        workers = self.mirror.workers
+        for wid, task in plan.assignment.items():
+            was = workers[wid].assign
+            if was != (task or ""):
+                writes.assign(wid, task or "", was)
+                touched.update((was, task or ""))
+        touched.discard("")
+
+    def _states(self, plan: Plan, writes: Writes, touched: set[str]) -> None:
+        for tid in sorted(touched):
+            row = self.mirror.tasks.get(tid)
+            if row is None:
+                continue
+            size = len(plan.nodes_of(tid))
+            if size >= row.min_nodes and size > 0:
                 target = TaskState.RUNNING
-            elif state == TaskState.RUNNING:
+            elif row.state == TaskState.RUNNING:
                 target = TaskState.WAITING
             else:
                 continue
-            if self.scripts.set_state(k.task(view.id), target.value, now):
-                self.log.info("task_state", task_id=view.id, state=target.value, nodes=size)
-                events.emit(self.r, k, target.value, task=view.id, nodes=size)
-        if moves:
-            self.log.info("node_sets_changed", moves=len(moves))
-        return plan
+            if target != row.state:
+                writes.state(row, target, size, self.log)
 
-    def _explain(self, world: World, view: TaskView, size: int) -> None:
-        """Keep the task record's ``reason`` true: why it has too few nodes (empty once it
-        has them); fail it when no live worker can ever run it."""
-        reason, never = "", False
-        if size < max(1, view.min_nodes):
-            reason, never = why_waiting(view, world.snapshot.workers, world.refusals[view.id])
-        if never:
-            self._fail(view.id, f"no worker can run it: {reason}", "task_unrunnable")
-        elif reason != world.reasons.get(view.id, ""):
-            self.r.hset(self.keys.task(view.id).record, "reason", reason)
+    def _explain(self, plan: Plan, writes: Writes, tasks: set[str]) -> None:
+        """Keep each task's ``reason`` true: why it has too few nodes (empty once it has
+        them); fail it when no live worker can ever run it."""
+        m = self.mirror
+        for tid in sorted(tasks):
+            row = m.tasks.get(tid)
+            if row is None:
+                continue
+            reason, never = "", False
+            if len(plan.nodes_of(tid)) < max(1, row.min_nodes):
+                reason, never = self.reasons.explain(m, m.board.tasks[tid])
+            if never:
+                writes.fail(tid, f"no worker can run it: {reason}", "task_unrunnable", self.log)
+            elif reason != row.reason:
+                writes.reason(row, reason)
+
+    def _expired(self, ids: list[str], writes: Writes) -> None:
+        """Index entries whose keys should have expired by now: drop them, or look later."""
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.pttl(self.keys.task(tid).record)
+        now = time.time()
+        for tid, pttl in zip(ids, pipe.execute(), strict=True):
+            if pttl == -2:  # gone
+                writes.forget_expired(tid, True, None)
+            elif pttl == -1:  # persistent again: reopened (a requeued dead letter)
+                writes.forget_expired(tid, False, None)
+            else:
+                writes.forget_expired(tid, False, now + pttl / 1000)

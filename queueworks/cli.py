@@ -95,6 +95,7 @@ def worker(
 @_common
 @click.option("--lease-ttl", type=float)
 @click.option("--reconcile-interval", type=float)
+@click.option("--full-pass-interval", type=float, help="s to re-read everything (backstop)")
 def controller(**flags: Any) -> None:
     """Give tasks their node sets and keep them sized (run several: one leads)."""
     from controller.main import Controller
@@ -171,7 +172,11 @@ def submit(
 @click.option("--watch", is_flag=True, help="refresh every --interval seconds")
 @click.option("--interval", type=float, default=1.0)
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
+@click.option("--limit", type=int, default=100, show_default=True, help="newest tasks shown")
+@click.option("--offset", type=int, default=0, help="skip this many of the newest first")
+def info(
+    watch: bool, interval: float, as_json: bool, limit: int, offset: int, **flags: Any
+) -> None:
     """Tasks (state, progress, node set) and workers, like `rq info`."""
     from queueworks.client import Client
     from queueworks.info import render
@@ -181,7 +186,7 @@ def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
         settings.redis_url, prefix=settings.prefix, ssl_ca_certs=settings.ssl_ca_certs
     )
     while True:
-        text = render(client, as_json=as_json)
+        text = render(client, as_json=as_json, limit=limit, offset=offset)
         if watch:
             click.clear()
         click.echo(text)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
+
+from redis.cluster import RedisCluster
 
 from queueworks import events
 from queueworks.connection import Connection, connect, text
@@ -78,6 +81,8 @@ class Client:
 
         Subtasks are streamed in pipelined batches: a generator is never held in memory as
         a whole. Raises ``SubmitError`` naming the bad subtask; nothing is left behind.
+        A task of at most ``SUBMIT_BATCH`` subtasks is written in one atomic step: one
+        round trip on one server, two on a cluster.
 
         ``wait_replicas=n``: return only once ``n`` replicas of every primary that holds the
         task (its keys, the queue, the events) have it (``WAIT n``, up to ``wait_timeout``
@@ -87,27 +92,104 @@ class Client:
             raise ValueError("submit: need wait_replicas >= 0 and wait_timeout > 0")
         tid = check_task_id(task_id or uuid.uuid4().hex[:16])
         tk = self.keys.task(tid)
-        if self.redis.exists(tk.record):
-            raise SubmitError(f"task_id: a task {tid!r} exists already")
         streams = tk.streams(spec.partitions)
+        payloads = iter(spec.subtasks)
+        first = itertools.islice(enumerate(payloads), SUBMIT_BATCH + 1)
+        head = [self._message(spec, i, p) for i, p in first]
+        if len(head) <= SUBMIT_BATCH:
+            total, replies, waits = self._submit_small(
+                spec, tk, streams, head, wait_replicas, wait_timeout
+            )
+        else:
+            rest = (self._message(spec, i, p) for i, p in enumerate(payloads, len(head)))
+            total, replies, waits = self._submit_large(
+                spec, tk, streams, itertools.chain(head, rest), wait_replicas, wait_timeout
+            )
+        task = Task(self, tid)
+        if total == 0:  # nothing to do: complete at once, through the one completion path
+            self.scripts.settle(tk, streams[0], "client", time.time(), [])
+            events.emit(self.redis, self.keys, "completed", task=tid)
+        if waits:
+            acked = min(int(n) for n in replies[-waits:])
+            if acked < wait_replicas:
+                raise NotReplicated(task, acked, wait_replicas, wait_timeout)
+        return task
+
+    def _submit_small(
+        self,
+        spec: TaskSpec,
+        tk: TaskKeys,
+        streams: list[str],
+        batch: list[tuple[int, int, str, str]],
+        wait_replicas: int,
+        wait_timeout: float,
+    ) -> tuple[int, list[Any], int]:
+        """One script writes it all (``submit_small.lua``); on a cluster the queue, index and
+        event follow in a pipeline (they live in other slots)."""
+        now = time.time()
+        record = new_task(spec, len(batch), now)
+        event = events.body("submitted", task=tk.task_id, name=spec.name, total=len(batch))
+        cluster = isinstance(self.redis, RedisCluster)
+        k = self.keys
+        publish = None if cluster else (k.queue, k.tasks, k.events, event)
+        pipe = self.redis.pipeline(transaction=False) if wait_replicas or cluster else None
+        written = self.scripts.submit_small(
+            tk, streams, record, batch, now, publish, client=None if cluster else pipe
+        )
+        if pipe is None:
+            if not written:
+                raise SubmitError(f"task_id: a task {tk.task_id!r} exists already")
+            return len(batch), [], 0
+        if cluster:
+            if not written:
+                raise SubmitError(f"task_id: a task {tk.task_id!r} exists already")
+            self._publish(pipe, tk.task_id, now, event)
+        waits = 0
+        if wait_replicas:  # after the last write on each node: WAIT covers all before it
+            waits = queue_replication_wait(
+                pipe,
+                self.redis,
+                [tk.record, k.queue, k.events],
+                wait_replicas,
+                int(wait_timeout * 1000),
+            )
+        replies = pipe.execute()
+        if not cluster and not replies[0]:
+            raise SubmitError(f"task_id: a task {tk.task_id!r} exists already")
+        return len(batch), replies, waits
+
+    def _submit_large(
+        self,
+        spec: TaskSpec,
+        tk: TaskKeys,
+        streams: list[str],
+        messages: Iterator[tuple[int, int, str, str]],
+        wait_replicas: int,
+        wait_timeout: float,
+    ) -> tuple[int, list[Any], int]:
+        """Stream after stream of batches, the record last (it makes the streams permanent:
+        a submit that dies half-way leaves streams that expire)."""
+        if self.redis.exists(tk.record):
+            raise SubmitError(f"task_id: a task {tk.task_id!r} exists already")
         pipe = self.redis.pipeline(transaction=False)
         for stream in streams:
             pipe.xgroup_create(stream, tk.group, id="0", mkstream=True)
             pipe.pexpire(stream, SUBMIT_LEASE_MS)
         pipe.execute()
         try:
-            total = self._write_subtasks(tk, spec, streams)
+            total = self._write_subtasks(messages, streams)
         except BaseException:
             self.redis.delete(*streams)
             raise
         now = time.time()
         record = new_task(spec, total, now)
         pipe = self.redis.pipeline(transaction=False)
+        # on a cluster this runs at once: the record exists before anything lists the task
         self.scripts.record_task(tk, streams, record, client=pipe)
-        pipe.zadd(self.keys.queue, {tid: now})
-        events.emit(pipe, self.keys, "submitted", task=tid, name=spec.name, total=total)
+        event = events.body("submitted", task=tk.task_id, name=spec.name, total=total)
+        self._publish(pipe, tk.task_id, now, event)
         waits = 0
-        if wait_replicas:  # after the last write on each node: WAIT covers all before it
+        if wait_replicas:
             waits = queue_replication_wait(
                 pipe,
                 self.redis,
@@ -115,35 +197,40 @@ class Client:
                 wait_replicas,
                 int(wait_timeout * 1000),
             )
-        replies = pipe.execute()
-        task = Task(self, tid)
-        if total == 0:  # nothing to do: complete at once, through the one completion path
-            self.scripts.settle(tk, streams[0], "client", now, [])
-        if waits:
-            acked = min(int(n) for n in replies[-waits:])
-            if acked < wait_replicas:
-                raise NotReplicated(task, acked, wait_replicas, wait_timeout)
-        return task
+        return total, pipe.execute(), waits
 
-    def _write_subtasks(self, tk: TaskKeys, spec: TaskSpec, streams: list[str]) -> int:
+    def _publish(self, pipe: Any, task_id: str, now: float, event: dict[str, str]) -> None:
+        """Queue, index and announce a task whose record is written."""
+        pipe.zadd(self.keys.queue, {task_id: now})
+        pipe.zadd(self.keys.tasks, {task_id: now})
+        pipe.xadd(self.keys.events, event, maxlen=events.EVENTS_MAXLEN, approximate=True)
+
+    @staticmethod
+    def _message(spec: TaskSpec, index: int, payload: Any) -> tuple[int, int, str, str]:
+        """A subtask as the enqueue scripts take it: (stream number, index, JSON, key)."""
+        try:
+            body = to_json(payload, f"subtasks[{index}]")
+        except NotJSON as exc:
+            raise SubmitError(str(exc)) from None
+        if not spec.partitions:
+            return 0, index, body, ""
+        if not isinstance(payload, dict) or "key" not in payload:
+            raise SubmitError(
+                f"subtasks[{index}]: a partitioned task needs dict payloads with a 'key'"
+            )
+        key = str(payload["key"])
+        return partition_of(key, spec.partitions), index, body, key
+
+    def _write_subtasks(
+        self, messages: Iterator[tuple[int, int, str, str]], streams: list[str]
+    ) -> int:
         batch: list[tuple[int, int, str, str]] = []
         pipe = self.redis.pipeline(transaction=False)
         queued_calls = 0
-        index = -1
-        for index, payload in enumerate(spec.subtasks):
-            try:
-                body = to_json(payload, f"subtasks[{index}]")
-            except NotJSON as exc:
-                raise SubmitError(str(exc)) from None
-            stream_no, key = 0, ""
-            if spec.partitions:
-                if not isinstance(payload, dict) or "key" not in payload:
-                    raise SubmitError(
-                        f"subtasks[{index}]: a partitioned task needs dict payloads with a 'key'"
-                    )
-                key = str(payload["key"])
-                stream_no = partition_of(key, spec.partitions)
-            batch.append((stream_no, index, body, key))
+        total = 0
+        for message in messages:
+            batch.append(message)
+            total += 1
             if len(batch) >= SUBMIT_BATCH:
                 self.scripts.enqueue(streams, batch, client=pipe)
                 batch = []
@@ -156,26 +243,40 @@ class Client:
         if batch:
             self.scripts.enqueue(streams, batch, client=pipe)
         pipe.execute()
-        return index + 1
+        return total
 
     # -- reading --------------------------------------------------------------------------
 
     def task(self, task_id: str) -> Task:
         return Task(self, check_task_id(task_id))
 
-    def tasks(self) -> list[TaskStatus]:
-        """Every task known to Redis (active ones and finished ones not yet expired)."""
-        ids = sorted(
-            self.keys.task_id_from_record(text(k))
-            for k in self.redis.scan_iter(match=self.keys.task_pattern, count=1000)
-        )
-        out = []
+    def tasks(
+        self, *, limit: int | None = None, offset: int = 0, newest_first: bool = False
+    ) -> list[TaskStatus]:
+        """Tasks known to Redis (active ones and finished ones not yet expired), oldest
+        first (``newest_first``: the other way), from the index ``qw:tasks``: ``limit``
+        of them (None = all) after skipping ``offset``. Costs one round trip for the page
+        plus one pipeline for its records."""
+        if limit is not None and limit <= 0:
+            return []
+        end = -1 if limit is None else offset + limit - 1
+        ids: Any = self.redis.zrange(self.keys.tasks, offset, end, desc=newest_first)
+        pipe = self.redis.pipeline(transaction=False)
         for tid in ids:
+            pipe.hgetall(self.keys.task(text(tid)).record)
+        out = []
+        for tid, raw in zip(ids, pipe.execute() if ids else [], strict=True):
+            if not raw:
+                continue  # expired: the controller drops it from the index soon
             try:
-                out.append(Task(self, tid).status(with_nodes=False))
-            except TaskNotFound:
-                continue
-        return sorted(out, key=lambda s: s.created_at)
+                out.append(TaskStatus(**task_fields(text(tid), raw), nodes=[]))
+            except ValueError:
+                continue  # one broken record must not hide every other task
+        return out
+
+    def task_count(self) -> int:
+        """How many tasks the index lists (finished ones until they expire)."""
+        return int(self.redis.zcard(self.keys.tasks))
 
     def workers(self) -> list[WorkerRecord]:
         ids = [text(w) for w in self.redis.zrange(self.keys.workers, 0, -1)]

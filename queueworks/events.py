@@ -12,11 +12,16 @@ from queueworks.keys import Keys
 EVENTS_MAXLEN = 10_000
 
 
+def body(kind: str, **fields: object) -> dict[str, str]:
+    """An event's fields: its kind, the time, and the given fields that are not None."""
+    out: dict[str, str] = {"kind": kind, "ts": repr(time.time())}
+    out.update({k: str(v) for k, v in fields.items() if v is not None})
+    return out
+
+
 def emit(r: Any, keys: Keys, kind: str, **fields: object) -> None:
     """Append an event; ``r`` may be a client or a pipeline."""
-    body: dict[str, str] = {"kind": kind, "ts": repr(time.time())}
-    body.update({k: str(v) for k, v in fields.items() if v is not None})
-    r.xadd(keys.events, body, maxlen=EVENTS_MAXLEN, approximate=True)
+    r.xadd(keys.events, body(kind, **fields), maxlen=EVENTS_MAXLEN, approximate=True)
 
 
 def latest_id(r: Connection, keys: Keys) -> str:

@@ -13,19 +13,25 @@ def _bar(fraction: float, width: int = 20) -> str:
     return "#" * filled + "." * (width - filled)
 
 
-def render(client: Client, *, as_json: bool = False) -> str:
-    tasks = client.tasks()
+def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: int = 0) -> str:
+    """The ``limit`` newest tasks after ``offset`` (a page of the index), then the workers."""
+    tasks = client.tasks(limit=limit, offset=offset, newest_first=True)
+    tasks.sort(key=lambda t: t.created_at)
+    total = client.task_count()
     workers = client.workers()
     if as_json:
         return json.dumps(
             {
+                "total": total,
+                "offset": offset,
                 "tasks": [t.model_dump(mode="json") for t in tasks],
                 "workers": [w.model_dump(mode="json") for w in workers],
             },
             indent=2,
         )
     now = time.time()
-    lines = [f"{len(tasks)} task(s)"]
+    shown = f" (the {len(tasks)} newest after {offset})" if len(tasks) < total else ""
+    lines = [f"{total} task(s){shown}"]
     for t in tasks:
         nodes = client.task(t.id).status().nodes if not t.finished else []
         size = f"{len(nodes)}/{t.min_nodes}/{t.max_nodes if t.max_nodes else '-'}"

@@ -16,6 +16,7 @@ from redis.cluster import ClusterPipeline
 from redis.commands.core import Script
 
 from queueworks.connection import Connection
+from queueworks.events import EVENTS_MAXLEN
 from queueworks.keys import TaskKeys
 from queueworks.models import ACTIVE_STATES
 
@@ -31,6 +32,8 @@ _NAMES = (
     "expire_finished",
     "sweep_lost",
     "record_task",
+    "lease_acquire",
+    "submit_small",
 )
 # The states in which a task still takes work, as the scripts that need them receive them.
 ACTIVE = ",".join(state.value for state in ACTIVE_STATES)
@@ -38,6 +41,15 @@ ACTIVE = ",".join(state.value for state in ACTIVE_STATES)
 
 def _source(name: str) -> str:
     return resources.files("queueworks").joinpath("lua", f"{name}.lua").read_text()
+
+
+def fenced_source() -> str:
+    """``fenced.lua`` with the rules it applies put before it as functions (its header)."""
+    parts = [
+        f"local function {name}(KEYS, ARGV)\n{_source(name)}\nend\n"
+        for name in ("set_state", "expire_finished")
+    ]
+    return "".join(parts) + _source("fenced")
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,14 @@ class Scripts:
 
     def __init__(self, client: Connection) -> None:
         self._s: dict[str, Script] = {n: client.register_script(_source(n)) for n in _NAMES}
+        self._s["fenced"] = client.register_script(fenced_source())
+
+    def sha(self, name: str) -> str:
+        """The SHA1 of a script (for EVALSHA where a ``Script`` object cannot go)."""
+        return str(self._s[name].sha)
+
+    def source(self, name: str) -> str:
+        return str(self._s[name].script)
 
     def enqueue(
         self,
@@ -199,6 +219,45 @@ class Scripts:
     def expire_finished(self, keys: Sequence[str], ttl_ms: int) -> bool:
         """Start the expiry of a finished task's keys (``keys[0]`` is its record)."""
         return bool(self._s["expire_finished"](keys=list(keys), args=[ttl_ms, ACTIVE]))
+
+    def submit_small(
+        self,
+        tk: TaskKeys,
+        streams: Sequence[str],
+        record: Mapping[Any, Any],
+        batch: Sequence[tuple[int, int, str, str]],
+        score: float,
+        publish: tuple[str, str, str, Mapping[str, str]] | None,
+        client: Any = None,
+    ) -> Any:
+        """A small task in one atomic step (``submit_small.lua``): 1 if written, 0 if its id
+        exists. ``publish`` = (queue, index, events, event fields) on one server, where the
+        script also queues, indexes and announces it; None on a cluster."""
+        args: list[Any] = [len(streams), tk.group, repr(score), len(record)]
+        for name, value in record.items():
+            args += (name, value)
+        args.append(len(batch))
+        for stream_no, index, payload, key in batch:
+            args += (stream_no + 1, index, payload, key)
+        keys = [tk.record, tk.epoch, *streams]
+        if publish is not None:
+            queue, index_key, events_key, event = publish
+            keys += [queue, index_key, events_key]
+            args += [EVENTS_MAXLEN, len(event)]
+            for name, value in event.items():
+                args += (name, value)
+        return self._s["submit_small"](keys=keys, args=args, client=client)
+
+    def lease_acquire(self, key: str, term_key: str, holder: str, ttl_ms: int) -> tuple[int, str]:
+        """Take the lease if it is free: (term, token), or (0, "") if it is held."""
+        reply = self._s["lease_acquire"](keys=[key, term_key], args=[holder, ttl_ms])
+        if int(reply[0]) == 0:
+            return 0, ""
+        return int(reply[0]), _s(reply[1])
+
+    def fenced(self, keys: Sequence[str], args: Sequence[Any]) -> list[int]:
+        """One call of ``fenced.lua`` (see ``controller.fence``): [1, replies...] or [0]."""
+        return [int(x) for x in self._s["fenced"](keys=list(keys), args=list(args))]
 
     def lease(self, key: str, holder: str, action: str, ttl_ms: int = 0) -> bool:
         """Renew (``action="renew"``) or release the lease if ``holder`` still has it."""

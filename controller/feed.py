@@ -1,0 +1,126 @@
+"""The events stream as the controller reads it: what each event names for the next pass.
+
+``XREAD BLOCK`` after the last id read; each event names the task and/or worker to read
+again (``NAMES``), events this controller wrote itself (field ``by``) name nothing, and an
+event of a kind not listed names whatever its ``task`` and ``worker`` fields say.
+
+A gap: the stream is capped (``EVENTS_MAXLEN``, trimmed from the head), so a reader that
+fell behind by more than that — frozen, partitioned, or just slow — finds that the stream's
+first entry is newer than the last id it read. What it missed is unknown: it must do a full
+pass. ``check_gap`` is the one command a pass adds to find that out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from queueworks.connection import Connection, text
+from queueworks.keys import Keys
+
+# kind -> (read the task again, read the worker again, read the task's refusals too)
+NAMES: dict[str, tuple[bool, bool, bool]] = {
+    "submitted": (True, False, True),
+    "changed": (True, False, False),
+    "cancelled": (True, False, False),
+    "completed": (True, False, False),
+    "failed": (True, False, False),
+    "requeued": (True, False, False),
+    "released": (True, False, False),
+    "running": (True, False, False),
+    "waiting": (True, False, False),
+    "refused": (True, True, True),
+    "worker_joined": (False, True, False),
+    "worker_left": (False, True, False),
+    "worker_lost": (False, True, False),
+    "member_lost": (True, True, False),
+    "member_left": (True, True, False),
+    "assigned": (False, True, False),
+    "unassigned": (False, True, False),
+    "leader": (False, False, False),
+    "drain_requested": (False, False, False),
+    "dead_lettered": (False, False, False),
+    "dead_letter_deleted": (False, False, False),
+}
+DEFAULT = (True, True, False)
+READ_COUNT = 5000  # events per XREAD
+
+
+@dataclass
+class Dirty:
+    """What a pass must read again."""
+
+    tasks: set[str] = field(default_factory=set)
+    deep: set[str] = field(default_factory=set)  # tasks whose refusals to read too
+    workers: set[str] = field(default_factory=set)
+    events: int = 0  # events read (own ones included)
+
+    def __bool__(self) -> bool:
+        return bool(self.tasks or self.workers)
+
+    def add(self, other: Dirty) -> None:
+        self.tasks |= other.tasks
+        self.deep |= other.deep
+        self.workers |= other.workers
+        self.events += other.events
+
+
+def classify(entries: Iterable[tuple[Any, dict[bytes, bytes]]], me: str) -> Dirty:
+    dirty = Dirty()
+    mine = me.encode()
+    for _, fields in entries:
+        dirty.events += 1
+        if fields.get(b"by") == mine:
+            continue
+        kind = text(fields.get(b"kind"))
+        task_too, worker_too, deep = NAMES.get(kind, DEFAULT)
+        task, worker = fields.get(b"task"), fields.get(b"worker")
+        if task_too and task:
+            dirty.tasks.add(text(task))
+            if deep:
+                dirty.deep.add(text(task))
+        if worker_too and worker:
+            dirty.workers.add(text(worker))
+    return dirty
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+class Feed:
+    """The controller's position in the events stream."""
+
+    def __init__(self, r: Connection, keys: Keys, me: str) -> None:
+        self.r, self.keys, self.me = r, keys, me
+        self.last = "0-0"
+
+    def start(self) -> None:
+        """Read only what comes next (a full read of the state follows)."""
+        last: Any = self.r.xrevrange(self.keys.events, count=1)
+        self.last = last[0][0].decode() if last else "0-0"
+
+    def read(self, block_ms: int) -> Dirty:
+        """Wait up to ``block_ms`` (0: do not wait) for events after the last read."""
+        reply: Any = self.r.xread(
+            {self.keys.events: self.last}, count=READ_COUNT, block=block_ms or None
+        )
+        if not reply:
+            return Dirty()
+        entries = reply[0][1]
+        self.last = entries[-1][0].decode()
+        return classify(entries, self.me)
+
+    def queue_head(self, pipe: Any) -> None:
+        """Put the read of the stream's first entry on ``pipe`` (for ``gapped``)."""
+        pipe.xrange(self.keys.events, count=1)
+
+    @staticmethod
+    def gapped(before: str, head: Any) -> bool:
+        """True if entries after ``before`` may have been trimmed unread: the stream's first
+        entry (read after the events were) is newer than ``before``."""
+        if before == "0-0" or not head:
+            return False
+        return _id(text(head[0][0])) > _id(before)
