@@ -7,7 +7,8 @@ event of a kind not listed names whatever its ``task`` and ``worker`` fields say
 A gap: the stream is capped (``EVENTS_MAXLEN``, trimmed from the head), so a reader that
 fell behind by more than that — frozen, partitioned, or just slow — finds that the stream's
 first entry is newer than the last id it read. What it missed is unknown: it must do a full
-pass. ``check_gap`` is the one command a pass adds to find that out.
+pass. The read of the stream's first entry rides in the same pipeline as the ``XREAD``
+(Redis runs it once the blocked read returns): no round trip of its own.
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ DEFAULT = (True, True, False)
 READ_COUNT = 5000  # events per XREAD
 
 
+class Gap(Exception):
+    """Events may have been trimmed unread: only a full read is sound now."""
+
+
 @dataclass
 class Dirty:
     """What a pass must read again."""
@@ -55,6 +60,7 @@ class Dirty:
     deep: set[str] = field(default_factory=set)  # tasks whose refusals to read too
     workers: set[str] = field(default_factory=set)
     events: int = 0  # events read (own ones included)
+    gap: bool = False  # events may have been trimmed before they were read
 
     def __bool__(self) -> bool:
         return bool(self.tasks or self.workers)
@@ -104,23 +110,23 @@ class Feed:
 
     def read(self, block_ms: int) -> Dirty:
         """Wait up to ``block_ms`` (0: do not wait) for events after the last read."""
-        reply: Any = self.r.xread(
-            {self.keys.events: self.last}, count=READ_COUNT, block=block_ms or None
-        )
-        if not reply:
-            return Dirty()
-        entries = reply[0][1]
-        self.last = entries[-1][0].decode()
-        return classify(entries, self.me)
-
-    def queue_head(self, pipe: Any) -> None:
-        """Put the read of the stream's first entry on ``pipe`` (for ``gapped``)."""
+        before = self.last
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xread({self.keys.events: before}, count=READ_COUNT, block=block_ms or None)
         pipe.xrange(self.keys.events, count=1)
+        reply, head = pipe.execute()
+        dirty = Dirty()
+        if reply:
+            entries = reply[0][1]
+            self.last = entries[-1][0].decode()
+            dirty = classify(entries, self.me)
+        dirty.gap = gapped(before, head)
+        return dirty
 
-    @staticmethod
-    def gapped(before: str, head: Any) -> bool:
-        """True if entries after ``before`` may have been trimmed unread: the stream's first
-        entry (read after the events were) is newer than ``before``."""
-        if before == "0-0" or not head:
-            return False
-        return _id(text(head[0][0])) > _id(before)
+
+def gapped(before: str, head: Any) -> bool:
+    """True if entries after ``before`` may have been trimmed unread: the stream's first
+    entry (read after the events were) is newer than ``before``."""
+    if before == "0-0" or not head:
+        return False
+    return _id(text(head[0][0])) > _id(before)

@@ -26,10 +26,10 @@ import time
 import uuid
 from typing import Any
 
-from controller.feed import Feed
+from controller.feed import Feed, Gap
 from controller.fence import Fence, Fenced
 from controller.lease import Lease
-from controller.reconciler import Gap, PassStats, Reconciler
+from controller.reconciler import PassStats, Reconciler
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
@@ -122,10 +122,11 @@ class Controller:
     def _one_pass(self) -> None:
         rec = self.reconciler
         block = 0 if rec.busy() else max(1, int(self.settings.reconcile_interval * 1000))
-        before = self.feed.last
         dirty = self.feed.read(block)
+        if dirty.gap:
+            raise Gap("qw:events was trimmed past the last event read")
         if dirty or rec.busy() or rec.due():
-            self._log_pass(rec.step(dirty, self.feed, before))
+            self._log_pass(rec.step(dirty))
 
     def _log_pass(self, stats: PassStats, full: bool = False) -> None:
         self.passes += 1

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.allocator import Plan, allocate
-from controller.feed import Dirty, Feed
+from controller.feed import Dirty
 from controller.fence import Fence
 from controller.mirror import Mirror
 from controller.reads import (
@@ -48,10 +48,6 @@ from queueworks.models import TaskState, describe_error
 SUSPECTS = 1000  # workers checked for a lost heartbeat per look
 EVERY = 1.0  # s between two looks for suspects, sweep pages, expired index entries
 EXPIRED = 200  # expired index entries handled per look
-
-
-class Gap(Exception):
-    """Events may have been trimmed unread: only a full read is sound now."""
 
 
 @dataclass
@@ -115,10 +111,8 @@ class Reconciler:
 
     # -- one pass -------------------------------------------------------------------------
 
-    def step(self, dirty: Dirty, feed: Feed, before: str) -> PassStats:
-        """Read what ``dirty`` names (and what is due), allocate, write the differences.
-        ``Gap`` if the events stream was trimmed past ``before`` (the feed's last id before
-        the events of ``dirty`` were read)."""
+    def step(self, dirty: Dirty) -> PassStats:
+        """Read what ``dirty`` names (and what is due), allocate, write the differences."""
         m = self.mirror
         tasks = dirty.tasks | self.recheck
         self.recheck = set()
@@ -126,13 +120,13 @@ class Reconciler:
         deep = set(dirty.deep)
         due = self.due()
         swept: set[str] = set()
-        if due:
-            swept = self._sweep_step(tasks, workers, deep)
+        if due:  # drift is what the sweep alone finds changed: not what events named
+            named = {f"t:{t}" for t in tasks} | {f"w:{w}" for w in workers}
+            swept = self._sweep_step(tasks, workers, deep) - named
         new = {t for t in tasks if t not in m.tasks}
         deep |= new
         task_ids, worker_ids = sorted(tasks), sorted(workers)
         pipe = self.r.pipeline(transaction=False)
-        feed.queue_head(pipe)
         if due:
             pipe.zrangebyscore(self.keys.workers, "-inf", time.time() - self.ttl, 0, SUSPECTS)
             pipe.zrangebyscore(self.keys.tasks_expiry, "-inf", time.time(), 0, EXPIRED)
@@ -141,8 +135,6 @@ class Reconciler:
             queue_tasks(pipe, self.keys, task_ids, new, deep)
             queue_workers(pipe, self.keys, worker_ids)
         replies = iter(pipe.execute())
-        if feed.gapped(before, next(replies)):
-            raise Gap(f"events after {before} were trimmed unread")
         suspects: list[Any] = next(replies) if due else []
         expired: list[Any] = next(replies) if due else []
         if small:

@@ -93,8 +93,9 @@ class Writes:
         self._on(op, done)
 
     def unqueue(self, task_id: str) -> None:
-        """A task whose record is gone (expired, deleted): out of the queue."""
+        """A task whose record is gone (expired, deleted): out of the queue and the index."""
         self.batch.add("zrem", [self.keys.queue], task_id)
+        self.batch.add("zrem", [self.keys.tasks], task_id)
 
     def requeue(self, row: TaskRow) -> None:
         """An active task the queue does not list (only the backstop finds one)."""
