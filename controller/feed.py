@@ -4,6 +4,11 @@
 again (``NAMES``), events this controller wrote itself (field ``by``) name nothing, and an
 event of a kind not listed names whatever its ``task`` and ``worker`` fields say.
 
+Two kinds are kept apart, because the pass can often act on them without a read: a task that
+ended (``completed``, ``failed``, ``cancelled``: released at once, the release itself
+checking that it did end), and a member that left (``member_left``: nothing to read if the
+pass already released that task).
+
 A gap: the stream is capped (``EVENTS_MAXLEN``, trimmed from the head), so a reader that
 fell behind by more than that — frozen, partitioned, or just slow — finds that the stream's
 first entry is newer than the last id it read. What it missed is unknown: it must do a full
@@ -17,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from controller.tally import Tally
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
 
@@ -36,7 +42,6 @@ NAMES: dict[str, tuple[bool, bool, bool]] = {
     "worker_left": (False, True, False),
     "worker_lost": (False, True, False),
     "member_lost": (True, True, False),
-    "member_left": (True, True, False),
     "assigned": (False, True, False),
     "unassigned": (False, True, False),
     "leader": (False, False, False),
@@ -45,6 +50,7 @@ NAMES: dict[str, tuple[bool, bool, bool]] = {
     "dead_letter_deleted": (False, False, False),
 }
 DEFAULT = (True, True, False)
+ENDED = ("completed", "failed", "cancelled")
 READ_COUNT = 5000  # events per XREAD
 
 
@@ -59,17 +65,13 @@ class Dirty:
     tasks: set[str] = field(default_factory=set)
     deep: set[str] = field(default_factory=set)  # tasks whose refusals to read too
     workers: set[str] = field(default_factory=set)
+    ended: dict[str, str] = field(default_factory=dict)  # task -> how it ended (event kind)
+    left: dict[str, str] = field(default_factory=dict)  # worker -> task it left
     events: int = 0  # events read (own ones included)
     gap: bool = False  # events may have been trimmed before they were read
 
     def __bool__(self) -> bool:
-        return bool(self.tasks or self.workers)
-
-    def add(self, other: Dirty) -> None:
-        self.tasks |= other.tasks
-        self.deep |= other.deep
-        self.workers |= other.workers
-        self.events += other.events
+        return bool(self.tasks or self.workers or self.ended or self.left)
 
 
 def classify(entries: Iterable[tuple[Any, dict[bytes, bytes]]], me: str) -> Dirty:
@@ -80,8 +82,14 @@ def classify(entries: Iterable[tuple[Any, dict[bytes, bytes]]], me: str) -> Dirt
         if fields.get(b"by") == mine:
             continue
         kind = text(fields.get(b"kind"))
-        task_too, worker_too, deep = NAMES.get(kind, DEFAULT)
         task, worker = fields.get(b"task"), fields.get(b"worker")
+        if kind in ENDED and task:
+            dirty.ended[text(task)] = kind
+            continue
+        if kind == "member_left" and task and worker:
+            dirty.left[text(worker)] = text(task)
+            continue
+        task_too, worker_too, deep = NAMES.get(kind, DEFAULT)
         if task_too and task:
             dirty.tasks.add(text(task))
             if deep:
@@ -99,12 +107,13 @@ def _id(entry_id: str) -> tuple[int, int]:
 class Feed:
     """The controller's position in the events stream."""
 
-    def __init__(self, r: Connection, keys: Keys, me: str) -> None:
-        self.r, self.keys, self.me = r, keys, me
+    def __init__(self, r: Connection, keys: Keys, me: str, tally: Tally) -> None:
+        self.r, self.keys, self.me, self.tally = r, keys, me, tally
         self.last = "0-0"
 
     def start(self) -> None:
         """Read only what comes next (a full read of the state follows)."""
+        self.tally.commands += 1
         last: Any = self.r.xrevrange(self.keys.events, count=1)
         self.last = last[0][0].decode() if last else "0-0"
 
@@ -114,7 +123,7 @@ class Feed:
         pipe = self.r.pipeline(transaction=False)
         pipe.xread({self.keys.events: before}, count=READ_COUNT, block=block_ms or None)
         pipe.xrange(self.keys.events, count=1)
-        reply, head = pipe.execute()
+        reply, head = self.tally.run(pipe)
         dirty = Dirty()
         if reply:
             entries = reply[0][1]

@@ -34,6 +34,7 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
+from controller.tally import Tally
 from queueworks.connection import Connection
 from queueworks.keys import Keys
 from queueworks.scripts import ACTIVE, Scripts
@@ -98,8 +99,8 @@ class Fenced(Exception):
 class Fence:
     """This controller's fence: its lease token (one server) or its term (a cluster)."""
 
-    def __init__(self, r: Connection, keys: Keys, scripts: Scripts) -> None:
-        self.r, self.keys, self.scripts = r, keys, scripts
+    def __init__(self, r: Connection, keys: Keys, scripts: Scripts, tally: Tally) -> None:
+        self.r, self.keys, self.scripts, self.tally = r, keys, scripts, tally
         self.cluster = isinstance(r, RedisCluster)
         self.rc: RedisCluster | None = r if isinstance(r, RedisCluster) else None
         self.token, self.term = "", 0
@@ -118,6 +119,7 @@ class Fence:
         replies = [0] * len(batch.ops)
         for chunk in _chunks(batch.ops):
             keys, args = self._encode(batch.ops, chunk, [self.keys.leader])
+            self.tally.commands += 1
             reply = self.scripts.fenced(keys, ["lease", self.token, ACTIVE, *args])
             if reply[0] != 1:
                 raise Fenced(f"lease no longer holds {self.token}")
@@ -170,6 +172,7 @@ class Fence:
                     argv = ["term", self.term, ACTIVE, *args]
                     sha = self.scripts.sha("fenced")
                     pipe.execute_command("EVALSHA", sha, len(keys), *keys, *argv)  # type: ignore[no-untyped-call]
+                self.tally.commands += len(pipe)
                 results = pipe.execute(raise_on_error=False)
                 for (slot, members), result in zip(calls, results, strict=True):
                     if attempt == 0 and _not_run(result):

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from controller.tally import Tally
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.keys import Keys
@@ -25,11 +26,18 @@ MARGIN = 0.2  # of the TTL: held() turns false this long before the lease could 
 
 class Lease(threading.Thread):
     def __init__(
-        self, r: Connection, keys: Keys, scripts: Scripts, holder: str, ttl: float, log: Any
+        self,
+        r: Connection,
+        keys: Keys,
+        scripts: Scripts,
+        holder: str,
+        ttl: float,
+        log: Any,
+        tally: Tally,
     ) -> None:
         super().__init__(name="qw-lease", daemon=True)
         self.r, self.keys, self.scripts, self.holder = r, keys, scripts, holder
-        self.ttl, self.log = ttl, log
+        self.ttl, self.log, self.tally = ttl, log, tally
         self.token, self.term = "", 0
         self._until = 0.0  # monotonic: held() is true before this
         self._halt = threading.Event()
@@ -60,6 +68,7 @@ class Lease(threading.Thread):
     def _tick(self) -> None:
         ttl_ms = int(self.ttl * 1000)
         started = time.monotonic()
+        self.tally.commands += 1
         if self.won.is_set():
             if self.scripts.lease(self.keys.leader, self.token, "renew", ttl_ms):
                 self._until = started + self.ttl * (1 - MARGIN)

@@ -30,6 +30,7 @@ from controller.feed import Feed, Gap
 from controller.fence import Fence, Fenced
 from controller.lease import Lease
 from controller.reconciler import PassStats, Reconciler
+from controller.tally import Tally
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
@@ -47,9 +48,12 @@ class Controller:
         self.log = get_logger(controller_id=self.id)
         self.r = connect_settings(settings)
         self.scripts = Scripts(self.r)
-        self.fence = Fence(self.r, self.keys, self.scripts)
-        self.lease = Lease(self.r, self.keys, self.scripts, self.id, settings.lease_ttl, self.log)
-        self.feed = Feed(self.r, self.keys, self.id)
+        self.tally = Tally()
+        self.fence = Fence(self.r, self.keys, self.scripts, self.tally)
+        self.lease = Lease(
+            self.r, self.keys, self.scripts, self.id, settings.lease_ttl, self.log, self.tally
+        )
+        self.feed = Feed(self.r, self.keys, self.id, self.tally)
         self.reconciler = Reconciler(
             self.r,
             self.keys,
@@ -58,9 +62,11 @@ class Controller:
             me=self.id,
             heartbeat_ttl=settings.heartbeat_ttl,
             full_pass_interval=settings.full_pass_interval,
+            tally=self.tally,
         )
         self.reconciler.before_apply = self._before_apply
         self._stop = threading.Event()
+        self._stats_at = time.monotonic()
         self.term = 0  # the lease term the reconciler's mirror was read under (0 = none)
         self.passes = 0
         self._writing_passes = 0
@@ -80,6 +86,7 @@ class Controller:
             try:
                 if self._lead():
                     self._one_pass()
+                self._stats()
                 backoff = 0.05
             except Fenced as exc:
                 self.log.warning("writes_fenced", reason=str(exc), term=self.term)
@@ -94,6 +101,7 @@ class Controller:
                 backoff = min(backoff * 2, 2.0)
         self.lease.stop()
         self.lease.join(timeout=5.0)
+        self.log.info("controller_stats", **self.tally.snapshot())
         self.r.close()
 
     def _lead(self) -> bool:
@@ -130,7 +138,14 @@ class Controller:
 
     def _log_pass(self, stats: PassStats, full: bool = False) -> None:
         self.passes += 1
+        self.tally.events += stats.events
+        self.tally.full_passes += full
         self.log.debug("pass", full=full, **vars(stats))
+
+    def _stats(self) -> None:
+        if time.monotonic() - self._stats_at >= self.settings.stats_interval:
+            self._stats_at = time.monotonic()
+            self.log.info("controller_stats", leader=self.leader, **self.tally.snapshot())
 
     def _before_apply(self, ops: int) -> None:
         """Right before a pass writes: the local half of the fence, and the fault knob."""

@@ -14,6 +14,7 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from controller.tally import Tally
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
 from queueworks.records import TASK_FIELDS
@@ -51,12 +52,13 @@ def read_tasks(
     *,
     spec: Collection[str] = (),
     deep: Collection[str] = (),
+    tally: Tally,
 ) -> list[TaskRead]:
     out = []
     for page in pages(ids):
         pipe = r.pipeline(transaction=False)
         queue_tasks(pipe, keys, page, spec, deep)
-        out += parse_tasks(page, iter(pipe.execute()), spec, deep)
+        out += parse_tasks(page, iter(tally.run(pipe)), spec, deep)
     return out
 
 
@@ -86,12 +88,14 @@ def parse_tasks(
     return out
 
 
-def read_workers(r: Connection, keys: Keys, ids: Sequence[str]) -> list[WorkerRead]:
+def read_workers(
+    r: Connection, keys: Keys, ids: Sequence[str], *, tally: Tally
+) -> list[WorkerRead]:
     out = []
     for page in pages(ids):
         pipe = r.pipeline(transaction=False)
         queue_workers(pipe, keys, page)
-        out += parse_workers(page, iter(pipe.execute()))
+        out += parse_workers(page, iter(tally.run(pipe)))
     return out
 
 
@@ -111,10 +115,10 @@ def parse_workers(ids: Sequence[str], replies: Iterator[Any]) -> list[WorkerRead
     return out
 
 
-def all_ids(r: Connection, keys: Keys) -> tuple[list[str], list[str]]:
+def all_ids(r: Connection, keys: Keys, *, tally: Tally) -> tuple[list[str], list[str]]:
     """Every task id ``qw:queue`` lists and every worker id ``qw:workers`` lists."""
     pipe = r.pipeline(transaction=False)
     pipe.zrange(keys.queue, 0, -1)
     pipe.zrange(keys.workers, 0, -1)
-    tasks, workers = pipe.execute()
+    tasks, workers = tally.run(pipe)
     return [text(t) for t in tasks], [text(w) for w in workers]

@@ -1,30 +1,31 @@
 """One controller pass, in proportion to what changed.
 
-A pass reads again only what its events named (``controller.feed``), the workers whose
-heartbeat score in ``qw:workers`` is older than the heartbeat TTL (suspects: a dead worker
-emits nothing), the tasks it must look at again, and one page of the backstop sweep; it
-folds the reads into the mirror it keeps, allocates on the mirror's board, and writes only
-the differences, fenced (``controller.writes``, ``controller.fence``). ``rebuild`` is the full
-read a new leader starts from (and a gap in the events forces).
+A pass reads again only what its events named (``controller.feed``), the tasks it must look
+at again, and what the backstop says is due (``controller.backstop``: suspects of a lost
+heartbeat, a page of the sweep, expired index entries); it folds the reads into the mirror
+it keeps, allocates on the mirror's board, and writes only the differences, fenced
+(``controller.writes``, ``controller.fence``). A task whose end an event announced is
+released without a read (the release checks that it did end), and the leave of a member of
+a task just released needs none. ``rebuild`` is the full read a new leader starts from (and
+a gap in the events forces).
 
-The backstop: every ``full_pass_interval`` seconds the sweep has read every active task and
-every known worker again, a page per second (so its cost per pass is bounded:
-ceil(ids x 1 s / interval)); what it finds different from the mirror is *drift* (an event
-that was never seen), logged and corrected.
+What the sweep finds different from the mirror is corrected and counted (``swept``): under
+churn it often reads a change before the event that names it arrives; in a quiet system it
+finds nothing, unless an event was lost.
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from controller.allocator import Plan, allocate
+from controller.backstop import Backstop
 from controller.feed import Dirty
 from controller.fence import Fence
-from controller.mirror import Mirror
+from controller.mirror import Mirror, TaskRow
 from controller.reads import (
     PAGE,
     TaskRead,
@@ -40,14 +41,13 @@ from controller.reads import (
 from controller.reasons import Reasons
 from controller.rows import Broken, Finished, differs, finished_row, task_row, task_state
 from controller.rows import worker_row as make_worker_row
+from controller.tally import Tally
 from controller.writes import Writes
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
 from queueworks.models import TaskState, describe_error
 
-SUSPECTS = 1000  # workers checked for a lost heartbeat per look
-EVERY = 1.0  # s between two looks for suspects, sweep pages, expired index entries
-EXPIRED = 200  # expired index entries handled per look
+RELEASED_KEPT = 10_000  # released task ids remembered (their members' leaves need no read)
 
 
 @dataclass
@@ -57,7 +57,7 @@ class PassStats:
     workers: int = 0
     moves: int = 0
     ops: int = 0
-    drift: int = 0
+    swept: int = 0  # changes the sweep read before any event named them
     allocate_ms: float = 0.0
 
 
@@ -72,22 +72,25 @@ class Reconciler:
         me: str,
         heartbeat_ttl: float,
         full_pass_interval: float,
+        tally: Tally,
     ) -> None:
         self.r, self.keys, self.fence, self.log, self.me = r, keys, fence, log, me
+        self.tally = tally
         self.ttl, self.full_interval = heartbeat_ttl, full_pass_interval
         self.mirror = Mirror()
         self.reasons = Reasons()
         self.recheck: set[str] = set()
-        self._looked = 0.0  # monotonic: last look for suspects / sweep page / expiries
-        self._checked: dict[str, float] = {}  # suspect -> monotonic of its last check
-        self._sweep: list[str] = []  # "t:<id>" / "w:<id>" still to read this round
-        self._sweep_page = 0
+        self.backstop = Backstop(
+            r, keys, tally, heartbeat_ttl=heartbeat_ttl, interval=full_pass_interval
+        )
+        self.released: dict[str, None] = {}  # tasks this leader released lately, in order
         self.before_apply: Callable[[int], None] = lambda ops: None  # the process's hook
 
     def reset(self) -> None:
         """Forget what was read (no longer the leader)."""
         self.mirror, self.reasons, self.recheck = Mirror(), Reasons(), set()
-        self._sweep = []
+        self.released = {}
+        self.backstop.reset()
 
     def busy(self) -> bool:
         """More to do without waiting for events (rechecks, reasons to refresh)."""
@@ -95,7 +98,7 @@ class Reconciler:
 
     def due(self) -> bool:
         """Time to look for lost workers, a sweep page and expired index entries."""
-        return time.monotonic() - self._looked >= EVERY
+        return self.backstop.due()
 
     # -- the full read --------------------------------------------------------------------
 
@@ -103,9 +106,11 @@ class Reconciler:
         """Forget everything, seal the fence (a cluster), read the whole state again, pass."""
         self.fence.seal()
         self.reset()
-        task_ids, worker_ids = all_ids(self.r, self.keys)
-        workers = read_workers(self.r, self.keys, worker_ids)
-        tasks = read_tasks(self.r, self.keys, task_ids, spec=task_ids, deep=task_ids)
+        task_ids, worker_ids = all_ids(self.r, self.keys, tally=self.tally)
+        workers = read_workers(self.r, self.keys, worker_ids, tally=self.tally)
+        tasks = read_tasks(
+            self.r, self.keys, task_ids, spec=task_ids, deep=task_ids, tally=self.tally
+        )
         self.log.info("rebuilt", tasks=len(task_ids), workers=len(worker_ids))
         return self._pass(tasks, workers, Dirty(), index=True)
 
@@ -118,35 +123,48 @@ class Reconciler:
         self.recheck = set()
         workers = set(dirty.workers)
         deep = set(dirty.deep)
+        ended: dict[str, str] = {}  # tasks to release without a read
+        for tid, kind in dirty.ended.items():
+            if tid in m.tasks and tid not in tasks:
+                ended[tid] = kind
+            elif tid not in self.released:
+                tasks.add(tid)
+        for wid, tid in dirty.left.items():
+            if (tid not in self.released and tid not in ended) or tid in tasks:
+                tasks.add(tid)
+                workers.add(wid)
         due = self.due()
         swept: set[str] = set()
-        if due:  # drift is what the sweep alone finds changed: not what events named
+        if due:  # count what the sweep alone finds changed, not what events named
             named = {f"t:{t}" for t in tasks} | {f"w:{w}" for w in workers}
-            swept = self._sweep_step(tasks, workers, deep) - named
+            swept = self.backstop.sweep(self.mirror, tasks, workers, deep) - named
         new = {t for t in tasks if t not in m.tasks}
         deep |= new
         task_ids, worker_ids = sorted(tasks), sorted(workers)
         pipe = self.r.pipeline(transaction=False)
         if due:
-            pipe.zrangebyscore(self.keys.workers, "-inf", time.time() - self.ttl, 0, SUSPECTS)
-            pipe.zrangebyscore(self.keys.tasks_expiry, "-inf", time.time(), 0, EXPIRED)
+            self.backstop.queue_looks(pipe)
         small = len(task_ids) + len(worker_ids) <= PAGE
         if small:
             queue_tasks(pipe, self.keys, task_ids, new, deep)
             queue_workers(pipe, self.keys, worker_ids)
-        replies = iter(pipe.execute())
+        replies = iter(self.tally.run(pipe))
         suspects: list[Any] = next(replies) if due else []
         expired: list[Any] = next(replies) if due else []
         if small:
             task_reads = parse_tasks(task_ids, replies, new, deep)
             worker_reads = parse_workers(worker_ids, replies)
         else:
-            task_reads = read_tasks(self.r, self.keys, task_ids, spec=new, deep=deep)
-            worker_reads = read_workers(self.r, self.keys, worker_ids)
+            task_reads = read_tasks(
+                self.r, self.keys, task_ids, spec=new, deep=deep, tally=self.tally
+            )
+            worker_reads = read_workers(self.r, self.keys, worker_ids, tally=self.tally)
         if due:
-            self._looked = time.monotonic()
-            worker_reads += self._suspects(suspects, workers)
-        stats = self._pass(task_reads, worker_reads, dirty, swept=swept, expired=expired)
+            self.backstop.looked = time.monotonic()
+            worker_reads += self.backstop.suspects(suspects, workers)
+        stats = self._pass(
+            task_reads, worker_reads, dirty, swept=swept, expired=expired, ended=ended
+        )
         stats.events = dirty.events
         return stats
 
@@ -159,12 +177,15 @@ class Reconciler:
         index: bool = False,
         swept: Collection[str] = (),
         expired: Sequence[Any] = (),
+        ended: dict[str, str] | None = None,
     ) -> PassStats:
         writes = Writes(self.keys, self.mirror, self.me)
         stats = PassStats(tasks=len(tasks), workers=len(workers))
         touched: set[str] = set()
-        stats.drift += self._absorb_workers(workers, writes, touched, swept)
-        stats.drift += self._absorb_tasks(tasks, writes, touched, swept)
+        for tid, kind in (ended or {}).items():  # the release checks that it did end
+            self._release(self.mirror.tasks[tid], TaskState(kind), writes)
+        stats.swept += self._absorb_workers(workers, writes, touched, swept)
+        stats.swept += self._absorb_tasks(tasks, writes, touched, swept)
         if index:
             for row in self.mirror.tasks.values():
                 writes.index(row.id, row.created_at)
@@ -175,14 +196,16 @@ class Reconciler:
         self._states(plan, writes, touched)
         self._explain(plan, writes, touched | set(self.reasons.due(self.mirror)))
         if expired:
-            self._expired([text(t) for t in expired], writes)
+            self.backstop.expired([text(t) for t in expired], writes)
         if len(writes):
             self.before_apply(len(writes))
             writes.commit(self.fence.apply(writes.batch))
         self.recheck |= writes.recheck
         stats.moves, stats.ops = writes.moved, len(writes)
-        if stats.drift:
-            self.log.warning("state_drift", found=stats.drift)
+        t = self.tally
+        t.passes += 1
+        t.moves, t.ops, t.swept = t.moves + stats.moves, t.ops + stats.ops, t.swept + stats.swept
+        t.tasks_read, t.workers_read = t.tasks_read + stats.tasks, t.workers_read + stats.workers
         return stats
 
     # -- folding reads into the mirror ----------------------------------------------------
@@ -194,7 +217,7 @@ class Reconciler:
         touched: set[str],
         swept: Collection[str],
     ) -> int:
-        m, drift = self.mirror, 0
+        m, swept_n = self.mirror, 0
         for read in reads:
             known = m.workers.get(read.id)
             row = None
@@ -209,19 +232,19 @@ class Reconciler:
                 if known is not None:
                     touched.add(known.assign)
                     m.drop_worker(read.id)
-                    drift += f"w:{read.id}" in swept
+                    swept_n += f"w:{read.id}" in swept
                 continue
             if known is None or known.assign != row.assign:
                 touched.update((row.assign, known.assign if known else ""))
-            drift += f"w:{read.id}" in swept and differs(known, row)
+            swept_n += f"w:{read.id}" in swept and differs(known, row)
             m.put_worker(row)
         touched.discard("")
-        return drift
+        return swept_n
 
     def _absorb_tasks(
         self, reads: Sequence[TaskRead], writes: Writes, touched: set[str], swept: Collection[str]
     ) -> int:
-        m, drift = self.mirror, 0
+        m, swept_n = self.mirror, 0
         for read in reads:
             known = m.tasks.get(read.id)
             state = task_state(read)
@@ -237,54 +260,29 @@ class Reconciler:
                 row = Broken(f"task record is invalid: {describe_error(exc)}")
                 if state.finished:
                     row = finished_row(read, known, state)
-            drift += f"t:{read.id}" in swept and differs(known, getattr(row, "row", row))
+            swept_n += f"t:{read.id}" in swept and differs(known, getattr(row, "row", row))
             if isinstance(row, Broken):
                 writes.fail(read.id, row.error, "task_record_invalid", self.log)
             elif isinstance(row, Finished):
-                self._forget(read.id)
-                writes.release(row.row, row.state)
+                if known is not None or read.queued is not False:  # else released already
+                    self._release(row.row, row.state, writes)
             else:
                 m.put_task(row)
                 touched.add(row.id)
                 if read.queued is False:
                     writes.requeue(row)
-        return drift
+        return swept_n
+
+    def _release(self, row: TaskRow, state: TaskState, writes: Writes) -> None:
+        self._forget(row.id)
+        writes.release(row, state)
+        self.released[row.id] = None
+        while len(self.released) > RELEASED_KEPT:
+            del self.released[next(iter(self.released))]
 
     def _forget(self, task_id: str) -> None:
         self.mirror.drop_task(task_id)
         self.reasons.forget(task_id)
-
-    def _suspects(self, raw: Sequence[Any], reading: set[str]) -> list[WorkerRead]:
-        """Read the workers whose last heartbeat is older than the TTL (not checked in the
-        last second): the ones whose heartbeat key is gone are lost."""
-        now = time.monotonic()
-        ids = [w for w in map(text, raw) if w not in reading]
-        ids = [w for w in ids if now - self._checked.get(w, -math.inf) >= EVERY]
-        for wid in ids:
-            self._checked[wid] = now
-        if len(self._checked) > 4 * SUSPECTS:
-            self._checked = {w: t for w, t in self._checked.items() if now - t < EVERY}
-        return read_workers(self.r, self.keys, ids) if ids else []
-
-    def _sweep_step(self, tasks: set[str], workers: set[str], deep: set[str]) -> set[str]:
-        """Add the next page of the backstop sweep to what this pass reads."""
-        if not self._sweep:
-            task_ids, worker_ids = all_ids(self.r, self.keys)
-            ids = {f"t:{t}" for t in {*task_ids, *self.mirror.tasks}}
-            ids |= {f"w:{w}" for w in {*worker_ids, *self.mirror.workers}}
-            self._sweep = sorted(ids, reverse=True)
-            rounds = max(1.0, self.full_interval / EVERY)
-            self._sweep_page = max(50, math.ceil(len(self._sweep) / rounds))
-        page = set(self._sweep[-self._sweep_page :])
-        del self._sweep[-self._sweep_page :]
-        for item in page:
-            kind, _, ident = item.partition(":")
-            if kind == "t":
-                tasks.add(ident)
-                deep.add(ident)
-            else:
-                workers.add(ident)
-        return page
 
     # -- what to write --------------------------------------------------------------------
 
@@ -327,17 +325,3 @@ class Reconciler:
                 writes.fail(tid, f"no worker can run it: {reason}", "task_unrunnable", self.log)
             elif reason != row.reason:
                 writes.reason(row, reason)
-
-    def _expired(self, ids: list[str], writes: Writes) -> None:
-        """Index entries whose keys should have expired by now: drop them, or look later."""
-        pipe = self.r.pipeline(transaction=False)
-        for tid in ids:
-            pipe.pttl(self.keys.task(tid).record)
-        now = time.time()
-        for tid, pttl in zip(ids, pipe.execute(), strict=True):
-            if pttl == -2:  # gone
-                writes.forget_expired(tid, True, None)
-            elif pttl == -1:  # persistent again: reopened (a requeued dead letter)
-                writes.forget_expired(tid, False, None)
-            else:
-                writes.forget_expired(tid, False, now + pttl / 1000)

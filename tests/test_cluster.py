@@ -343,6 +343,7 @@ def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, pr
     a write of an older term is refused wherever it goes (an assignment, a task record, the
     events), and its own land."""
     from controller.fence import Batch, Fence, Fenced
+    from controller.tally import Tally
     from queueworks import events
     from queueworks.scripts import Scripts
 
@@ -358,7 +359,7 @@ def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, pr
         b.add("hset_x", [record], "reason", f"by {task}")
         return b
 
-    old, new = Fence(rc, keys, scripts), Fence(rc, keys, scripts)
+    old, new = Fence(rc, keys, scripts, Tally()), Fence(rc, keys, scripts, Tally())
     old.arm("old#1", 1)
     assert old.apply(batch("a")) == [1, 1, 1]
     new.arm("new#2", 2)
