@@ -70,17 +70,26 @@ class Plan:
     """Every live worker id mapped to its task id, or None when idle."""
 
     assignment: Mapping[str, str | None]
-    _nodes: Mapping[str, frozenset[str]] = field(init=False, repr=False, compare=False)
+    _nodes: Mapping[str, frozenset[str]] | None = field(default=None, repr=False, compare=False)
+    # the workers whose task differs from the input (None: not known, see `changed`)
+    _changed: frozenset[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self._nodes is not None:
+            return
         by_task: dict[str, set[str]] = {}
         for worker, task in self.assignment.items():
             if task is not None:
                 by_task.setdefault(task, set()).add(worker)
         object.__setattr__(self, "_nodes", {t: frozenset(ws) for t, ws in by_task.items()})
 
+    def changed(self) -> frozenset[str]:
+        """The live workers whose task the plan changes (all of them if not known)."""
+        return frozenset(self.assignment) if self._changed is None else self._changed
+
     def nodes_of(self, task_id: str) -> frozenset[str]:
         """The node set the plan gives `task_id` (empty if none)."""
+        assert self._nodes is not None
         return self._nodes.get(task_id, frozenset())
 
     def moves(self, source: Snapshot | Board) -> dict[str, str | None]:
@@ -97,9 +106,15 @@ def allocate(source: Snapshot | Board) -> Plan:
         run.settle_level(priority, holders, classes)
     run.grow()
     assignment: dict[str, str | None] = dict.fromkeys(run.ids)
+    nodes: dict[str, frozenset[str]] = {}
+    changed: set[str] = set()
     for task_id, held in run.held.items():
-        assignment.update(dict.fromkeys(held, task_id))
-    return Plan(MappingProxyType(assignment))
+        if held:
+            assignment.update(dict.fromkeys(held, task_id))
+            nodes[task_id] = frozenset(held)
+    for task in [*run.listed, *run.started]:
+        changed |= nodes.get(task.id, frozenset()) ^ (task.nodes & assignment.keys())
+    return Plan(MappingProxyType(assignment), nodes, frozenset(changed))
 
 
 def _holders(source: Snapshot | Board) -> Sequence[TaskView]:
@@ -126,15 +141,15 @@ class _Pass:
         self.ids = board.worker_ids()
         self._fit = board.fit
         holders = board.holders()
-        current = _current_tasks(holders)
         self.held: dict[str, list[str]] = {}
-        for task in holders:
-            mine = sorted(
-                w
-                for w in task.nodes
-                if current[w] == task.id and w in self.workers and self._fit(w, task)
-            )
-            self.held[task.id] = mine[: self._max(task)]
+        if board.listed_twice():
+            current = _current_tasks(holders)
+            for task in holders:
+                mine = [w for w in board.kept(task) if current[w] == task.id]
+                self.held[task.id] = mine[: self._max(task)]
+        else:
+            for task in holders:
+                self.held[task.id] = board.kept(task)[: self._max(task)]
         self.free = set(self.ids).difference(*self.held.values())
         self.holders = [t for t in holders if self.held[t.id]]  # kept nodes: may be preempted
         self.listed = holders  # every task that listed nodes, rank order

@@ -7,6 +7,8 @@ indexes make a pass cost what can change, not the backlog (see ``controller.allo
 - the tasks that list none, by priority and class (selector, handler, refusals, min_nodes),
   each class in (seq, id) order;
 - the live worker ids, sorted;
+- for each task that lists nodes, those that are live and fit it (what it may keep), and
+  whether any worker is listed by two tasks;
 - a memo of which worker fits which task's fit (labels, allow prefixes, refusals): a cache
   of ``matches``, dropped for a worker when its view changes. It never changes a result.
 
@@ -41,6 +43,10 @@ class Board:
         self._waiting: dict[int, dict[ClassKey, list[TaskView]]] = {}  # priority -> class ->
         self._memo: dict[str, dict[FitKey, bool]] = {}
         self._memo_size = 0
+        self._listing: dict[str, set[str]] = {}  # worker -> tasks that list it
+        self._twice = 0  # workers listed by more than one task
+        self._kept: dict[str, list[str]] = {}  # task -> its live, fitting nodes, sorted
+        self.version = 0  # bumped on every change
 
     @classmethod
     def of(cls, snapshot: Snapshot) -> Board:
@@ -60,11 +66,16 @@ class Board:
         old = self.tasks.get(view.id)
         if old == view:
             return
+        self.version += 1
         if old is not None:
             self._unindex(old)
         self.tasks[view.id] = view
         if view.nodes:
             bisect.insort(self._holders, view, key=rank)
+            for w in view.nodes:
+                listing = self._listing.setdefault(w, set())
+                listing.add(view.id)
+                self._twice += len(listing) == 2
         else:
             level = self._waiting.setdefault(view.priority, {})
             bisect.insort(level.setdefault(_class_key(view), []), view, key=_seq_key)
@@ -72,12 +83,14 @@ class Board:
     def drop_task(self, task_id: str) -> None:
         old = self.tasks.pop(task_id, None)
         if old is not None:
+            self.version += 1
             self._unindex(old)
 
     def put_worker(self, view: WorkerView) -> None:
         old = self.workers.get(view.id)
         if old == view:
             return
+        self.version += 1
         if old is None:
             self._ids = None
         self._forget(view.id)
@@ -85,12 +98,20 @@ class Board:
 
     def drop_worker(self, worker_id: str) -> None:
         if self.workers.pop(worker_id, None) is not None:
+            self.version += 1
             self._ids = None
             self._forget(worker_id)
 
     def _unindex(self, view: TaskView) -> None:
         if view.nodes:
             _remove(self._holders, view, rank)
+            self._kept.pop(view.id, None)
+            for w in view.nodes:
+                listing = self._listing[w]
+                self._twice -= len(listing) == 2
+                listing.discard(view.id)
+                if not listing:
+                    del self._listing[w]
             return
         level = self._waiting[view.priority]
         key = _class_key(view)
@@ -103,6 +124,8 @@ class Board:
 
     def _forget(self, worker_id: str) -> None:
         self._memo_size -= len(self._memo.pop(worker_id, {}))
+        for tid in self._listing.get(worker_id, ()):
+            self._kept.pop(tid, None)
 
     # -- what the allocator reads ---------------------------------------------------------
 
@@ -114,6 +137,19 @@ class Board:
     def holders(self) -> list[TaskView]:
         """The tasks that list nodes, in rank order."""
         return self._holders
+
+    def kept(self, task: TaskView) -> list[str]:
+        """The task's listed nodes that are live and fit it, sorted (remembered)."""
+        found = self._kept.get(task.id)
+        if found is None:
+            live = self.workers
+            found = sorted(w for w in task.nodes if w in live and self.fit(w, task))
+            self._kept[task.id] = found
+        return found
+
+    def listed_twice(self) -> bool:
+        """True if some worker is listed by two tasks."""
+        return self._twice > 0
 
     def levels(self) -> list[tuple[int, list[TaskView], list[list[TaskView]]]]:
         """(priority, its tasks that list nodes in rank order, its classes of tasks that list

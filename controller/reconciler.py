@@ -84,12 +84,13 @@ class Reconciler:
             r, keys, tally, heartbeat_ttl=heartbeat_ttl, interval=full_pass_interval
         )
         self.released: dict[str, None] = {}  # tasks this leader released lately, in order
+        self._plan: tuple[int, Plan] | None = None  # the last plan and the board it left
         self.before_apply: Callable[[int], None] = lambda ops: None  # the process's hook
 
     def reset(self) -> None:
         """Forget what was read (no longer the leader)."""
         self.mirror, self.reasons, self.recheck = Mirror(), Reasons(), set()
-        self.released = {}
+        self.released, self._plan = {}, None
         self.backstop.reset()
 
     def busy(self) -> bool:
@@ -189,9 +190,12 @@ class Reconciler:
         if index:
             for row in self.mirror.tasks.values():
                 writes.index(row.id, row.created_at)
-        started = time.perf_counter()
-        plan = allocate(self.mirror.board)
-        stats.allocate_ms = (time.perf_counter() - started) * 1000
+        board = self.mirror.board
+        plan = self._plan[1] if self._plan and self._plan[0] == board.version else None
+        if plan is None:  # the board changed since the last plan was carried out
+            started = time.perf_counter()
+            plan = allocate(board)
+            stats.allocate_ms = (time.perf_counter() - started) * 1000
         self._moves(plan, writes, touched)
         self._states(plan, writes, touched)
         self._explain(plan, writes, touched | set(self.reasons.due(self.mirror)))
@@ -200,6 +204,8 @@ class Reconciler:
         if len(writes):
             self.before_apply(len(writes))
             writes.commit(self.fence.apply(writes.batch))
+        # carried out as planned, the board is the plan's: allocating again would move nothing
+        self._plan = (board.version, plan) if writes.as_planned else None
         self.recheck |= writes.recheck
         stats.moves, stats.ops = writes.moved, len(writes)
         t = self.tally
@@ -287,8 +293,15 @@ class Reconciler:
     # -- what to write --------------------------------------------------------------------
 
     def _moves(self, plan: Plan, writes: Writes, touched: set[str]) -> None:
-        workers = self.mirror.workers
-        for wid, task in plan.assignment.items():
+        """Write the assignments that change: those the plan changes, and those that name a
+        task the board does not hold (finished, unknown)."""
+        m = self.mirror
+        workers = m.workers
+        strays = [w for t, ws in m.nodes.items() if t not in m.board.tasks for w in ws]
+        for wid in sorted({*plan.changed(), *strays}):
+            task = plan.assignment.get(wid)
+            if wid not in workers:
+                continue
             was = workers[wid].assign
             if was != (task or ""):
                 writes.assign(wid, task or "", was)

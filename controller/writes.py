@@ -30,6 +30,7 @@ class Writes:
         self._done: list[tuple[int, Done]] = []
         self.recheck: set[str] = set()  # tasks to read again next pass
         self.moved = 0
+        self.as_planned = True  # every assignment written (none found its key gone)
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -59,6 +60,7 @@ class Writes:
                 self.mirror.set_assign(worker_id, task_id)
             else:  # its assign key is gone: it deregistered
                 self.mirror.drop_worker(worker_id)
+                self.as_planned = False
 
         self._on(op, done)
 

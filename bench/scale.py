@@ -1,0 +1,394 @@
+"""The controller at scale (issue 19): the real controller process on a private Redis.
+
+    python -m bench.scale grid      # 100 / 1,000 / 10,000 queued tasks x 100 / 1,000 workers
+    python -m bench.scale backlog   # a fresh task behind 5,000 tasks nobody can run
+    python -m bench.scale tasks     # 1,000 one-subtask tasks vs RQ SimpleWorker, same run
+
+**grid**: simulated workers (``bench.scale_sim``: one process, real scripts) in two pools:
+10 ``fresh`` workers and the rest ``busy``, held by running tasks of 10 nodes each (priority
+5). The backlog: tasks that fit the busy pool but wait behind it (priorities 0-2, min_nodes
+1-3: nine classes). Then 50 fresh tasks, one after the other, each of one subtask for the
+fresh pool: the *assignment latency* is from the start of ``submit()`` to the moment the
+simulated worker sees its assignment (keyspace notification). Around those 50 the
+controller's own counters (``controller_stats``: passes, events read, commands sent, CPU
+time) give CPU per event and commands per pass, and ``INFO commandstats`` the commands
+every client sent. Then the slope from 100 to 10,000 queued tasks.
+
+**backlog**: 5,000 queued tasks whose ``node_selector`` matches nobody, two real worker
+processes; 20 times a runnable task of one subtask: from the start of ``submit()`` to the
+start of its handler (``bench.peers.jobs:qw_stamp``).
+
+**tasks**: 1,000 tasks of one subtask, each its own ``submit()`` (``max_nodes=1``), 2 real
+workers, then RQ SimpleWorker with the same 1,000 jobs (``bench.peers``), rounds alternating;
+and for queueworks, where the time goes: the median of each phase of a task (from the events
+and each task's history) and the CPU each process spent per task.
+
+Bounded: a cell gives up after ``--budget`` seconds; loopback only; every Redis is private.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from bench.common import ROOT, pct
+from queueworks import Client, TaskSpec
+from queueworks.redis_server import RedisServer
+
+OUT = ROOT / "bench" / "out" / "scale"
+FRESH_WORKERS = 10
+HANDLER = "bench.scale_sim:noop"
+
+
+def say(*parts: object) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait(pred: Any, timeout: float, what: str, interval: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout
+    while not (value := pred()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout:.0f} s")
+        time.sleep(interval)
+    return value
+
+
+def commandstats(r: redis.Redis) -> dict[str, int]:
+    info: Any = r.info("commandstats")
+    return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in info.items()}
+
+
+class Controller:
+    """The real controller process, its stats lines read from its log."""
+
+    def __init__(self, url: str, prefix: str, log: Path, **env: str) -> None:
+        self.log = log
+        full = {
+            **os.environ,
+            "QUEUEWORKS_REDIS_URL": url,
+            "QUEUEWORKS_PREFIX": prefix,
+            "QUEUEWORKS_LOG_LEVEL": "info",
+            "QUEUEWORKS_STATS_INTERVAL": "0.2",
+            "PYTHONPATH": str(ROOT),
+            **env,
+        }
+        self._out = log.open("wb")
+        self.p = subprocess.Popen(
+            [sys.executable, "-m", "queueworks", "controller"],
+            env=full,
+            cwd=ROOT,
+            stdout=self._out,
+            stderr=subprocess.STDOUT,
+        )
+
+    def stats(self) -> dict[str, Any]:
+        last = None
+        for line in self.log.read_text(errors="replace").splitlines():
+            if '"controller_stats"' in line:
+                last = line
+        return json.loads(last) if last else {}
+
+    def fresh_stats(self) -> dict[str, Any]:
+        """The next stats line (written after this call)."""
+        seen = self.stats().get("timestamp")
+        return wait(lambda: (s := self.stats()) and s.get("timestamp") != seen and s, 5, "stats")
+
+    def close(self) -> None:
+        self.p.terminate()
+        try:
+            self.p.wait(10)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+        self._out.close()
+
+
+@contextmanager
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as srv:
+        srv.start()
+        yield srv
+
+
+def spec(name: str, **kw: Any) -> TaskSpec:
+    return TaskSpec(name=name, handler=HANDLER, subtasks=[{"x": 1}], **kw)
+
+
+def submit_all(client: Client, specs: Iterator[TaskSpec]) -> list[str]:
+    return [client.submit(s).id for s in specs]
+
+
+def settle_backlog(r: redis.Redis, client: Client, ids: list[str], timeout: float) -> float:
+    """Wait until the controller has read every queued task (each has its reason)."""
+    t0 = time.monotonic()
+    tail = ids[-20:] + ids[:: max(1, len(ids) // 50)]
+    wait(
+        lambda: all(client.task(t).status(with_nodes=False).reason for t in tail),
+        timeout,
+        "the backlog's reasons",
+        0.05,
+    )
+    return time.monotonic() - t0
+
+
+# -- grid -------------------------------------------------------------------------------
+
+
+def grid_cell(backlog: int, workers: int, fresh: int, budget: float) -> dict[str, Any]:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with server() as srv:
+        r = srv.client()
+        ctl = Controller(srv.url, "qw", OUT / f"controller-{backlog}x{workers}.log")
+        sim = subprocess.Popen(
+            [sys.executable, "-m", "bench.scale_sim", "--url", srv.url, "--workers", str(workers)],
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        client = Client.from_url(srv.url)
+        try:
+            return _grid_run(r, client, ctl, sim, backlog, workers, fresh, budget)
+        finally:
+            client.close()
+            sim.terminate()
+            sim.wait(20)
+            ctl.close()
+
+
+def _grid_run(
+    r: redis.Redis,
+    client: Client,
+    ctl: Controller,
+    sim: subprocess.Popen[bytes],
+    backlog: int,
+    workers: int,
+    fresh: int,
+    budget: float,
+) -> dict[str, Any]:
+    wait(lambda: r.zcard("qw:workers") >= workers, budget, "simulated workers")
+    busy = (workers - FRESH_WORKERS) // 10
+    held = submit_all(
+        client,
+        (
+            spec(f"busy{k}", min_nodes=10, max_nodes=10, priority=5, node_selector={"pool": "busy"})
+            for k in range(busy)
+        ),
+    )
+    wait(
+        lambda: all(client.task(t).status(with_nodes=False).state == "running" for t in held),
+        budget,
+        "the busy pool held",
+        0.05,
+    )
+    t0 = time.monotonic()
+    ids = submit_all(
+        client,
+        (
+            spec(f"q{k}", priority=k % 3, min_nodes=1 + k % 3, node_selector={"pool": "busy"})
+            for k in range(backlog)
+        ),
+    )
+    submitted_s = time.monotonic() - t0
+    caught_up_s = settle_backlog(r, client, ids, budget)
+    for _ in range(5):  # warm the fresh path
+        one_fresh(r, client)
+    before, cmds0, redis_cpu0 = ctl.fresh_stats(), commandstats(r), redis_cpu(r)
+    lat = [one_fresh(r, client) for _ in range(fresh)]
+    after, cmds1, redis_cpu1 = ctl.fresh_stats(), commandstats(r), redis_cpu(r)
+    d = {k: after[k] - before[k] for k in ("passes", "events", "commands", "cpu_s", "ops")}
+    all_calls = sum(cmds1.values()) - sum(cmds0.values())
+    return {
+        "backlog": backlog,
+        "workers": workers,
+        "busy_tasks": busy,
+        "submit_backlog_s": round(submitted_s, 2),
+        "controller_caught_up_s": round(caught_up_s, 2),
+        "fresh": fresh,
+        "latency_ms_p50": round(pct(lat, 50) * 1000, 2),
+        "latency_ms_p99": round(pct(lat, 99) * 1000, 2),
+        "latency_ms_max": round(max(lat) * 1000, 2),
+        "passes": d["passes"],
+        "events": d["events"],
+        "controller_cpu_us_per_event": round(d["cpu_s"] / max(1, d["events"]) * 1e6, 1),
+        "controller_cpu_ms_per_fresh_task": round(d["cpu_s"] / fresh * 1000, 2),
+        "controller_commands_per_pass": round(d["commands"] / max(1, d["passes"]), 2),
+        "fenced_ops_per_pass": round(d["ops"] / max(1, d["passes"]), 2),
+        "redis_calls_all_clients_per_pass": round(all_calls / max(1, d["passes"]), 1),
+        "redis_cpu_ms_per_fresh_task": round((redis_cpu1 - redis_cpu0) / fresh * 1000, 2),
+        "sim_alive": sim.poll() is None,
+    }
+
+
+def redis_cpu(r: redis.Redis) -> float:
+    info: Any = r.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def one_fresh(r: redis.Redis, client: Client) -> float:
+    """Submit one fresh task; seconds until a simulated worker saw its assignment."""
+    time.sleep(0.02)
+    t0 = time.time()
+    task = client.submit(spec("fresh", node_selector={"pool": "fresh"}, max_nodes=1))
+    while True:
+        item: Any = r.blpop(["bench:seen"], timeout=30)
+        if item is None:
+            raise TimeoutError(f"fresh task {task.id} never assigned")
+        tid, seen = item[1].decode().split()
+        if tid == task.id:
+            break
+    wait(lambda: task.status(with_nodes=False).finished, 30, "the fresh task done", 0.002)
+    return float(seen) - t0
+
+
+def run_grid(args: argparse.Namespace) -> dict[str, Any]:
+    cells = []
+    for workers in args.workers:
+        for backlog in args.backlog:
+            say(f"grid: {backlog} queued x {workers} workers")
+            cell = grid_cell(backlog, workers, args.fresh, args.budget)
+            say("   ->", json.dumps(cell))
+            cells.append(cell)
+    slopes = {}
+    for workers in args.workers:
+        row = {c["backlog"]: c for c in cells if c["workers"] == workers}
+        lo, hi = row[min(row)], row[max(row)]
+        slopes[str(workers)] = {
+            "latency_p50_ratio": round(hi["latency_ms_p50"] / lo["latency_ms_p50"], 2),
+            "cpu_per_event_ratio": round(
+                hi["controller_cpu_us_per_event"] / lo["controller_cpu_us_per_event"], 2
+            ),
+            "commands_per_pass_ratio": round(
+                hi["controller_commands_per_pass"] / lo["controller_commands_per_pass"], 2
+            ),
+        }
+    return {"cells": cells, "slope_100_to_10000": slopes}
+
+
+# -- backlog ----------------------------------------------------------------------------
+
+
+def run_backlog(args: argparse.Namespace) -> dict[str, Any]:
+    OUT.mkdir(parents=True, exist_ok=True)
+    with server() as srv:
+        r = srv.client()
+        ctl = Controller(srv.url, "qw", OUT / "controller-backlog.log")
+        env = {
+            **os.environ,
+            "QUEUEWORKS_REDIS_URL": srv.url,
+            "QUEUEWORKS_PREFIX": "qw",
+            "QUEUEWORKS_LOG_LEVEL": "warning",
+            "BENCH_REDIS_URL": srv.url,
+            "PYTHONPATH": str(ROOT),
+        }
+        allow = ["--allow", "bench.peers.jobs", "--allow", "bench.scale_sim"]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "queueworks", "worker", "--name", f"w{i}", *allow],
+                env=env,
+                cwd=ROOT,
+            )
+            for i in range(2)
+        ]
+        client = Client.from_url(srv.url)
+        try:
+            wait(lambda: r.zcard("qw:workers") >= 2, 60, "workers")
+            ids = submit_all(
+                client, (spec(f"never{k}", node_selector={"gpu": "none"}) for k in range(args.n))
+            )
+            caught_up = settle_backlog(r, client, ids, args.budget)
+            for _ in range(3):
+                stamp_once(r, client)
+            before = ctl.fresh_stats()
+            starts = [stamp_once(r, client) for _ in range(args.tries)]
+            after = ctl.fresh_stats()
+        finally:
+            client.close()
+            for p in procs:
+                p.terminate()
+            for p in procs:
+                p.wait(20)
+            ctl.close()
+    cpu = after["cpu_s"] - before["cpu_s"]
+    return {
+        "queued_unrunnable": args.n,
+        "tries": args.tries,
+        "controller_caught_up_s": round(caught_up, 2),
+        "start_ms_p50": round(statistics.median(starts) * 1000, 2),
+        "start_ms_max": round(max(starts) * 1000, 2),
+        "start_ms_all": [round(s * 1000, 1) for s in starts],
+        "controller_cpu_ms_per_try": round(cpu / args.tries * 1000, 2),
+        "controller_passes_per_try": round((after["passes"] - before["passes"]) / args.tries, 1),
+    }
+
+
+def stamp_once(r: redis.Redis, client: Client) -> float:
+    """Submit a task whose one subtask stamps its start: seconds from submit to start."""
+    time.sleep(0.05)
+    r.delete("bench:lat")
+    sent = time.time()
+    task = client.submit(
+        TaskSpec(
+            name="stamp",
+            handler="bench.peers.jobs:qw_stamp",
+            subtasks=[{"sent": sent}],
+            max_nodes=1,
+        )
+    )
+    item: Any = r.blpop(["bench:lat"], timeout=30)
+    if item is None:
+        raise TimeoutError(f"task {task.id} never started")
+    task.wait(timeout=30, poll=0.005)
+    return float(item[1])
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    g = sub.add_parser("grid")
+    g.add_argument("--backlog", type=int, nargs="+", default=[100, 1000, 10_000])
+    g.add_argument("--workers", type=int, nargs="+", default=[100, 1000])
+    g.add_argument("--fresh", type=int, default=50)
+    g.add_argument("--budget", type=float, default=180.0)
+    b = sub.add_parser("backlog")
+    b.add_argument("--n", type=int, default=5000)
+    b.add_argument("--tries", type=int, default=20)
+    b.add_argument("--budget", type=float, default=180.0)
+    t = sub.add_parser("tasks")
+    t.add_argument("--n", type=int, default=1000)
+    t.add_argument("--rounds", type=int, default=3)
+    t.add_argument("--budget", type=float, default=120.0)
+    args = ap.parse_args(argv)
+    started = time.monotonic()
+    if args.mode == "grid":
+        result = run_grid(args)
+    elif args.mode == "backlog":
+        result = run_backlog(args)
+    else:
+        from bench.scale_tasks import run_tasks
+
+        result = run_tasks(args)
+    result["command"] = "python -m bench.scale " + " ".join(argv or sys.argv[1:])
+    result["date"] = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    result["seconds"] = round(time.monotonic() - started, 1)
+    result["load_1m_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
