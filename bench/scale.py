@@ -23,6 +23,9 @@ workers, then RQ SimpleWorker with the same 1,000 jobs (``bench.peers``), rounds
 and for queueworks, where the time goes: the median of each phase of a task (from the events
 and each task's history) and the CPU each process spent per task.
 
+``--controller-src DIR`` runs the controller from another source tree (``git archive
+<commit> | tar -x -C DIR``): the same benchmark, the same run, another controller.
+
 Bounded: a cell gives up after ``--budget`` seconds; loopback only; every Redis is private.
 """
 
@@ -78,7 +81,7 @@ def commandstats(r: redis.Redis) -> dict[str, int]:
 class Controller:
     """The real controller process, its stats lines read from its log."""
 
-    def __init__(self, url: str, prefix: str, log: Path, **env: str) -> None:
+    def __init__(self, url: str, prefix: str, log: Path, src: Path = ROOT, **env: str) -> None:
         self.log = log
         full = {
             **os.environ,
@@ -86,14 +89,17 @@ class Controller:
             "QUEUEWORKS_PREFIX": prefix,
             "QUEUEWORKS_LOG_LEVEL": "info",
             "QUEUEWORKS_STATS_INTERVAL": "0.2",
-            "PYTHONPATH": str(ROOT),
+            "PYTHONPATH": str(src),
             **env,
         }
+        self.counts = src == ROOT
+        if not self.counts:  # an older controller knows neither the setting nor the stats
+            full.pop("QUEUEWORKS_STATS_INTERVAL")
         self._out = log.open("wb")
         self.p = subprocess.Popen(
             [sys.executable, "-m", "queueworks", "controller"],
             env=full,
-            cwd=ROOT,
+            cwd=src,
             stdout=self._out,
             stderr=subprocess.STDOUT,
         )
@@ -106,7 +112,12 @@ class Controller:
         return json.loads(last) if last else {}
 
     def fresh_stats(self) -> dict[str, Any]:
-        """The next stats line (written after this call)."""
+        """The next stats line (written after this call); zeros for a controller without
+        them (``--controller-src``), and its CPU time from /proc."""
+        if not self.counts:
+            return dict.fromkeys(("passes", "events", "commands", "ops"), 0) | {
+                "cpu_s": cpu_seconds(self.p.pid)
+            }
         seen = self.stats().get("timestamp")
         return wait(lambda: (s := self.stats()) and s.get("timestamp") != seen and s, 5, "stats")
 
@@ -151,11 +162,13 @@ def settle_backlog(r: redis.Redis, client: Client, ids: list[str], timeout: floa
 # -- grid -------------------------------------------------------------------------------
 
 
-def grid_cell(backlog: int, workers: int, fresh: int, budget: float) -> dict[str, Any]:
+def grid_cell(
+    backlog: int, workers: int, fresh: int, budget: float, src: Path = ROOT
+) -> dict[str, Any]:
     OUT.mkdir(parents=True, exist_ok=True)
     with server() as srv:
         r = srv.client()
-        ctl = Controller(srv.url, "qw", OUT / f"controller-{backlog}x{workers}.log")
+        ctl = Controller(srv.url, "qw", OUT / f"controller-{backlog}x{workers}.log", src)
         sim = subprocess.Popen(
             [sys.executable, "-m", "bench.scale_sim", "--url", srv.url, "--workers", str(workers)],
             cwd=ROOT,
@@ -261,7 +274,7 @@ def run_grid(args: argparse.Namespace) -> dict[str, Any]:
     for workers in args.workers:
         for backlog in args.backlog:
             say(f"grid: {backlog} queued x {workers} workers")
-            cell = grid_cell(backlog, workers, args.fresh, args.budget)
+            cell = grid_cell(backlog, workers, args.fresh, args.budget, args.controller_src)
             say("   ->", json.dumps(cell))
             cells.append(cell)
     slopes = {}
@@ -287,7 +300,7 @@ def run_backlog(args: argparse.Namespace) -> dict[str, Any]:
     OUT.mkdir(parents=True, exist_ok=True)
     with server() as srv:
         r = srv.client()
-        ctl = Controller(srv.url, "qw", OUT / "controller-backlog.log")
+        ctl = Controller(srv.url, "qw", OUT / "controller-backlog.log", args.controller_src)
         env = {
             **os.environ,
             "QUEUEWORKS_REDIS_URL": srv.url,
@@ -365,10 +378,12 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--workers", type=int, nargs="+", default=[100, 1000])
     g.add_argument("--fresh", type=int, default=50)
     g.add_argument("--budget", type=float, default=180.0)
+    g.add_argument("--controller-src", type=Path, default=ROOT)
     b = sub.add_parser("backlog")
     b.add_argument("--n", type=int, default=5000)
     b.add_argument("--tries", type=int, default=20)
     b.add_argument("--budget", type=float, default=180.0)
+    b.add_argument("--controller-src", type=Path, default=ROOT)
     t = sub.add_parser("tasks")
     t.add_argument("--n", type=int, default=1000)
     t.add_argument("--rounds", type=int, default=3)
