@@ -37,7 +37,8 @@ key                                type          meaning
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
 ``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``
-``{qw:controller:leader}:term``    string (int)  the lease's term counter (in the lease's slot)
+``qw:controller:term:{<lease>}``   string (int)  the lease's term counter; its tag is the lease's
+                                                 key, so both share a slot
 ``qw:fence:{<tag>}``               string (int)  cluster only, one per slot: the highest term that
                                                  wrote or sealed the slot (fenced writes)
 ``qw:events``                      stream        what happened (capped ~10,000 entries)
@@ -219,8 +220,9 @@ class Keys:
 
     @property
     def leader_term(self) -> str:
-        """In the lease's slot: a key without braces hashes as the tag ``{key}`` does."""
-        return f"{{{self.leader}}}:term"
+        """In the lease's slot (a key without braces hashes as the tag ``{key}`` does), and
+        under the prefix (an ACL may allow this deployment's keys only)."""
+        return f"{self.prefix}:controller:term:{{{self.leader}}}"
 
     def fence(self, tag: str) -> str:
         """The term key of the cluster slot that ``tag`` hashes to (``controller.fence``)."""
