@@ -56,7 +56,7 @@ HANDLER = "bench.scale_sim:noop"
 
 
 def say(*parts: object) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}]", *parts, file=sys.stderr, flush=True)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -122,12 +122,13 @@ class Controller:
         return wait(lambda: (s := self.stats()) and s.get("timestamp") != seen and s, 5, "stats")
 
     def close(self) -> None:
-        self.p.terminate()
-        try:
-            self.p.wait(10)
-        except subprocess.TimeoutExpired:
-            self.p.kill()
-            self.p.wait()
+        if self.p.poll() is None:
+            self.p.terminate()
+            try:
+                self.p.wait(10)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
         self._out.close()
 
 
@@ -224,6 +225,7 @@ def _grid_run(
     before, cmds0, redis_cpu0 = ctl.fresh_stats(), commandstats(r), redis_cpu(r)
     lat = [one_fresh(r, client) for _ in range(fresh)]
     after, cmds1, redis_cpu1 = ctl.fresh_stats(), commandstats(r), redis_cpu(r)
+    takeover = take_over(r, ctl) if ctl.counts else {}
     d = {k: after[k] - before[k] for k in ("passes", "events", "commands", "cpu_s", "ops")}
     all_calls = sum(cmds1.values()) - sum(cmds0.values())
     return {
@@ -238,14 +240,54 @@ def _grid_run(
         "latency_ms_max": round(max(lat) * 1000, 2),
         "passes": d["passes"],
         "events": d["events"],
-        "controller_cpu_us_per_event": round(d["cpu_s"] / max(1, d["events"]) * 1e6, 1),
+        "controller_cpu_us_per_event": per(d["cpu_s"] * 1e6, d["events"], 1),
         "controller_cpu_ms_per_fresh_task": round(d["cpu_s"] / fresh * 1000, 2),
-        "controller_commands_per_pass": round(d["commands"] / max(1, d["passes"]), 2),
-        "fenced_ops_per_pass": round(d["ops"] / max(1, d["passes"]), 2),
-        "redis_calls_all_clients_per_pass": round(all_calls / max(1, d["passes"]), 1),
+        "controller_commands_per_pass": per(d["commands"], d["passes"], 2),
+        "fenced_ops_per_pass": per(d["ops"], d["passes"], 2),
+        "redis_calls_all_clients_per_pass": per(all_calls, d["passes"], 1),
+        "redis_calls_all_clients_per_fresh_task": round(all_calls / fresh, 1),
         "redis_cpu_ms_per_fresh_task": round((redis_cpu1 - redis_cpu0) / fresh * 1000, 2),
+        "takeover": takeover,
         "sim_alive": sim.poll() is None,
     }
+
+
+def take_over(r: redis.Redis, ctl: Controller) -> dict[str, Any]:
+    """Start a second controller and stop the first (it releases the lease): how long the
+    new leader's full read and first pass take, and how much that pass moved."""
+    url = r.connection_pool.connection_kwargs
+    new = Controller(f"redis://127.0.0.1:{url['port']}/0", "qw", ctl.log.with_suffix(".2.log"))
+    try:
+        time.sleep(0.5)
+        ctl.close()
+        t0 = time.monotonic()
+        line = wait(lambda: _rebuilt(new.log), 120, "the new leader's full read", 0.02)
+        return {
+            "seconds_to_rebuilt": round(time.monotonic() - t0, 2),
+            "read_s": line["read_s"],
+            "pass_s": line["pass_s"],
+            "moves": line["moves"],
+            "tasks": line["tasks"],
+            "workers": line["workers"],
+        }
+    finally:
+        new.close()
+
+
+def _rebuilt(log: Path) -> dict[str, Any] | None:
+    for line in log.read_text(errors="replace").splitlines():
+        if '"rebuilt"' in line:
+            return dict(json.loads(line))
+    return None
+
+
+def per(a: float, b: float, digits: int) -> float | None:
+    """a / b, or None when b is 0 (a controller that does not count: --controller-src)."""
+    return round(a / b, digits) if b else None
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 2) if a is not None and b else None
 
 
 def redis_cpu(r: redis.Redis) -> float:
@@ -282,13 +324,13 @@ def run_grid(args: argparse.Namespace) -> dict[str, Any]:
         row = {c["backlog"]: c for c in cells if c["workers"] == workers}
         lo, hi = row[min(row)], row[max(row)]
         slopes[str(workers)] = {
-            "latency_p50_ratio": round(hi["latency_ms_p50"] / lo["latency_ms_p50"], 2),
-            "cpu_per_event_ratio": round(
-                hi["controller_cpu_us_per_event"] / lo["controller_cpu_us_per_event"], 2
-            ),
-            "commands_per_pass_ratio": round(
-                hi["controller_commands_per_pass"] / lo["controller_commands_per_pass"], 2
-            ),
+            f"{name}_ratio": ratio(hi[name], lo[name])
+            for name in (
+                "latency_ms_p50",
+                "controller_cpu_ms_per_fresh_task",
+                "controller_cpu_us_per_event",
+                "controller_commands_per_pass",
+            )
         }
     return {"cells": cells, "slope_100_to_10000": slopes}
 

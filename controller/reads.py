@@ -55,10 +55,22 @@ def read_tasks(
     tally: Tally,
 ) -> list[TaskRead]:
     out = []
+    spec, deep = set(spec), set(deep)
     for page in pages(ids):
         pipe = r.pipeline(transaction=False)
         queue_tasks(pipe, keys, page, spec, deep)
         out += parse_tasks(page, iter(tally.run(pipe)), spec, deep)
+    return out
+
+
+def unindexed(r: Connection, keys: Keys, ids: Sequence[str], *, tally: Tally) -> list[str]:
+    """The ids the task index does not list (tasks submitted before there was one)."""
+    out = []
+    for page in pages(ids):
+        if page:
+            tally.commands += 1
+            scores: Any = r.zmscore(keys.tasks, list(page))
+            out += [tid for tid, score in zip(page, scores, strict=True) if score is None]
     return out
 
 

@@ -37,6 +37,7 @@ from controller.reads import (
     queue_workers,
     read_tasks,
     read_workers,
+    unindexed,
 )
 from controller.reasons import Reasons
 from controller.rows import Broken, Finished, differs, finished_row, task_row, task_state
@@ -105,6 +106,7 @@ class Reconciler:
 
     def rebuild(self) -> PassStats:
         """Forget everything, seal the fence (a cluster), read the whole state again, pass."""
+        started = time.monotonic()
         self.fence.seal()
         self.reset()
         task_ids, worker_ids = all_ids(self.r, self.keys, tally=self.tally)
@@ -112,8 +114,18 @@ class Reconciler:
         tasks = read_tasks(
             self.r, self.keys, task_ids, spec=task_ids, deep=task_ids, tally=self.tally
         )
-        self.log.info("rebuilt", tasks=len(task_ids), workers=len(worker_ids))
-        return self._pass(tasks, workers, Dirty(), index=True)
+        missing = unindexed(self.r, self.keys, task_ids, tally=self.tally)
+        read = time.monotonic()
+        stats = self._pass(tasks, workers, Dirty(), index=set(missing))
+        self.log.info(
+            "rebuilt",
+            tasks=len(task_ids),
+            workers=len(worker_ids),
+            read_s=round(read - started, 3),
+            pass_s=round(time.monotonic() - read, 3),
+            moves=stats.moves,
+        )
+        return stats
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -175,7 +187,7 @@ class Reconciler:
         workers: Sequence[WorkerRead],
         dirty: Dirty,
         *,
-        index: bool = False,
+        index: Collection[str] = (),
         swept: Collection[str] = (),
         expired: Sequence[Any] = (),
         ended: dict[str, str] | None = None,
@@ -187,8 +199,8 @@ class Reconciler:
             self._release(self.mirror.tasks[tid], TaskState(kind), writes)
         stats.swept += self._absorb_workers(workers, writes, touched, swept)
         stats.swept += self._absorb_tasks(tasks, writes, touched, swept)
-        if index:
-            for row in self.mirror.tasks.values():
+        for tid in index:  # active tasks the index does not list yet
+            if (row := self.mirror.tasks.get(tid)) is not None:
                 writes.index(row.id, row.created_at)
         board = self.mirror.board
         plan = self._plan[1] if self._plan and self._plan[0] == board.version else None

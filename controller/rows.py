@@ -9,7 +9,7 @@ from typing import Any
 from controller.mirror import TaskRow, WorkerRow
 from controller.reads import TaskRead, WorkerRead
 from queueworks.connection import text
-from queueworks.models import Refusal, StoredSpec, TaskRecord, TaskState, WorkerRecord
+from queueworks.models import Refusal, StoredSpec, TaskState, WorkerRecord
 from queueworks.records import TASK_FIELDS, task_fields
 
 DEFAULT_TTL = 86400.0  # a finished task whose spec cannot be read expires after a day
@@ -39,7 +39,7 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
     """The task as its record says; ``ValueError`` if the record does not decode. The spec
     is read only for a task not ``known`` (a spec never changes); so are the refusals, unless
     the read asked for them."""
-    record = TaskRecord(**task_fields(read.id, read.fields))
+    record = task_fields(read.id, read.fields)  # typed by the codec; ValueError if broken
     if read.spec is not None:
         spec: StoredSpec | None = StoredSpec.model_validate_json(read.spec)
         selector = dict(spec.node_selector) if spec else {}
@@ -54,16 +54,16 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
     row = TaskRow(
         id=read.id,
         state=state,
-        priority=record.priority,
-        min_nodes=record.min_nodes,
-        max_nodes=record.max_nodes,
-        want=record.want,
-        created_at=record.created_at,
+        priority=record["priority"],
+        min_nodes=record["min_nodes"],
+        max_nodes=record["max_nodes"],
+        want=record["want"],
+        created_at=record["created_at"],
         selector=selector,
         handler=handler,
         result_ttl=ttl,
-        partitions=record.partitions,
-        reason=record.reason or "",
+        partitions=record["partitions"],
+        reason=record["reason"] or "",
         refusals=refusals,
     )
     return Finished(row, state) if state.finished else row
