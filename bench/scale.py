@@ -3,6 +3,7 @@
     python -m bench.scale grid      # 100 / 1,000 / 10,000 queued tasks x 100 / 1,000 workers
     python -m bench.scale backlog   # a fresh task behind 5,000 tasks nobody can run
     python -m bench.scale tasks     # 1,000 one-subtask tasks vs RQ SimpleWorker, same run
+    python -m bench.scale allocator # the allocator alone, in this process, on a board
 
 **grid**: simulated workers (``bench.scale_sim``: one process, real scripts) in two pools:
 10 ``fresh`` workers and the rest ``busy``, held by running tasks of 10 nodes each (priority
@@ -25,6 +26,11 @@ and each task's history) and the CPU each process spent per task.
 
 ``--controller-src DIR`` runs the controller from another source tree (``git archive
 <commit> | tar -x -C DIR``): the same benchmark, the same run, another controller.
+
+**allocator**: ``allocate(board)`` alone (the best of 7 calls), for 100 / 1,000 / 10,000 queued
+tasks behind 100 / 1,000 workers each held by a one-node task, and behind 5,000 tasks whose
+selector matches nobody; beside the allocator as it was before the board
+(``tests/allocator_oracle.py``) on the same snapshots.
 
 Bounded: a cell gives up after ``--budget`` seconds; loopback only; every Redis is private.
 """
@@ -225,6 +231,7 @@ def _grid_run(
     before, cmds0, redis_cpu0 = ctl.fresh_stats(), commandstats(r), redis_cpu(r)
     lat = [one_fresh(r, client) for _ in range(fresh)]
     after, cmds1, redis_cpu1 = ctl.fresh_stats(), commandstats(r), redis_cpu(r)
+    rss_mb = rss(ctl.p.pid)
     takeover = take_over(r, ctl) if ctl.counts else {}
     d = {k: after[k] - before[k] for k in ("passes", "events", "commands", "cpu_s", "ops")}
     all_calls = sum(cmds1.values()) - sum(cmds0.values())
@@ -247,6 +254,7 @@ def _grid_run(
         "redis_calls_all_clients_per_pass": per(all_calls, d["passes"], 1),
         "redis_calls_all_clients_per_fresh_task": round(all_calls / fresh, 1),
         "redis_cpu_ms_per_fresh_task": round((redis_cpu1 - redis_cpu0) / fresh * 1000, 2),
+        "controller_rss_mb": rss_mb,
         "takeover": takeover,
         "sim_alive": sim.poll() is None,
     }
@@ -279,6 +287,53 @@ def _rebuilt(log: Path) -> dict[str, Any] | None:
         if '"rebuilt"' in line:
             return dict(json.loads(line))
     return None
+
+
+def rss(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+def run_allocator(args: argparse.Namespace) -> dict[str, Any]:
+    from controller.allocator import Snapshot, TaskView, WorkerView, allocate
+    from controller.board import Board
+    from tests.allocator_oracle import allocate as allocate_at_once
+
+    def best(fn: Any, arg: Any) -> float:
+        times = []
+        for _ in range(7):
+            t0 = time.perf_counter()
+            fn(arg)
+            times.append(time.perf_counter() - t0)
+        return round(min(times) * 1000, 3)
+
+    def cell(snapshot: Snapshot, **what: int) -> dict[str, Any]:
+        board = Board.of(snapshot)
+        return {
+            **what,
+            "board_ms": best(allocate, board),
+            "before_issue_19_ms": best(allocate_at_once, snapshot),
+        }
+
+    out = []
+    for workers in (100, 1000):
+        ws = tuple(WorkerView(f"w{i:05d}", {"pool": "busy"}, ("bench",)) for i in range(workers))
+        held = [
+            TaskView(f"r{i:05d}", 3, 1, 1, float(i), {"pool": "busy"}, frozenset([f"w{i:05d}"]))
+            for i in range(workers)
+        ]
+        for queued in (100, 1000, 10_000):
+            waiting = [
+                TaskView(f"q{i:05d}", i % 3, 1 + i % 2, None, 1e4 + i, {"pool": "busy"})
+                for i in range(queued)
+            ]
+            out.append(cell(Snapshot((*held, *waiting), ws), workers=workers, queued=queued))
+    never = [TaskView(f"n{i:05d}", 0, 1, None, float(i), {"gpu": "none"}) for i in range(5000)]
+    two = tuple(WorkerView(f"w{i}") for i in range(2))
+    out.append(cell(Snapshot(tuple(never), two), workers=2, queued_unrunnable=5000))
+    return {"cells": out}
 
 
 def per(a: float, b: float, digits: int) -> float | None:
@@ -430,12 +485,15 @@ def main(argv: list[str] | None = None) -> None:
     t.add_argument("--n", type=int, default=1000)
     t.add_argument("--rounds", type=int, default=3)
     t.add_argument("--budget", type=float, default=120.0)
+    sub.add_parser("allocator")
     args = ap.parse_args(argv)
     started = time.monotonic()
     if args.mode == "grid":
         result = run_grid(args)
     elif args.mode == "backlog":
         result = run_backlog(args)
+    elif args.mode == "allocator":
+        result = run_allocator(args)
     else:
         from bench.scale_tasks import run_tasks
 
