@@ -366,28 +366,62 @@ def one_fresh(r: redis.Redis, client: Client) -> float:
     return float(seen) - t0
 
 
+SLOPED = (
+    "latency_ms_p50",
+    "controller_cpu_ms_per_fresh_task",
+    "controller_cpu_us_per_event",
+    "controller_commands_per_pass",
+)
+
+
 def run_grid(args: argparse.Namespace) -> dict[str, Any]:
-    cells = []
+    """Every cell ``--repeat`` times, the backlogs of one worker count interleaved (the
+    machine's load drifts: a ratio is taken within a repetition); each cell reports the
+    median over its repetitions, and the slope is the median of the per-repetition ratios."""
+    runs: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for workers in args.workers:
-        for backlog in args.backlog:
-            say(f"grid: {backlog} queued x {workers} workers")
-            cell = grid_cell(backlog, workers, args.fresh, args.budget, args.controller_src)
-            say("   ->", json.dumps(cell))
-            cells.append(cell)
+        for rep in range(args.repeat):
+            for backlog in args.backlog:
+                say(f"grid: {backlog} queued x {workers} workers ({rep + 1}/{args.repeat})")
+                cell = grid_cell(backlog, workers, args.fresh, args.budget, args.controller_src)
+                say("   ->", json.dumps(cell))
+                runs.setdefault((backlog, workers), []).append(cell)
+    cells = [_median_cell(reps) for reps in runs.values()]
     slopes = {}
     for workers in args.workers:
-        row = {c["backlog"]: c for c in cells if c["workers"] == workers}
-        lo, hi = row[min(row)], row[max(row)]
+        lo, hi = runs[(min(args.backlog), workers)], runs[(max(args.backlog), workers)]
         slopes[str(workers)] = {
-            f"{name}_ratio": ratio(hi[name], lo[name])
-            for name in (
-                "latency_ms_p50",
-                "controller_cpu_ms_per_fresh_task",
-                "controller_cpu_us_per_event",
-                "controller_commands_per_pass",
-            )
+            f"{name}_ratio": _median([ratio(b[name], a[name]) for a, b in zip(lo, hi, strict=True)])
+            for name in SLOPED
         }
-    return {"cells": cells, "slope_100_to_10000": slopes}
+        slopes[str(workers)]["latency_ms_p50_ratio_by_repetition"] = [
+            ratio(b["latency_ms_p50"], a["latency_ms_p50"]) for a, b in zip(lo, hi, strict=True)
+        ]
+    return {"repeat": args.repeat, "cells": cells, "slope_100_to_10000": slopes}
+
+
+def _median(values: list[Any]) -> Any:
+    known = [v for v in values if v is not None]
+    return round(statistics.median(known), 2) if known else None
+
+
+def _median_cell(reps: list[dict[str, Any]]) -> dict[str, Any]:
+    """Medians over the repetitions; p99 and max: the worst of them."""
+    out: dict[str, Any] = {}
+    for key, value in reps[0].items():
+        values = [r[key] for r in reps]
+        if all(v == value for v in values):
+            out[key] = value
+        elif key in ("latency_ms_p99", "latency_ms_max"):
+            out[key] = max(values)
+        elif key == "takeover":
+            out[key] = {k: _median([v[k] for v in values]) for k in value} if value else {}
+        elif isinstance(value, bool) or not isinstance(value, int | float):
+            out[key] = value if all(v == value for v in values) else values
+        else:
+            out[key] = _median(values)
+    out["latency_ms_p50_by_repetition"] = [r["latency_ms_p50"] for r in reps]
+    return out
 
 
 # -- backlog ----------------------------------------------------------------------------
@@ -474,6 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     g.add_argument("--backlog", type=int, nargs="+", default=[100, 1000, 10_000])
     g.add_argument("--workers", type=int, nargs="+", default=[100, 1000])
     g.add_argument("--fresh", type=int, default=50)
+    g.add_argument("--repeat", type=int, default=3)
     g.add_argument("--budget", type=float, default=180.0)
     g.add_argument("--controller-src", type=Path, default=ROOT)
     b = sub.add_parser("backlog")
