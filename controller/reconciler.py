@@ -116,7 +116,7 @@ class Reconciler:
         )
         missing = unindexed(self.r, self.keys, task_ids, tally=self.tally)
         read = time.monotonic()
-        stats = self._pass(tasks, workers, Dirty(), index=set(missing))
+        stats = self._pass(tasks, workers, index=set(missing))
         self.log.info(
             "rebuilt",
             tasks=len(task_ids),
@@ -175,9 +175,7 @@ class Reconciler:
         if due:
             self.backstop.looked = time.monotonic()
             worker_reads += self.backstop.suspects(suspects, workers)
-        stats = self._pass(
-            task_reads, worker_reads, dirty, swept=swept, expired=expired, ended=ended
-        )
+        stats = self._pass(task_reads, worker_reads, swept=swept, expired=expired, ended=ended)
         stats.events = dirty.events
         return stats
 
@@ -185,7 +183,6 @@ class Reconciler:
         self,
         tasks: Sequence[TaskRead],
         workers: Sequence[WorkerRead],
-        dirty: Dirty,
         *,
         index: Collection[str] = (),
         swept: Collection[str] = (),
