@@ -1,8 +1,8 @@
-"""Allocator: a pure function from a `Snapshot` of tasks and live workers to a `Plan`.
+"""Allocator: a pure function from the active tasks and live workers to a `Plan`.
 
 Tasks are ranked by (-priority, seq, id). One pass:
 
-1. Keep: each task keeps its live nodes that still match its selector, up to max_nodes
+1. Keep: each task keeps its live nodes that still match its selector, up to its cap
    (highest worker ids dropped first). A worker listed by two tasks stays with the higher-ranked.
 2. Reach min (gang), in rank order: a task below min_nodes takes free matching workers (by id);
    if they are not enough it preempts strictly lower-priority tasks: their surplus above
@@ -10,56 +10,60 @@ Tasks are ranked by (-priority, seq, id). One pass:
    then reaches min_nodes; otherwise it gets nothing and releases what it kept. If a task that
    kept nodes fails, its priority level is decided again with those nodes free from the start.
 3. Fairness: step 2 runs for every task before any task grows past min_nodes.
-4. Grow: in rank order, each task holding >= min_nodes grows toward max_nodes from free workers.
+4. Grow: in rank order, each task holding >= min_nodes grows toward its cap from free workers.
 
-A worker *fits* a task when it has every label of the task's selector, its `--allow`
-prefixes cover the task's handler, and it has not refused the task.
+A task's *cap* is ``max_nodes`` (no bound: every live worker), lowered to ``want`` when the task
+says how many nodes it can use now (a queue's members write it from the backlog), but never
+below ``min_nodes``. A worker *fits* a task when it has every label of the task's selector, its
+`--allow` prefixes cover the task's handler, and it has not refused the task.
 
 Deterministic (everything is sorted) and stable: allocating again on the applied plan moves
 nothing. `TaskView.running` is informational; the state is derived from `nodes`.
+
+The input is a `Snapshot` (tuples of views) or a `Board` (``controller.board``: the same views
+kept between passes, indexed); both give the same plan. On a board a pass costs
+O(workers + tasks holding nodes + classes of waiting tasks + tasks that start), whatever the
+backlog: a task without nodes belongs to a *class* (priority, selector, handler, refusals,
+min_nodes), and within a priority level the workers a class can reach (free, or held by lower
+priorities) only shrink as the level is decided, so once one task of a class fails to reach
+min_nodes every younger task of that class would fail too: the pass stops reading the class
+there. A task without nodes that gets none changes nothing for the others.
 """
 
-from collections.abc import Iterable, Mapping
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from queueworks.allow import covers
+from controller.board import Board
+from controller.views import (
+    FitKey,
+    Snapshot,
+    TaskView,
+    WorkerView,
+    handlers_of,
+    labelled,
+    matches,
+    may_run,
+    rank,
+)
 from queueworks.models import UNUSABLE, Refusal
 
-
-@dataclass(frozen=True)
-class TaskView:
-    """An active task as the allocator sees it."""
-
-    id: str
-    priority: int  # higher number = more important
-    min_nodes: int  # >= 1
-    max_nodes: int | None  # None = no upper bound
-    seq: float  # submission order (smaller = older); ties broken by id
-    selector: Mapping[str, str] = field(default_factory=dict)
-    nodes: frozenset[str] = frozenset()
-    running: bool = False
-    handler: str = ""  # "module:function"; "" = any worker may run it
-    refused: frozenset[str] = frozenset()  # workers that said they cannot run its handler
-    handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name (all must fit)
-    want: int | None = None  # a queue's demand now: grow no further (None: max_nodes)
-
-
-@dataclass(frozen=True)
-class WorkerView:
-    """A live worker and its labels."""
-
-    id: str
-    labels: Mapping[str, str] = field(default_factory=dict)
-    allow: tuple[str, ...] | None = None  # its --allow prefixes; None = not known (any)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Active tasks (queued / running / waiting) and live workers."""
-
-    tasks: tuple[TaskView, ...]
-    workers: tuple[WorkerView, ...]
+__all__ = [
+    "Board",
+    "Plan",
+    "Snapshot",
+    "TaskView",
+    "WorkerView",
+    "allocate",
+    "labelled",
+    "matches",
+    "may_run",
+    "rank",
+    "why_waiting",
+]
 
 
 @dataclass(frozen=True)
@@ -67,104 +71,100 @@ class Plan:
     """Every live worker id mapped to its task id, or None when idle."""
 
     assignment: Mapping[str, str | None]
-    _nodes: Mapping[str, frozenset[str]] = field(init=False, repr=False, compare=False)
+    _nodes: Mapping[str, frozenset[str]] | None = field(default=None, repr=False, compare=False)
+    # the workers whose task differs from the input (None: not known, see `changed`)
+    _changed: frozenset[str] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if self._nodes is not None:
+            return
         by_task: dict[str, set[str]] = {}
         for worker, task in self.assignment.items():
             if task is not None:
                 by_task.setdefault(task, set()).add(worker)
         object.__setattr__(self, "_nodes", {t: frozenset(ws) for t, ws in by_task.items()})
 
+    def changed(self) -> frozenset[str]:
+        """The live workers whose task the plan changes (all of them if not known)."""
+        return frozenset(self.assignment) if self._changed is None else self._changed
+
     def nodes_of(self, task_id: str) -> frozenset[str]:
         """The node set the plan gives `task_id` (empty if none)."""
+        assert self._nodes is not None
         return self._nodes.get(task_id, frozenset())
 
-    def moves(self, snapshot: Snapshot) -> dict[str, str | None]:
-        """Only the workers whose task differs from the snapshot (worker -> new task or None)."""
-        current = _current_tasks(snapshot.tasks)
+    def moves(self, source: Snapshot | Board) -> dict[str, str | None]:
+        """Only the workers whose task differs from the input (worker -> new task or None)."""
+        current = _current_tasks(_holders(source))
         return {w: t for w, t in sorted(self.assignment.items()) if current.get(w) != t}
 
 
-def labelled(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker has every label of the task's selector."""
-    return all(worker.labels.get(key) == value for key, value in task.selector.items())
-
-
-def handlers_of(task: TaskView) -> tuple[str, ...]:
-    return (task.handler, *task.handlers) if task.handler else task.handlers
-
-
-def may_run(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker's --allow prefixes cover the task's handler(s)."""
-    allow = worker.allow
-    return allow is None or all(covers(allow, h) for h in handlers_of(task))
-
-
-def matches(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker fits the task (see the module docstring)."""
-    return labelled(worker, task) and may_run(worker, task) and worker.id not in task.refused
-
-
-def allocate(snapshot: Snapshot) -> Plan:
+def allocate(source: Snapshot | Board) -> Plan:
     """Decide which live worker serves which task (see the module docstring)."""
-    run = _Pass(snapshot)
-    run.reach_mins()
+    board = source if isinstance(source, Board) else Board.of(source)
+    run = _Pass(board)
+    for priority, holders, classes in board.levels():
+        run.settle_level(priority, holders, classes)
     run.grow()
     assignment: dict[str, str | None] = dict.fromkeys(run.ids)
-    for task, held in zip(run.order, run.held, strict=True):
-        assignment.update(dict.fromkeys(held, task.id))
-    return Plan(MappingProxyType(assignment))
+    nodes: dict[str, frozenset[str]] = {}
+    changed: set[str] = set()
+    for task_id, held in run.held.items():
+        if held:
+            assignment.update(dict.fromkeys(held, task_id))
+            nodes[task_id] = frozenset(held)
+    for task in [*run.listed, *run.started]:
+        changed |= nodes.get(task.id, frozenset()) ^ (task.nodes & assignment.keys())
+    return Plan(MappingProxyType(assignment), nodes, frozenset(changed))
 
 
-def _rank(task: TaskView) -> tuple[int, float, str]:
-    return (-task.priority, task.seq, task.id)
+def _holders(source: Snapshot | Board) -> Sequence[TaskView]:
+    if isinstance(source, Snapshot):
+        return sorted((t for t in source.tasks if t.nodes), key=rank)
+    return source.holders()
 
 
-def _current_tasks(tasks: Iterable[TaskView]) -> dict[str, str]:
-    """Worker -> task listing it in `nodes`; the higher-ranked task wins a double listing."""
+def _current_tasks(holders: Iterable[TaskView]) -> dict[str, str]:
+    """Worker -> task listing it in `nodes`; the higher-ranked task wins a double listing.
+    ``holders`` are in rank order."""
     current: dict[str, str] = {}
-    for task in sorted(tasks, key=_rank):
+    for task in holders:
         for worker in task.nodes:
             current.setdefault(worker, task.id)
     return current
 
 
 class _Pass:
-    """Mutable state of one allocation: node sets in rank order and the free pool."""
+    """Mutable state of one allocation: node sets and the free pool."""
 
-    def __init__(self, snapshot: Snapshot) -> None:
-        self.order = sorted(snapshot.tasks, key=_rank)
-        if len({t.id for t in self.order}) != len(self.order):
-            raise ValueError("duplicate task id in snapshot")
-        self.workers = {w.id: w for w in snapshot.workers}
-        self.ids = sorted(self.workers)
-        current = _current_tasks(self.order)
-        self.held: list[list[str]] = []
-        for task in self.order:
-            mine = sorted(
-                w
-                for w in task.nodes
-                if current[w] == task.id and w in self.workers and self._fits(w, task)
-            )
-            self.held.append(mine[: self._max(task)])
-        self.free = set(self.ids).difference(*self.held)
-        self.holders = [i for i, held in enumerate(self.held) if held]
-        self.short: dict[
-            tuple[frozenset[tuple[str, str]], int, tuple[str, ...], frozenset[str]], int
-        ] = {}
+    def __init__(self, board: Board) -> None:
+        self.workers = board.workers
+        self.ids = board.worker_ids()
+        self._fit = board.fit
+        holders = board.holders()
+        self.held: dict[str, list[str]] = {}
+        if board.listed_twice():
+            current = _current_tasks(holders)
+            for task in holders:
+                mine = [w for w in board.kept(task) if current[w] == task.id]
+                self.held[task.id] = mine[: self._max(task)]
+        else:
+            for task in holders:
+                self.held[task.id] = board.kept(task)[: self._max(task)]
+        self.free = set(self.ids).difference(*self.held.values())
+        self.holders = [t for t in holders if self.held[t.id]]  # kept nodes: may be preempted
+        self.listed = holders  # every task that listed nodes, rank order
+        self.started: list[TaskView] = []  # tasks that listed none and got some, rank order
+        self.short: dict[tuple[FitKey, int], int] = {}
 
-    def _fits(self, worker: str, task: TaskView) -> bool:
-        return matches(self.workers[worker], task)
-
-    def _min(self, i: int) -> int:
-        return max(1, self.order[i].min_nodes)
+    def _min(self, task: TaskView) -> int:
+        return max(1, task.min_nodes)
 
     def _max(self, task: TaskView) -> int:
-        most = len(self.workers) if task.max_nodes is None else task.max_nodes
-        if task.want is not None:  # a queue that asks for fewer now (never below min_nodes)
-            most = min(most, max(task.want, task.min_nodes))
-        return most
+        cap = len(self.workers) if task.max_nodes is None else task.max_nodes
+        if task.want is not None:
+            cap = min(cap, max(task.want, self._min(task)))
+        return cap
 
     def _free_fits(self, task: TaskView, limit: int) -> list[str]:
         """Up to `limit` free workers matching `task`, by id."""
@@ -173,56 +173,70 @@ class _Pass:
             return found
         small = 4 * len(self.free) <= len(self.ids)  # then sorting beats scanning every id
         for w in sorted(self.free) if small else self.ids:
-            if w in self.free and self._fits(w, task):
+            if w in self.free and self._fit(w, task):
                 found.append(w)
                 if len(found) == limit:
                     break
         return found
 
-    def reach_mins(self) -> None:
-        """Step 2, one priority level at a time."""
-        start = 0
-        while start < len(self.order):
-            end = start
-            while end < len(self.order) and self.order[end].priority == self.order[start].priority:
-                end += 1
-            self._settle_level(start, end)
-            start = end
-
-    def _settle_level(self, start: int, end: int) -> None:
-        """Run step 2 on one level; a task that kept nodes but fails is stripped and the level
+    def settle_level(
+        self, priority: int, holders: Sequence[TaskView], classes: Sequence[Sequence[TaskView]]
+    ) -> None:
+        """Step 2 on one level; a task that kept nodes but fails is stripped and the level
         rerun, so older tasks of the level can use those nodes (otherwise the next pass would)."""
-        level = range(start, end)
-        if not any(0 < len(self.held[i]) < self._min(i) for i in level):
-            for i in level:
-                self._reach_min(i)
+        if not any(0 < len(self.held[t.id]) < self._min(t) for t in holders):
+            self._run_level(holders, classes)
             return
-        saved = ([list(h) for h in self.held], set(self.free))
-        while (failed := next((i for i in level if not self._reach_min(i)), None)) is not None:
-            self.held, self.free = [list(h) for h in saved[0]], set(saved[1])
+        saved = ({k: list(v) for k, v in self.held.items()}, set(self.free), len(self.started))
+        while (failed := self._run_level(holders, classes)) is not None:
+            held, free, started = saved
+            self.held, self.free = {k: list(v) for k, v in held.items()}, set(free)
+            del self.started[started:]
             self.short.clear()
             self.free.update(self.held[failed])
             self.held[failed] = []
-            saved = ([list(h) for h in self.held], set(self.free))
+            saved = ({k: list(v) for k, v in self.held.items()}, set(self.free), started)
 
-    def _reach_min(self, i: int) -> bool:
-        """Bring task i to min_nodes or to nothing; False if it failed while holding nodes."""
-        task, mine = self.order[i], self.held[i]
-        need = self._min(i) - len(mine)
+    def _run_level(
+        self, holders: Sequence[TaskView], classes: Sequence[Sequence[TaskView]]
+    ) -> str | None:
+        """Every task of the level in rank order (tasks that listed nodes, merged with the
+        classes of those that did not), until one that kept nodes fails: its id, else None.
+        A class is read only up to its first task that fails."""
+        sources = [iter(holders), *(iter(c) for c in classes)]
+        heap: list[tuple[tuple[float, str], int, TaskView]] = []
+        for n, it in enumerate(sources):
+            if (first := next(it, None)) is not None:
+                heap.append(((first.seq, first.id), n, first))
+        heapq.heapify(heap)
+        while heap:
+            _, n, task = heapq.heappop(heap)
+            if not self._reach_min(task):
+                return task.id
+            if n > 0 and not self.held.get(task.id):
+                continue  # the class is done for this level
+            if (nxt := next(sources[n], None)) is not None:
+                heapq.heappush(heap, ((nxt.seq, nxt.id), n, nxt))
+        return None
+
+    def _reach_min(self, task: TaskView) -> bool:
+        """Bring the task to min_nodes or to nothing; False if it failed while holding nodes."""
+        mine = self.held.get(task.id, [])
+        need = self._min(task) - len(mine)
         if need <= 0:
             return True
-        if self._min(i) > self._max(task):  # can never be satisfied
-            return self._release(i)
-        # Within a level (until a rerun) the free and lower nodes a (selector, priority) can use
-        # only shrink, so a known shortfall stays one: many alike queued tasks cost O(1) each.
-        key = (frozenset(task.selector.items()), task.priority, handlers_of(task), task.refused)
+        if self._min(task) > self._max(task):  # can never be satisfied
+            return self._release(task)
+        # Within a level (until a rerun) the free and lower nodes a (fit, priority) can use
+        # only shrink, so a known shortfall stays one.
+        key = (task.fit_key(), task.priority)
         if self.short.get(key, need) < need:
-            return self._release(i)
+            return self._release(task)
         picks = self._free_fits(task, need)
-        victims = self._preempt(i, picks, need) if len(picks) < need else {}
+        victims = self._preempt(task, picks, need) if len(picks) < need else {}
         if len(picks) < need:  # picks is then everything available
             self.short[key] = len(picks)
-            return self._release(i)
+            return self._release(task)
         taken = set(picks)
         for j, whole in victims.items():
             rest = [w for w in self.held[j] if w not in taken]
@@ -230,47 +244,64 @@ class _Pass:
                 self.free.update(rest)
             self.held[j] = [] if whole else rest
         self.free -= taken
-        self.held[i] = sorted(mine + picks)
+        self.held[task.id] = sorted(mine + picks)
+        if not task.nodes:
+            self.started.append(task)
         return True
 
-    def _preempt(self, i: int, picks: list[str], need: int) -> dict[int, bool]:
+    def _preempt(self, task: TaskView, picks: list[str], need: int) -> dict[str, bool]:
         """Extend `picks` from strictly lower-priority tasks (lowest, youngest first): surplus
         above their min, then whole tasks. Returns victim -> preempted whole; commits nothing."""
-        task, taken = self.order[i], set(picks)
+        taken = set(picks)
         lower = []
-        for j in reversed(self.holders):  # only tasks that kept nodes can hold any now
-            if j <= i or self.order[j].priority >= task.priority:
+        for j in reversed(self.holders):  # only tasks that kept nodes can hold lower ones now
+            if j.priority >= task.priority:
                 break
-            if self.held[j]:
+            if self.held[j.id]:
                 lower.append(j)
-        victims: dict[int, bool] = {}
+        victims: dict[str, bool] = {}
         for whole in (False, True):
             for j in lower:
-                room = len(self.held[j]) if whole else len(self.held[j]) - self._min(j)
-                for w in reversed(self.held[j]):  # highest ids first
+                held = self.held[j.id]
+                room = len(held) if whole else len(held) - self._min(j)
+                for w in reversed(held):  # highest ids first
                     if len(picks) == need or room <= 0:
                         break
-                    if w not in taken and self._fits(w, task):
+                    if w not in taken and self._fit(w, task):
                         picks.append(w)
                         taken.add(w)
-                        victims[j] = whole or victims.get(j, False)
+                        victims[j.id] = whole or victims.get(j.id, False)
                         room -= 1
         return victims
 
-    def _release(self, i: int) -> bool:
-        """Gang failure: task i gets nothing; False if it had kept nodes."""
-        mine, self.held[i] = self.held[i], []
+    def _release(self, task: TaskView) -> bool:
+        """Gang failure: the task gets nothing; False if it had kept nodes."""
+        mine = self.held.pop(task.id, [])
+        if task.nodes:
+            self.held[task.id] = []
         self.free.update(mine)
         return not mine
 
     def grow(self) -> None:
-        """Step 4: tasks at >= min_nodes grow toward max_nodes, in rank order."""
-        for i, task in enumerate(self.order):
-            mine = self.held[i]
-            if len(mine) >= self._min(i):
-                extra = self._free_fits(task, self._max(task) - len(mine))
-                self.free.difference_update(extra)
-                self.held[i] = sorted(mine + extra)
+        """Step 4: tasks at >= min_nodes grow toward their cap, in rank order. Free workers
+        only go in this step, so a fit that finds none free stops looking."""
+        none_free: set[FitKey] = set()
+        for task in heapq.merge(self.listed, self.started, key=rank):
+            mine = self.held.get(task.id)
+            if not mine or len(mine) < self._min(task) or not self.free:
+                continue
+            limit = self._max(task) - len(mine)
+            if limit <= 0:
+                continue
+            fit = task.fit_key()
+            if fit in none_free:
+                continue
+            extra = self._free_fits(task, limit)
+            if not extra:
+                none_free.add(fit)
+                continue
+            self.free.difference_update(extra)
+            self.held[task.id] = sorted(mine + extra)
 
 
 def why_waiting(

@@ -1,32 +1,43 @@
 """The controller process: hold the leader lease, wake on the events stream, reconcile.
 
-Replicas: one holds ``qw:controller:leader`` (TTL ``lease_ttl``, renewed every pass); the
-others poll for it a few times per TTL and take over within the TTL when the leader dies.
-All state lives in Redis, so a controller that dies loses nothing.
+Replicas: one holds ``qw:controller:leader`` (``controller.lease``: its own thread takes it
+when it is free and renews it every third of ``lease_ttl``, however long a pass takes); the
+others wait and take over within the TTL when the leader dies. All state lives in Redis, so
+a controller that dies loses nothing: a new leader seals the fence and reads everything
+(``Reconciler.rebuild``), then keeps what it read in memory and reads again only what the
+events name (``XREAD BLOCK`` on ``qw:events``), plus a bounded backstop. A gap in the events
+(trimmed while it was behind) means a full read again; so does a Redis outage.
 
-The leader wakes on every new event (``XREAD BLOCK`` on ``qw:events``: submissions, workers
-joining and leaving, members lost, completions, priority changes) and reconciles at once;
-a periodic pass every ``reconcile_interval`` is the backstop.
+Every write of a pass is fenced (``controller.fence``): a leader frozen past its lease wakes
+up and writes nothing.
+
+Fault injection, for tests only: ``QUEUEWORKS_FAULT_STOP_BEFORE_APPLY=N`` makes the leader
+SIGSTOP itself right before the writes of its N-th pass that has any (after every local check:
+what stops them then is the fence in Redis). Someone else must SIGCONT it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 import time
 import uuid
 from typing import Any
 
-from controller.reconciler import Reconciler
-from queueworks import events
+from controller.feed import Feed, Gap
+from controller.fence import Fence, Fenced
+from controller.lease import Lease
+from controller.reconciler import PassStats, Reconciler
+from controller.tally import Tally
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 
-PASS_GAP = 0.005  # s at least between two event-driven passes: a burst lands in one pass
+LEASE_POLL = 0.05  # s between two looks at whether the lease thread won the lease
 
 
 class Controller:
@@ -37,70 +48,114 @@ class Controller:
         self.log = get_logger(controller_id=self.id)
         self.r = connect_settings(settings)
         self.scripts = Scripts(self.r)
-        self.reconciler = Reconciler(self.r, self.keys, self.scripts, self.log)
+        self.tally = Tally()
+        self.fence = Fence(self.r, self.keys, self.scripts, self.tally)
+        self.lease = Lease(
+            self.r, self.keys, self.scripts, self.id, settings.lease_ttl, self.log, self.tally
+        )
+        self.feed = Feed(self.r, self.keys, self.id, self.tally)
+        self.reconciler = Reconciler(
+            self.r,
+            self.keys,
+            self.fence,
+            self.log,
+            me=self.id,
+            heartbeat_ttl=settings.heartbeat_ttl,
+            full_pass_interval=settings.full_pass_interval,
+            tally=self.tally,
+        )
+        self.reconciler.before_apply = self._before_apply
         self._stop = threading.Event()
-        self.leader = False
+        self._stats_at = time.monotonic()
+        self.term = 0  # the lease term the reconciler's mirror was read under (0 = none)
         self.passes = 0
-        self._last_pass = 0.0  # monotonic
+        self._writing_passes = 0
+
+    @property
+    def leader(self) -> bool:
+        return self.term != 0
 
     def stop(self) -> None:
         self._stop.set()
 
     def run(self) -> None:
         self.log.info("controller_starting", redis=redact_url(self.settings.redis_url))
+        self.lease.start()
         backoff = 0.05
-        last_event = "$"
         while not self._stop.is_set():
             try:
-                if not self._hold_lease():
-                    self._stop.wait(min(0.5, self.settings.lease_ttl / 5))
-                    continue
-                if last_event == "$":
-                    last_event = events.latest_id(self.r, self.keys)
-                self.reconciler.apply(self.reconciler.read())
-                self._last_pass = time.monotonic()
-                self.passes += 1
-                last_event = self._wait_for_events(last_event)
+                if self._lead():
+                    self._one_pass()
+                self._stats()
                 backoff = 0.05
+            except Fenced as exc:
+                self.log.warning("writes_fenced", reason=str(exc), term=self.term)
+                self._step_down()
+            except Gap as exc:
+                self.log.warning("events_trimmed", reason=str(exc))
+                self._rebuild()
             except UNAVAILABLE as exc:
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
-                self.leader = False
+                self.term = 0  # read everything again once it is back: it may have restarted
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
-        self._release()
-
-    def _hold_lease(self) -> bool:
-        ttl_ms = int(self.settings.lease_ttl * 1000)
-        if self.leader and self.scripts.lease(self.keys.leader, self.id, "renew", ttl_ms):
-            return True
-        got = bool(self.r.set(self.keys.leader, self.id, nx=True, px=ttl_ms))
-        if got != self.leader:
-            self.log.info("leadership", leader=got)
-            if got:
-                events.emit(self.r, self.keys, "leader", controller=self.id)
-        self.leader = got
-        return got
-
-    def _wait_for_events(self, last_id: str) -> str:
-        """Block until something happens (or the periodic pass is due); drain what came.
-
-        The first event after a quiet spell is acted on at once (a lone submission is
-        assigned without delay); events that follow a pass within ``PASS_GAP`` wait out
-        the gap, so a burst (workers joining, many submissions) lands in one pass."""
-        block_ms = max(1, int(self.settings.reconcile_interval * 1000))
-        reply: Any = self.r.xread({self.keys.events: last_id}, count=1000, block=block_ms)
-        if reply:
-            last_id = reply[0][1][-1][0].decode()
-            gap = PASS_GAP - (time.monotonic() - self._last_pass)
-            if gap > 0:
-                time.sleep(gap)
-        return last_id
-
-    def _release(self) -> None:
-        try:
-            if self.leader:
-                self.scripts.lease(self.keys.leader, self.id, "release")
-                self.log.info("lease_released")
-        except UNAVAILABLE:
-            pass
+        self.lease.stop()
+        self.lease.join(timeout=5.0)
+        self.log.info("controller_stats", **self.tally.snapshot())
         self.r.close()
+
+    def _lead(self) -> bool:
+        """True while this controller leads with a mirror read under its current term."""
+        token, term = self.lease.current()
+        if not term:
+            self._step_down()
+            self._stop.wait(LEASE_POLL)  # the lease thread tries to win it meanwhile
+            return False
+        if term != self.term:
+            self.fence.arm(token, term)
+            self.term = term
+            self._rebuild()
+        return True
+
+    def _step_down(self) -> None:
+        if self.term:
+            self.log.info("leadership", leader=False, term=self.term)
+        self.term = 0
+        self.reconciler.reset()
+
+    def _rebuild(self) -> None:
+        self.feed.start()
+        self._log_pass(self.reconciler.rebuild(), full=True)
+
+    def _one_pass(self) -> None:
+        rec = self.reconciler
+        block = 0 if rec.busy() else max(1, int(self.settings.reconcile_interval * 1000))
+        dirty = self.feed.read(block)
+        if dirty.gap:
+            raise Gap("qw:events was trimmed past the last event read")
+        if dirty or rec.busy() or rec.due():
+            self._log_pass(rec.step(dirty))
+
+    def _log_pass(self, stats: PassStats, full: bool = False) -> None:
+        self.passes += 1
+        self.tally.events += stats.events
+        self.tally.full_passes += full
+        self.log.debug("pass", full=full, **vars(stats))
+
+    def _stats(self) -> None:
+        if time.monotonic() - self._stats_at >= self.settings.stats_interval:
+            self._stats_at = time.monotonic()
+            self.log.info("controller_stats", leader=self.leader, **self.tally.snapshot())
+
+    def _before_apply(self, ops: int) -> None:
+        """Right before a pass writes: the local half of the fence, and the fault knob."""
+        if not self.lease.held():
+            raise Fenced("the lease may have expired (by this process's clock)")
+        self._writing_passes += 1
+        if self._writing_passes == self.settings.fault_stop_before_apply:
+            self.log.warning("fault_stop_before_apply", ops=ops, pass_no=self._writing_passes)
+            time.sleep(0.05)  # let the log line out
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+    def info(self) -> dict[str, Any]:
+        return {"id": self.id, "leader": self.leader, "passes": self.passes}

@@ -1,219 +1,349 @@
-"""The thin shell around the allocator: read a snapshot from Redis, apply the plan.
+"""One controller pass, in proportion to what changed.
 
-One pass costs O(tasks + workers) commands, all pipelined: the active tasks (``qw:queue``),
-their records, and per worker its pool heartbeat, assignment and labels.
+A pass reads again only what its events named (``controller.feed``), the tasks it must look
+at again, and what the backstop says is due (``controller.backstop``: suspects of a lost
+heartbeat, a page of the sweep, expired index entries); it folds the reads into the mirror
+it keeps, allocates on the mirror's board, and writes only the differences, fenced
+(``controller.writes``, ``controller.fence``). A task whose end an event announced is
+released without a read (the release checks that it did end), and the leave of a member of
+a task just released needs none. ``rebuild`` is the full read a new leader starts from (and
+a gap in the events forces).
+
+What the sweep finds different from the mirror is corrected and counted (``swept``): under
+churn it often reads a change before the event that names it arrives; in a quiet system it
+finds nothing, unless an event was lost.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, why_waiting
-from queueworks import events
+from controller.allocator import Plan, allocate
+from controller.backstop import Backstop
+from controller.feed import Dirty
+from controller.fence import Fence
+from controller.mirror import Mirror, TaskRow
+from controller.reads import (
+    PAGE,
+    TaskRead,
+    WorkerRead,
+    all_ids,
+    parse_tasks,
+    parse_workers,
+    queue_tasks,
+    queue_workers,
+    read_tasks,
+    read_workers,
+    unindexed,
+)
+from controller.reasons import Reasons
+from controller.rows import Broken, Finished, differs, finished_row, task_row, task_state
+from controller.rows import worker_row as make_worker_row
+from controller.tally import Tally
+from controller.writes import Writes
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
-from queueworks.models import (
-    Refusal,
-    StoredSpec,
-    TaskRecord,
-    TaskState,
-    WorkerRecord,
-    describe_error,
-)
-from queueworks.records import TASK_FIELDS, task_fields
-from queueworks.scripts import Scripts
+from queueworks.models import TaskState, describe_error
+
+RELEASED_KEPT = 10_000  # released task ids remembered (their members' leaves need no read)
 
 
 @dataclass
-class World:
-    """What one pass read: the allocator's snapshot plus what the shell needs to act."""
-
-    snapshot: Snapshot
-    states: dict[str, TaskState] = field(default_factory=dict)
-    finished: dict[str, tuple[TaskState, float, int]] = field(default_factory=dict)
-    assigned: dict[str, str] = field(default_factory=dict)  # worker -> task, as in Redis
-    lost: list[str] = field(default_factory=list)  # workers whose pool heartbeat is gone
-    refusals: dict[str, dict[str, Refusal]] = field(default_factory=dict)  # task -> worker ->
-    reasons: dict[str, str] = field(default_factory=dict)  # task -> its record's `reason`
+class PassStats:
+    events: int = 0
+    tasks: int = 0
+    workers: int = 0
+    moves: int = 0
+    ops: int = 0
+    swept: int = 0  # changes the sweep read before any event named them
+    allocate_ms: float = 0.0
 
 
 class Reconciler:
-    def __init__(self, r: Connection, keys: Keys, scripts: Scripts, log: Any) -> None:
-        self.r, self.keys, self.scripts, self.log = r, keys, scripts, log
-
-    def read(self) -> World:
-        k = self.keys
-        task_ids = [text(t) for t in self.r.zrange(k.queue, 0, -1)]
-        worker_ids = [text(w) for w in self.r.zrange(k.workers, 0, -1)]
-        pipe = self.r.pipeline(transaction=False)
-        for tid in task_ids:
-            pipe.hmget(k.task(tid).record, [*TASK_FIELDS, "spec"])
-            pipe.hgetall(k.task(tid).refused)
-            pipe.smembers(k.task(tid).handlers)
-        for wid in worker_ids:
-            pipe.exists(k.worker_heartbeat(wid))
-            pipe.get(k.assign(wid))
-            pipe.hget(k.worker(wid), "record")
-        replies = pipe.execute()
-        world = World(Snapshot((), ()))
-        tasks: dict[str, dict[str, Any]] = {}
-        refused_raw: dict[str, dict[bytes, bytes]] = {}
-        for i, tid in enumerate(task_ids):
-            raw, refused_raw[tid], handlers = replies[3 * i : 3 * i + 3]
-            *record_raw, spec_raw = raw
-            try:
-                state = TaskState(text(record_raw[1]))
-            except ValueError:  # expired, never written, or broken: drop it from the queue
-                self.r.zrem(k.queue, tid)
-                if record_raw[1] is not None:
-                    self.log.error("task_record_invalid", task_id=tid, error="bad state")
-                continue
-            try:
-                record = TaskRecord(**task_fields(tid, record_raw))
-                spec = StoredSpec.model_validate_json(spec_raw) if spec_raw else None
-                if state.finished:
-                    ttl = spec.result_ttl if spec else 86400.0
-                    world.finished[tid] = (state, ttl, record.partitions)
-                    continue
-                row = {
-                    "priority": record.priority,
-                    "min_nodes": record.min_nodes,
-                    "max_nodes": record.max_nodes,
-                    "seq": record.created_at,
-                    "selector": spec.node_selector if spec else {},
-                    "handler": spec.handler if spec else "",
-                    "handlers": tuple(sorted(text(h) for h in handlers)),
-                    "want": record.want,
-                }
-            except ValueError as exc:  # another writer broke it: fail it, never crash on it
-                if state.finished:
-                    world.finished[tid] = (state, 86400.0, 0)
-                else:
-                    self._fail(tid, f"task record is invalid: {describe_error(exc)}")
-                continue
-            world.states[tid] = state
-            world.reasons[tid] = record.reason or ""
-            tasks[tid] = row
-        workers: list[WorkerView] = []
-        started: dict[str, float] = {}  # worker -> its process's start (refusals are per process)
-        nodes: dict[str, set[str]] = {tid: set() for tid in tasks}
-        rest = replies[3 * len(task_ids) :]
-        for i, wid in enumerate(worker_ids):
-            alive, assign, record = rest[3 * i], rest[3 * i + 1], rest[3 * i + 2]
-            if not alive:
-                world.lost.append(wid)
-                continue
-            try:
-                rec = WorkerRecord.model_validate_json(record) if record else None
-            except ValueError as exc:  # broken: drop it; a live worker registers again
-                self.log.warning("worker_record_invalid", worker=wid, error=describe_error(exc))
-                world.lost.append(wid)
-                continue
-            task = assign.decode() if assign else ""
-            if task:
-                world.assigned[wid] = task
-                if task in nodes:
-                    nodes[task].add(wid)
-            if rec is None:
-                workers.append(WorkerView(wid))
-            else:
-                started[wid] = rec.started_at
-                workers.append(WorkerView(wid, rec.labels, tuple(rec.allow)))
-        for tid in tasks:
-            world.refusals[tid] = self._refusals(tid, refused_raw[tid], started)
-        views = tuple(
-            TaskView(
-                id=tid,
-                nodes=frozenset(nodes[tid]),
-                running=world.states[tid] == TaskState.RUNNING,
-                refused=frozenset(world.refusals[tid]),
-                **t,
-            )
-            for tid, t in tasks.items()
+    def __init__(
+        self,
+        r: Connection,
+        keys: Keys,
+        fence: Fence,
+        log: Any,
+        *,
+        me: str,
+        heartbeat_ttl: float,
+        full_pass_interval: float,
+        tally: Tally,
+    ) -> None:
+        self.r, self.keys, self.fence, self.log, self.me = r, keys, fence, log, me
+        self.tally = tally
+        self.ttl, self.full_interval = heartbeat_ttl, full_pass_interval
+        self.mirror = Mirror()
+        self.reasons = Reasons()
+        self.recheck: set[str] = set()
+        self.backstop = Backstop(
+            r, keys, tally, heartbeat_ttl=heartbeat_ttl, interval=full_pass_interval
         )
-        world.snapshot = Snapshot(views, tuple(workers))
-        return world
+        self.released: dict[str, None] = {}  # tasks this leader released lately, in order
+        self._plan: tuple[int, Plan] | None = None  # the last plan and the board it left
+        self.before_apply: Callable[[int], None] = lambda ops: None  # the process's hook
 
-    def _refusals(
-        self, task_id: str, raw: dict[bytes, bytes], started: dict[str, float]
-    ) -> dict[str, Refusal]:
-        """The refusals of a task by live worker processes (a restarted worker may try again)."""
-        out: dict[str, Refusal] = {}
-        for wid_raw, body in raw.items():
-            wid = text(wid_raw)
-            try:
-                refusal = Refusal.model_validate_json(body)
-            except ValueError as exc:
-                self.log.warning("refusal_invalid", task_id=task_id, worker=wid, error=str(exc))
-                continue
-            if started.get(wid) == refusal.since:
-                out[wid] = refusal
-        return out
+    def reset(self) -> None:
+        """Forget what was read (no longer the leader)."""
+        self.mirror, self.reasons, self.recheck = Mirror(), Reasons(), set()
+        self.released, self._plan = {}, None
+        self.backstop.reset()
 
-    def _fail(self, task_id: str, error: str, why: str = "task_record_invalid") -> None:
-        if self.scripts.set_state(self.keys.task(task_id), TaskState.FAILED, time.time(), error):
-            events.emit(self.r, self.keys, "failed", task=task_id, error=error)
-        self.log.error(why, task_id=task_id, error=error)
+    def busy(self) -> bool:
+        """More to do without waiting for events (rechecks, reasons to refresh)."""
+        return bool(self.recheck) or self.reasons.pending()
 
-    def apply(self, world: World) -> Plan:
-        """Release finished tasks and lost workers, then move workers as the plan says."""
-        k, now = self.keys, time.time()
+    def due(self) -> bool:
+        """Time to look for lost workers, a sweep page and expired index entries."""
+        return self.backstop.due()
+
+    # -- the full read --------------------------------------------------------------------
+
+    def rebuild(self) -> PassStats:
+        """Forget everything, seal the fence (a cluster), read the whole state again, pass."""
+        started = time.monotonic()
+        self.fence.seal()
+        self.reset()
+        task_ids, worker_ids = all_ids(self.r, self.keys, tally=self.tally)
+        workers = read_workers(self.r, self.keys, worker_ids, tally=self.tally)
+        tasks = read_tasks(
+            self.r, self.keys, task_ids, spec=task_ids, deep=task_ids, tally=self.tally
+        )
+        missing = unindexed(self.r, self.keys, task_ids, tally=self.tally)
+        read = time.monotonic()
+        stats = self._pass(tasks, workers, index=set(missing))
+        self.log.info(
+            "rebuilt",
+            tasks=len(task_ids),
+            workers=len(worker_ids),
+            read_s=round(read - started, 3),
+            pass_s=round(time.monotonic() - read, 3),
+            moves=stats.moves,
+        )
+        return stats
+
+    # -- one pass -------------------------------------------------------------------------
+
+    def step(self, dirty: Dirty) -> PassStats:
+        """Read what ``dirty`` names (and what is due), allocate, write the differences."""
+        m = self.mirror
+        tasks = dirty.tasks | self.recheck
+        self.recheck = set()
+        workers = set(dirty.workers)
+        deep = set(dirty.deep)
+        ended: dict[str, str] = {}  # tasks to release without a read
+        for tid, kind in dirty.ended.items():
+            if tid in m.tasks and tid not in tasks:
+                ended[tid] = kind
+            elif tid not in self.released:
+                tasks.add(tid)
+        for wid, tid in dirty.left.items():
+            if (tid not in self.released and tid not in ended) or tid in tasks:
+                tasks.add(tid)
+                workers.add(wid)
+        due = self.due()
+        swept: set[str] = set()
+        if due:  # count what the sweep alone finds changed, not what events named
+            named = {f"t:{t}" for t in tasks} | {f"w:{w}" for w in workers}
+            swept = self.backstop.sweep(self.mirror, tasks, workers, deep) - named
+        new = {t for t in tasks if t not in m.tasks}
+        deep |= new
+        task_ids, worker_ids = sorted(tasks), sorted(workers)
         pipe = self.r.pipeline(transaction=False)
-        for wid in world.lost:
-            pipe.zrem(k.workers, wid)
-            pipe.delete(k.assign(wid))  # one key per DEL: they may be on different nodes
-            pipe.delete(k.worker(wid))
-            events.emit(pipe, k, "worker_lost", worker=wid)
-            world.assigned.pop(wid, None)
-        for tid, (state, ttl, partitions) in world.finished.items():
-            # Out of the queue first, then expire only if still finished: a requeued dead
-            # letter may reopen the task at any moment, and then it goes back in.
-            self.r.zrem(k.queue, tid)
-            if self.scripts.expire_finished(k.task(tid).all(partitions), int(ttl * 1000)):
-                events.emit(pipe, k, "released", task=tid, state=state.value)
-            else:
-                self.r.zadd(k.queue, {tid: time.time()}, nx=True)
-        plan = allocate(world.snapshot)
-        moves = plan.moves(world.snapshot)
-        for wid, held in sorted(world.assigned.items()):
-            if held in world.finished or held not in world.states:
-                moves.setdefault(wid, None)
-        for wid, task in sorted(moves.items()):
-            pipe.set(k.assign(wid), task or "")
-            events.emit(
-                pipe,
-                k,
-                "assigned" if task else "unassigned",
-                worker=wid,
-                task=task or world.assigned.get(wid),
+        if due:
+            self.backstop.queue_looks(pipe)
+        small = len(task_ids) + len(worker_ids) <= PAGE
+        if small:
+            queue_tasks(pipe, self.keys, task_ids, new, deep)
+            queue_workers(pipe, self.keys, worker_ids)
+        replies = iter(self.tally.run(pipe))
+        suspects: list[Any] = next(replies) if due else []
+        expired: list[Any] = next(replies) if due else []
+        if small:
+            task_reads = parse_tasks(task_ids, replies, new, deep)
+            worker_reads = parse_workers(worker_ids, replies)
+        else:
+            task_reads = read_tasks(
+                self.r, self.keys, task_ids, spec=new, deep=deep, tally=self.tally
             )
-        pipe.execute()
-        for view in world.snapshot.tasks:
-            size = len(plan.nodes_of(view.id))
-            state = world.states[view.id]
-            self._explain(world, view, size)
-            if size >= view.min_nodes and size > 0:
+            worker_reads = read_workers(self.r, self.keys, worker_ids, tally=self.tally)
+        if due:
+            self.backstop.looked = time.monotonic()
+            worker_reads += self.backstop.suspects(suspects, workers)
+        stats = self._pass(task_reads, worker_reads, swept=swept, expired=expired, ended=ended)
+        stats.events = dirty.events
+        return stats
+
+    def _pass(
+        self,
+        tasks: Sequence[TaskRead],
+        workers: Sequence[WorkerRead],
+        *,
+        index: Collection[str] = (),
+        swept: Collection[str] = (),
+        expired: Sequence[Any] = (),
+        ended: dict[str, str] | None = None,
+    ) -> PassStats:
+        writes = Writes(self.keys, self.mirror, self.me)
+        stats = PassStats(tasks=len(tasks), workers=len(workers))
+        touched: set[str] = set()
+        for tid, kind in (ended or {}).items():  # the release checks that it did end
+            self._release(self.mirror.tasks[tid], TaskState(kind), writes)
+        stats.swept += self._absorb_workers(workers, writes, touched, swept)
+        stats.swept += self._absorb_tasks(tasks, writes, touched, swept)
+        for tid in index:  # active tasks the index does not list yet
+            if (row := self.mirror.tasks.get(tid)) is not None:
+                writes.index(row.id, row.created_at)
+        board = self.mirror.board
+        plan = self._plan[1] if self._plan and self._plan[0] == board.version else None
+        if plan is None:  # the board changed since the last plan was carried out
+            started = time.perf_counter()
+            plan = allocate(board)
+            stats.allocate_ms = (time.perf_counter() - started) * 1000
+        self._moves(plan, writes, touched)
+        self._states(plan, writes, touched)
+        self._explain(plan, writes, touched | set(self.reasons.due(self.mirror)))
+        if expired:
+            self.backstop.expired([text(t) for t in expired], writes)
+        if len(writes):
+            self.before_apply(len(writes))
+            writes.commit(self.fence.apply(writes.batch))
+        # carried out as planned, the board is the plan's: allocating again would move nothing
+        self._plan = (board.version, plan) if writes.as_planned else None
+        self.recheck |= writes.recheck
+        stats.moves, stats.ops = writes.moved, len(writes)
+        t = self.tally
+        t.passes += 1
+        t.moves, t.ops, t.swept = t.moves + stats.moves, t.ops + stats.ops, t.swept + stats.swept
+        t.tasks_read, t.workers_read = t.tasks_read + stats.tasks, t.workers_read + stats.workers
+        return stats
+
+    # -- folding reads into the mirror ----------------------------------------------------
+
+    def _absorb_workers(
+        self,
+        reads: Sequence[WorkerRead],
+        writes: Writes,
+        touched: set[str],
+        swept: Collection[str],
+    ) -> int:
+        m, swept_n = self.mirror, 0
+        for read in reads:
+            known = m.workers.get(read.id)
+            row = None
+            if read.alive and read.listed:
+                try:
+                    row = make_worker_row(read, known)
+                except ValueError as exc:  # broken: drop it; a live worker registers again
+                    self.log.warning("worker_record_invalid", worker=read.id, error=str(exc))
+            if row is None:
+                if read.listed:  # its heartbeat is gone (or its record broken): lost
+                    writes.lost(read.id)
+                if known is not None:
+                    touched.add(known.assign)
+                    m.drop_worker(read.id)
+                    swept_n += f"w:{read.id}" in swept
+                continue
+            if known is None or known.assign != row.assign:
+                touched.update((row.assign, known.assign if known else ""))
+            swept_n += f"w:{read.id}" in swept and differs(known, row)
+            m.put_worker(row)
+        touched.discard("")
+        return swept_n
+
+    def _absorb_tasks(
+        self, reads: Sequence[TaskRead], writes: Writes, touched: set[str], swept: Collection[str]
+    ) -> int:
+        m, swept_n = self.mirror, 0
+        for read in reads:
+            known = m.tasks.get(read.id)
+            state = task_state(read)
+            if state is None:  # expired, never written, or broken: out of the queue
+                if read.fields[1] is not None:
+                    self.log.error("task_record_invalid", task_id=read.id, error="bad state")
+                writes.unqueue(read.id)
+                self._forget(read.id)
+                continue
+            try:
+                row: Any = task_row(read, known, state)
+            except ValueError as exc:  # another writer broke it: fail it, never crash on it
+                row = Broken(f"task record is invalid: {describe_error(exc)}")
+                if state.finished:
+                    row = finished_row(read, known, state)
+            swept_n += f"t:{read.id}" in swept and differs(known, getattr(row, "row", row))
+            if isinstance(row, Broken):
+                writes.fail(read.id, row.error, "task_record_invalid", self.log)
+            elif isinstance(row, Finished):
+                if known is not None or read.queued is not False:  # else released already
+                    self._release(row.row, row.state, writes)
+            else:
+                m.put_task(row)
+                touched.add(row.id)
+                if read.queued is False:
+                    writes.requeue(row)
+        return swept_n
+
+    def _release(self, row: TaskRow, state: TaskState, writes: Writes) -> None:
+        self._forget(row.id)
+        writes.release(row, state)
+        self.released[row.id] = None
+        while len(self.released) > RELEASED_KEPT:
+            del self.released[next(iter(self.released))]
+
+    def _forget(self, task_id: str) -> None:
+        self.mirror.drop_task(task_id)
+        self.reasons.forget(task_id)
+
+    # -- what to write --------------------------------------------------------------------
+
+    def _moves(self, plan: Plan, writes: Writes, touched: set[str]) -> None:
+        """Write the assignments that change: those the plan changes, and those that name a
+        task the board does not hold (finished, unknown)."""
+        m = self.mirror
+        workers = m.workers
+        strays = [w for t, ws in m.nodes.items() if t not in m.board.tasks for w in ws]
+        for wid in sorted({*plan.changed(), *strays}):
+            task = plan.assignment.get(wid)
+            if wid not in workers:
+                continue
+            was = workers[wid].assign
+            if was != (task or ""):
+                writes.assign(wid, task or "", was)
+                touched.update((was, task or ""))
+        touched.discard("")
+
+    def _states(self, plan: Plan, writes: Writes, touched: set[str]) -> None:
+        for tid in sorted(touched):
+            row = self.mirror.tasks.get(tid)
+            if row is None:
+                continue
+            size = len(plan.nodes_of(tid))
+            if size >= row.min_nodes and size > 0:
                 target = TaskState.RUNNING
-            elif state == TaskState.RUNNING:
+            elif row.state == TaskState.RUNNING:
                 target = TaskState.WAITING
             else:
                 continue
-            if self.scripts.set_state(k.task(view.id), target.value, now):
-                self.log.info("task_state", task_id=view.id, state=target.value, nodes=size)
-                events.emit(self.r, k, target.value, task=view.id, nodes=size)
-        if moves:
-            self.log.info("node_sets_changed", moves=len(moves))
-        return plan
+            if target != row.state:
+                writes.state(row, target, size, self.log)
 
-    def _explain(self, world: World, view: TaskView, size: int) -> None:
-        """Keep the task record's ``reason`` true: why it has too few nodes (empty once it
-        has them); fail it when no live worker can ever run it."""
-        reason, never = "", False
-        if size < max(1, view.min_nodes):
-            reason, never = why_waiting(view, world.snapshot.workers, world.refusals[view.id])
-        if never:
-            self._fail(view.id, f"no worker can run it: {reason}", "task_unrunnable")
-        elif reason != world.reasons.get(view.id, ""):
-            self.r.hset(self.keys.task(view.id).record, "reason", reason)
+    def _explain(self, plan: Plan, writes: Writes, tasks: set[str]) -> None:
+        """Keep each task's ``reason`` true: why it has too few nodes (empty once it has
+        them); fail it when no live worker can ever run it."""
+        m = self.mirror
+        for tid in sorted(tasks):
+            row = m.tasks.get(tid)
+            if row is None:
+                continue
+            reason, never = "", False
+            if len(plan.nodes_of(tid)) < max(1, row.min_nodes):
+                reason, never = self.reasons.explain(m, m.board.tasks[tid])
+            if never:
+                writes.fail(tid, f"no worker can run it: {reason}", "task_unrunnable", self.log)
+            elif reason != row.reason:
+                writes.reason(row, reason)

@@ -161,6 +161,12 @@ def worker(
     "seconds between periodic passes (events wake it at once anyway)",
     type=float,
 )
+@setting(
+    "--full-pass-interval",
+    "full_pass_interval",
+    "seconds over which the backstop sweep re-reads every task and worker",
+    type=float,
+)
 def controller(**flags: Any) -> None:
     """Give tasks their node sets and keep them sized.
 
@@ -305,15 +311,31 @@ def submit(
 @option("--watch", is_flag=True, help="redraw every --interval seconds until Ctrl-C")
 @option("--interval", type=float, default=1.0, show_default=True, help="seconds between redraws")
 @option("--json", "as_json", is_flag=True, help="machine-readable output")
-def info(watch: bool, interval: float, as_json: bool, **flags: Any) -> None:
-    """Tasks (state, progress, node set with ranks), queues (backlog, rate, node set) and
-    workers, like `rq info`."""
+@option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="how many of the newest tasks to show",
+)
+@option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="skip this many of the newest tasks first",
+)
+def info(
+    watch: bool, interval: float, as_json: bool, limit: int, offset: int, **flags: Any
+) -> None:
+    """Tasks (the newest, a page at a time: state, progress, node set with ranks), queues
+    (backlog, rate, node set) and workers, like `rq info`."""
     from queueworks.info import render
 
     settings = settings_from_flags(**flags)
     client = client_for(settings)
     while True:
-        text = render(client, as_json=as_json)
+        text = render(client, as_json=as_json, limit=limit, offset=offset)
         if watch:
             click.clear()
         click.echo(text)

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
+
+from redis.cluster import RedisCluster
 
 from queueworks import events
 from queueworks.connection import Connection, connect, text
@@ -15,7 +18,7 @@ from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.queues import DEFAULTS, UNSET, Queue, Unset, open_queue
 from queueworks.records import BadRecord, new_task, worker_record
 from queueworks.scripts import Scripts
-from queueworks.tasks import Task, TaskNotFound, task_statuses
+from queueworks.tasks import Task, TaskNotFound, task_page, task_statuses
 from queueworks.topology import queue_replication_wait
 
 if TYPE_CHECKING:
@@ -81,54 +84,127 @@ class Client:
 
         Subtasks are streamed in pipelined batches: a generator is never held in memory as
         a whole. Raises ``SubmitError`` naming the bad subtask; nothing is left behind.
+        A task of at most ``SUBMIT_BATCH`` subtasks is written in one atomic step: one
+        round trip on one server, two on a cluster.
 
         ``wait_replicas=n``: return only once ``n`` replicas of every primary that holds the
         task (its keys, the queue, the events) have it (``WAIT n``, up to ``wait_timeout``
         s); else raise ``NotReplicated`` (the task exists; a failover may still lose it).
         """
         tid = submit_task_id(spec, task_id, wait_replicas, wait_timeout)
-        subtasks = sync_subtasks(spec)
+        payloads = iter(sync_subtasks(spec))
         tk = self.keys.task(tid)
-        if self.redis.exists(tk.record):
-            raise task_exists(tid)
         streams = tk.streams(spec.partitions)
-        pipe = self.redis.pipeline(transaction=False)
-        open_streams(pipe, tk, streams)
-        pipe.execute()
-        try:
-            total = self._write_subtasks(tk, spec.partitions, subtasks, streams)
-        except BaseException:
-            self.redis.delete(*streams)
-            raise
+        first = itertools.islice(enumerate(payloads), SUBMIT_BATCH + 1)
+        head = [subtask_message(spec.partitions, i, p) for i, p in first]
+        if len(head) <= SUBMIT_BATCH:
+            total, replies, waits = self._submit_small(
+                spec, tk, streams, head, wait_replicas, wait_timeout
+            )
+        else:
+            rest = (
+                subtask_message(spec.partitions, i, p) for i, p in enumerate(payloads, len(head))
+            )
+            total, replies, waits = self._submit_large(
+                spec, tk, streams, itertools.chain(head, rest), wait_replicas, wait_timeout
+            )
+        task = Task(self, tid)
+        if total == 0:  # nothing to do: complete at once, through the one completion path
+            self.scripts.settle(tk, streams[0], "client", time.time(), [])
+            events.emit(self.redis, self.keys, "completed", task=tid)
+        check_replicated(task, replies, waits, wait_replicas, wait_timeout)
+        return task
+
+    def _submit_small(
+        self,
+        spec: TaskSpec,
+        tk: TaskKeys,
+        streams: list[str],
+        batch: list[tuple[int, int, str, str]],
+        wait_replicas: int,
+        wait_timeout: float,
+    ) -> tuple[int, list[Any], int]:
+        """One script writes it all (``submit_small.lua``); on a cluster the queue, index and
+        event follow in a pipeline (they live in other slots)."""
         now = time.time()
-        pipe = self.redis.pipeline(transaction=False)
-        self.scripts.record_task(tk, streams, new_task(spec, total, now), client=pipe)
-        record_steps(pipe, self.keys, spec, tid, total, now)
+        record = new_task(spec, len(batch), now)
+        event = events.event("submitted", task=tk.task_id, name=spec.name, total=len(batch))
+        cluster = isinstance(self.redis, RedisCluster)
+        k = self.keys
+        publish = None if cluster else (k.queue, k.tasks, k.events, event)
+        pipe = self.redis.pipeline(transaction=False) if wait_replicas or cluster else None
+        written = self.scripts.submit_small(
+            tk, streams, record, batch, now, publish, client=None if cluster else pipe
+        )
+        if pipe is None:
+            if not written:
+                raise task_exists(tk.task_id)
+            return len(batch), [], 0
+        if cluster:
+            if not written:
+                raise task_exists(tk.task_id)
+            publish_task(pipe, k, tk.task_id, now, event)
         waits = 0
         if wait_replicas:  # after the last write on each node: WAIT covers all before it
             waits = queue_replication_wait(
                 pipe,
                 self.redis,
-                [tk.record, self.keys.queue, self.keys.events],
+                [tk.record, k.queue, k.tasks, k.events],
                 wait_replicas,
                 int(wait_timeout * 1000),
             )
         replies = pipe.execute()
-        task = Task(self, tid)
-        if total == 0:  # nothing to do: complete at once, through the one completion path
-            self.scripts.settle(tk, streams[0], "client", now, [])
-        check_replicated(task, replies, waits, wait_replicas, wait_timeout)
-        return task
+        if not cluster and not replies[0]:
+            raise task_exists(tk.task_id)
+        return len(batch), replies, waits
+
+    def _submit_large(
+        self,
+        spec: TaskSpec,
+        tk: TaskKeys,
+        streams: list[str],
+        messages: Iterator[tuple[int, int, str, str]],
+        wait_replicas: int,
+        wait_timeout: float,
+    ) -> tuple[int, list[Any], int]:
+        """Stream after stream of batches, the record last (it makes the streams permanent:
+        a submit that dies half-way leaves streams that expire)."""
+        if self.redis.exists(tk.record):
+            raise task_exists(tk.task_id)
+        pipe = self.redis.pipeline(transaction=False)
+        open_streams(pipe, tk, streams)
+        pipe.execute()
+        try:
+            total = self._write_subtasks(messages, streams)
+        except BaseException:
+            self.redis.delete(*streams)
+            raise
+        now = time.time()
+        pipe = self.redis.pipeline(transaction=False)
+        # on a cluster this runs at once: the record exists before anything lists the task
+        self.scripts.record_task(tk, streams, new_task(spec, total, now), client=pipe)
+        record_steps(pipe, self.keys, spec, tk.task_id, total, now)
+        waits = 0
+        if wait_replicas:
+            waits = queue_replication_wait(
+                pipe,
+                self.redis,
+                [tk.record, self.keys.queue, self.keys.tasks, self.keys.events],
+                wait_replicas,
+                int(wait_timeout * 1000),
+            )
+        return total, pipe.execute(), waits
 
     def _write_subtasks(
-        self, tk: TaskKeys, partitions: int, subtasks: Iterable[Any], streams: list[str]
+        self, messages: Iterator[tuple[int, int, str, str]], streams: list[str]
     ) -> int:
         batch: list[tuple[int, int, str, str]] = []
         pipe = self.redis.pipeline(transaction=False)
         queued_calls = 0
-        index = -1
-        for index, payload in enumerate(subtasks):
-            batch.append(subtask_message(partitions, index, payload))
+        total = 0
+        for message in messages:
+            batch.append(message)
+            total += 1
             if len(batch) >= SUBMIT_BATCH:
                 self.scripts.enqueue(streams, batch, client=pipe)
                 batch = []
@@ -140,7 +216,7 @@ class Client:
         if batch:
             self.scripts.enqueue(streams, batch, client=pipe)
         pipe.execute()
-        return index + 1
+        return total
 
     # -- reading --------------------------------------------------------------------------
 
@@ -190,16 +266,26 @@ class Client:
                 self.redis.srem(self.keys.queues, name)  # its record expired
         return out
 
-    def tasks(self) -> list[TaskStatus]:
-        """Every task known to Redis (active ones and finished ones not yet expired)."""
-        ids = sorted(
-            self.keys.task_id_from_record(text(k))
-            for k in self.redis.scan_iter(match=self.keys.task_pattern, count=1000)
-        )
+    def tasks(
+        self, *, limit: int | None = None, offset: int = 0, newest_first: bool = False
+    ) -> list[TaskStatus]:
+        """Tasks known to Redis (active ones and finished ones not yet expired), oldest
+        first (``newest_first``: the other way), from the index ``qw:tasks``: ``limit``
+        of them (None = all) after skipping ``offset``. Costs one round trip for the page
+        plus one pipeline for its records."""
+        page = task_page(limit, offset)
+        if page is None:
+            return []
+        found: Any = self.redis.zrange(self.keys.tasks, *page, desc=newest_first)
+        ids = [text(t) for t in found]
         pipe = self.redis.pipeline(transaction=False)
         for tid in ids:
             pipe.hgetall(self.keys.task(tid).record)
-        return task_statuses(ids, pipe.execute())
+        return task_statuses(ids, pipe.execute() if ids else [])
+
+    def task_count(self) -> int:
+        """How many tasks the index lists (finished ones until they expire)."""
+        return int(self.redis.zcard(self.keys.tasks))
 
     def workers(self) -> list[WorkerRecord]:
         ids = [text(w) for w in self.redis.zrange(self.keys.workers, 0, -1)]
@@ -269,9 +355,17 @@ def subtask_message(partitions: int, index: int, payload: Any) -> tuple[int, int
 
 def record_steps(pipe: Any, keys: Keys, spec: TaskSpec, tid: str, total: int, now: float) -> None:
     """Queue on ``pipe`` what follows the record (``scripts.record_task``): the task in the
-    queue of tasks, and its ``submitted`` event."""
-    pipe.zadd(keys.queue, {tid: now})
-    events.emit(pipe, keys, "submitted", task=tid, name=spec.name, total=total)
+    queue of tasks and in the index, and its ``submitted`` event."""
+    publish_task(
+        pipe, keys, tid, now, events.event("submitted", task=tid, name=spec.name, total=total)
+    )
+
+
+def publish_task(pipe: Any, keys: Keys, task_id: str, now: float, event: dict[str, str]) -> None:
+    """Queue, index and announce a task whose record is written."""
+    pipe.zadd(keys.queue, {task_id: now})
+    pipe.zadd(keys.tasks, {task_id: now})
+    pipe.xadd(keys.events, event, maxlen=events.EVENTS_MAXLEN, approximate=True)
 
 
 def check_replicated(

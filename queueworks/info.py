@@ -51,14 +51,22 @@ def _queues(queues: list[QueueStatus]) -> list[str]:
     return lines
 
 
-def render(client: Client, *, as_json: bool = False) -> str:
+def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: int = 0) -> str:
+    """The ``limit`` newest tasks after ``offset`` (a page of the index), oldest of them
+    first, then every queue, then the workers."""
     queues = client.queues()
     names = {q.name for q in queues}
-    tasks = [t for t in client.tasks() if t.id not in names]
+    tasks = [
+        t for t in client.tasks(limit=limit, offset=offset, newest_first=True) if t.id not in names
+    ]
+    tasks.sort(key=lambda t: t.created_at)
+    total = client.task_count()
     workers = client.workers()
     if as_json:
         return json.dumps(
             {
+                "total": total,
+                "offset": offset,
                 "tasks": [t.model_dump(mode="json") for t in tasks],
                 "queues": [q.model_dump(mode="json") for q in queues],
                 "workers": [w.model_dump(mode="json") for w in workers],
@@ -66,7 +74,8 @@ def render(client: Client, *, as_json: bool = False) -> str:
             indent=2,
         )
     now = time.time()
-    lines = [f"{len(tasks)} task(s)"]
+    shown = f" (the {len(tasks)} newest after {offset})" if len(tasks) < total else ""
+    lines = [f"{total} task(s){shown}"]
     width = max((len(t.name) for t in tasks), default=0)  # names in full, never cut
     for t in tasks:
         nodes = client.task(t.id).status().nodes if not t.finished else []

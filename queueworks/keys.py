@@ -34,13 +34,21 @@ key                                type          meaning
 ``qw:task:{T}:steps``              hash          step mode: each step's shards and decision
 ``qw:task:{T}:rdzv``               string + TTL  step mode: the leader's c10d store address
 ``qw:task:{T}:checkpoint``         string        step mode: the last checkpoint (if in Redis)
-``qw:queue``                       zset          active tasks, score orders by priority then age
+``qw:queue``                       zset          active tasks, score = created_at
+``qw:tasks``                       zset          every task not yet expired, score = created_at:
+                                                 the index that lists and pages them
+``qw:tasks:expiry``                zset          finished tasks, score = when their keys expire
+                                                 (the controller drops them from the index then)
 ``qw:queues``                      set           the names of every queue (a queue is a task)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:worker:<W>``                  hash          host, pid, labels, state, task, rank, current
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
-``qw:controller:leader``           string + TTL  controller leader lease
+``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``
+``qw:controller:term:{<lease>}``   string (int)  the lease's term counter; its tag is the lease's
+                                                 key, so both share a slot
+``qw:fence:{<tag>}``               string (int)  cluster only, one per slot: the highest term that
+                                                 wrote or sealed the slot (fenced writes)
 ``qw:events``                      stream        what happened (capped ~10,000 entries)
 =================================  ============  =================================================
 
@@ -236,8 +244,26 @@ class Keys:
         return f"{self.prefix}:worker:{worker_id}:assign"
 
     @property
+    def tasks(self) -> str:
+        return f"{self.prefix}:tasks"
+
+    @property
+    def tasks_expiry(self) -> str:
+        return f"{self.prefix}:tasks:expiry"
+
+    @property
     def leader(self) -> str:
         return f"{self.prefix}:controller:leader"
+
+    @property
+    def leader_term(self) -> str:
+        """In the lease's slot (a key without braces hashes as the tag ``{key}`` does), and
+        under the prefix (an ACL may allow this deployment's keys only)."""
+        return f"{self.prefix}:controller:term:{{{self.leader}}}"
+
+    def fence(self, tag: str) -> str:
+        """The term key of the cluster slot that ``tag`` hashes to (``controller.fence``)."""
+        return f"{self.prefix}:fence:{{{tag}}}"
 
     @property
     def events(self) -> str:

@@ -183,7 +183,7 @@ class TaskRecord(_Model):
     error: str | None = None
     reason: str | None = None  # why the task has no (or too few) nodes, while it waits
     rq_job: str | None = None  # the RQ job that submitted it (queueworks.rq), if any
-    want: int | None = None  # a queue's demand: the most nodes it asks for now
+    want: int | None = None  # nodes it can use now, if it says (a queue); None = max_nodes
 
     @property
     def finished(self) -> bool:

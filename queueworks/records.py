@@ -20,6 +20,9 @@ Task record fields (all strings in Redis):
 ``created_at``     ``started_at``, ``finished_at``: Unix seconds ("" or absent = not yet)
 ``error``          why it failed ("" or absent = none)
 ``reason``         why it waits without (enough) nodes, written by the controller
+``want``           how many nodes it can use now ("" or absent = as many as ``max_nodes``): a
+                   queue's members write it from the backlog and emit ``changed`` naming the
+                   task; the controller caps the node set there (never below ``min_nodes``)
 ``rq_job``         the RQ job that submitted it (``queueworks.rq``), if any
 ``want``           a queue's demand: the most nodes it asks for now ("" or absent: max_nodes)
 =================  ===========================================================================
@@ -134,7 +137,7 @@ def task_fields(task_id: str, raw: Mapping[Any, Any] | Sequence[Any]) -> dict[st
         "error": _str(f["error"]) or None,
         "reason": _str(f["reason"]) or None,
         "rq_job": _str(f["rq_job"]) or None,
-        "want": _int(f["want"]) if _str(f["want"]) else None,
+        "want": int(want) if (want := _str(f["want"])) else None,
     }
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from queueworks.events import EVENTS_MAXLEN
 from queueworks.keys import TaskKeys
 from queueworks.models import ACTIVE_STATES
 
@@ -302,6 +303,50 @@ def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[
 
 
 # The scripts a ``Scripts`` / ``AsyncScripts`` loads, each built by the function of its name.
+def submit_small(
+    tk: TaskKeys,
+    streams: Sequence[str],
+    record: Mapping[Any, Any],
+    batch: Sequence[tuple[int, int, str, str]],
+    score: float,
+    publish: tuple[str, str, str, Mapping[str, str]] | None,
+    client: Any = None,
+) -> Call[Any]:
+    """A small task in one atomic step (``submit_small.lua``): 1 if written, 0 if its id
+    exists. ``publish`` = (queue, index, events, event fields) on one server, where the
+    script also queues, indexes and announces it; None on a cluster."""
+    args: list[Any] = [len(streams), tk.group, repr(score), len(record)]
+    for name, value in record.items():
+        args += (name, value)
+    args.append(len(batch))
+    for stream_no, index, payload, key in batch:
+        args += (stream_no + 1, index, payload, key)
+    keys = [tk.record, tk.epoch, *streams]
+    if publish is not None:
+        queue, index_key, events_key, event = publish
+        keys += [queue, index_key, events_key]
+        args += [EVENTS_MAXLEN, len(event)]
+        for name, value in event.items():
+            args += (name, value)
+    return Call("submit_small", keys, args, _same, client)
+
+
+def _leased(reply: Any) -> tuple[int, str]:
+    if int(reply[0]) == 0:
+        return 0, ""
+    return int(reply[0]), _s(reply[1])
+
+
+def lease_acquire(key: str, term_key: str, holder: str, ttl_ms: int) -> Call[tuple[int, str]]:
+    """Take the lease if it is free: (term, token), or (0, "") if it is held."""
+    return Call("lease_acquire", [key, term_key], [holder, ttl_ms], _leased)
+
+
+def fenced(keys: Sequence[str], args: Sequence[Any]) -> Call[list[int]]:
+    """One call of ``fenced.lua`` (see ``controller.fence``): [1, replies...] or [0]."""
+    return Call("fenced", list(keys), list(args), lambda reply: [int(x) for x in reply])
+
+
 NAMES = (
     "enqueue",
     "join",
@@ -319,6 +364,9 @@ NAMES = (
     "promote_due",
     "cancel_job",
     "requeue_job",
+    "lease_acquire",
+    "submit_small",
+    "fenced",  # composed with set_state and expire_finished when loaded (scripts._source)
 )
 
 

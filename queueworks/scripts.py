@@ -67,8 +67,19 @@ _CONSTANTS = {state.name: state.value for state in JobState}
 
 @cache
 def _source(name: str) -> str:
+    if name == "fenced":
+        return fenced_source()
     text = resources.files("queueworks").joinpath("lua", f"{name}.lua").read_text()
     return Template(text).substitute(_CONSTANTS) if "${" in text else text
+
+
+def fenced_source() -> str:
+    """``fenced.lua`` with the rules it applies put before it as functions (its header)."""
+    parts = [
+        f"local function {name}(KEYS, ARGV)\n{_source(name)}\nend\n"
+        for name in ("set_state", "expire_finished")
+    ]
+    return "".join(parts) + resources.files("queueworks").joinpath("lua", "fenced.lua").read_text()
 
 
 class _Bound(Generic[P, T]):
@@ -122,6 +133,19 @@ class _Functions:
     promote_due = _Bound(calls.promote_due)
     cancel_job = _Bound(calls.cancel_job)
     requeue_job = _Bound(calls.requeue_job)
+    submit_small = _Bound(calls.submit_small)
+    lease_acquire = _Bound(calls.lease_acquire)
+    fenced = _Bound(calls.fenced)
+
+    _s: dict[str, Script] | dict[str, AsyncScript]
+
+    def sha(self, name: str) -> str:
+        """The SHA1 of a script (for EVALSHA where a ``Script`` object cannot go)."""
+        return str(self._s[name].sha)
+
+    def source(self, name: str) -> str:
+        """A script's Lua source (to load it where a ``Script`` object cannot go)."""
+        return str(self._s[name].script)
 
 
 class Scripts(_Functions):

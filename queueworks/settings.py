@@ -19,6 +19,9 @@ class Settings(BaseSettings):
     heartbeat_ttl: float = Field(default=3.0, gt=0)
     lease_ttl: float = Field(default=5.0, gt=0)
     reconcile_interval: float = Field(default=1.0, gt=0)
+    full_pass_interval: float = Field(default=60.0, gt=0)  # the controller's backstop sweep
+    stats_interval: float = Field(default=60.0, gt=0)  # s between two `controller_stats` lines
+    fault_stop_before_apply: int = Field(default=0, ge=0)  # tests only: controller.main
     batch_size: int = Field(default=100, ge=1, le=10_000)
     concurrency: int = Field(default=1, ge=1, le=10_000)
     grace_period: float = Field(default=10.0, ge=0)

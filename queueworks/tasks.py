@@ -165,6 +165,22 @@ def finished_task(task_id: str) -> ValueError:
 
 def task_statuses(ids: Sequence[str], raws: Sequence[Any]) -> list[TaskStatus]:
     """``Client.tasks()``: the statuses (without nodes) of the tasks whose records are
-    ``raws`` (HGETALL replies; empty where a task is gone), oldest first."""
-    out = [TaskStatus(**task_fields(tid, raw)) for tid, raw in zip(ids, raws, strict=True) if raw]
-    return sorted(out, key=lambda s: s.created_at)
+    ``raws`` (HGETALL replies), in the order of ``ids``; a task whose record is gone (it
+    expired: the controller drops it from the index soon) or broken is left out, so that one
+    broken record does not hide every other task."""
+    out = []
+    for tid, raw in zip(ids, raws, strict=True):
+        if not raw:
+            continue
+        try:
+            out.append(TaskStatus(**task_fields(tid, raw), nodes=[]))
+        except ValueError:
+            continue
+    return out
+
+
+def task_page(limit: int | None, offset: int) -> tuple[int, int] | None:
+    """The ZRANGE bounds of ``tasks(limit=, offset=)`` (None: an empty page)."""
+    if limit is not None and limit <= 0:
+        return None
+    return offset, -1 if limit is None else offset + limit - 1

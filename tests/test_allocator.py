@@ -2,6 +2,7 @@
 
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
+from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -290,3 +291,94 @@ def test_moves_are_the_difference(s: Snapshot) -> None:
         was = next((t.id for t in ranked if w in t.nodes), None)
         assert (w in moves) == (was != plan.assignment[w])
     assert plan.moves(after) == {}
+
+
+# --- the board: the same plan as the straightforward allocator, built at once or view by view
+
+
+def test_want_caps_growth_but_never_below_min() -> None:
+    ws = workers("w0", "w1", "w2", "w3")
+    q = TaskView("q", 0, 1, None, 0.0, want=2)
+    assert len(allocate(Snapshot((q,), ws)).nodes_of("q")) == 2
+    q = replace(q, want=0)  # idle: shrinks toward min_nodes, not to nothing
+    s = Snapshot((replace(q, nodes=frozenset({"w0", "w1", "w2"})),), ws)
+    assert allocate(s).nodes_of("q") == {"w0"}
+    low = TaskView("low", 0, 1, None, 1.0)
+    s = Snapshot((replace(q, want=1), low), ws)
+    assert allocate(s).nodes_of("low") == {"w1", "w2", "w3"}  # what the queue does not want
+
+
+handlers = st.sampled_from(["", "app.jobs:a", "other.jobs:b"])
+allows = st.none() | st.sampled_from([("app",), ("other",), ("app", "other"), ()])
+
+
+@st.composite
+def _rich(draw: st.DrawFn) -> Snapshot:
+    """Snapshots with every input the allocator reads: labels, allow prefixes, handlers,
+    refusals, want, and many alike waiting tasks (the classes the board skips)."""
+    base = draw(_snapshots(crowded=draw(st.booleans())))
+    ws = tuple(replace(w, allow=draw(allows)) for w in base.workers)
+    ids = [w.id for w in ws]
+    tasks = []
+    for t in base.tasks:
+        refused = draw(st.sets(st.sampled_from(ids))) if ids and draw(st.booleans()) else set()
+        tasks.append(
+            replace(
+                t,
+                handler=draw(handlers),
+                refused=frozenset(refused),
+                want=draw(st.none() | st.integers(0, 5)),
+            )
+        )
+    for k in range(draw(st.integers(0, 12))):  # a backlog of alike tasks, some never runnable
+        tasks.append(
+            TaskView(
+                f"b{k}",
+                draw(st.integers(0, 3)),
+                draw(st.integers(1, 3)),
+                None,
+                float(draw(st.integers(0, 8))),
+                selector=draw(selectors),
+                handler=draw(handlers),
+            )
+        )
+    return Snapshot(tuple(tasks), ws)
+
+
+@PROPS
+@given(_rich())
+def test_same_plan_as_the_oracle(s: Snapshot) -> None:
+    from tests import allocator_oracle
+
+    assert allocate(s) == allocator_oracle.allocate(s)
+
+
+def _levels(board: Any) -> list[Any]:
+    return [
+        (p, [t.id for t in held], sorted([t.id for t in c] for c in classes))
+        for p, held, classes in board.levels()
+    ]
+
+
+@PROPS
+@given(_rich(), _rich(), st.randoms(use_true_random=False))
+def test_a_board_updated_view_by_view_plans_as_one_built_at_once(
+    a: Snapshot, b: Snapshot, rnd: Any
+) -> None:
+    from controller.board import Board
+
+    board = Board.of(a)
+    steps: list[tuple[str, Any]] = [("drop_task", t.id) for t in a.tasks]
+    steps += [("drop_worker", w.id) for w in a.workers]
+    steps += [("put_task", t) for t in b.tasks] + [("put_worker", w) for w in b.workers]
+    rnd.shuffle(steps)
+    for name, arg in steps:  # drops of what b puts again are undone by the put that follows
+        if name.startswith("drop") and (
+            arg in {t.id for t in b.tasks} or arg in {w.id for w in b.workers}
+        ):
+            continue
+        getattr(board, name)(arg)
+    fresh = Board.of(b)
+    assert [t.id for t in board.holders()] == [t.id for t in fresh.holders()]
+    assert _levels(board) == _levels(fresh)  # classes in any order: the merge sorts them
+    assert allocate(board) == allocate(b)

@@ -169,3 +169,33 @@ def test_leader_failover(cluster: Cluster, client: Client, r: redis.Redis, keys:
     assert_right(inflight, 400)
     assert_right(after, 50)
     assert r.get(keys.leader).decode() != leader_id
+
+
+def test_a_tasks_want_caps_its_node_set_live(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """Issue 19 (for queues): a task's record says how many nodes it can use now (`want`,
+    written with a `changed` event naming it): the node set shrinks to it, never below
+    min_nodes, and grows back when it rises."""
+    from queueworks import events
+
+    cluster.controller()
+    for _ in range(3):
+        cluster.worker()
+    cluster.wait_workers(r, 3)
+    task = slow(client, 3000, 0.01, min_nodes=1)
+    wait_for(lambda: nodes(task) == 3, 10, "3 nodes")
+
+    def want(n: int) -> None:
+        r.hset(keys.task(task.id).record, "want", n)
+        events.emit(r, keys, "changed", task=task.id, want=n)
+
+    want(1)
+    wait_for(lambda: nodes(task) == 1, 5, "shrunk to its want")
+    assert task.status().want == 1
+    want(0)  # idle: toward min_nodes, not below
+    time.sleep(0.5)
+    assert nodes(task) == 1
+    want(2)
+    wait_for(lambda: nodes(task) == 2, 5, "grown to its want")
+    task.cancel()

@@ -369,12 +369,13 @@ def _tasks_note(doc: dict[str, Any], labels: dict[str, str]) -> list[str]:
     return [
         f"**One task per job: {ours:,.0f} jobs/s on 2 workers{behind}.** Every task goes"
         " through the controller: it is given a node, the worker joins its node set, runs the"
-        " subtask, the task completes, the worker leaves, the controller releases it; and each"
-        " controller pass reads every queued task (O(tasks)), so a backlog of thousands of"
-        " one-job tasks slows every pass. queueworks is built for tasks of many subtasks; jobs"
-        " that arrive one by one are its weak case. What it would take: group jobs into tasks"
-        " (the intended use), or, in the core, an incremental controller pass (only the tasks"
-        " named by new events) and a long-lived task that accepts appended subtasks.\n"
+        " subtask, the task completes, the worker leaves, the controller releases it. The"
+        " controller's share is small (a pass reads only what its events name; see"
+        " `python -m bench.scale tasks` for each phase); the worker's join, re-rank, read,"
+        " settle and leave for every one-job task are most of it. queueworks is built for tasks"
+        " of many subtasks; jobs that arrive one by one are its weak case. What it would take:"
+        " group jobs into tasks (the intended use), a leaner per-task path in the worker, or a"
+        " long-lived task that accepts appended subtasks (a queue).\n"
     ]
 
 

@@ -35,7 +35,7 @@ from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.queues import DEFAULTS, UNSET, Unset
 from queueworks.records import new_task
 from queueworks.scripts import AsyncScripts
-from queueworks.tasks import TaskNotFound, task_statuses
+from queueworks.tasks import TaskNotFound, task_page, task_statuses
 from queueworks.topology import queue_replication_wait
 
 
@@ -102,7 +102,7 @@ class AsyncClient:
             waits = queue_replication_wait(
                 pipe,
                 self.redis,
-                [tk.record, self.keys.queue, self.keys.events],
+                [tk.record, self.keys.queue, self.keys.tasks, self.keys.events],
                 wait_replicas,
                 int(wait_timeout * 1000),
             )
@@ -181,14 +181,23 @@ class AsyncClient:
                 await self.redis.srem(self.keys.queues, name)  # its record expired
         return out
 
-    async def tasks(self) -> list[TaskStatus]:
-        """Every task known to Redis (active ones and finished ones not yet expired)."""
-        found = self.redis.scan_iter(match=self.keys.task_pattern, count=1000)
-        ids = sorted([self.keys.task_id_from_record(text(k)) async for k in found])
+    async def tasks(
+        self, *, limit: int | None = None, offset: int = 0, newest_first: bool = False
+    ) -> list[TaskStatus]:
+        """``Client.tasks``: a page of the task index, oldest first unless ``newest_first``."""
+        page = task_page(limit, offset)
+        if page is None:
+            return []
+        found: Any = await self.redis.zrange(self.keys.tasks, *page, desc=newest_first)
+        ids = [text(t) for t in found]
         pipe = self.redis.pipeline(transaction=False)
         for tid in ids:
             pipe.hgetall(self.keys.task(tid).record)
-        return task_statuses(ids, await pipe.execute())
+        return task_statuses(ids, await pipe.execute() if ids else [])
+
+    async def task_count(self) -> int:
+        """How many tasks the index lists (finished ones until they expire)."""
+        return int(await self.redis.zcard(self.keys.tasks))
 
     async def workers(self) -> list[WorkerRecord]:
         ids = [text(w) for w in await self.redis.zrange(self.keys.workers, 0, -1)]

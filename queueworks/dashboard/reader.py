@@ -1,8 +1,9 @@
 """Pipelined reads for the dashboard: a page costs a handful of round trips, whatever its size.
 
-``Client.tasks()`` does one HGETALL round trip per task; with 1,000 tasks that alone is
-~0.2 s here. The reader instead finds task records with SCAN (1,000 keys per call) and reads
-every record (HMGET of the fields shown) and member count (ZCARD) in one pipeline.
+Tasks are found in the index ``qw:tasks`` (every task not yet expired, by creation time),
+never by scanning the keyspace. A list page reads two fields of every indexed task (to
+count, filter and order them: active first, then newest) and full rows only for the page
+it shows; records (HMGET of the fields shown) and member counts (ZCARD) in one pipeline.
 """
 
 from __future__ import annotations
@@ -34,7 +35,6 @@ from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_recor
 
 INDEX_FIELDS = ("state", "created_at")
 _ACTIVE = {s.value.encode() for s in ACTIVE_STATES}
-SCAN_COUNT = 1000
 HISTORY_SHOWN = 40
 PENDING_SHOWN = 50
 DEAD_SHOWN = 50
@@ -139,8 +139,9 @@ class Reader:
     # -- tasks ----------------------------------------------------------------------------
 
     def task_ids(self) -> list[str]:
-        it = self.r.scan_iter(match=self.keys.task_pattern, count=SCAN_COUNT, _type="hash")
-        return [self.keys.task_id_from_record(text(k)) for k in it]
+        """Every task the index lists, newest first."""
+        rows: Any = self.r.zrange(self.keys.tasks, 0, -1, desc=True)
+        return [text(t) for t in rows]
 
     def index(self) -> list[TaskRef]:
         """Every task known to Redis with only its state and age (3 arguments a command:

@@ -1,0 +1,117 @@
+"""Reads made into mirror rows, through the records' codecs (``queueworks.records``)."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+from controller.mirror import TaskRow, WorkerRow
+from controller.reads import TaskRead, WorkerRead
+from queueworks.connection import text
+from queueworks.models import Refusal, StoredSpec, TaskState, WorkerRecord
+from queueworks.records import TASK_FIELDS, task_fields
+
+DEFAULT_TTL = 86400.0  # a finished task whose spec cannot be read expires after a day
+_CREATED = TASK_FIELDS.index("created_at")
+
+
+@dataclass(frozen=True)
+class Finished:
+    row: TaskRow
+    state: TaskState
+
+
+@dataclass(frozen=True)
+class Broken:
+    error: str  # why the record does not decode (the task is failed)
+
+
+def task_state(read: TaskRead) -> TaskState | None:
+    """The state the record says, or None if it has none (expired, never written, broken)."""
+    try:
+        return TaskState(text(read.fields[1]))
+    except ValueError:
+        return None
+
+
+def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow | Finished:
+    """The task as its record says; ``ValueError`` if the record does not decode. The spec
+    is read only for a task not ``known`` (a spec never changes); so are the refusals, unless
+    the read asked for them."""
+    record = task_fields(read.id, read.fields)  # typed by the codec; ValueError if broken
+    if read.spec is not None:
+        spec: StoredSpec | None = StoredSpec.model_validate_json(read.spec)
+        selector = dict(spec.node_selector) if spec else {}
+        handler, ttl = (spec.handler, spec.result_ttl) if spec else ("", DEFAULT_TTL)
+    elif known is not None:
+        selector, handler, ttl = known.selector, known.handler, known.result_ttl
+    else:
+        selector, handler, ttl = {}, "", DEFAULT_TTL
+    refusals = known.refusals if known is not None else {}
+    if read.refused is not None:
+        refusals = refusals_of(read.refused)
+    handlers = known.handlers if known is not None else ()
+    if read.handlers is not None:
+        handlers = read.handlers
+    row = TaskRow(
+        id=read.id,
+        state=state,
+        priority=record["priority"],
+        min_nodes=record["min_nodes"],
+        max_nodes=record["max_nodes"],
+        want=record["want"],
+        created_at=record["created_at"],
+        selector=selector,
+        handler=handler,
+        result_ttl=ttl,
+        partitions=record["partitions"],
+        reason=record["reason"] or "",
+        refusals=refusals,
+        handlers=handlers,
+    )
+    return Finished(row, state) if state.finished else row
+
+
+def finished_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> Finished:
+    """A finished task whose record does not decode: enough to release it."""
+    if known is not None:
+        return Finished(known, state)
+    created = 0.0
+    with contextlib.suppress(ValueError):
+        created = float(text(read.fields[_CREATED]) or 0)
+    row = TaskRow(read.id, state, 0, 1, None, None, created, {}, "", DEFAULT_TTL, 0)
+    return Finished(row, state)
+
+
+def refusals_of(raw: dict[bytes, bytes]) -> dict[str, Refusal]:
+    """Every refusal in a task's refused hash that decodes (a broken one counts as none)."""
+    out = {}
+    for wid, body in raw.items():
+        try:
+            out[text(wid)] = Refusal.model_validate_json(body)
+        except ValueError:
+            continue
+    return out
+
+
+def worker_row(read: WorkerRead, known: WorkerRow | None) -> WorkerRow:
+    """A live worker as its record says; ``ValueError`` if the record does not decode."""
+    if known is not None and known.record == read.record:
+        return WorkerRow(
+            read.id, known.labels, known.allow, known.started_at, read.assign, read.record
+        )
+    if read.record is None:
+        return WorkerRow(read.id, {}, None, None, read.assign, None)
+    rec = WorkerRecord.model_validate_json(read.record)
+    return WorkerRow(
+        read.id, rec.labels, tuple(rec.allow), rec.started_at, read.assign, read.record
+    )
+
+
+def differs(a: Any, b: Any) -> bool:
+    """True if two rows differ in what the allocator or the record says (not the reason)."""
+    if isinstance(a, TaskRow) and isinstance(b, TaskRow):
+        fields = ("state", "priority", "min_nodes", "max_nodes", "want", "refusals", "handlers")
+        return any(getattr(a, f) != getattr(b, f) for f in fields)
+    return bool(a != b)
