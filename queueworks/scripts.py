@@ -11,10 +11,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from string import Template
-from typing import Any
+from typing import Any, NamedTuple
 
 from redis.cluster import ClusterPipeline
 from redis.commands.core import Script
+from redis.exceptions import NoScriptError
 
 from queueworks.connection import Connection
 from queueworks.keys import TaskKeys
@@ -45,6 +46,15 @@ ACTIVE = ",".join(state.value for state in ACTIVE_STATES)
 # Constants a script writes, given to it from Python when it is loaded (``${NAME}`` in
 # its source), never retyped there.
 _CONSTANTS = {state.name: state.value for state in JobState}
+
+
+def _evalsha(script: Script, keys: list[Any], args: list[Any]) -> Any:
+    """``script(keys, args)`` on its own client, without ``Script.__call__``'s pipeline
+    checks (one job's enqueue is a hot path): EVALSHA, loading the script if Redis lost it."""
+    try:
+        return script.registered_client.evalsha(script.sha, len(keys), *keys, *args)
+    except NoScriptError:
+        return script(keys=keys, args=args)
 
 
 def _source(name: str) -> str:
@@ -80,8 +90,7 @@ class Settled:
     active: bool = True  # the task still takes work (False: it has finished, by any hand)
 
 
-@dataclass(frozen=True)
-class NewJob:
+class NewJob(NamedTuple):  # a tuple: enqueue_many makes one per job
     id: str
     handler: str
     payload: str  # JSON
@@ -238,15 +247,20 @@ class Scripts:
         for job in jobs:
             argv += (job.id, job.handler, job.payload, "" if job.at is None else repr(job.at))
         keys = [tk.stream, tk.scheduled, *(tk.job(job.id) for job in jobs)]
-        if isinstance(client, ClusterPipeline):
-            client = None
-        self._s["enqueue_jobs"](keys=keys, args=argv, client=client)
+        script = self._s["enqueue_jobs"]
+        if client is None or isinstance(client, ClusterPipeline):
+            _evalsha(script, keys, argv)
+        else:
+            script(keys=keys, args=argv, client=client)
 
     def settle_jobs(
         self, tk: TaskKeys, batch: JobBatch, worker_id: str, now: float, ttl: int, client: Any
     ) -> Any:
         """Settle a batch of jobs (see settle_jobs.lua); with a pipeline, the reply comes
-        with it: ``(ok, dead, rejected)``."""
+        with it: ``(ok, dead, rejected)``, or a ``NoScriptError`` (Redis lost its script
+        cache: a restart, a failover) that the caller heals by settling again without the
+        pipeline. On a pipeline this is a bare EVALSHA: redis-py would otherwise ask SCRIPT
+        EXISTS, one more round trip, before every execute of the queue's read."""
         argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
         argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets))
         keys = [tk.stream, tk.record, tk.dead, tk.latency, tk.rate]
@@ -260,7 +274,10 @@ class Scripts:
             argv += (entry_id, why, payload)
         for bucket, amount in batch.buckets.items():
             argv += (bucket, repr(amount))
-        return self._s["settle_jobs"](keys=keys, args=argv, client=client)
+        script = self._s["settle_jobs"]
+        if client is None:
+            return script(keys=keys, args=argv)
+        return client.evalsha(script.sha, len(keys), *keys, *argv)
 
     def promote_due(self, tk: TaskKeys, job_ids: Sequence[str]) -> int:
         keys = [tk.stream, tk.scheduled, *(tk.job(j) for j in job_ids)]

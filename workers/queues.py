@@ -35,6 +35,7 @@ BLOCK_MS = 100  # a member waits this long on the stream per read, then looks ar
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, this often
 DEMAND_SECONDS = 1.0  # the leader reconsiders how many nodes the queue wants
+SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once
 DUE_BATCH = 100
@@ -83,27 +84,47 @@ class QueueLoop:
         """Wait on the stream for new jobs, with the settle of what ran before and (at
         least every ``check_every``) the membership check, in one round trip."""
         run = self.run
-        pipe = run.r.pipeline(transaction=False)
-        self.ledger.flush_into(pipe)
-        base = len(pipe)
         now = time.monotonic()
+        settle, block = self._settle_now(now)
         check = now - self.checked_at >= self.check_every
+        group, me, count = run.tk.group, run.me, self._read_count()
+        streams: dict[Any, Any] = {run.tk.stream: ">"}
+        if not settle and not check:  # the read alone: no pipeline to build
+            alone: Any = run.r.xreadgroup(group, me, streams, count=count, block=block)
+            return alone[0][1] if alone else None
+        pipe = run.r.pipeline(transaction=False)
+        if settle:
+            self.ledger.flush_into(pipe)
+        base = len(pipe)
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
-        pipe.xreadgroup(
-            run.tk.group,
-            run.me,
-            {run.tk.stream: ">"},
-            count=self._read_count(),
-            block=self._block(),
-        )
-        replies = pipe.execute()[base:]
+        pipe.xreadgroup(group, me, streams, count=count, block=block)
+        replies = pipe.execute(raise_on_error=False)
+        self.ledger.settled(replies[:base])
+        replies = replies[base:]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
         if check:  # a change suspends us: what was read stays ours, run after the re-rank
             self.checked_at = now
             run.membership.fence(replies[0], replies[1])
         reply = replies[-1]
         return reply[0][1] if reply else None
+
+    def _settle_now(self, now: float) -> tuple[bool, int]:
+        """Whether this read carries the settle of what ran, and how long it blocks (ms).
+        A settle waits while the last one is less than ``SETTLE_SECONDS`` old, and the read
+        blocks no longer than that: jobs that come one by one but close together are
+        settled a few per Lua call, not one each (the settle is most of a job's cost in
+        Redis), and a job on its own is settled with the read that follows it."""
+        block = self._block()
+        if not self.ledger.pending():
+            return False, block
+        wait = self.ledger.last_flush + SETTLE_SECONDS - now
+        if wait <= 0:
+            return True, block
+        return False, max(1, min(block, int(wait * 1000) + 1))
 
     def _block(self) -> int:
         """ms to wait on the stream: less if a delayed job is due sooner (the leader)."""
