@@ -16,9 +16,11 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from types import FunctionType
 from typing import Any
 
 from queueworks import events
@@ -38,6 +40,7 @@ from queueworks.tasks import Backend, Task
 
 ENQUEUE_BATCH = 500  # jobs per Lua call in enqueue_many
 ENQUEUE_PIPELINE = 8  # Lua calls per round trip
+PATHS_KEPT = 1024  # handlers whose checked path a queue handle remembers
 
 
 class Unset(Enum):
@@ -69,6 +72,13 @@ def handler_path(handler: str | Callable[..., Any]) -> str:
         path = f"{module}:{name}"
     parse_handler_path(path)
     return path
+
+
+def payload_json(payload: Any) -> str:
+    try:
+        return to_json(payload, "payload")
+    except NotJSON as exc:
+        raise ValueError(str(exc)) from None
 
 
 def new_job_id() -> str:
@@ -125,6 +135,7 @@ class Queue:
         self.client, self.name, self.settings = client, name, settings
         self.keys = client.keys.task(name)
         self._known: set[str] = set()  # handlers this handle has told the queue about
+        self._paths: dict[Any, str] = {}  # handler (a path or a function) -> checked path
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -163,26 +174,34 @@ class Queue:
         return Job(self, job.id)
 
     def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
-        """Add many ``(handler, payload)`` jobs, in batches, pipelined."""
+        """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
+        built while Redis runs the one before. A bad job raises ``ValueError`` there: the
+        batches sent before it are enqueued, the rest are not."""
         out: list[Job] = []
+        sender = _Sender()
         pipe = self.client.redis.pipeline(transaction=False)
         batch: list[NewJob] = []
         calls = 0
-        for handler, payload in jobs:
-            job = self._new_job(handler, payload, None, None)
-            if job.handler not in self._known:
-                self._tell_handlers(pipe, [job.handler])
-            batch.append(job)
-            out.append(Job(self, job.id))
-            if len(batch) >= ENQUEUE_BATCH:
+        try:
+            for handler, payload in jobs:
+                path = self._path(handler)
+                if path not in self._known:
+                    self._tell_handlers(pipe, [path])
+                job = NewJob(new_job_id(), path, payload_json(payload))
+                batch.append(job)
+                out.append(Job(self, job.id))
+                if len(batch) >= ENQUEUE_BATCH:
+                    self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
+                    batch, calls = [], calls + 1
+                    if calls >= ENQUEUE_PIPELINE:
+                        sender.send(pipe)
+                        pipe, calls = self.client.redis.pipeline(transaction=False), 0
+            if batch:
                 self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
-                batch, calls = [], calls + 1
-                if calls >= ENQUEUE_PIPELINE:
-                    pipe.execute()
-                    calls = 0
-        if batch:
-            self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
-        pipe.execute()
+            sender.wait()
+            pipe.execute()
+        finally:
+            sender.close()
         return out
 
     def _new_job(
@@ -192,11 +211,8 @@ class Queue:
         delay: float | None,
         at: datetime | float | None,
     ) -> NewJob:
-        path = handler_path(handler)
-        try:
-            body = to_json(payload, "payload")
-        except NotJSON as exc:
-            raise ValueError(str(exc)) from None
+        path = self._path(handler)
+        body = payload_json(payload)
         if delay is not None and at is not None:
             raise ValueError("enqueue: give delay or at, not both")
         run_at: float | None = None
@@ -207,6 +223,18 @@ class Queue:
         elif at is not None:
             run_at = at.timestamp() if isinstance(at, datetime) else float(at)
         return NewJob(new_job_id(), path, body, run_at if run_at and run_at > time.time() else None)
+
+    def _path(self, handler: str | Callable[..., Any]) -> str:
+        """``handler_path(handler)``, checked once per handler a handle is given."""
+        cacheable = isinstance(handler, str | FunctionType)
+        path = self._paths.get(handler) if cacheable else None
+        if path is None:
+            path = handler_path(handler)
+            if cacheable:
+                if len(self._paths) >= PATHS_KEPT:
+                    self._paths.clear()
+                self._paths[handler] = path
+        return path
 
     def _tell_handlers(self, pipe: Any, handlers: Sequence[str]) -> None:
         """The queue learns which handlers its jobs name (the controller gives it only to
@@ -249,12 +277,43 @@ class Queue:
         )
 
 
+class _Sender:
+    """``enqueue_many``'s pipelines, executed one at a time on a thread of its own (started
+    at the first of them, so a call of one pipeline starts none): Redis runs one batch while
+    the caller builds the next. A failed pipeline raises at the next ``send`` or ``wait``."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.inflight: Future[Any] | None = None
+
+    def send(self, pipe: Any) -> None:
+        self.wait()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="qw-enqueue-many")
+        self.inflight = self.pool.submit(pipe.execute)
+
+    def wait(self) -> None:
+        inflight, self.inflight = self.inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def close(self) -> None:
+        """Let the pipeline in flight finish (a job sent is enqueued), stop the thread, and
+        raise what that pipeline raised, if nobody waited for it."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        self.wait()
+
+
 class Job:
     """A handle to one job of a queue."""
 
     def __init__(self, queue: Queue, job_id: str) -> None:
         self.queue, self.id = queue, job_id
-        self.key = queue.keys.job(job_id)
+
+    @property
+    def key(self) -> str:
+        return self.queue.keys.job(self.id)
 
     def __repr__(self) -> str:
         return f"Job({self.queue.name!r}, {self.id!r})"
