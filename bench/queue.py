@@ -4,8 +4,9 @@
     python -m bench.queue --quick          # tiny sizes, queueworks and the raw limit only
     python -m bench.queue --repeat 5 --only queueworks-queue,raw,rq-simple
 
-Three measurements, each repeated ``--repeat`` times with the systems interleaved (a
-drifting load on a shared machine moves all of them), reported as medians:
+Three measurements, each repeated ``--repeat`` times with the systems interleaved (their
+order reversed every other round: a drifting load on a shared machine moves all of them),
+reported as medians, and ratios as the median over rounds of the ratio within a round:
 
 1. **One call per job**: 1 producer calling its system's one-job enqueue once per job (each
    call returns before the next), 2 worker processes, no-op jobs; jobs/s from the first
@@ -89,8 +90,12 @@ def systems(only: set[str]) -> list[System]:
     return [known[k] for k in keys]
 
 
-def plan(p: dict[str, Any], keys: Sequence[str]) -> list[tuple[str, str, dict[str, Any], float]]:
-    """(system, workload, params, timeout) of one round, in run order."""
+def plan(
+    p: dict[str, Any], keys: Sequence[str], round_no: int = 0
+) -> list[tuple[str, str, dict[str, Any], float]]:
+    """(system, workload, params, timeout) of one round, in run order: the systems' order is
+    reversed every other round, so a drifting load favours none of them."""
+    keys = list(keys) if round_no % 2 == 0 else list(reversed(keys))
     each = {"n": p["each_n"], "workers": 2, "budget": p["each_budget_s"], "each": True}
     latency = {"rate": p["latency_rate"], "count": p["latency_count"], "workers": 1}
     lat_timeout = p["latency_count"] / p["latency_rate"] + 300
@@ -331,7 +336,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             server.start()
             for round_no in range(params["repeat"]):
                 peers.say(f"round {round_no + 1} of {params['repeat']}")
-                for key, workload, wl, timeout in plan(params, [s.key for s in chosen]):
+                order = [s.key for s in chosen]
+                for key, workload, wl, timeout in plan(params, order, round_no):
                     bench.run(server, key, workload, wl, timeout, round_no)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

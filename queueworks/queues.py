@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -35,7 +35,7 @@ from queueworks.models import (
     parse_handler_path,
 )
 from queueworks.records import job_status, new_task, queue_counts
-from queueworks.scripts import NewJob
+from queueworks.scripts import EnqueueBatch, NewJob
 from queueworks.tasks import Backend, Task
 
 ENQUEUE_BATCH = 500  # jobs per Lua call in enqueue_many
@@ -83,6 +83,14 @@ def payload_json(payload: Any) -> str:
 
 def new_job_id() -> str:
     return os.urandom(10).hex()
+
+
+def new_job_ids() -> Iterator[str]:
+    """``new_job_id()`` after ``new_job_id()``, drawn from the OS a batch at a time."""
+    while True:
+        drawn = os.urandom(10 * ENQUEUE_BATCH).hex()
+        for k in range(0, len(drawn), 20):
+            yield drawn[k : k + 20]
 
 
 @dataclass(frozen=True)
@@ -178,26 +186,25 @@ class Queue:
         built while Redis runs the one before. A bad job raises ``ValueError`` there: the
         batches sent before it are enqueued, the rest are not."""
         out: list[Job] = []
-        sender = _Sender()
+        scripts, ids, sender = self.client.scripts, new_job_ids(), _Sender()
         pipe = self.client.redis.pipeline(transaction=False)
-        batch: list[NewJob] = []
-        calls = 0
+        batch, calls = EnqueueBatch(self.keys), 0
         try:
             for handler, payload in jobs:
                 path = self._path(handler)
                 if path not in self._known:
                     self._tell_handlers(pipe, [path])
-                job = NewJob(new_job_id(), path, payload_json(payload))
-                batch.append(job)
-                out.append(Job(self, job.id))
+                job_id = next(ids)
+                batch.add(job_id, path, payload_json(payload))
+                out.append(Job(self, job_id))
                 if len(batch) >= ENQUEUE_BATCH:
-                    self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
-                    batch, calls = [], calls + 1
+                    scripts.enqueue_batch(batch, time.time(), client=pipe)
+                    batch, calls = EnqueueBatch(self.keys), calls + 1
                     if calls >= ENQUEUE_PIPELINE:
                         sender.send(pipe)
                         pipe, calls = self.client.redis.pipeline(transaction=False), 0
-            if batch:
-                self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
+            if len(batch):
+                scripts.enqueue_batch(batch, time.time(), client=pipe)
             sender.wait()
             pipe.execute()
         finally:

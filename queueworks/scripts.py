@@ -90,6 +90,23 @@ class Settled:
     active: bool = True  # the task still takes work (False: it has finished, by any hand)
 
 
+class EnqueueBatch:
+    """The keys and arguments of one ``enqueue_jobs`` call, added job by job, with no object
+    per job (``enqueue_many``'s loop); jobs to run now."""
+
+    def __init__(self, tk: TaskKeys) -> None:
+        self.keys: list[str] = [tk.stream, tk.scheduled]
+        self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
+        self._prefix = tk.job_prefix
+
+    def add(self, job_id: str, handler: str, payload: str) -> None:
+        self.keys.append(self._prefix + job_id)
+        self.args += (job_id, handler, payload, "")
+
+    def __len__(self) -> int:
+        return len(self.keys) - 2
+
+
 class NewJob(NamedTuple):  # a tuple: enqueue_many makes one per job
     id: str
     handler: str
@@ -252,6 +269,16 @@ class Scripts:
             _evalsha(script, keys, argv)
         else:
             script(keys=keys, args=argv, client=client)
+
+    def enqueue_batch(self, batch: EnqueueBatch, now: float, client: Any) -> None:
+        """``enqueue_jobs`` of a built batch, on ``client`` (a pipeline; on a cluster
+        pipeline it runs at once, as for ``enqueue``)."""
+        batch.args[0] = repr(now)
+        script = self._s["enqueue_jobs"]
+        if isinstance(client, ClusterPipeline):
+            _evalsha(script, batch.keys, batch.args)
+        else:
+            script(keys=batch.keys, args=batch.args, client=client)
 
     def settle_jobs(
         self, tk: TaskKeys, batch: JobBatch, worker_id: str, now: float, ttl: int, client: Any

@@ -32,7 +32,7 @@ def _bars(
 ) -> None:
     ys = list(range(len(keys)))
     shown = [v or 0.0 for v in values]
-    colors = [QW_COLOR if k == "queueworks" else PEER_COLOR for k in keys]
+    colors = [QW_COLOR if k.startswith("queueworks") else PEER_COLOR for k in keys]
     ax.barh(ys, shown, color=colors)
     ax.set_yticks(ys, labels)
     ax.invert_yaxis()
@@ -72,7 +72,7 @@ def main(results: str, png: str) -> None:
     p50 = [_value(doc, k, "latency", "p50_ms") or 0.0 for k in keys]
     p99 = [_value(doc, k, "latency", "p99_ms") or 0.0 for k in keys]
     a4.barh(ys, p99, color=LIGHT, label="p99")
-    colors = [QW_COLOR if k == "queueworks" else PEER_COLOR for k in keys]
+    colors = [QW_COLOR if k.startswith("queueworks") else PEER_COLOR for k in keys]
     a4.barh(ys, p50, color=colors, label="p50")
     a4.set_xscale("log")
     a4.set_yticks(ys, labels)
@@ -139,6 +139,7 @@ def main(results: str, png: str) -> None:
                 "",
                 "queueworks: a job is a subtask of one task;",
                 *per_task,
+                "queueworks queue: q.enqueue(...) once per job",
                 "",
                 f"command: {doc['command']}",
                 "details and method: docs/peers.md",
