@@ -1,6 +1,6 @@
 """Queues (issue 18), side by side in one run: jobs enqueued one call at a time.
 
-    python -m bench.queue                  # full run (~15 min on 2 cores, venvs included)
+    python -m bench.queue                  # 3 rounds (~8 min on 2 cores, venvs included)
     python -m bench.queue --quick          # tiny sizes, queueworks and the raw limit only
     python -m bench.queue --repeat 5 --only queueworks-queue,raw,rq-simple
 
@@ -19,8 +19,10 @@ reported as medians, and ratios as the median over rounds of the ratio within a 
 
 Every system runs in its own driver process (``bench.peers.driver``, in the peer's venv,
 from a snapshot of the code) against **one** private redis-server, emptied between runs.
-Writes ``bench/out/queue.json`` and prints the tables for BENCHMARKS.md (markdown), with
-each target and whether this run met it.
+Writes ``bench/queue_results.json`` and prints the tables for BENCHMARKS.md (markdown),
+with each target and whether this run met it; driver and worker logs go to
+``bench/out/queue/``. ``python -m bench.queue --report`` prints the tables of the last run
+again without measuring.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from queueworks.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"
+RESULTS = ROOT / "bench" / "queue_results.json"  # the figures BENCHMARKS.md quotes
 QW, RAW, RQ = "queueworks-queue", "raw", "rq-simple"
 RAW_SYSTEM = System(RAW, "raw limit: one XADD per job, 2 plain consumers", None)
 PEERS = ("rq-simple", "rq", "dramatiq", "streaq", "arq", "celery")
@@ -308,8 +311,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--only", default="", help="comma-separated systems (default: all)")
     ap.add_argument("--repeat", type=int, default=None, help="rounds (default 3; quick 1)")
     ap.add_argument("--venvs", type=Path, default=DEFAULT_DIR, help="where the peers' venvs live")
-    ap.add_argument("--results", type=Path, default=OUT / "queue.json")
+    ap.add_argument("--results", type=Path, default=RESULTS)
+    ap.add_argument("--report", action="store_true", help="print the tables of --results")
     args = ap.parse_args(argv)
+    if args.report:
+        doc = json.loads(args.results.read_text())
+        print(markdown(doc))
+        return doc
     started = time.monotonic()
     params = dict(QUICK if args.quick else FULL)
     if args.repeat is not None:

@@ -79,8 +79,9 @@ def main(results: str, png: str) -> None:
     a4.invert_yaxis()
     for y, a, b in zip(ys, p50, p99, strict=True):
         a4.text(max(b, 0.1), y, f" {a:.1f} / {b:.1f}", va="center", fontsize=8)
-    a4.set_xlim(1, max(p99, default=10) * 8)
-    a4.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    low = min((v for v in p50 if v > 0), default=1.0)
+    a4.set_xlim(min(1.0, 10 ** math.floor(math.log10(low))), max(p99, default=10) * 8)
+    a4.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
     a4.set_title(
         f"Latency at {doc['params']['latency_rate']:.0f} jobs/s, p50 (dark) / p99 (light)\n"
         "ms, log scale, lower is better"

@@ -239,10 +239,10 @@ def markdown(doc: dict[str, Any]) -> str:
         "2. **Enqueue**: no workers; the producer's bulk API where there is one; the same"
         " run gives workload 5.\n"
         "3. **Latency**: one producer sends one job every 1/rate s; a sample is the handler's"
-        " start time minus the send time (one clock: same machine). queueworks has no"
-        " long-lived queue to append jobs to: its fair analogue of a job is a task of one"
-        " subtask, so each sample includes the controller giving the task a node and the"
-        " worker joining its node set (a few ms).\n"
+        " start time minus the send time (one clock: same machine). The queueworks row submits"
+        " each job as a task of one subtask, so each sample includes the controller giving the"
+        " task a node and the worker joining its node set (a few ms); the queue row enqueues"
+        " each on a queue whose member is already blocked on its stream.\n"
         "4. **Recovery**: two independent worker instances; a job that sleeps; once it runs,"
         " SIGKILL the worker holding it (its whole process group, and the job's own group"
         " where it runs in a separate session, as RQ's work horse does — as when a container"
@@ -390,10 +390,10 @@ def _tasks_note(doc: dict[str, Any], labels: dict[str, str]) -> list[str]:
         " through the controller: it is given a node, the worker joins its node set, runs the"
         " subtask, the task completes, the worker leaves, the controller releases it; and each"
         " controller pass reads every queued task (O(tasks)), so a backlog of thousands of"
-        " one-job tasks slows every pass. queueworks is built for tasks of many subtasks; jobs"
-        " that arrive one by one are its weak case. What it would take: group jobs into tasks"
-        " (the intended use), or, in the core, an incremental controller pass (only the tasks"
-        " named by new events) and a long-lived task that accepts appended subtasks.\n"
+        " one-job tasks slows every pass. A task is for many subtasks; jobs that arrive one"
+        " by one go to a **queue** (`client.queue(...)`, the queue row: a long-lived task"
+        " whose stream takes jobs appended one at a time, with no controller on the job"
+        " path).\n"
     ]
 
 
@@ -418,9 +418,9 @@ def _latency_note(doc: dict[str, Any], labels: dict[str, str]) -> list[str]:
         " notification on its assign key, joins the node set, re-ranks and reads. That is"
         " several round trips and thread wake-ups where a queue that hands a job to a reader"
         " already blocked on it needs one; and one worker runs one task at a time, so a stall"
-        " (a busy shared core) delays every task behind it, which is the p99. What it would"
-        " take: a long-lived task that accepts appended subtasks, whose members, already"
-        " blocked on its stream, would start a job in about one round trip.\n"
+        " (a busy shared core) delays every task behind it, which is the p99. Jobs that come"
+        " one at a time go to a queue instead: its members are already blocked on its stream"
+        " and start a job in about one round trip (the queue row).\n"
     ]
 
 
