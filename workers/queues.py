@@ -60,6 +60,7 @@ class QueueLoop:
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
         self.settled_seen: tuple[int, float] = (-1, time.monotonic())  # (done+dead, since)
         self.avg_seconds = 0.0
+        self.batch_at = 0.0  # when the batch running now began (a read returned it)
 
     def serve(self) -> None:
         run = self.run
@@ -143,6 +144,7 @@ class QueueLoop:
         run = self.run
         s = run.state
         ran, started = 0, time.monotonic()
+        self.batch_at = started
         stream = run.tk.stream
         for i, (raw_id, fields) in enumerate(entries):
             if s.suspend.is_set() or s.stopping or s.fenced:
@@ -158,6 +160,7 @@ class QueueLoop:
         run = self.run
         s = run.state
         ran, started = 0, time.monotonic()
+        self.batch_at = started
         while run.held and not (s.suspend.is_set() or s.stopping or s.fenced):
             work = self.ledger.start(run.held.popleft())
             if work is not None:
@@ -200,7 +203,8 @@ class QueueLoop:
         started = time.time()
         if work.attempt == 1 and b"t" in work.fields:
             ledger.latency(started - float(work.fields[b"t"]))
-        if time.monotonic() > ledger.last_flush + FLUSH_SECONDS:
+        # settle at least every FLUSH_SECONDS of a batch (not counting the wait for its read)
+        if time.monotonic() > max(ledger.last_flush, self.batch_at) + FLUSH_SECONDS:
             ledger.flush()
         try:
             if handler.takes_ctx:
