@@ -5,6 +5,7 @@ round trip), healed when Redis has lost its scripts. Real Redis, real processes.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from queueworks import Client
 from queueworks.keys import Keys
 from queueworks.queues import ENQUEUE_BATCH, ENQUEUE_PIPELINE
 from queueworks.redis_server import RedisServer
+from queueworks.scripts import Scripts
 from tests import handlers
 from tests.conftest import Cluster, wait_for
 
@@ -83,6 +85,46 @@ def test_members_settle_after_redis_lost_its_scripts(tmp_path: Path) -> None:
         except BaseException:
             print(cluster.logs())
             raise
+        finally:
+            cluster.close()
+            client.close()
+            r.close()
+
+
+def test_a_job_on_its_own_is_settled_once_and_before_the_next(tmp_path: Path) -> None:
+    """A job arriving while its member waits in a blocking read costs one settle, sent with
+    the read after it (not a second one before it runs, however long the read waited)."""
+    with RedisServer() as server:
+        server.start()
+        r = redis.Redis.from_url(server.url)
+        cluster = Cluster(server.url, "alone", tmp_path)
+        client = Client.from_url(server.url, prefix="alone")
+        seen: list[str] = []
+        started = threading.Event()
+
+        def monitor() -> None:  # every command the server runs, until our marker
+            with redis.Redis.from_url(server.url).monitor() as m:
+                started.set()
+                while "qw-test-stop" not in (command := m.next_command()["command"]):
+                    seen.append(command)
+
+        try:
+            cluster.controller()
+            cluster.worker()
+            q = client.queue("q")
+            assert q.enqueue("tests.handlers:double", {"x": 0}).result(30) == 0
+            watcher = threading.Thread(target=monitor, daemon=True)
+            watcher.start()
+            assert started.wait(5)
+            time.sleep(0.3)
+            for i in range(12):  # each well after the last, into a read blocked up to 100 ms
+                assert q.enqueue("tests.handlers:double", {"x": i}).result(10) == 2 * i
+                time.sleep(0.12)
+            r.echo("qw-test-stop")
+            watcher.join(5)
+            sha = Scripts(r)._s["settle_jobs"].sha
+            settles = [c for c in seen if c.split()[:2] == ["EVALSHA", sha]]
+            assert len(settles) == 12, settles
         finally:
             cluster.close()
             client.close()
