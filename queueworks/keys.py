@@ -153,7 +153,11 @@ class TaskKeys:
         return f"{self._base}:checkpoint"
 
     def job(self, job_id: str) -> str:
-        return f"{self._base}:job:{job_id}"
+        return f"{self._base}:job:{job_id}"  # = job_prefix + job_id
+
+    @property
+    def job_prefix(self) -> str:
+        return f"{self._base}:job:"
 
     @property
     def scheduled(self) -> str:

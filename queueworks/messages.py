@@ -27,11 +27,16 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
+# one decoder for every read: ``json.loads(raw, parse_constant=...)`` builds a new one per
+# call, which cost more than decoding a small payload
+_loads = json.JSONDecoder(parse_constant=_no_constant).decode
+
+
 def from_json(raw: str, what: str) -> Any:
     """Strict JSON read from Redis: ``NotJSON`` for invalid JSON, ``NaN``/``Infinity``, and
     nesting too deep to decode (the stdlib raises ``RecursionError`` there), never else."""
     try:
-        return json.loads(raw, parse_constant=_no_constant)
+        return _loads(raw)
     except (ValueError, RecursionError) as exc:
         raise NotJSON(f"{what} is not valid JSON: {exc}") from None
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from types import FunctionType
 from typing import Any
 
 from queueworks import events
@@ -36,11 +38,12 @@ from queueworks.models import (
     parse_handler_path,
 )
 from queueworks.records import Hash, job_status, new_task, queue_counts
-from queueworks.scripts import NewJob
+from queueworks.scripts import EnqueueBatch, NewJob
 from queueworks.tasks import Backend, Task
 
 ENQUEUE_BATCH = 500  # jobs per Lua call in enqueue_many
 ENQUEUE_PIPELINE = 8  # Lua calls per round trip
+PATHS_KEPT = 1024  # handlers whose checked path a queue handle remembers
 
 
 class Unset(Enum):
@@ -74,8 +77,42 @@ def handler_path(handler: str | Callable[..., Any]) -> str:
     return path
 
 
+class HandlerPaths:
+    """``handler_path(handler)``, checked once per handler (a path or a function) that a
+    queue handle is given: enqueueing checks it for every job."""
+
+    def __init__(self) -> None:
+        self._paths: dict[Any, str] = {}
+
+    def __call__(self, handler: str | Callable[..., Any]) -> str:
+        cacheable = isinstance(handler, str | FunctionType)
+        path = self._paths.get(handler) if cacheable else None
+        if path is None:
+            path = handler_path(handler)
+            if cacheable:
+                if len(self._paths) >= PATHS_KEPT:
+                    self._paths.clear()
+                self._paths[handler] = path
+        return path
+
+
+def payload_json(payload: Any) -> str:
+    try:
+        return to_json(payload, "payload")
+    except NotJSON as exc:
+        raise ValueError(str(exc)) from None
+
+
 def new_job_id() -> str:
     return os.urandom(10).hex()
+
+
+def new_job_ids() -> Iterator[str]:
+    """``new_job_id()`` after ``new_job_id()``, drawn from the OS a batch at a time."""
+    while True:
+        drawn = os.urandom(10 * ENQUEUE_BATCH).hex()
+        for k in range(0, len(drawn), 20):
+            yield drawn[k : k + 20]
 
 
 @dataclass(frozen=True)
@@ -128,6 +165,7 @@ class Queue:
         self.client, self.name, self.settings = client, name, settings
         self.keys = client.keys.task(name)
         self._known: set[str] = set()  # handlers this handle has told the queue about
+        self._path = HandlerPaths()
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -154,7 +192,7 @@ class Queue:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         One round trip."""
-        job = new_job(handler, payload, delay, at)
+        job = new_job(self._path(handler), payload, delay, at)
         now = time.time()
         if job.handler in self._known:
             self.client.scripts.enqueue_jobs(self.keys, [job], now)
@@ -167,30 +205,36 @@ class Queue:
         return Job(self, job.id)
 
     def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
-        """Add many ``(handler, payload)`` jobs, in batches, pipelined."""
+        """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
+        built while Redis runs the one before. A bad job raises ``ValueError`` there: the
+        batches sent before it are enqueued, the rest are not."""
         out: list[Job] = []
+        scripts, ids, sender = self.client.scripts, new_job_ids(), _Sender()
         pipe = self.client.redis.pipeline(transaction=False)
-        batch: list[NewJob] = []
-        told: set[str] = set()  # handlers this round trip tells the queue about
-        calls = 0
-        for handler, payload in jobs:
-            job = new_job(handler, payload, None, None)
-            if job.handler not in self._known and job.handler not in told:
-                tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
-                told.add(job.handler)
-            batch.append(job)
-            out.append(Job(self, job.id))
-            if len(batch) >= ENQUEUE_BATCH:
-                self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
-                batch, calls = [], calls + 1
-                if calls >= ENQUEUE_PIPELINE:
-                    pipe.execute()
-                    self._known |= told
-                    calls = 0
-        if batch:
-            self.client.scripts.enqueue_jobs(self.keys, batch, time.time(), client=pipe)
-        pipe.execute()
-        self._known |= told
+        batch, calls = EnqueueBatch(self.keys), 0
+        told: set[str] = set()  # handlers the pipelines tell the queue about
+        try:
+            for handler, payload in jobs:
+                path = self._path(handler)
+                if path not in self._known and path not in told:
+                    tell_handlers(pipe, self.client.keys, self.keys, [path])
+                    told.add(path)
+                job_id = next(ids)
+                batch.add(job_id, path, payload_json(payload))
+                out.append(Job(self, job_id))
+                if len(batch) >= ENQUEUE_BATCH:
+                    scripts.enqueue_batch(batch, time.time(), client=pipe)
+                    batch, calls = EnqueueBatch(self.keys), calls + 1
+                    if calls >= ENQUEUE_PIPELINE:
+                        sender.send(pipe)
+                        pipe, calls = self.client.redis.pipeline(transaction=False), 0
+            if len(batch):
+                scripts.enqueue_batch(batch, time.time(), client=pipe)
+            sender.wait()
+            pipe.execute()
+            self._known |= told
+        finally:
+            sender.close()
         return out
 
     # -- reading --------------------------------------------------------------------------
@@ -202,12 +246,43 @@ class Queue:
         return queue_status(task, pipe.execute(raise_on_error=False), time.time())
 
 
+class _Sender:
+    """``enqueue_many``'s pipelines, executed one at a time on a thread of its own (started
+    at the first of them, so a call of one pipeline starts none): Redis runs one batch while
+    the caller builds the next. A failed pipeline raises at the next ``send`` or ``wait``."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.inflight: Future[Any] | None = None
+
+    def send(self, pipe: Any) -> None:
+        self.wait()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="qw-enqueue-many")
+        self.inflight = self.pool.submit(pipe.execute)
+
+    def wait(self) -> None:
+        inflight, self.inflight = self.inflight, None
+        if inflight is not None:
+            inflight.result()
+
+    def close(self) -> None:
+        """Let the pipeline in flight finish (a job sent is enqueued), stop the thread, and
+        raise what that pipeline raised, if nobody waited for it."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        self.wait()
+
+
 class Job:
     """A handle to one job of a queue."""
 
     def __init__(self, queue: Queue, job_id: str) -> None:
         self.queue, self.id = queue, job_id
-        self.key = queue.keys.job(job_id)
+
+    @property
+    def key(self) -> str:
+        return self.queue.keys.job(self.id)
 
     def __repr__(self) -> str:
         return f"Job({self.queue.name!r}, {self.id!r})"
@@ -252,19 +327,10 @@ RESULT_FIELDS = ["s", "r", "reason", "err"]  # what ``result`` polls of a job's 
 FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from the first
 
 
-def new_job(
-    handler: str | Callable[..., Any],
-    payload: Any,
-    delay: float | None,
-    at: datetime | float | None,
-) -> NewJob:
-    """A job to enqueue: a new id, its handler path and payload JSON, and when it runs;
-    ``ValueError`` naming what is wrong."""
-    path = handler_path(handler)
-    try:
-        body = to_json(payload, "payload")
-    except NotJSON as exc:
-        raise ValueError(str(exc)) from None
+def new_job(path: str, payload: Any, delay: float | None, at: datetime | float | None) -> NewJob:
+    """A job to enqueue: a new id, its handler path (checked: ``HandlerPaths``) and payload
+    JSON, and when it runs; ``ValueError`` naming what is wrong."""
+    body = payload_json(payload)
     if delay is not None and at is not None:
         raise ValueError("enqueue: give delay or at, not both")
     run_at: float | None = None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 
 from queueworks.events import EVENTS_MAXLEN
 from queueworks.keys import TaskKeys
@@ -34,9 +34,13 @@ class Call(Generic[T]):
     ``unpiped_on_cluster`` a cluster pipeline runs it at once instead: redis-py refuses
     EVALSHA in a cluster pipeline, and re-sends a pipelined command that met a connection
     error (a duplicate XADD); one round trip per batch is nothing next to the batch itself.
+    ``bare`` (sync pipelines): a plain EVALSHA on the pipeline, without the SCRIPT EXISTS
+    round trip redis-py sends before executing a pipeline that holds a script; the caller
+    executes with ``raise_on_error=False`` and runs the call again at once on a
+    ``NoScriptError`` reply (Redis lost its script cache: a restart, a failover).
     """
 
-    __slots__ = ("args", "client", "keys", "name", "read", "unpiped_on_cluster")
+    __slots__ = ("args", "bare", "client", "keys", "name", "read", "unpiped_on_cluster")
 
     def __init__(
         self,
@@ -46,9 +50,10 @@ class Call(Generic[T]):
         read: Callable[[Any], T],
         client: Any = None,
         unpiped_on_cluster: bool = False,
+        bare: bool = False,
     ) -> None:
         self.name, self.keys, self.args, self.read = name, keys, args, read
-        self.client, self.unpiped_on_cluster = client, unpiped_on_cluster
+        self.client, self.unpiped_on_cluster, self.bare = client, unpiped_on_cluster, bare
 
 
 def _none(_: Any) -> None:
@@ -87,12 +92,28 @@ class Settled:
     active: bool = True  # the task still takes work (False: it has finished, by any hand)
 
 
-@dataclass(frozen=True)
-class NewJob:
+class NewJob(NamedTuple):  # a tuple: cheap to make, one per job enqueued
     id: str
     handler: str
     payload: str  # JSON
     at: float | None = None  # when a delayed job runs (None: now)
+
+
+class EnqueueBatch:
+    """The keys and arguments of one ``enqueue_jobs`` call, added job by job with no object
+    per job (``enqueue_many``'s loop); jobs to run now."""
+
+    def __init__(self, tk: TaskKeys) -> None:
+        self.keys: list[str] = [tk.stream, tk.scheduled]
+        self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
+        self._prefix = tk.job_prefix
+
+    def add(self, job_id: str, handler: str, payload: str) -> None:
+        self.keys.append(self._prefix + job_id)
+        self.args += (job_id, handler, payload, "")
+
+    def __len__(self) -> int:
+        return len(self.keys) - 2
 
 
 @dataclass
@@ -265,11 +286,18 @@ def enqueue_jobs(
     return Call("enqueue_jobs", keys, argv, _none, client, unpiped_on_cluster=True)
 
 
+def enqueue_batch(batch: EnqueueBatch, now: float, client: Any = None) -> Call[None]:
+    """``enqueue_jobs`` of a built batch (as ``enqueue_jobs``: not on a cluster pipeline)."""
+    batch.args[0] = repr(now)
+    return Call("enqueue_jobs", batch.keys, batch.args, _none, client, unpiped_on_cluster=True)
+
+
 def settle_jobs(
     tk: TaskKeys, batch: JobBatch, worker_id: str, now: float, ttl: int, client: Any
 ) -> Call[Any]:
     """Settle a batch of jobs (see settle_jobs.lua); with a pipeline, the reply comes
-    with it: ``(ok, dead, rejected)``."""
+    with it: ``(ok, dead, rejected)``, or a ``NoScriptError`` to heal (a ``bare`` call: the
+    queue's read carries it, and it must not cost a SCRIPT EXISTS round trip each time)."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets))
     keys = [tk.stream, tk.record, tk.dead, tk.latency, tk.rate]
@@ -283,7 +311,7 @@ def settle_jobs(
         argv += (entry_id, why, payload)
     for bucket, amount in batch.buckets.items():
         argv += (bucket, repr(amount))
-    return Call("settle_jobs", keys, argv, _same, client)
+    return Call("settle_jobs", keys, argv, _same, client, bare=True)
 
 
 def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:

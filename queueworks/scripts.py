@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar, overload
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.cluster import ClusterPipeline
 from redis.commands.core import AsyncScript, Script
+from redis.exceptions import NoScriptError
 
 from queueworks import script_calls as calls
 from queueworks.models import JobState
@@ -32,6 +33,7 @@ from queueworks.script_calls import (  # re-exported: the workers' and tests' na
     Call,
     Claimed,
     DeadEntry,
+    EnqueueBatch,
     JobBatch,
     NewJob,
     Settled,
@@ -50,6 +52,7 @@ __all__ = [
     "Call",
     "Claimed",
     "DeadEntry",
+    "EnqueueBatch",
     "JobBatch",
     "NewJob",
     "Scripts",
@@ -129,6 +132,7 @@ class _Functions:
     fenced_read = _Bound(calls.fenced_read)
     reclaim = _Bound(calls.reclaim)
     enqueue_jobs = _Bound(calls.enqueue_jobs)
+    enqueue_batch = _Bound(calls.enqueue_batch)
     settle_jobs = _Bound(calls.settle_jobs)
     promote_due = _Bound(calls.promote_due)
     cancel_job = _Bound(calls.cancel_job)
@@ -158,7 +162,16 @@ class Scripts(_Functions):
         target = call.client
         if call.unpiped_on_cluster and isinstance(target, ClusterPipeline):
             target = None
-        return call.read(self._s[call.name](keys=call.keys, args=call.args, client=target))
+        script, keys = self._s[call.name], call.keys
+        if target is None:  # at once: EVALSHA, loading the script if Redis lost it
+            try:
+                reply = script.registered_client.evalsha(script.sha, len(keys), *keys, *call.args)
+            except NoScriptError:
+                reply = script(keys=keys, args=call.args)
+            return call.read(reply)
+        if call.bare and not isinstance(target, ClusterPipeline):
+            return call.read(target.evalsha(script.sha, len(keys), *keys, *call.args))
+        return call.read(script(keys=keys, args=call.args, client=target))
 
 
 class AsyncScripts(_Functions):

@@ -123,3 +123,23 @@ def test_report_flags_where_queueworks_is_behind() -> None:
     assert "stuck" in page and "not within 180 s" in page
     tie = report.leads(_doc({"queueworks": qw, "other": qw}))[0]
     assert tie[2:] == ("1.0x", False)  # leading means strictly ahead
+
+
+def test_the_queue_row_is_shown_not_ranked_as_a_peer() -> None:
+    run = {"capped": False, "seconds": 1.0, "enqueue_seconds": 0.5}
+    lat = {"p90_ms": 1.0, "max_ms": 9.0}
+    qw = {"throughput_2": {**run, "jobs_per_s": 50_000.0}}
+    queue = {
+        "throughput_2": {**run, "jobs_per_s": 4_000.0, "each": True},
+        "latency": {**lat, "p50_ms": 0.5, "p99_ms": 2.0},
+    }
+    peer = {
+        "throughput_2": {**run, "jobs_per_s": 5_000.0},
+        "latency": {**lat, "p50_ms": 2.5, "p99_ms": 7.0},
+    }
+    doc = _doc({"queueworks": qw, "queueworks-queue": queue, "other": peer})
+    assert {key for key, *_ in report.leads(doc)} == {"other"}  # the queue is ours
+    page = report.markdown(doc)
+    assert "| **queueworks-queue** | 1.0 | 4,000 |" in page
+    assert "queueworks' queue, one call per job: 4,000 jobs/s on 2 workers (behind other," in page
+    assert "latency p50 / p99 0.5 / 2.0 ms (the lowest p50 of this run)" in page

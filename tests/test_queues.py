@@ -277,7 +277,8 @@ def test_the_stream_stays_bounded_over_100000_jobs(
         time.sleep(0.2)
         assert len(lengths) < 600, "100,000 jobs took over two minutes"
     assert r.xlen(tk.stream) == 0 and max(lengths) <= n
-    assert lengths[-1] < lengths[0] or lengths[0] == 0
+    # it shrank while the jobs ran (one sample: they drained before a second one)
+    assert len(lengths) == 1 or lengths[-1] < lengths[0] or lengths[0] == 0
     # what is left is each job's record, expiring with its result
     for job in jobs[:: n // 50]:
         assert 0 < r.ttl(tk.job(job.id)) <= 600

@@ -10,6 +10,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from queueworks import events
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
@@ -34,6 +36,7 @@ class JobLedger(Attempts):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.batch = JobBatch()
+        self.sent: tuple[JobBatch, float] | None = None  # on the pipeline, not yet settled
         self.ttl = int(self.spec.result_ttl)
 
     def succeeded(self, work: Work, job_id: str, started: float, body: str) -> None:
@@ -84,21 +87,42 @@ class JobLedger(Attempts):
             work = Work(stream, entry_id, {}, deliveries)
             self.reject(work, "payload gone: entry deleted or trimmed while pending")
 
+    def pending(self) -> bool:
+        """Something recorded is not settled yet."""
+        return bool(self.batch) or bool(self.batch.buckets)
+
     def flush(self) -> None:
         pipe = self.r.pipeline(transaction=False)
         if self.flush_into(pipe):
-            pipe.execute()
+            self.settled(pipe.execute(raise_on_error=False))
 
     def flush_into(self, pipe: Any) -> bool:
         """Put the settle of everything recorded on ``pipe`` (it runs with the pipe's other
-        commands: a read, say); False if there is nothing to settle."""
+        commands: a read, say); False if there is nothing to settle. Execute the pipe with
+        ``raise_on_error=False`` and give ``settled`` the replies of what this put on it."""
         self.last_flush = time.monotonic()
         batch = self.batch
+        self.sent = None
         if not batch and not batch.buckets:
             return False
         self.batch = JobBatch()
         self.state.processed += len(batch)
-        self.scripts.settle_jobs(self.tk, batch, self.me, time.time(), self.ttl, client=pipe)
+        now = time.time()
+        self.sent = (batch, now)
+        self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe)
         if batch.dead or batch.rejected:
             events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
         return True
+
+    def settled(self, replies: Sequence[Any]) -> None:
+        """The replies of what ``flush_into`` put on a pipe: a settle that Redis refused for
+        want of the script (NOSCRIPT: it lost its script cache) runs again, loading it;
+        any other error is raised."""
+        sent, self.sent = self.sent, None
+        for reply in replies:
+            if isinstance(reply, NoScriptError) and sent is not None:
+                batch, now = sent
+                self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=None)
+                sent = None
+            elif isinstance(reply, Exception):
+                raise reply

@@ -38,6 +38,7 @@ BLOCK_MS = 100  # a member waits this long on the stream per read, then looks ar
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, this often
 DEMAND_SECONDS = 1.0  # the leader reconsiders how many nodes the queue wants
+SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once
 DUE_BATCH = 100
@@ -75,6 +76,7 @@ class QueueLoop:
         self.settled_seen: tuple[int, float] = (-1, time.monotonic())  # (done+dead, since)
         self.avg_seconds = 0.0
         self.flight = InFlight.of(run)
+        self.batch_at = 0.0  # when the batch running now began (a read returned it)
 
     def serve(self) -> None:
         run = self.run
@@ -101,23 +103,49 @@ class QueueLoop:
         what ran before and (at least every ``check_every``) the membership check, in one
         round trip."""
         run = self.run
-        pipe = run.r.pipeline(transaction=False)
-        self.ledger.flush_into(pipe)
-        base = len(pipe)
         now = time.monotonic()
+        settle, block_ms = self._settle_now(now)
         check = now - self.checked_at >= self.check_every
-        read: dict[Any, Any] = {run.tk.stream: ">"}
+        group, me = run.tk.group, run.me
+        count = count or self._read_count()
+        wait = block_ms if block else None
+        streams: dict[Any, Any] = {run.tk.stream: ">"}
+        if not settle and not check:  # the read alone: no pipeline to build
+            alone: Any = run.r.xreadgroup(group, me, streams, count=count, block=wait)
+            return alone[0][1] if alone else None
+        pipe = run.r.pipeline(transaction=False)
+        if settle:
+            self.ledger.flush_into(pipe)
+        base = len(pipe)
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
-        wait = self._block() if block else None
-        pipe.xreadgroup(run.tk.group, run.me, read, count=count or self._read_count(), block=wait)
-        replies = pipe.execute()[base:]
+        pipe.xreadgroup(group, me, streams, count=count, block=wait)
+        replies = pipe.execute(raise_on_error=False)
+        self.ledger.settled(replies[:base])
+        replies = replies[base:]
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
         if check:  # a change suspends us: what was read stays ours, run after the re-rank
             self.checked_at = now
             run.membership.fence(replies[0], replies[1])
         reply = replies[-1]
         return reply[0][1] if reply else None
+
+    def _settle_now(self, now: float) -> tuple[bool, int]:
+        """Whether this read carries the settle of what ran, and how long it blocks (ms).
+        A settle waits while the last one is less than ``SETTLE_SECONDS`` old, and the read
+        blocks no longer than that: jobs that come one by one but close together are
+        settled a few per Lua call, not one each (the settle is most of a job's cost in
+        Redis), and a job on its own is settled with the read that follows it."""
+        block = self._block()
+        if not self.ledger.pending():
+            return False, block
+        wait = self.ledger.last_flush + SETTLE_SECONDS - now
+        if wait <= 0:
+            return True, block
+        return False, max(1, min(block, int(wait * 1000) + 1))
 
     def _block(self) -> int:
         """ms to wait on the stream: less if a delayed job is due sooner (the leader)."""
@@ -136,6 +164,7 @@ class QueueLoop:
         run = self.run
         s = run.state
         ran, started = 0, time.monotonic()
+        self.batch_at = started
         stream = run.tk.stream
         for i, (raw_id, fields) in enumerate(entries):
             if s.suspend.is_set() or s.stopping or s.fenced:
@@ -151,6 +180,7 @@ class QueueLoop:
         run = self.run
         s = run.state
         ran, started = 0, time.monotonic()
+        self.batch_at = started
         while run.held and not (s.suspend.is_set() or s.stopping or s.fenced):
             work = self.ledger.start(run.held.popleft())
             if work is not None:
@@ -203,7 +233,8 @@ class QueueLoop:
             raise Leave("refused") from None
         if job is None:
             return True
-        if time.monotonic() > self.ledger.last_flush + FLUSH_SECONDS:
+        # settle at least every FLUSH_SECONDS of a batch (not counting the wait for its read)
+        if time.monotonic() > max(self.ledger.last_flush, self.batch_at) + FLUSH_SECONDS:
             self.ledger.flush()
         fn = job.handler.fn
         try:

@@ -32,7 +32,7 @@ def _bars(
 ) -> None:
     ys = list(range(len(keys)))
     shown = [v or 0.0 for v in values]
-    colors = [QW_COLOR if k == "queueworks" else PEER_COLOR for k in keys]
+    colors = [QW_COLOR if k.startswith("queueworks") else PEER_COLOR for k in keys]
     ax.barh(ys, shown, color=colors)
     ax.set_yticks(ys, labels)
     ax.invert_yaxis()
@@ -72,15 +72,16 @@ def main(results: str, png: str) -> None:
     p50 = [_value(doc, k, "latency", "p50_ms") or 0.0 for k in keys]
     p99 = [_value(doc, k, "latency", "p99_ms") or 0.0 for k in keys]
     a4.barh(ys, p99, color=LIGHT, label="p99")
-    colors = [QW_COLOR if k == "queueworks" else PEER_COLOR for k in keys]
+    colors = [QW_COLOR if k.startswith("queueworks") else PEER_COLOR for k in keys]
     a4.barh(ys, p50, color=colors, label="p50")
     a4.set_xscale("log")
     a4.set_yticks(ys, labels)
     a4.invert_yaxis()
     for y, a, b in zip(ys, p50, p99, strict=True):
         a4.text(max(b, 0.1), y, f" {a:.1f} / {b:.1f}", va="center", fontsize=8)
-    a4.set_xlim(1, max(p99, default=10) * 8)
-    a4.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}"))
+    low = min((v for v in p50 if v > 0), default=1.0)
+    a4.set_xlim(min(1.0, 10 ** math.floor(math.log10(low))), max(p99, default=10) * 8)
+    a4.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
     a4.set_title(
         f"Latency at {doc['params']['latency_rate']:.0f} jobs/s, p50 (dark) / p99 (light)\n"
         "ms, log scale, lower is better"
@@ -139,6 +140,7 @@ def main(results: str, png: str) -> None:
                 "",
                 "queueworks: a job is a subtask of one task;",
                 *per_task,
+                "queueworks queue: q.enqueue(...) once per job",
                 "",
                 f"command: {doc['command']}",
                 "details and method: docs/peers.md",

@@ -23,6 +23,7 @@ import redis
 from bench.peers.jobs import LAT_KEY, READY_KEY, STARTS_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
+EACH_CHUNK = 100  # one-call-per-job enqueueing looks at the clock between these
 
 
 def wait_until(pred: Callable[[], Any], timeout: float, what: str, interval: float = 0.005) -> Any:
@@ -72,6 +73,12 @@ class Peer:
         """Open connections and load scripts before anything is timed."""
 
     def enqueue_noop(self, n: int) -> None:
+        """``n`` no-op jobs, with the system's bulk API where it has one."""
+        raise NotImplementedError
+
+    def enqueue_each(self, n: int) -> None:
+        """``n`` no-op jobs, one enqueue call per job, each call returning before the next
+        (as jobs come from a web request or a message handler)."""
         raise NotImplementedError
 
     def remaining(self) -> int:
@@ -166,15 +173,27 @@ def boot(peer: Peer, workers: int, *, separate: bool, warm_jobs: int) -> None:
 # -- the workloads -----------------------------------------------------------------------
 
 
-def throughput(peer: Peer, n: int, workers: int, budget: float = 900.0) -> dict[str, Any]:
+def throughput(
+    peer: Peer, n: int, workers: int, budget: float = 900.0, each: bool = False
+) -> dict[str, Any]:
     """Workers booted and warm; clock from the first enqueue call to the last job done.
+    ``each``: one enqueue call per job (``enqueue_each``, in chunks of ``EACH_CHUNK``
+    calls), else the bulk API.
 
     A system that has not finished within ``budget`` seconds is stopped there: its rate is
-    the jobs done by then over the time taken (``capped``)."""
+    the jobs done by then over the time taken (``capped``); with ``each``, it also stops
+    enqueueing there (``jobs`` is then what it enqueued)."""
     try:
         boot(peer, workers, separate=False, warm_jobs=4 * workers)
         t0 = time.perf_counter()
-        peer.enqueue_noop(n)
+        sent = 0
+        if not each:
+            peer.enqueue_noop(n)
+            sent = n
+        while each and sent < n and time.perf_counter() - t0 < budget:
+            chunk = min(EACH_CHUNK, n - sent)
+            peer.enqueue_each(chunk)
+            sent += chunk
         t_enqueued = time.perf_counter()
         while (left := peer.remaining()) > 0 and time.perf_counter() - t0 < budget:
             time.sleep(0.005)
@@ -182,12 +201,13 @@ def throughput(peer: Peer, n: int, workers: int, budget: float = 900.0) -> dict[
         peer.check_alive()
     finally:
         peer.stop_workers()
-    done = n - max(0, left)
+    done = sent - max(0, left)
     return {
-        "jobs": n,
+        "jobs": sent,
         "done": done,
-        "capped": left > 0,
+        "capped": left > 0 or sent < n,
         "workers": workers,
+        "each": each,
         "seconds": seconds,
         "enqueue_seconds": t_enqueued - t0,
         "jobs_per_s": done / seconds,

@@ -78,6 +78,13 @@ class Driver(Peer):
 
         self.loop.run_until_complete(go())
 
+    def enqueue_each(self, n: int) -> None:
+        async def go() -> None:
+            for i in range(n):
+                await self.pool.enqueue_job("noop", i)
+
+        self.loop.run_until_complete(go())
+
     def remaining(self) -> int:
         return int(self.r.zcard(QUEUE))
 

@@ -60,6 +60,9 @@ class Driver(Peer):
         for i in range(n):
             noop.send(i)
 
+    def enqueue_each(self, n: int) -> None:
+        self.enqueue_noop(n)  # send is one call per job already
+
     def remaining(self) -> int:
         return int(self.r.hlen(QUEUE + ".msgs"))
 

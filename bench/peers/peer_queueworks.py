@@ -7,6 +7,11 @@ long subtask on two workers with the default settings (heartbeat TTL 3 s).
 
 Variant ``tasks`` (``queueworks-tasks``): throughput with one task of one subtask per job
 (``max_nodes=1``), i.e. queueworks used as a plain job queue.
+
+Variant ``queue`` (``queueworks-queue``): a queue (``client.queue("bench")``, default
+settings), its members already blocked on its stream: a job is ``q.enqueue(handler,
+payload)`` (``enqueue_each``, the latency stamps, the hold job) or ``q.enqueue_many``
+(``enqueue_noop``: the bulk API); workers are ready once they are members of its node set.
 """
 
 from __future__ import annotations
@@ -17,6 +22,10 @@ from pathlib import Path
 from bench.common import Procs
 from bench.peers.harness import Peer
 from queueworks import Client, Task, TaskNotFound, TaskSpec
+from queueworks.queues import Job
+
+NOOP = "queueworks.examples:noop"
+QUEUE = "bench"
 
 PREFIX = "qw"
 
@@ -29,6 +38,9 @@ class Driver(Peer):
         self.client = Client.from_url(url, prefix=PREFIX)
         self.tasks: list[Task] = []
         self.task_per_job = variant == "tasks"
+        self.queue = self.client.queue(QUEUE) if variant == "queue" else None
+        self.expected = 0
+        self.hold: Job | None = None
 
     def start_workers(self, n: int, *, separate: bool) -> None:
         env = {**self.env(), **Procs(self.url, PREFIX).env, "BENCH_REDIS_URL": self.url}
@@ -39,12 +51,18 @@ class Driver(Peer):
             self.spawn([*cmd, "worker", "--name", f"w{i}", *allow], f"w{i}", env)
 
     def ready(self) -> int:
+        if self.queue is not None:  # members of the queue's node set, blocked on its stream
+            return int(self.r.zcard(self.queue.keys.members))
         return int(self.r.zcard(self.client.keys.workers))
 
     def prepare(self) -> None:
         self.client.redis.ping()
 
     def enqueue_noop(self, n: int) -> None:
+        if self.queue is not None:
+            self.queue.enqueue_many((NOOP, {"x": i}) for i in range(n))
+            self.expected += n
+            return
         if self.task_per_job:  # queueworks used as a plain job queue: one task per job
             for i in range(n):
                 self.client.submit(
@@ -60,7 +78,18 @@ class Driver(Peer):
         spec = TaskSpec(name="noop", handler="queueworks.examples:noop", subtasks=subtasks)
         self.tasks.append(self.client.submit(spec))
 
+    def enqueue_each(self, n: int) -> None:
+        if self.queue is None:
+            raise NotImplementedError("one call per job: the queue variant or the tasks one")
+        enqueue = self.queue.enqueue
+        for i in range(n):
+            enqueue(NOOP, {"x": i})
+        self.expected += n
+
     def remaining(self) -> int:
+        if self.queue is not None:
+            done, dead = self.r.hmget(self.queue.keys.record, ["done", "dead"])
+            return self.expected - int(done or 0) - int(dead or 0)
         if self.task_per_job:  # tasks the controller has not yet seen finish and released
             return int(self.r.zcard(self.client.keys.queue))
         left = 0
@@ -73,18 +102,30 @@ class Driver(Peer):
         return left
 
     def enqueue_stamp(self, sent: float) -> None:
+        if self.queue is not None:
+            self.queue.enqueue("bench.peers.jobs:qw_stamp", {"sent": sent})
+            self.expected += 1
+            return
         spec = TaskSpec(
             name="stamp", handler="bench.peers.jobs:qw_stamp", subtasks=[{"sent": sent}]
         )
         self.client.submit(spec)
 
     def enqueue_hold(self, seconds: float) -> None:
+        if self.queue is not None:
+            self.hold = self.queue.enqueue("bench.peers.jobs:qw_hold", {"seconds": seconds})
+            return
         spec = TaskSpec(
             name="hold", handler="bench.peers.jobs:qw_hold", subtasks=[{"seconds": seconds}]
         )
         self.tasks = [self.client.submit(spec)]
 
     def job_state(self) -> str:
+        if self.hold is not None:
+            job = self.hold.status()
+            assert self.queue is not None
+            nodes = ", ".join(n.worker for n in self.queue.task.status().nodes)
+            return f"job {job.state.value}, attempts {job.attempts}, nodes: {nodes or 'none'}"
         status = self.tasks[-1].status()
         nodes = ", ".join(n.worker for n in status.nodes) or "none"
         return f"task {status.state.value}, done {status.done}/{status.total}, nodes: {nodes}"

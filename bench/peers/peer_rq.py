@@ -45,6 +45,12 @@ class Driver(Peer):
             self.queue.enqueue_many([Queue.prepare_data(jobs.noop, (i,)) for i in batch])
         self.expected += n
 
+    def enqueue_each(self, n: int) -> None:
+        enqueue = self.queue.enqueue
+        for i in range(n):
+            enqueue(jobs.noop, i)
+        self.expected += n
+
     def remaining(self) -> int:
         finished = self.r.zcard(FinishedJobRegistry(queue=self.queue).key)
         failed = self.r.zcard(FailedJobRegistry(queue=self.queue).key)

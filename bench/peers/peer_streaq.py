@@ -87,6 +87,13 @@ class Driver(Peer):
             batch = [noop.enqueue(i) for i in range(start, min(n, start + BATCH))]
             self._run(worker.enqueue_many(batch))
 
+    def enqueue_each(self, n: int) -> None:
+        async def go() -> None:
+            for i in range(n):
+                await noop.enqueue(i)
+
+        self._run(go())
+
     def remaining(self) -> int:
         return int(self.r.xlen(STREAM))
 

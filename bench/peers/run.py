@@ -44,10 +44,12 @@ class System:
     key: str  # driver name: bench.peers.peer_<module>[-variant]
     label: str
     venv: str | None  # None: the runner's own environment (queueworks)
+    each: bool = False  # throughput with one enqueue call per job (else the bulk API)
 
 
 SYSTEMS = (
     System("queueworks", "queueworks", None),
+    System("queueworks-queue", "queueworks queue, one call per job", None, each=True),
     System("rq", "RQ (Worker, forking)", "rq"),
     System("rq-simple", "RQ (SimpleWorker)", "rq"),
     System("celery", "Celery (acks_late)", "celery"),
@@ -89,17 +91,28 @@ class DriverRun:
     """One driver process against its own fresh redis-server, run from the snapshot."""
 
     src = ROOT
+    logs = LOGS
 
     def __init__(
-        self, python: str, system: System, workload: str, params: dict[str, Any], name: str
+        self,
+        python: str,
+        system: System,
+        workload: str,
+        params: dict[str, Any],
+        name: str,
+        server: RedisServer | None = None,
     ) -> None:
+        """``server``: a running one to use (the caller empties it between runs); by
+        default a fresh one of its own, closed when the run finishes."""
         self.name = f"{system.key}.{name}"
         self.load = os.getloadavg()[0]
-        self.server = RedisServer().start()
-        LOGS.mkdir(parents=True, exist_ok=True)
-        self.log = LOGS / f"{self.name}.driver.log"
+        self.own_server = server is None
+        self.server = server or RedisServer().start()
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.log = self.logs / f"{self.name}.driver.log"
         argv = [python, "-m", "bench.peers.driver", system.key, workload]
-        argv += ["--url", self.server.url, "--logdir", str(LOGS), "--params", json.dumps(params)]
+        argv += ["--url", self.server.url, "--logdir", str(self.logs)]
+        argv += ["--params", json.dumps(params)]
         env = {**os.environ, "PYTHONPATH": str(self.src)}  # ahead of the editable install
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(
@@ -114,7 +127,8 @@ class DriverRun:
             out, _ = self.proc.communicate()
             return self._failed(f"driver timed out after {timeout:.0f} s")
         finally:
-            self.server.close()
+            if self.own_server:
+                self.server.close()
         lines = [ln for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
         if self.proc.returncode != 0 or not lines:
             return self._failed(f"driver exited with code {self.proc.returncode}")
@@ -127,11 +141,11 @@ class DriverRun:
         return {"error": why, "detail": "\n".join(tail), "load_1m": round(self.load, 2)}
 
 
-def _say(*parts: object) -> None:
+def say(*parts: object) -> None:
     print(f"[{time.strftime('%H:%M:%S')}]", *parts, flush=True)
 
 
-def _machine() -> dict[str, Any]:
+def machine() -> dict[str, Any]:
     cpu = "unknown"
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -153,7 +167,7 @@ def _machine() -> dict[str, Any]:
     }
 
 
-def _queueworks_versions() -> dict[str, str]:
+def queueworks_versions() -> dict[str, str]:
     out = {}
     for dist in ("queueworks", "redis", "hiredis"):
         try:
@@ -206,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
         + "".join(f" {shlex.quote(a)}" for a in argv or sys.argv[1:]),
         "quick": args.quick,
         "params": params,
-        "machine": _machine(),
+        "machine": machine(),
         "load_start": [round(x, 2) for x in os.getloadavg()],
         "systems": {},
         "results": {},
@@ -215,47 +229,49 @@ def main(argv: list[str] | None = None) -> None:
     shutil.rmtree(LOGS, ignore_errors=True)
     workdir = Path(tempfile.mkdtemp(prefix="qw-peers-"))
     DriverRun.src = snapshot(workdir / "src")
-    _say("venvs in", args.venvs, "- logs in", LOGS)
+    say("venvs in", args.venvs, "- logs in", LOGS)
     pythons: dict[str, str] = {}
     for system in systems:
         info: dict[str, Any] = {"label": system.label}
         if system.venv is None:
             pythons[system.key] = sys.executable
-            info.update(versions=_queueworks_versions(), package="queueworks")
+            info.update(versions=queueworks_versions(), package="queueworks")
         else:
             built = ensure(VENVS[system.venv], args.venvs)
             info.update(package=built.spec.package, versions=built.versions)
             info["venv_seconds"] = round(built.seconds, 1)
             if built.python is None:
                 info["error"] = f"venv could not be built: {built.error}"
-                _say(system.key, "cannot run:", built.error.splitlines()[0])
+                say(system.key, "cannot run:", built.error.splitlines()[0])
             else:
                 pythons[system.key] = str(built.python)
         doc["systems"][system.key] = info
         doc["results"][system.key] = {}
-        _say(system.key, info["versions"].get(info["package"], "?"))
+        say(system.key, info["versions"].get(info["package"], "?"))
 
     chart_env = ensure(VENVS["report"], args.venvs)  # matplotlib, for docs/peers.png
     if chart_env.python is None:
-        _say("no chart: the report venv could not be built:", chart_env.error.splitlines()[0])
+        say("no chart: the report venv could not be built:", chart_env.error.splitlines()[0])
 
     runnable = [s for s in systems if s.key in pythons]
     for name, workload, wl_params, timeout in _plan(params):
         for system in runnable:
-            _say(f"{system.key}: {name} {json.dumps(wl_params)}")
-            run = DriverRun(pythons[system.key], system, workload, wl_params, name)
+            each = system.each and workload == "throughput"
+            params_of = {**wl_params, "each": True} if each else wl_params
+            say(f"{system.key}: {name} {json.dumps(params_of)}")
+            run = DriverRun(pythons[system.key], system, workload, params_of, name)
             result = run.finish(timeout)
             doc["results"][system.key][name] = result
-            _say("   ->", report.one_line(name, result))
+            say("   ->", report.one_line(name, result))
         if name == "throughput_2" and "queueworks" in pythons:
             # queueworks used as a plain job queue: one task per job (shown beside, not ranked)
             as_jobs = System("queueworks-tasks", "queueworks, one task per job", None)
             wl = {"n": params["tasks_n"], "workers": 2, "budget": params["throughput_budget_s"]}
-            _say(f"queueworks, one task per job: throughput_2 {json.dumps(wl)}")
+            say(f"queueworks, one task per job: throughput_2 {json.dumps(wl)}")
             run = DriverRun(sys.executable, as_jobs, "throughput", wl, "throughput_2")
             result = run.finish(params["throughput_budget_s"] + 300)
             doc["results"]["queueworks"]["throughput_2_tasks"] = result
-            _say("   ->", report.one_line(name, result))
+            say("   ->", report.one_line(name, result))
 
     # Recovery: queueworks alone (seconds), then the peers together (each waits up to
     # give_up_s on its own Redis, mostly idle), so the run stays within its half hour.
@@ -264,23 +280,23 @@ def main(argv: list[str] | None = None) -> None:
     for batch in (first, [s for s in runnable if s.venv is not None]):
         if not batch:
             continue
-        _say(
+        say(
             "recovery:", ", ".join(s.key for s in batch), f"(give up at {give_up['give_up']:.0f} s)"
         )
         runs = [(s, DriverRun(pythons[s.key], s, "recovery", give_up, "recovery")) for s in batch]
         for system, run in runs:
             doc["results"][system.key]["recovery"] = result = run.finish(params["give_up_s"] + 300)
-            _say(f"   {system.key} ->", report.one_line("recovery", result))
+            say(f"   {system.key} ->", report.one_line("recovery", result))
 
     doc["load_end"] = [round(x, 2) for x in os.getloadavg()]
     doc["duration_s"] = round(time.monotonic() - started, 1)
     args.results.write_text(json.dumps(doc, indent=2) + "\n")
-    _say("wrote", args.results)
+    say("wrote", args.results)
     if not args.no_docs:
         for path in report.write(doc, args.results, chart_env.python):
-            _say("wrote", path)
+            say("wrote", path)
     shutil.rmtree(workdir, ignore_errors=True)
-    _say(f"done in {doc['duration_s'] / 60:.1f} min")
+    say(f"done in {doc['duration_s'] / 60:.1f} min")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from queueworks.models import JobStatus, QueueStatus
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
+    HandlerPaths,
     QueueSettings,
     cancelled,
     check_created,
@@ -59,6 +60,7 @@ class AsyncQueue:
         self.client, self.name, self.settings = client, name, settings
         self.keys = client.keys.task(name)
         self._known: set[str] = set()  # handlers this handle has told the queue about
+        self._path = HandlerPaths()
         self._writer = JobWriter(self._send)
 
     def __repr__(self) -> str:
@@ -86,7 +88,7 @@ class AsyncQueue:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         One round trip (shared with the enqueues of this handle in flight with it)."""
-        job = new_job(handler, payload, delay, at)
+        job = new_job(self._path(handler), payload, delay, at)
         await self._writer.write(job)
         return AsyncJob(self, job.id)
 
@@ -96,7 +98,7 @@ class AsyncQueue:
         out: list[AsyncJob] = []
         batches: list[list[NewJob]] = [[]]
         async for handler, payload in each(jobs):
-            job = new_job(handler, payload, None, None)
+            job = new_job(self._path(handler), payload, None, None)
             batches[-1].append(job)
             out.append(AsyncJob(self, job.id))
             if len(batches[-1]) >= ENQUEUE_BATCH:

@@ -83,8 +83,9 @@ if rejected > 0 then
 end
 if ok + dead > 0 then
   local second = math.floor(tonumber(now))
-  call('HINCRBY', KEYS[5], second, ok + dead)
-  call('HDEL', KEYS[5], second - 61)
-  call('EXPIRE', KEYS[5], 120)
+  if call('HINCRBY', KEYS[5], second, ok + dead) == ok + dead then  -- a new second
+    call('HDEL', KEYS[5], second - 61)
+    call('EXPIRE', KEYS[5], 120)
+  end
 end
 return {ok, dead, rejected}
