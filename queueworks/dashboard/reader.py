@@ -329,7 +329,9 @@ class Reader:
         return out
 
     def leader(self) -> str | None:
-        return _str(self.r.get(self.keys.leader))
+        """The leader's controller id (the lease holds ``<id>#<term>``), or None."""
+        token = _str(self.r.get(self.keys.leader))
+        return token.partition("#")[0] if token else None
 
     def worker_counts(self, workers: Sequence[WorkerView]) -> dict[str, int]:
         counts = {s.value: 0 for s in WorkerState} | {"draining": 0, "lost": 0}
