@@ -5,7 +5,7 @@ build needs with ``.ci/docker-images``), the image is built from the project's D
 through compose.yaml -- offline, from the wheelhouse in ``wheels/``, when that holds wheels --
 and the Deploy scenario runs for real: ``up -d`` until every service is healthy; a
 200,000-subtask ``digest`` task submitted inside the controller container as the README
-does; workers scaled 2 -> 6 -> 1 -> 4 while it runs; one worker SIGKILLed (``docker kill``);
+does (as JSON lines of 400 hash rounds each, twice the default, so it outlasts the scenario); workers scaled 2 -> 6 -> 1 -> 4 while it runs; one worker SIGKILLed (``docker kill``);
 the controller that holds the leader lease stopped; then ``stop`` and ``down -v``. It checks
 that nothing is lost and every result is right (recomputed here), that a scale-down is a
 ``leave`` (never ``dead``) whose containers exit 0 within ``stop_grace_period``, that a
@@ -59,6 +59,12 @@ from tests.test_deploy import duration, load_compose
 pytestmark = pytest.mark.timeout(900)
 
 N_SUBTASKS = 200_000
+# sha256 rounds per subtask: twice the handler's default, so the task outlasts every step of
+# the scenario (at 200 it could finish during the takeover on a quiet machine)
+ROUNDS = 400
+PAYLOADS = (
+    f"import json\nfor i in range({N_SUBTASKS}): print(json.dumps({{'x': i, 'rounds': {ROUNDS}}}))"
+)
 SCALE_STEPS = (6, 1, 4)  # after compose.yaml's own `deploy.replicas: 2`
 HEARTBEAT_TTL = float(Settings.model_fields["heartbeat_ttl"].default)
 LEASE_TTL = float(Settings.model_fields["lease_ttl"].default)
@@ -113,11 +119,11 @@ def engine_problem() -> str | None:
 
 
 def expected_digests(lo: int, hi: int) -> list[str]:
-    """queueworks.examples:digest of {"x": i} for lo <= i < hi, recomputed here."""
+    """The digest handler's result for subtasks lo <= i < hi, recomputed here."""
     out = []
     for i in range(lo, hi):
         data = str(i).encode()
-        for _ in range(200):
+        for _ in range(ROUNDS):
             data = hashlib.sha256(data).digest()
         out.append(data.hex()[:16])
     return out
@@ -367,18 +373,19 @@ def test_readme_deploy_scenario_in_real_containers(stack: Stack) -> None:
     r: redis.Redis = client.redis
     keys = Keys(stack.prefix)
     try:
-        # the README: submit inside the controller container, watch with `queueworks info`
+        # as the README: submit inside the controller container (subtasks as JSON lines, to set
+        # their rounds), watch with `queueworks info`
         t = time.monotonic()
         out = stack(
             "exec",
             "-T",
             "--index=1",
             "controller",
-            "queueworks",
-            "submit",
-            "queueworks.examples:digest",
-            "--count",
-            str(N_SUBTASKS),
+            "sh",
+            "-c",
+            'python -c "$1" | queueworks submit queueworks.examples:digest --jsonl -',
+            "sh",
+            PAYLOADS,
         ).stdout
         task = client.task(out.strip().splitlines()[-1].strip())
         figure("submit_s", time.monotonic() - t)
@@ -506,6 +513,7 @@ def takeover(stack: Stack, r: redis.Redis, keys: Keys, grace: float) -> None:
     """Stop the controller that holds the leader lease: it releases it, the standby takes it."""
     by_container = controller_ids(stack)
     assert len(by_container) == 2, by_container
+
     def holder() -> str:  # the lease holds "<controller id>#<term>"
         return (r.get(keys.leader) or b"").decode().partition("#")[0]
 
@@ -528,7 +536,7 @@ def takeover(stack: Stack, r: redis.Redis, keys: Keys, grace: float) -> None:
 
 
 def check_results(task: Any) -> None:
-    """Every result is right: the digest recomputed (in 2 processes: 40M sha256 rounds)."""
+    """Every result is right: the digest recomputed (in 2 processes: 80M sha256 rounds)."""
     t = time.monotonic()
     results = dict(task.results())
     assert sorted(results) == list(range(N_SUBTASKS))
