@@ -381,17 +381,14 @@ def test_worker_rejects_every_malformed_entry_and_keeps_working(
 def test_corrupt_records_fail_their_task_and_crash_no_process(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
-    """A broken task record (spec) fails that task, whoever reads it first (controller or
+    """A broken task record (spec) fails that task, whoever reads it first (the controller or
     a joining worker); a broken worker record is never scheduled on. No process crashes."""
-    controller = cluster.controller()
     first = cluster.worker()
     cluster.wait_workers(r, 1)
-    # a live worker whose record is garbage: the controller must not choke on it
-    r.zadd(keys.workers, {"corrupt": time.time()})
-    r.set(keys.worker_heartbeat("corrupt"), "1", ex=60)
-    r.hset(keys.worker("corrupt"), mapping={"record": "\xff{", "state": "idle"})
     garbage = b'{"name": "corrupt", "handler": 7, "\xff": ['
-    # 1. queued (no worker matches its selector) when its spec breaks
+    # 1. queued (no worker matches its selector) and its spec broken before the controller
+    # reads it: a controller reads a task's spec once (a spec never changes), here in the
+    # full read it starts with
     queued = client.submit(
         TaskSpec(
             name="queued",
@@ -401,6 +398,11 @@ def test_corrupt_records_fail_their_task_and_crash_no_process(
         )
     )
     r.hset(keys.task(queued.id).record, "spec", garbage)
+    controller = cluster.controller()
+    # a live worker whose record is garbage: the controller must not choke on it
+    r.zadd(keys.workers, {"corrupt": time.time()})
+    r.set(keys.worker_heartbeat("corrupt"), "1", ex=60)
+    r.hset(keys.worker("corrupt"), mapping={"record": "\xff{", "state": "idle"})
     # 2. running when its spec breaks, and a second worker joins it
     running = client.submit(
         TaskSpec(
