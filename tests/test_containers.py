@@ -506,6 +506,7 @@ def takeover(stack: Stack, r: redis.Redis, keys: Keys, grace: float) -> None:
     """Stop the controller that holds the leader lease: it releases it, the standby takes it."""
     by_container = controller_ids(stack)
     assert len(by_container) == 2, by_container
+
     def holder() -> str:  # the lease holds "<controller id>#<term>"
         return (r.get(keys.leader) or b"").decode().partition("#")[0]
 
