@@ -46,6 +46,27 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
+def cpu_seconds(peer: Peer) -> dict[str, float]:
+    """CPU time used so far: by this process (the producer, and its polling of
+    ``remaining``), by the peer's worker processes (with their threads; a queueworks
+    controller counts here too), and by redis-server."""
+    me = os.times()
+    workers = 0.0
+    for proc in peer.procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        workers += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    info = peer.r.info("cpu")
+    return {
+        "producer": me.user + me.system,
+        "workers": workers,
+        "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+    }
+
+
 def used_memory(r: redis.Redis) -> int:
     return int(r.info("memory")["used_memory"])
 
@@ -267,12 +288,14 @@ def async_throughput(
         peer.enqueue_async(4 * workers * concurrency, producers, math.inf)  # warm the path
         wait_until(_alive_and(peer, lambda: peer.remaining() <= 0), 60, "warm-up jobs", 0.01)
         peer.r.delete(RUNS_KEY)
+        cpu0 = cpu_seconds(peer)
         t0 = time.perf_counter()
         sent = peer.enqueue_async(n, producers, t0 + budget)
         t_enqueued = time.perf_counter()
         while (left := peer.remaining()) > 0 and time.perf_counter() - t0 < budget:
             time.sleep(0.005)
         seconds = time.perf_counter() - t0
+        cpu = {k: v - cpu0[k] for k, v in cpu_seconds(peer).items()}
         peer.check_alive()
     finally:
         peer.stop_workers()
@@ -287,6 +310,7 @@ def async_throughput(
         "seconds": seconds,
         "enqueue_seconds": t_enqueued - t0,
         "jobs_per_s": done / seconds,
+        "cpu_seconds": cpu,
     }
     if count:
         runs = [int(v) for v in peer.r.hvals(RUNS_KEY)]
