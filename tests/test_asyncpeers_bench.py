@@ -13,8 +13,10 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from bench import asyncpeers
+from bench.peers import report
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = {"queueworks-async", "arq", "saq", "streaq", "raw"}
@@ -81,3 +83,31 @@ def test_target_is_the_median_ratio_to_each_rounds_best_peer() -> None:
     # rounds: 10,000 / 2,000 = 5; 12,000 / 3,000 = 4; 9,000 / 1,800 (streaq) = 5
     assert ratio == 5.0
     assert asyncpeers.best_peer(doc, "producers_1") == (None, None)  # not measured
+
+
+def test_peers_page_shows_the_asyncio_medians() -> None:
+    def runs(*rates: float, capped: bool = False) -> list[dict[str, Any]]:
+        return [{"jobs_per_s": r, "capped": capped} for r in rates]
+
+    adoc = {
+        "date": "2026-12-01 12:00 UTC",
+        "command": "python -m bench.asyncpeers",
+        "params": {"n": 20_000, "workers": 2, "concurrency": 50, "producers": [50, 1]}
+        | {"repeat": 3, "budget_s": 15.0},
+        "systems": {
+            "queueworks-async": {"label": "qw", "package": "queueworks", "versions": {}},
+            "arq": {"label": "arq", "package": "arq", "versions": {"arq": "0.28.0"}},
+        },
+        "results": {
+            "queueworks-async": {
+                "producers_50": runs(9_000, 20_000, 10_000),
+                "producers_1": [{"error": "driver timed out"}],
+            },
+            "arq": {"producers_50": runs(500, 600, 700, capped=True), "producers_1": runs(4)},
+        },
+    }
+    page = "\n".join(report._asyncio(adoc))
+    assert "| system | version | P = 50 | P = 1 |" in page
+    assert "| qw |  | 10,000 | failed |" in page  # medians; a failed run says so
+    assert "| arq | 0.28.0 | 600* | 4 |" in page  # * = stopped at the budget
+    assert report._asyncio(None) == []  # no asyncio run: no section
