@@ -140,15 +140,19 @@ class Bench:
         params: dict[str, Any],
         timeout: float,
         round_no: int,
+        label: str | None = None,
     ) -> None:
+        """One run of ``workload``; its result is kept under ``label`` (default: the
+        workload's name)."""
         if key not in self.pythons:
             return
         redis.Redis.from_url(server.url).flushall()  # our private server: empty per run
-        name = f"{workload}.{round_no}"
+        label = label or workload
+        name = f"{label}.{round_no}"
         peers.say(f"{key}: {workload} {json.dumps(params)}")
         driver = DriverRun(self.pythons[key], self.systems[key], workload, params, name, server)
         result = driver.finish(timeout)
-        self.results.setdefault(key, {}).setdefault(workload, []).append(result)
+        self.results.setdefault(key, {}).setdefault(label, []).append(result)
         peers.say("   ->", summary(workload, result))
 
 

@@ -118,6 +118,7 @@ class Concurrently:
                 raise Leave("refused") from None
             if call is not None:
                 flight.start(call, self.timeout)
+        flight.launch()
         run.held.extendleft(reversed(waiting))
 
     def _drain(self) -> None:

@@ -82,10 +82,17 @@ async def _bounded(
     args: tuple[Any, ...],
     timeout: float,
 ) -> Any:
+    """``fn(*args)``, cancelled after ``timeout`` s (then ``TimedOut``). ``asyncio.timeout``,
+    not ``wait_for``: no second task per call; and a ``TimeoutError`` the handler raises
+    itself stays its own."""
+    limit = asyncio.timeout(timeout)
     try:
-        return await asyncio.wait_for(fn(*args), timeout)
+        async with limit:
+            return await fn(*args)
     except TimeoutError:
-        raise TimedOut(timed_out(label, timeout, "cancelled")) from None
+        if limit.expired():
+            raise TimedOut(timed_out(label, timeout, "cancelled")) from None
+        raise
 
 
 @dataclass
@@ -106,13 +113,18 @@ class Call:
 
 class InFlight:
     """Up to ``n`` calls at once; ``collect`` gives back the finished ones, in the order
-    they finished."""
+    they finished.
+
+    Coroutines started in one turn go to the event loop together (``launch``: one wake-up
+    of its thread for the lot, not one per call); ``collect`` launches what waits first,
+    so a started call is never left unlaunched."""
 
     def __init__(self, n: int, loop: EventLoop, watchdog: Watchdog) -> None:
         self.n, self._loop, self._watchdog = n, loop, watchdog
         self._finished: queue.SimpleQueue[Call] = queue.SimpleQueue()
         self._work: queue.SimpleQueue[tuple[Call, float] | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
+        self._unlaunched: list[tuple[Call, float]] = []  # coroutines for the loop's next turn
         self.running: dict[int, Call] = {}  # id(call) -> call
         self.keys: dict[str, int] = {}  # ordering key -> calls in flight with it
 
@@ -133,14 +145,32 @@ class InFlight:
         if call.key is not None:
             self.keys[call.key] = self.keys.get(call.key, 0) + 1
         if is_async(call.fn):
-            future = self._loop.submit(call.label, call.fn, call.args, timeout)
-            future.add_done_callback(functools.partial(self._settle, call))
+            self._unlaunched.append((call, timeout))
         else:
             self._ensure_threads()
             self._work.put((call, timeout))
 
+    def launch(self) -> None:
+        """Hand the coroutines started since the last launch to the event loop, at once."""
+        if self._unlaunched:
+            batch, self._unlaunched = self._unlaunched, []
+            self._loop.loop().call_soon_threadsafe(self._on_loop, batch)
+
+    def _on_loop(self, batch: list[tuple[Call, float]]) -> None:
+        """On the loop's thread: a task per call, its outcome put back when it ends."""
+        loop = asyncio.get_running_loop()
+        for call, timeout in batch:
+            try:
+                task = loop.create_task(_bounded(call.label, call.fn, call.args, timeout))
+            except BaseException as exc:  # the call's outcome: never lost
+                call.error, call.done = exc, True
+                self._finished.put(call)
+                continue
+            task.add_done_callback(functools.partial(self._settle, call))
+
     def collect(self, wait: float) -> list[Call]:
         """Finished calls; waits up to ``wait`` s for the first one if none has finished."""
+        self.launch()
         out: list[Call] = []
         try:
             out.append(
@@ -165,7 +195,7 @@ class InFlight:
             self._work.put(None)
         self._threads = []
 
-    def _settle(self, call: Call, future: Future[Any]) -> None:
+    def _settle(self, call: Call, future: Future[Any] | asyncio.Future[Any]) -> None:
         if future.cancelled():
             call.error = asyncio.CancelledError()
         elif (exc := future.exception()) is not None:

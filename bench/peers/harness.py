@@ -8,19 +8,21 @@ are still unfinished by reading its own keys in Redis. The workloads time the re
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import redis
 
-from bench.peers.jobs import LAT_KEY, READY_KEY, STARTS_KEY
+from bench.peers.jobs import LAT_KEY, READY_KEY, RUNS_KEY, STARTS_KEY
 
 ROOT = Path(__file__).resolve().parents[2]
 EACH_CHUNK = 100  # one-call-per-job enqueueing looks at the clock between these
@@ -44,6 +46,27 @@ def pct(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q / 100 * (len(s) - 1))))]
 
 
+def cpu_seconds(peer: Peer) -> dict[str, float]:
+    """CPU time used so far: by this process (the producer, and its polling of
+    ``remaining``), by the peer's worker processes (with their threads; a queueworks
+    controller counts here too), and by redis-server."""
+    me = os.times()
+    workers = 0.0
+    for proc in peer.procs:
+        try:
+            with open(f"/proc/{proc.pid}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        workers += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    info = peer.r.info("cpu")
+    return {
+        "producer": me.user + me.system,
+        "workers": workers,
+        "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+    }
+
+
 def used_memory(r: redis.Redis) -> int:
     return int(r.info("memory")["used_memory"])
 
@@ -58,6 +81,8 @@ class Peer:
         self.logdir = logdir
         self.r = redis.Redis.from_url(url, socket_timeout=60)
         self.procs: list[subprocess.Popen[bytes]] = []
+        self.concurrency: int | None = None  # jobs in flight per worker process, if set
+        self.counting = False  # async jobs say they ran (jobs.acount), else no-ops (anoop)
 
     # -- hooks ---------------------------------------------------------------------------
 
@@ -79,6 +104,12 @@ class Peer:
     def enqueue_each(self, n: int) -> None:
         """``n`` no-op jobs, one enqueue call per job, each call returning before the next
         (as jobs come from a web request or a message handler)."""
+        raise NotImplementedError
+
+    def enqueue_async(self, n: int, producers: int, deadline: float) -> int:
+        """Up to ``n`` async no-op jobs, each by one awaited call of the system's asyncio
+        client, from ``producers`` coroutines (``produce``); none started after
+        ``deadline`` (``time.perf_counter``). Returns how many were enqueued."""
         raise NotImplementedError
 
     def remaining(self) -> int:
@@ -107,6 +138,7 @@ class Peer:
             "BENCH_REDIS_URL": self.url,
             "PYTHONPATH": f"{ROOT}{os.pathsep}{path}" if path else str(ROOT),
             "PYTHONUNBUFFERED": "1",
+            **({"BENCH_CONCURRENCY": str(self.concurrency)} if self.concurrency else {}),
         }
 
     def spawn(self, argv: list[str], label: str, env: dict[str, str] | None = None) -> None:
@@ -170,6 +202,27 @@ def boot(peer: Peer, workers: int, *, separate: bool, warm_jobs: int) -> None:
         wait_until(_alive_and(peer, lambda: peer.remaining() <= 0), 60, "warm-up jobs", 0.01)
 
 
+async def produce(
+    n: int, producers: int, deadline: float, call: Callable[[int], Awaitable[Any]]
+) -> int:
+    """``call(i)`` for i in range(n), from ``producers`` coroutines, each awaiting one call
+    before it makes the next (as concurrent requests of a web app each enqueue one job); no
+    call starts after ``deadline``. Returns how many calls were made."""
+    numbers = iter(range(n))
+    sent = 0
+
+    async def producer() -> None:
+        nonlocal sent
+        for i in numbers:  # shared: each number is taken by one producer
+            if time.perf_counter() > deadline:
+                return
+            await call(i)
+            sent += 1
+
+    await asyncio.gather(*(producer() for _ in range(producers)))
+    return sent
+
+
 # -- the workloads -----------------------------------------------------------------------
 
 
@@ -212,6 +265,58 @@ def throughput(
         "enqueue_seconds": t_enqueued - t0,
         "jobs_per_s": done / seconds,
     }
+
+
+def async_throughput(
+    peer: Peer,
+    n: int,
+    workers: int,
+    concurrency: int,
+    producers: int,
+    budget: float = 900.0,
+    count: bool = False,
+) -> dict[str, Any]:
+    """asyncio on both sides: ``workers`` processes running ``async def`` no-ops with
+    ``concurrency`` jobs in flight each; ``n`` jobs, each by one awaited enqueue call from
+    ``producers`` coroutines (``Peer.enqueue_async``). Workers booted and warm; clock from
+    the first enqueue call to the last job done, capped at ``budget`` as ``throughput``.
+    ``count``: each job records that it ran (``jobs.acount``), and ``runs`` says how many
+    jobs ran once, more than once, or not at all."""
+    peer.concurrency, peer.counting = concurrency, count
+    try:
+        boot(peer, workers, separate=False, warm_jobs=0)
+        peer.enqueue_async(4 * workers * concurrency, producers, math.inf)  # warm the path
+        wait_until(_alive_and(peer, lambda: peer.remaining() <= 0), 60, "warm-up jobs", 0.01)
+        peer.r.delete(RUNS_KEY)
+        cpu0 = cpu_seconds(peer)
+        t0 = time.perf_counter()
+        sent = peer.enqueue_async(n, producers, t0 + budget)
+        t_enqueued = time.perf_counter()
+        while (left := peer.remaining()) > 0 and time.perf_counter() - t0 < budget:
+            time.sleep(0.005)
+        seconds = time.perf_counter() - t0
+        cpu = {k: v - cpu0[k] for k, v in cpu_seconds(peer).items()}
+        peer.check_alive()
+    finally:
+        peer.stop_workers()
+    done = sent - max(0, left)
+    result = {
+        "jobs": sent,
+        "done": done,
+        "capped": left > 0 or sent < n,
+        "workers": workers,
+        "concurrency": concurrency,
+        "producers": producers,
+        "seconds": seconds,
+        "enqueue_seconds": t_enqueued - t0,
+        "jobs_per_s": done / seconds,
+        "cpu_seconds": cpu,
+    }
+    if count:
+        runs = [int(v) for v in peer.r.hvals(RUNS_KEY)]
+        once = sum(1 for v in runs if v == 1)
+        result["runs"] = {"once": once, "more": len(runs) - once, "never": sent - len(runs)}
+    return result
 
 
 def enqueue(peer: Peer, n: int) -> dict[str, Any]:
@@ -316,6 +421,7 @@ def recovery(peer: Peer, give_up: float) -> dict[str, Any]:
 
 WORKLOADS: dict[str, Callable[..., dict[str, Any]]] = {
     "throughput": throughput,
+    "async_throughput": async_throughput,
     "enqueue": enqueue,
     "latency": latency,
     "recovery": recovery,

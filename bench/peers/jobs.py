@@ -5,7 +5,8 @@ Redis the system under test uses (``$BENCH_REDIS_URL``), under keys no peer uses
 
 - ``bench:lat``    latency samples in seconds (handler start minus the producer's send time);
 - ``bench:starts`` one JSON record per start of a hold job: pid, pgid, ppid, wall time;
-- ``bench:ready``  one entry per worker process that finished booting (where a peer has a hook).
+- ``bench:ready``  one entry per worker process that finished booting (where a peer has a hook);
+- ``bench:runs``   how many times each counted job ran (job number -> runs), for the smoke test.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import redis
 LAT_KEY = "bench:lat"
 STARTS_KEY = "bench:starts"
 READY_KEY = "bench:ready"
+RUNS_KEY = "bench:runs"
 
 _clients: dict[int, redis.Redis] = {}  # per pid: never share a socket across fork
 
@@ -35,6 +37,15 @@ def marks() -> redis.Redis:
 
 def noop(*args: Any, **kwargs: Any) -> None:
     return None
+
+
+async def anoop(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+async def acount(i: int) -> None:
+    """A job that says it ran: ``bench:runs[i] += 1`` (a blocking call: for small runs)."""
+    marks().hincrby(RUNS_KEY, str(i), 1)
 
 
 def stamp(sent: float) -> None:
@@ -61,6 +72,14 @@ def hold(seconds: float) -> None:
 
 def qw_stamp(payload: dict[str, Any]) -> None:
     stamp(payload["sent"])
+
+
+async def qw_anoop(payload: Any) -> None:
+    return None
+
+
+async def qw_acount(payload: dict[str, Any]) -> None:
+    await acount(payload["i"])
 
 
 def qw_hold(payload: dict[str, Any], ctx: Any) -> None:

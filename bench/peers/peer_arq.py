@@ -1,5 +1,7 @@
-"""arq: N ``arq`` worker processes (asyncio, default ``max_jobs=10`` each); jobs enqueued with
-``enqueue_job``, which has no bulk form: calls run concurrently, ``CONCURRENCY`` at a time."""
+"""arq: N ``arq`` worker processes (asyncio, default ``max_jobs=10`` each, or
+``$BENCH_CONCURRENCY``); jobs enqueued with ``enqueue_job``, which has no bulk form: calls
+run concurrently, ``CONCURRENCY`` at a time. The async workload (``enqueue_async``): one
+awaited ``enqueue_job`` per job."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from arq import create_pool
 from arq.connections import ArqRedis, RedisSettings
 
 from bench.peers import jobs
-from bench.peers.harness import Peer
+from bench.peers.harness import Peer, produce
 
 CONCURRENCY = 100
 QUEUE = "arq:queue"
@@ -27,6 +29,14 @@ LOG_CONFIG = {  # arq's default config, at WARNING (its INFO logs a line per job
 
 async def noop(ctx: dict[str, Any], i: int) -> None:
     jobs.noop(i)
+
+
+async def anoop(ctx: dict[str, Any], i: int) -> None:
+    await jobs.anoop(i)
+
+
+async def acount(ctx: dict[str, Any], i: int) -> None:
+    await jobs.acount(i)
 
 
 async def stamp(ctx: dict[str, Any], sent: float) -> None:
@@ -47,9 +57,10 @@ def _settings() -> RedisSettings:
 
 
 class WorkerSettings:
-    functions = [noop, stamp, hold]
+    functions = [noop, anoop, acount, stamp, hold]
     on_startup = _startup
     redis_settings = _settings()
+    max_jobs = int(os.environ.get("BENCH_CONCURRENCY", "10"))  # arq's default: 10
 
 
 class Driver(Peer):
@@ -84,6 +95,14 @@ class Driver(Peer):
                 await self.pool.enqueue_job("noop", i)
 
         self.loop.run_until_complete(go())
+
+    def enqueue_async(self, n: int, producers: int, deadline: float) -> int:
+        name = "acount" if self.counting else "anoop"
+
+        async def call(i: int) -> None:
+            await self.pool.enqueue_job(name, i)
+
+        return self.loop.run_until_complete(produce(n, producers, deadline, call))
 
     def remaining(self) -> int:
         return int(self.r.zcard(QUEUE))

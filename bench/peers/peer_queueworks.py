@@ -12,16 +12,22 @@ Variant ``queue`` (``queueworks-queue``): a queue (``client.queue("bench")``, de
 settings), its members already blocked on its stream: a job is ``q.enqueue(handler,
 payload)`` (``enqueue_each``, the latency stamps, the hold job) or ``q.enqueue_many``
 (``enqueue_noop``: the bulk API); workers are ready once they are members of its node set.
+
+Variant ``async`` (``queueworks-async``): the same queue, jobs enqueued from asyncio by
+``AsyncClient`` (``await q.enqueue(handler, payload)``, one call per job: ``enqueue_async``),
+``async def`` handlers, and workers started with ``--concurrency`` (``Peer.concurrency``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import sys
 from pathlib import Path
 
 from bench.common import Procs
-from bench.peers.harness import Peer
-from queueworks import Client, Task, TaskNotFound, TaskSpec
+from bench.peers.harness import Peer, produce
+from queueworks import AsyncClient, Client, Task, TaskNotFound, TaskSpec
+from queueworks.aio.queues import AsyncQueue
 from queueworks.queues import Job
 
 NOOP = "queueworks.examples:noop"
@@ -38,9 +44,15 @@ class Driver(Peer):
         self.client = Client.from_url(url, prefix=PREFIX)
         self.tasks: list[Task] = []
         self.task_per_job = variant == "tasks"
-        self.queue = self.client.queue(QUEUE) if variant == "queue" else None
+        self.queue = self.client.queue(QUEUE) if variant in ("queue", "async") else None
         self.expected = 0
         self.hold: Job | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.aqueue: AsyncQueue | None = None
+        if variant == "async":
+            self.loop = asyncio.new_event_loop()
+            self.aclient = AsyncClient.from_url(url, prefix=PREFIX)
+            self.aqueue = self.loop.run_until_complete(self.aclient.queue(QUEUE))
 
     def start_workers(self, n: int, *, separate: bool) -> None:
         env = {**self.env(), **Procs(self.url, PREFIX).env, "BENCH_REDIS_URL": self.url}
@@ -48,7 +60,8 @@ class Driver(Peer):
         self.spawn([*cmd, "controller"], "controller", env)
         for i in range(n):
             allow = ["--allow", "queueworks.examples", "--allow", "bench.peers.jobs"]
-            self.spawn([*cmd, "worker", "--name", f"w{i}", *allow], f"w{i}", env)
+            many = ["--concurrency", str(self.concurrency)] if self.concurrency else []
+            self.spawn([*cmd, "worker", "--name", f"w{i}", *allow, *many], f"w{i}", env)
 
     def ready(self) -> int:
         if self.queue is not None:  # members of the queue's node set, blocked on its stream
@@ -85,6 +98,19 @@ class Driver(Peer):
         for i in range(n):
             enqueue(NOOP, {"x": i})
         self.expected += n
+
+    def enqueue_async(self, n: int, producers: int, deadline: float) -> int:
+        if self.loop is None or self.aqueue is None:
+            raise NotImplementedError("asyncio: the async variant")
+        enqueue = self.aqueue.enqueue
+        handler = "bench.peers.jobs:qw_acount" if self.counting else "bench.peers.jobs:qw_anoop"
+
+        async def call(i: int) -> None:
+            await enqueue(handler, {"i": i})
+
+        sent = self.loop.run_until_complete(produce(n, producers, deadline, call))
+        self.expected += sent
+        return sent
 
     def remaining(self) -> int:
         if self.queue is not None:
@@ -131,5 +157,8 @@ class Driver(Peer):
         return f"task {status.state.value}, done {status.done}/{status.total}, nodes: {nodes}"
 
     def close(self) -> None:
+        if self.loop is not None:
+            self.loop.run_until_complete(self.aclient.close())
+            self.loop.close()
         self.client.close()
         super().close()

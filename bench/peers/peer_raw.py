@@ -10,14 +10,16 @@ only.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 from pathlib import Path
 
 import redis
+import redis.asyncio
 
 from bench.peers import jobs
-from bench.peers.harness import Peer
+from bench.peers.harness import Peer, produce
 
 STREAM = "raw:jobs"
 GROUP = "raw"
@@ -55,6 +57,25 @@ class Driver(Peer):
             xadd(STREAM, {"i": i})
         self.expected += n
 
+    def enqueue_async(self, n: int, producers: int, deadline: float) -> int:
+        """One awaited ``XADD`` per job (redis-py's asyncio client); the consumers stay the
+        plain ones (their reads are not the producer's limit)."""
+
+        mark = {"c": 1} if self.counting else {}  # the consumer counts its runs (jobs.acount)
+
+        async def go() -> int:
+            r = redis.asyncio.Redis.from_url(self.url)
+            try:
+                return await produce(
+                    n, producers, deadline, lambda i: r.xadd(STREAM, {"i": i, **mark})
+                )
+            finally:
+                await r.aclose()
+
+        sent = asyncio.run(go())
+        self.expected += sent
+        return sent
+
     def remaining(self) -> int:
         return self.expected - int(self.r.get(DONE) or 0)
 
@@ -80,6 +101,8 @@ def consume(url: str, name: str) -> None:
             sent = fields.get(b"s")
             if sent is not None:
                 jobs.stamp(float(sent))
+            elif b"c" in fields:
+                jobs.marks().hincrby(jobs.RUNS_KEY, fields[b"i"].decode(), 1)
             else:
                 jobs.noop(fields)
             read.append(entry_id)

@@ -1,5 +1,6 @@
-"""streaq: N worker processes (anyio, default concurrency 16 each) on Redis Streams; jobs
-enqueued with ``Worker.enqueue_many`` (one pipeline per batch).
+"""streaq: N worker processes (anyio, default concurrency 16 each, or ``$BENCH_CONCURRENCY``)
+on Redis Streams; jobs enqueued with ``Worker.enqueue_many`` (one pipeline per batch). The
+async workload (``enqueue_async``): one awaited ``task.enqueue(...)`` per job.
 
 A worker process is ``python -m bench.peers.peer_streaq``: what ``streaq run`` does, with
 logging at WARNING (streaq's CLI logs two INFO lines per task).
@@ -20,7 +21,7 @@ from typing import Any, TypeVar
 from streaq import Worker
 
 from bench.peers import jobs
-from bench.peers.harness import Peer
+from bench.peers.harness import Peer, produce
 
 BATCH = 1000
 STREAM = "streaq:default:queues:normal"
@@ -34,13 +35,25 @@ async def _lifespan() -> AsyncIterator[None]:
 
 
 worker: Worker[Any] = Worker(
-    redis_url=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"), lifespan=_lifespan
+    redis_url=os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+    lifespan=_lifespan,
+    concurrency=int(os.environ.get("BENCH_CONCURRENCY", "16")),  # streaq's default: 16
 )
 
 
 @worker.task
 async def noop(i: int) -> None:
     jobs.noop(i)
+
+
+@worker.task
+async def anoop(i: int) -> None:
+    await jobs.anoop(i)
+
+
+@worker.task
+async def acount(i: int) -> None:
+    await jobs.acount(i)
 
 
 @worker.task
@@ -93,6 +106,14 @@ class Driver(Peer):
                 await noop.enqueue(i)
 
         self._run(go())
+
+    def enqueue_async(self, n: int, producers: int, deadline: float) -> int:
+        task = acount if self.counting else anoop
+
+        async def call(i: int) -> None:
+            await task.enqueue(i)
+
+        return self._run(produce(n, producers, deadline, call))
 
     def remaining(self) -> int:
         return int(self.r.xlen(STREAM))

@@ -6,7 +6,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
 import subprocess
 from collections.abc import Callable
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "peers.md"
 PNG = ROOT / "docs" / "peers.png"
+ASYNC_RESULTS = ROOT / "bench" / "asyncpeers_results.json"  # python -m bench.asyncpeers
 QW = "queueworks"
 QUEUE = "queueworks-queue"  # queueworks' queue: shown beside the peers, not ranked against them
 OURS = (QW, QUEUE)
@@ -157,7 +160,51 @@ def leads(doc: dict[str, Any]) -> list[tuple[str, str, str, bool | None]]:
     return rows
 
 
-def markdown(doc: dict[str, Any]) -> str:
+def _asyncio(adoc: dict[str, Any] | None) -> list[str]:
+    """The asyncio run's medians (``bench.asyncpeers``), if there is one: its own run,
+    its own date; the full table and the CPU per job are in BENCHMARKS.md."""
+    if adoc is None:
+        return []
+    p, results = adoc["params"], adoc["results"]
+    labels = {k: v["label"] for k, v in adoc["systems"].items()}
+    modes = [f"producers_{n}" for n in p["producers"]]
+    out = [
+        "## asyncio: queueworks against arq, saq and streaq\n",
+        f"A separate run, {adoc['date']}, `{adoc['command']}` ({p['repeat']} rounds, the"
+        f" systems interleaved): {p['n']:,} `async def` no-op jobs, each enqueued by one"
+        " awaited call of the system's asyncio client (queueworks `AsyncClient`"
+        " `await q.enqueue(...)`, arq `enqueue_job`, saq `enqueue`, streaq `task.enqueue`)"
+        f" from P producer coroutines; {p['workers']} worker processes with"
+        f" {p['concurrency']} jobs in flight each (`worker --concurrency`, `max_jobs`,"
+        " `concurrency`). Median jobs/s, first enqueue to last done (* = stopped at the"
+        f" {p['budget_s']:.0f} s budget):\n",
+        "| system | version | " + " | ".join(f"P = {n}" for n in p["producers"]) + " |",
+        "| --- | --- |" + " ---: |" * len(modes),
+    ]
+    for key, per in results.items():
+        cells = []
+        for name in modes:
+            ok = [r for r in per.get(name, []) if "error" not in r]
+            capped = "*" if any(r.get("capped") for r in ok) else ""
+            rate = statistics.median(r["jobs_per_s"] for r in ok) if ok else None
+            cells.append("failed" if rate is None else f"{rate:,.0f}{capped}")
+        info = adoc["systems"][key]
+        version = info["versions"].get(info["package"], "") if key != "raw" else ""
+        out.append(f"| {labels[key]} | {version} | {' | '.join(cells)} |")
+    out.append(
+        "\nWith concurrent producers a queueworks round trip carries the jobs of every call"
+        " in flight (one Lua call), and a worker reads and settles them in batches; with one"
+        " producer every system pays a round trip per job, and even the raw limit (one"
+        " awaited `XADD` per job, no job record) is only a few times the best peer. The"
+        " ratios per round, the CPU each side spent per job and whether issue 20's target"
+        " (≥ 5x the best peer) is met: [BENCHMARKS.md](../BENCHMARKS.md#asyncio-async-no-op-"
+        "throughput-against-arq-saq-and-streaq-issue-20).\n"
+    )
+    return out
+
+
+def markdown(doc: dict[str, Any], asyncio: dict[str, Any] | None = None) -> str:
+    """The page; ``asyncio``: the results of ``bench.asyncpeers``, shown in a section."""
     p, m = doc["params"], doc["machine"]
     keys = list(doc["results"])
     labels = {k: doc["systems"][k]["label"] for k in keys}
@@ -252,10 +299,13 @@ def markdown(doc: dict[str, Any]) -> str:
         " small integer argument each.\n"
     )
     out.extend(_versions(doc, labels))
+    out.extend(_asyncio(asyncio))
     add("## Reproduce\n")
     add(
         "```\npython -m bench.peers.run           # full run, writes results.json, this page,"
-        " docs/peers.png\npython -m bench.peers.run --quick   # small sizes, ~5 min\n```\n\n"
+        " docs/peers.png\npython -m bench.peers.run --quick   # small sizes, ~5 min\n"
+        "python -m bench.asyncpeers          # the asyncio section (~5 min), then re-render\n"
+        "```\n\n"
         "Venvs are created under `bench/peers/.venvs/` (reused while the pins are unchanged);"
         " worker and driver logs go to `bench/out/peers/`. The run measures a copy of"
         " `queueworks/`, `controller/`, `workers/` and `bench/` taken when it starts, so one"
@@ -552,7 +602,8 @@ def main() -> None:
 
 def write(doc: dict[str, Any], results: Path, chart_python: Path | None) -> list[Path]:
     """docs/peers.md, and docs/peers.png drawn from ``results`` by the report venv's python."""
-    DOC.write_text(markdown(doc))
+    adoc = json.loads(ASYNC_RESULTS.read_text()) if ASYNC_RESULTS.exists() else None
+    DOC.write_text(markdown(doc, adoc))
     if chart_python is None:
         return [DOC]
     subprocess.run(

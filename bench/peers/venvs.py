@@ -40,6 +40,12 @@ VENVS: dict[str, VenvSpec] = {
         VenvSpec("dramatiq", ("dramatiq[redis]==2.2.1", HIREDIS), "dramatiq"),
         VenvSpec("arq", ("arq==0.28.0", HIREDIS), "arq"),
         VenvSpec("streaq", ("streaq==7.2.0", "redis==8.1.0", HIREDIS), "streaq"),
+        # saq[redis] wants redis<8; saq imports typing_extensions without declaring it
+        VenvSpec(
+            "saq",
+            ("saq[redis]==0.26.4", "redis==7.4.1", "typing_extensions==4.16.0", HIREDIS),
+            "saq",
+        ),
         VenvSpec("report", ("matplotlib==3.11.2",), "matplotlib"),
     )
 }
