@@ -5,7 +5,8 @@ build needs with ``.ci/docker-images``), the image is built from the project's D
 through compose.yaml -- offline, from the wheelhouse in ``wheels/``, when that holds wheels --
 and the Deploy scenario runs for real: ``up -d`` until every service is healthy; a
 200,000-subtask ``digest`` task submitted inside the controller container as the README
-does (as JSON lines of 400 hash rounds each, twice the default, so it outlasts the scenario); workers scaled 2 -> 6 -> 1 -> 4 while it runs; one worker SIGKILLed (``docker kill``);
+does (as JSON lines of 400 hash rounds each, twice the default, so it outlasts the
+scenario); workers scaled 2 -> 6 -> 1 -> 4 while it runs; one worker SIGKILLed (``docker kill``);
 the controller that holds the leader lease stopped; then ``stop`` and ``down -v``. It checks
 that nothing is lost and every result is right (recomputed here), that a scale-down is a
 ``leave`` (never ``dead``) whose containers exit 0 within ``stop_grace_period``, that a
