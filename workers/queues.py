@@ -67,13 +67,9 @@ class QueueLoop:
             if isinstance(handler, HandlerRefused) and self._refuses(handler):
                 raise handler  # before joining: the run refuses the queue
         options = run.spec.options.get("queue", {})
-        self.idle_after = float(options.get("idle_after", IDLE_AFTER))
+        self.duties = LeaderDuties(run, float(options.get("idle_after", IDLE_AFTER)))
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
-        self.duties_at = 0.0
-        self.demand_at = 0.0
-        self.next_due: float | None = None  # the leader's: when the next delayed job is due
-        self.settled_seen: tuple[int, float] = (-1, time.monotonic())  # (done+dead, since)
         self.avg_seconds = 0.0
         self.flight = InFlight.of(run)
         self.batch_at = 0.0  # when the batch running now began (a read returned it)
@@ -139,19 +135,13 @@ class QueueLoop:
         blocks no longer than that: jobs that come one by one but close together are
         settled a few per Lua call, not one each (the settle is most of a job's cost in
         Redis), and a job on its own is settled with the read that follows it."""
-        block = self._block()
+        block = self.duties.block_ms()
         if not self.ledger.pending():
             return False, block
         wait = self.ledger.last_flush + SETTLE_SECONDS - now
         if wait <= 0:
             return True, block
         return False, max(1, min(block, int(wait * 1000) + 1))
-
-    def _block(self) -> int:
-        """ms to wait on the stream: less if a delayed job is due sooner (the leader)."""
-        if self.next_due is None:
-            return BLOCK_MS
-        return max(1, min(BLOCK_MS, int((self.next_due - time.time()) * 1000)))
 
     def _read_count(self) -> int:
         if self.avg_seconds <= 0:
@@ -291,9 +281,7 @@ class QueueLoop:
         self._outcome(call.extra["job"], call.value, call.error)
 
     def tick(self) -> None:
-        due = self.next_due is not None and time.time() >= self.next_due
-        if due or time.monotonic() - self.duties_at >= DUTY_SECONDS:
-            self._duties()
+        self.duties.tick()
 
     def idle(self) -> None:
         """The read waited on the stream already."""
@@ -331,7 +319,30 @@ class QueueLoop:
         """This worker's fault (its --allow, its environment), not the job's."""
         return exc.kind == NOT_ALLOWED or not exc.imported
 
-    # -- duties ---------------------------------------------------------------------------
+
+class LeaderDuties:
+    """What a queue's leader does besides running jobs, every ``DUTY_SECONDS`` (at once when
+    a delayed job is due): move due delayed jobs onto the stream, and every
+    ``DEMAND_SECONDS`` reconsider how many nodes the queue wants. Every member's own look
+    around (the queue cancelled? a wedged member's jobs?) rides on the same tick."""
+
+    def __init__(self, run: Run, idle_after: float) -> None:
+        self.run, self.idle_after = run, idle_after
+        self.duties_at = 0.0
+        self.demand_at = 0.0
+        self.next_due: float | None = None  # the leader's: when the next delayed job is due
+        self.settled_seen: tuple[int, float] = (-1, time.monotonic())  # (done+dead, since)
+
+    def tick(self) -> None:
+        due = self.next_due is not None and time.time() >= self.next_due
+        if due or time.monotonic() - self.duties_at >= DUTY_SECONDS:
+            self._duties()
+
+    def block_ms(self) -> int:
+        """ms to wait on the stream: less if a delayed job is due sooner (the leader)."""
+        if self.next_due is None:
+            return BLOCK_MS
+        return max(1, min(BLOCK_MS, int((self.next_due - time.time()) * 1000)))
 
     def _duties(self) -> None:
         """Every ``DUTY_SECONDS``: the run's look around (the queue cancelled? a wedged
