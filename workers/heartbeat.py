@@ -22,7 +22,7 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.keys import Keys
-from queueworks.membership import read_roster
+from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
 
 
@@ -39,6 +39,7 @@ class NodeState:
     assign: str = ""  # latest assignment seen (heartbeat writes)
     epoch_seen: int = 0  # latest epoch seen (heartbeat / watcher write)
     fenced: bool = False  # our member heartbeat was gone: we were pruned
+    leaving: bool = False  # the member is leaving its node set (runtime writes)
     stopping: bool = False
     processed: int = 0  # subtasks settled by this process (runtime writes)
     wake: threading.Event = field(default_factory=threading.Event)
@@ -163,6 +164,13 @@ class Heartbeat(threading.Thread):
                 self._check_at = time.monotonic() + left_ms / 1000 + EXPIRY_SLACK
         if self._roster_at != (task_id, epoch):
             self._follow(task_id)
+
+    def follow(self, task_id: str, roster: Roster) -> bool:
+        """The member's roster of ``task_id`` (its join's): whom to check from now on,
+        without reading it again. True if there is a successor to check."""
+        self._roster_at = (task_id, roster.epoch)
+        self.state.successor = roster.successor(self.state.worker_id)
+        return self.state.successor is not None
 
     def _follow(self, task_id: str) -> None:
         """Re-read the roster after a change, to know which member to check next."""

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from queueworks import events
-from queueworks.connection import Connection, text
+from queueworks.connection import Connection
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import safe_text
 from queueworks.models import StoredSpec
@@ -148,7 +148,7 @@ class Ledger(Attempts):
         if not settled_n:
             return
         now = time.time()
-        finished = False
+        finished = ""  # the state a settle of ours finished the task in
         self.state.processed += settled_n
         for stream in {*self.ok, *self.dead}:
             if not self.ok.get(stream) and not self.dead.get(stream):
@@ -156,7 +156,7 @@ class Ledger(Attempts):
             settled = self.scripts.settle(
                 self.tk, stream, self.me, now, self.ok.get(stream, ()), self.dead.get(stream, ())
             )
-            finished = finished or settled.finished
+            finished = finished or settled.state
             self.ended = self.ended or not settled.active
             if settled.rejected:
                 self.log.warning("entries_rejected", stream=stream, count=settled.rejected)
@@ -166,7 +166,7 @@ class Ledger(Attempts):
         if had_dead:
             events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
         if finished:
-            self._finished()
+            self._finished(finished)
 
     def sweep_lost(self, streams: Sequence[str]) -> None:
         """If nothing of the task is in flight, dead-letter the indices no entry is left
@@ -175,13 +175,13 @@ class Ledger(Attempts):
         if lost:
             self.log.warning("subtasks_lost", count=lost, reason="stream entries deleted")
             events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
-            if self.scripts.settle(self.tk, streams[0], self.me, time.time(), []).finished:
-                self._finished()
+            settled = self.scripts.settle(self.tk, streams[0], self.me, time.time(), [])
+            if settled.finished:
+                self._finished(settled.state)
 
-    def _finished(self) -> None:
-        """This member's settle finished the task: say how it ended."""
+    def _finished(self, state: str) -> None:
+        """This member's settle finished the task in ``state`` (the settle's reply says
+        which): say how it ended."""
         self.ended = True
-        status = self.r.hget(self.tk.record, "state")
-        kind = text(status) or "completed"
-        self.log.info("task_finished", state=kind)
-        events.emit(self.r, self.keys, kind, task=self.tk.task_id)
+        self.log.info("task_finished", state=state)
+        events.emit(self.r, self.keys, state, task=self.tk.task_id)
