@@ -45,6 +45,16 @@ class Attempts:
         self.last_flush = time.monotonic()
         self.ended = False  # a settle found the task finished: the member should leave
         self.interrupted: set[str] = set()  # entries a cold stop interrupted: they started
+        # The loop leaves at its next safe point once ``ended``: the event of the task's end
+        # (a settle of ours finished it) rides with the leave (``announce``), not alone.
+        self.hold_end = False
+        self.unannounced = ""  # that event's kind, held back until ``announce``
+
+    def announce(self, pipe: Any) -> None:
+        """Put the held-back event of the task's end (``hold_end``) on ``pipe``, once."""
+        if self.unannounced:
+            events.emit(pipe, self.keys, self.unannounced, task=self.tk.task_id)
+            self.unannounced = ""
 
     def flush(self) -> None:
         """Settle everything recorded so far."""
@@ -184,4 +194,7 @@ class Ledger(Attempts):
         which): say how it ended."""
         self.ended = True
         self.log.info("task_finished", state=state)
-        events.emit(self.r, self.keys, state, task=self.tk.task_id)
+        if self.hold_end:
+            self.unannounced = state
+        else:
+            events.emit(self.r, self.keys, state, task=self.tk.task_id)

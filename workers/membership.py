@@ -194,16 +194,19 @@ class Membership:
             self.state.observe_epoch(int(epoch or 0))
         return changed
 
-    def leave(self) -> int:
+    def leave(self, first: Callable[[Any], None] | None = None) -> int:
         """Remove us from the node set (a new epoch for the others, at once); our worker
         hash says idle again. Returns the new epoch, 0 if we were no member any more.
 
-        One round trip: the ``member_left`` event rides with the departure unless we know
-        we were pruned (then only if the departure still found us a member). A member
-        pruned without knowing it sends one too: the controller just reads that worker and
-        task again."""
+        One round trip: ``first`` puts what must go before on the pipeline (the task's end
+        event), and the ``member_left`` event rides with the departure unless we know we
+        were pruned (then only if the departure still found us a member). A member pruned
+        without knowing it sends one too: the controller just reads that worker and task
+        again."""
         self.state.task_id = None
         pipe = self.r.pipeline(transaction=False)
+        if first is not None:
+            first(pipe)
         call = calls.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
         departing = Queued(self.scripts, call, pipe)
         pipe.hset(self.keys.worker(self.me), mapping=idle_worker())

@@ -174,7 +174,7 @@ class TaskRun:
                 self.hand_back(self.streams)
                 self.ledger.flush()  # dead letters for entries found gone
             self.parts.watch(None, False, False)  # our own leave is no news either
-            self.membership.leave()
+            self.membership.leave(self.ledger.announce)  # (the task's end, if held back)
         except UNAVAILABLE as exc:
             self.state.task_id = None
             self.log.warning("leave_failed", error=str(exc))

@@ -30,6 +30,9 @@ class SubtaskLoop:
         self.flight = (
             InFlight(run.concurrency, run.aio, run.watchdog) if run.concurrency > 1 else None
         )
+        # one at a time, the safe point right after a settle leaves once the task ended:
+        # the end's event rides with the leave (many in flight drain first: not held)
+        self.ledger.hold_end = self.flight is None
         self.avg_seconds = 0.0
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
 

@@ -201,17 +201,20 @@ class Worker:
 
     def _serve(self) -> None:
         backoff = 0.05
-        just_done: str | None = None  # the task whose run just ended: not reopened so soon
+        ended = False  # a run just ended: the controller moves us on; wait for the word
         while not self.state.stopping:
             try:
+                if ended:  # (often already here: it came while we were leaving)
+                    self.state.wake.wait(self.settings.heartbeat_interval)
+                    self.state.wake.clear()
+                    ended = False
+                    if self.state.stopping:
+                        break
                 assign = self.r.get(self.keys.assign(self.id))
                 task_id = text(assign)
                 self.state.assign = task_id
-                if task_id == just_done:  # the controller has not moved us on yet: wait
-                    task_id = ""  # (a reopened task is looked at after the wait)
-                elif task_id in self._done_tasks and self._reopened(task_id):
+                if task_id in self._done_tasks and self._reopened(task_id):
                     self._done_tasks.discard(task_id)  # a requeued dead letter reopened it
-                just_done = None
                 if not task_id or task_id in self._done_tasks or self._refusing(task_id):
                     self.state.wake.wait(self.settings.heartbeat_interval)
                     self.state.wake.clear()
@@ -220,7 +223,7 @@ class Worker:
                 self.log.info("task_run_ended", task_id=task_id, outcome=outcome)
                 if outcome in ("finished", "missing"):
                     self._done_tasks.add(task_id)
-                    just_done = task_id
+                    ended = True
                 elif outcome == "refused":
                     self._refused[task_id] = time.monotonic()
                 self._watch_task(None)
