@@ -23,7 +23,7 @@ from queueworks.keys import Keys, TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import Role
 from queueworks.records import idle_worker, member_of
-from queueworks.scripts import Joined, Queued, Scripts
+from queueworks.scripts import Joined, Queued, Scripts, fields_of
 from workers.heartbeat import NodeState
 
 HISTORY_MAXLEN = 1000
@@ -111,8 +111,12 @@ class Membership:
         pipe.xrevrange(self.tk.history, count=1)
         epoch, members, last = pipe.execute()
         self._changed_at = None  # no change since the last rebalance was recorded
-        if last and last[0][1].get(b"cause") != b"rebalanced":
-            self._changed_at = float(last[0][1][b"ts"])
+        if last:
+            fields = last[0][1]
+            if isinstance(fields, list):  # a cluster's MULTI leaves the reply unparsed
+                fields = fields_of(fields)
+            if fields.get(b"cause") != b"rebalanced":
+                self._changed_at = float(fields[b"ts"])
         return roster_of(epoch, members)
 
     def current(self, roster: Roster) -> bool:
@@ -210,10 +214,16 @@ class Membership:
         call = calls.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
         departing = Queued(self.scripts, call, pipe)
         pipe.hset(self.keys.worker(self.me), mapping=idle_worker())
+        done = self.state.unreported()  # what this run settled, in the record now
+        pipe.hincrby(self.keys.worker(self.me), "processed", done)
         pruned = self.state.fenced
         if not pruned:
             events.emit(pipe, self.keys, "member_left", task=self.tk.task_id, worker=self.me)
-        replies = pipe.execute(raise_on_error=False)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            self.state.unreport(done)
+            raise
         epoch = departing.reply(replies)
         for reply in replies:
             if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
