@@ -96,7 +96,7 @@ class Sim:
             ).decode()
         if name == "fresh":
             self.r.rpush(SEEN, f"{tid} {time.time()!r}")
-        if self.scripts.join(self.keys.task(tid), wid, TTL_MS, time.time()) < 0:
+        if self.scripts.join(self.keys.task(tid), wid, TTL_MS, time.time()) is None:
             return  # finished meanwhile
         self.task[wid] = tid
         if name == "fresh":

@@ -6,9 +6,11 @@ Writes (join, leave, prune) are Lua scripts (``join.lua``, ``depart.lua``) calle
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from queueworks.connection import Connection
+from queueworks.connection import Connection, text
 from queueworks.keys import TaskKeys
 from queueworks.models import Role
 
@@ -44,5 +46,11 @@ def read_roster(r: Connection, tk: TaskKeys) -> Roster:
     pipe.get(tk.epoch)
     pipe.zrange(tk.members, 0, -1, withscores=True)
     epoch_raw, members = pipe.execute()
-    ordered = sorted(((score, wid.decode()) for wid, score in members))
-    return Roster(int(epoch_raw or 0), tuple(wid for _, wid in ordered))
+    return roster_of(epoch_raw, members)
+
+
+def roster_of(epoch: Any, members: Sequence[tuple[Any, Any]]) -> Roster:
+    """The roster from an epoch and ``(member, score)`` pairs as Redis gives them (the
+    reply of ``ZRANGE ... WITHSCORES``, or ``join.lua``'s)."""
+    ordered = sorted((float(score), text(wid)) for wid, score in members)
+    return Roster(int(epoch or 0), tuple(wid for _, wid in ordered))

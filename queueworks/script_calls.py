@@ -13,8 +13,10 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, NamedTuple, TypeVar
 
+from queueworks.connection import text
 from queueworks.events import EVENTS_MAXLEN
 from queueworks.keys import TaskKeys
+from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES
 
 T = TypeVar("T")
@@ -90,6 +92,7 @@ class Settled:
     finished: bool  # this call finished the task
     rejected: int = 0
     active: bool = True  # the task still takes work (False: it has finished, by any hand)
+    state: str = ""  # the state this call finished the task in ("" if it did not finish it)
 
 
 class NewJob(NamedTuple):  # a tuple: cheap to make, one per job enqueued
@@ -158,8 +161,8 @@ def record_task(
 
 
 def _settled(reply: Any) -> Settled:
-    n_ok, n_dead, finished, rejected, active = reply
-    return Settled(int(n_ok), int(n_dead), bool(finished), int(rejected), bool(active))
+    n_ok, n_dead, finished, rejected, active, state = reply
+    return Settled(int(n_ok), int(n_dead), bool(finished), int(rejected), bool(active), text(state))
 
 
 def settle(
@@ -207,9 +210,40 @@ def lease(key: str, holder: str, action: str, ttl_ms: int = 0) -> Call[bool]:
 # -- membership and reading -----------------------------------------------------------------
 
 
-def join(tk: TaskKeys, worker_id: str, ttl_ms: int, now: float) -> Call[int]:
+@dataclass(frozen=True)
+class Joined:
+    """What a join found: the roster at its epoch, and the entries it read (if asked)."""
+
+    roster: Roster
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = field(default_factory=list)
+
+
+def _joined(reply: Any) -> Joined | None:
+    if int(reply[0]) < 0:
+        return None
+    epoch, flat, entries = reply
+    roster = roster_of(epoch, list(zip(flat[::2], flat[1::2], strict=True)))
+    return Joined(roster, [(eid, fields_of(fields)) for eid, fields in entries])
+
+
+def join(
+    tk: TaskKeys,
+    worker_id: str,
+    ttl_ms: int,
+    now: float,
+    *,
+    stream: str | None = None,
+    count: int = 0,
+) -> Call[Joined | None]:
+    """Join the node set: the roster at the new epoch (the joiner in it) and, with
+    ``stream`` and ``count``, up to ``count`` new entries of it read as the new member;
+    None when the task is missing or finished."""
     keys = [tk.record, tk.members, tk.epoch, tk.heartbeat(worker_id), tk.history]
-    return Call("join", keys, [worker_id, ttl_ms, repr(now), ACTIVE], int)
+    args: list[Any] = [worker_id, ttl_ms, repr(now), ACTIVE]
+    if stream is not None and count > 0:
+        keys.append(stream)
+        args += (tk.group, count)
+    return Call("join", keys, args, _joined)
 
 
 def depart(

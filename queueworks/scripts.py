@@ -35,6 +35,7 @@ from queueworks.script_calls import (  # re-exported: the workers' and tests' na
     DeadEntry,
     EnqueueBatch,
     JobBatch,
+    Joined,
     NewJob,
     Settled,
     fields_of,
@@ -54,7 +55,9 @@ __all__ = [
     "DeadEntry",
     "EnqueueBatch",
     "JobBatch",
+    "Joined",
     "NewJob",
+    "Queued",
     "Scripts",
     "Settled",
     "fields_of",
@@ -172,6 +175,35 @@ class Scripts(_Functions):
         if call.bare and not isinstance(target, ClusterPipeline):
             return call.read(target.evalsha(script.sha, len(keys), *keys, *call.args))
         return call.read(script(keys=keys, args=call.args, client=target))
+
+
+class Queued(Generic[T]):
+    """A script call put on a sync pipeline (executed with ``raise_on_error=False``) as a
+    plain EVALSHA, so it costs no round trip of its own (nor redis-py's SCRIPT EXISTS);
+    ``reply`` reads its reply. A cluster pipeline refuses EVALSHA: there the call runs at
+    once, before the pipe."""
+
+    def __init__(self, scripts: Scripts, call: Call[T], pipe: Any) -> None:
+        self.scripts, self.call = scripts, call
+        self.index: int | None = None
+        if isinstance(pipe, ClusterPipeline):
+            self.value = scripts.run(call)
+            return
+        self.index = len(pipe)
+        pipe.evalsha(scripts.sha(call.name), len(call.keys), *call.keys, *call.args)
+
+    def reply(self, replies: list[Any]) -> T:
+        """The call's reply among the pipe's ``replies``. A NOSCRIPT reply (Redis lost its
+        script cache: a restart, a failover) runs the call again at once, loading the
+        script; any other error is raised."""
+        if self.index is None:
+            return self.value
+        reply = replies[self.index]
+        if isinstance(reply, NoScriptError):
+            return self.scripts.run(self.call)
+        if isinstance(reply, Exception):
+            raise reply
+        return self.call.read(reply)
 
 
 class AsyncScripts(_Functions):

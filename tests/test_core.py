@@ -257,6 +257,27 @@ def test_cancel_releases_nodes(cluster: Cluster, client: Client, r: redis.Redis)
     assert not task.cancel()  # finished tasks stay finished
 
 
+def test_a_restarted_worker_charges_its_old_entry_not_the_one_its_join_read(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """A worker back under its name finds an entry of its earlier life pending on its
+    consumer: it adopts it, charged (it may have run: attempt 2). The entry its join read
+    (first delivery) is pending on the same consumer, yet runs as attempt 1."""
+    spec = TaskSpec(
+        name="adopt",
+        handler="tests.handlers:double_slow",
+        subtasks=[{"x": i} for i in range(3)],
+        max_nodes=1,
+    )
+    task = client.submit(spec)
+    tk = client.keys.task(task.id)
+    r.xreadgroup(tk.group, "w-again", {tk.stream: ">"}, count=1)  # its earlier life: index 0
+    cluster.controller()
+    cluster.worker("w-again")
+    assert task.wait(timeout=30).state == TaskState.COMPLETED
+    assert {i: v["attempt"] for i, v in task.results()} == {0: 2, 1: 1, 2: 1}
+
+
 def test_a_worker_takes_up_a_task_reopened_by_a_requeue(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:

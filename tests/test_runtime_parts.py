@@ -14,7 +14,7 @@ import structlog
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import PARKED
 from queueworks.models import StoredSpec
-from queueworks.scripts import Scripts
+from queueworks.scripts import DeadEntry, Scripts
 from workers.heartbeat import NodeState
 from workers.ledger import Ledger
 from workers.membership import Membership
@@ -91,6 +91,62 @@ def test_membership_join_roles_fence_and_leave(client: Client, r: redis.Redis) -
     # joining a finished task is refused
     client.task(tid).cancel()
     assert not Member(client, tid, "c").membership.join()
+
+
+def test_a_join_returns_its_roster_and_reads_only_as_a_member(
+    client: Client, r: redis.Redis
+) -> None:
+    """``join.lua``'s reply is the roster at its epoch (the role needs no read), and the
+    entries it was asked to read, read after the join as the new member; a task that cannot
+    be joined is not read either."""
+    tid = _task(client, 3)
+    a, b = Member(client, tid, "a"), Member(client, tid, "b")
+    joined = a.membership.join(read=(a.tk.stream, 2))
+    assert joined is not None and joined.roster.members == ("a",)
+    assert joined.roster.epoch == int(r.get(a.tk.epoch) or 0) == 1
+    assert [b"i" in f and b"p" in f for _, f in joined.entries] == [True, True]
+    ids = [e.decode() for e, _ in joined.entries]
+    assert all(_deliveries(r, a.tk.stream, a.tk.group, i) == 1 for i in ids)
+    assert a.reclaim.consumers(a.tk.stream) == {"a": 2}
+    other = b.membership.join()  # no read asked: nothing read
+    assert other is not None and other.entries == [] and other.roster.members == ("a", "b")
+    # the join's roster gives the role, without a read; once a newer epoch is seen (b's
+    # join), it is stale and the next take reads the roster again
+    roster = a.membership.take_role(joined.roster)
+    assert roster is joined.roster and a.membership.current(roster)
+    a.state.observe_epoch(2)
+    assert not a.membership.current(roster)
+    again = a.membership.take_role()
+    assert again is not None and again.members == ("a", "b")
+    assert a.membership.role is not None and a.membership.role.epoch == 2
+    assert b.membership.take_role(other.roster) is other.roster
+    assert b.membership.role is not None and b.membership.role.rank == 1
+    client.task(tid).cancel()
+    c = Member(client, tid, "c")
+    assert c.membership.join(read=(c.tk.stream, 5)) is None
+    assert "c" not in a.reclaim.consumers(a.tk.stream)  # it read nothing
+    assert r.zscore(a.tk.members, "c") is None
+
+
+def test_a_settle_says_the_state_it_finished_the_task_in(client: Client, r: redis.Redis) -> None:
+    done_id, failed_id = _task(client, 2), _task(client, 2, max_dead=0)
+    for tid, state in ((done_id, "completed"), (failed_id, "failed")):
+        a = Member(client, tid, "a")
+        works = a.read(2)
+        ok = [(works[0].entry_id, 0, "1")]
+        first = a.scripts.settle(a.tk, a.tk.stream, "a", time.time(), ok)
+        assert (first.finished, first.state) == (False, "")
+        if state == "completed":
+            last = a.scripts.settle(
+                a.tk, a.tk.stream, "a", time.time(), [(works[1].entry_id, 1, "2")]
+            )
+        else:
+            dead = DeadEntry(works[1].entry_id, 1, "failed", "boom", 1, "{}")
+            last = a.scripts.settle(a.tk, a.tk.stream, "a", time.time(), [], [dead])
+        assert (last.finished, last.active, last.state) == (True, False, state)
+        assert r.hget(a.tk.record, "state") == state.encode()
+        late = a.scripts.settle(a.tk, a.tk.stream, "a", time.time(), ok)  # finished: acks only
+        assert (late.finished, late.state) == (False, "")
 
 
 def test_membership_barrier_waits_for_every_member(client: Client) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.keys import Keys
-from queueworks.membership import read_roster
+from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
 
 
@@ -39,10 +39,25 @@ class NodeState:
     assign: str = ""  # latest assignment seen (heartbeat writes)
     epoch_seen: int = 0  # latest epoch seen (heartbeat / watcher write)
     fenced: bool = False  # our member heartbeat was gone: we were pruned
+    leaving: bool = False  # the member is leaving its node set (runtime writes)
     stopping: bool = False
     processed: int = 0  # subtasks settled by this process (runtime writes)
+    reported: int = 0  # of ``processed``, what the worker record has been told
     wake: threading.Event = field(default_factory=threading.Event)
     suspend: threading.Event = field(default_factory=threading.Event)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def unreported(self) -> int:
+        """Subtasks settled since the last report (a heartbeat tick's, or a leave's),
+        counted as reported from now on; ``unreport`` gives them back if the write failed."""
+        with self._lock:
+            now = self.processed  # (read once: the runtime adds to it meanwhile)
+            n, self.reported = now - self.reported, now
+            return n
+
+    def unreport(self, n: int) -> None:
+        with self._lock:
+            self.reported -= n
 
     def observe_epoch(self, epoch: int) -> None:
         """A newer epoch than our role's means: suspend at the next safe point."""
@@ -87,7 +102,6 @@ class Heartbeat(threading.Thread):
         self._roster_at: tuple[str, int] | None = None
         self._check_at: float | None = None  # an extra tick when the successor's beat ends
         self.pruned = 0
-        self._reported = 0  # state.processed as of the last tick that reached Redis
 
     def stop(self) -> None:
         self._halt.set()
@@ -117,7 +131,6 @@ class Heartbeat(threading.Thread):
         s, k = self.state, self._keys
         now = time.time()
         task_id, successor = s.task_id, s.successor
-        processed = s.processed
         pipe = self._r.pipeline(transaction=False)
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
@@ -125,7 +138,8 @@ class Heartbeat(threading.Thread):
             k.worker(s.worker_id),
             mapping={"last_heartbeat": repr(now), "current": _or_blank(self._current())},
         )
-        pipe.hincrby(k.worker(s.worker_id), "processed", processed - self._reported)
+        delta = s.unreported()
+        pipe.hincrby(k.worker(s.worker_id), "processed", delta)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
         if task_id is not None:
@@ -134,8 +148,11 @@ class Heartbeat(threading.Thread):
             pipe.get(tk.epoch)
             if successor is not None:
                 pipe.pttl(tk.heartbeat(successor))  # -2: gone (PTTL expires it on the spot)
-        replies = pipe.execute()
-        self._reported = processed
+        try:
+            replies = pipe.execute()
+        except BaseException:
+            s.unreport(delta)
+            raise
         if replies[1] and self._on_forgotten is not None:
             # We were dropped from the pool (declared lost while paused): register again
             # rather than let the heartbeat recreate half a record.
@@ -163,6 +180,13 @@ class Heartbeat(threading.Thread):
                 self._check_at = time.monotonic() + left_ms / 1000 + EXPIRY_SLACK
         if self._roster_at != (task_id, epoch):
             self._follow(task_id)
+
+    def follow(self, task_id: str, roster: Roster) -> bool:
+        """The member's roster of ``task_id`` (its join's): whom to check from now on,
+        without reading it again. True if there is a successor to check."""
+        self._roster_at = (task_id, roster.epoch)
+        self.state.successor = roster.successor(self.state.worker_id)
+        return self.state.successor is not None
 
     def _follow(self, task_id: str) -> None:
         """Re-read the roster after a change, to know which member to check next."""

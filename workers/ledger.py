@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from queueworks import events
-from queueworks.connection import Connection, text
+from queueworks.connection import Connection
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import safe_text
 from queueworks.models import StoredSpec
@@ -45,6 +45,16 @@ class Attempts:
         self.last_flush = time.monotonic()
         self.ended = False  # a settle found the task finished: the member should leave
         self.interrupted: set[str] = set()  # entries a cold stop interrupted: they started
+        # The loop leaves at its next safe point once ``ended``: the event of the task's end
+        # (a settle of ours finished it) rides with the leave (``announce``), not alone.
+        self.hold_end = False
+        self.unannounced = ""  # that event's kind, held back until ``announce``
+
+    def announce(self, pipe: Any) -> None:
+        """Put the held-back event of the task's end (``hold_end``) on ``pipe``, once."""
+        if self.unannounced:
+            events.emit(pipe, self.keys, self.unannounced, task=self.tk.task_id)
+            self.unannounced = ""
 
     def flush(self) -> None:
         """Settle everything recorded so far."""
@@ -148,7 +158,7 @@ class Ledger(Attempts):
         if not settled_n:
             return
         now = time.time()
-        finished = False
+        finished = ""  # the state a settle of ours finished the task in
         self.state.processed += settled_n
         for stream in {*self.ok, *self.dead}:
             if not self.ok.get(stream) and not self.dead.get(stream):
@@ -156,7 +166,7 @@ class Ledger(Attempts):
             settled = self.scripts.settle(
                 self.tk, stream, self.me, now, self.ok.get(stream, ()), self.dead.get(stream, ())
             )
-            finished = finished or settled.finished
+            finished = finished or settled.state
             self.ended = self.ended or not settled.active
             if settled.rejected:
                 self.log.warning("entries_rejected", stream=stream, count=settled.rejected)
@@ -166,7 +176,7 @@ class Ledger(Attempts):
         if had_dead:
             events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
         if finished:
-            self._finished()
+            self._finished(finished)
 
     def sweep_lost(self, streams: Sequence[str]) -> None:
         """If nothing of the task is in flight, dead-letter the indices no entry is left
@@ -175,13 +185,16 @@ class Ledger(Attempts):
         if lost:
             self.log.warning("subtasks_lost", count=lost, reason="stream entries deleted")
             events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
-            if self.scripts.settle(self.tk, streams[0], self.me, time.time(), []).finished:
-                self._finished()
+            settled = self.scripts.settle(self.tk, streams[0], self.me, time.time(), [])
+            if settled.finished:
+                self._finished(settled.state)
 
-    def _finished(self) -> None:
-        """This member's settle finished the task: say how it ended."""
+    def _finished(self, state: str) -> None:
+        """This member's settle finished the task in ``state`` (the settle's reply says
+        which): say how it ended."""
         self.ended = True
-        status = self.r.hget(self.tk.record, "state")
-        kind = text(status) or "completed"
-        self.log.info("task_finished", state=kind)
-        events.emit(self.r, self.keys, kind, task=self.tk.task_id)
+        self.log.info("task_finished", state=state)
+        if self.hold_end:
+            self.unannounced = state
+        else:
+            events.emit(self.r, self.keys, state, task=self.tk.task_id)

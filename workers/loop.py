@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from queueworks.connection import Connection
 from queueworks.keys import Keys, TaskKeys
@@ -65,6 +65,15 @@ class Run(Protocol):
 
     def hand_back(self, streams: Sequence[str]) -> None:
         """Park what we hold in ``streams``; it leaves ``held``."""
+
+
+@runtime_checkable
+class ReadsAtJoin(Protocol):
+    """A loop whose first entries come with the join (``join.lua`` reads them as the new
+    member's last step: no round trip of their own); the run holds them (``Run.held``)."""
+
+    def join_read(self) -> int:
+        """How many new entries of the task's stream to read at the join (0: none)."""
 
 
 class ModeLoop(Protocol):

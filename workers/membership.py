@@ -1,28 +1,35 @@
 """One member's side of the membership protocol (see docs/architecture.md): join, take the
 role the sorted member list gives, the partition barrier, the epoch fence, leave.
 
-Writes go through the Lua scripts (``join.lua``, ``depart.lua``); the roster is read with
-``queueworks.membership.read_roster``. ``NodeState`` is what the heartbeat and the watcher
-share with the member: they flag a new epoch (``suspend``) or a prune (``fenced``); the
-member acts on it at its next safe point.
+Writes go through the Lua scripts (``join.lua``, ``depart.lua``); a join returns the roster
+at its epoch, so the joiner takes its role without reading it again; later the roster is
+read with the latest history entry, in one MULTI. ``NodeState`` is what the heartbeat and
+the watcher share with the member: they flag a new epoch (``suspend``) or a prune
+(``fenced``); the member acts on it at its next safe point.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from redis.exceptions import NoScriptError
+
 from queueworks import events
+from queueworks import script_calls as calls
 from queueworks.connection import Connection
 from queueworks.keys import Keys, TaskKeys
-from queueworks.membership import Roster, read_roster
+from queueworks.membership import Roster, roster_of
 from queueworks.models import Role
 from queueworks.records import idle_worker, member_of
-from queueworks.scripts import Scripts
+from queueworks.scripts import Joined, Queued, Scripts, fields_of
 from workers.heartbeat import NodeState
 
 HISTORY_MAXLEN = 1000
+
+# Reads for a join's pipeline, ahead of it: it queues them, returns what reads their replies
+Before = Callable[[Any], Callable[[list[Any]], None]]
 
 
 class Membership:
@@ -41,31 +48,76 @@ class Membership:
         self.ttl_ms, self.log = int(ttl * 1000), log
         self.me = state.worker_id
         self.role: Role | None = None
+        self.checked_at = 0.0  # monotonic time our membership and epoch were last read
+        self._joined: tuple[int, float] | None = None  # (epoch, time) of our join
+        self._changed_at: float | None = None  # when the membership last changed (time)
 
-    def join(self) -> bool:
-        """Add us to the node set (a new epoch); False if the task is missing or finished."""
+    def join(
+        self, before: Before | None = None, read: tuple[str, int] | None = None
+    ) -> Joined | None:
+        """Add us to the node set (a new epoch): the roster at that epoch, and with
+        ``read`` (stream, count) up to count new entries of that stream read as the new
+        member; None if the task is missing or finished. ``before`` puts reads on the
+        join's pipeline, ahead of it (one round trip for all), and returns what reads their
+        replies; that is only called if we joined."""
         self.state.suspend.clear()
         self.state.fenced = False
-        epoch = self.scripts.join(self.tk, self.me, self.ttl_ms, time.time())
-        if epoch < 0:
-            return False
-        self.state.role_epoch = self.state.epoch_seen = epoch  # epochs are per task
+        now, sent = time.time(), time.monotonic()
+        pipe = self.r.pipeline(transaction=False)
+        read_before = before(pipe) if before is not None else None
+        stream, count = read if read is not None else (None, 0)
+        call = calls.join(self.tk, self.me, self.ttl_ms, now, stream=stream, count=count)
+        joining = Queued(self.scripts, call, pipe)
+        replies = pipe.execute(raise_on_error=False)
+        joined = joining.reply(replies)
+        if joined is None:
+            return None
+        if read_before is not None:
+            read_before(replies)
+        roster = joined.roster
+        self.state.role_epoch = self.state.epoch_seen = roster.epoch  # epochs are per task
         self.state.task_id = self.tk.task_id
-        self.log.info("joined", epoch=epoch)
-        return True
+        self.checked_at = sent
+        self._joined = (roster.epoch, now)
+        self.log.info("joined", epoch=roster.epoch)
+        return joined
 
-    def take_role(self) -> Roster | None:
-        """Read the roster and take our role from it (``self.role``); None if we are no
-        longer a member (pruned while away: fenced)."""
+    def take_role(self, roster: Roster | None = None) -> Roster | None:
+        """Take our role from ``roster`` (the one our join returned) or, without one, from
+        the roster read now (``self.role``); None if we are no longer a member (pruned while
+        away: fenced). Also notes when the membership last changed (for ``publish``)."""
         self.state.suspend.clear()
-        roster = read_roster(self.r, self.tk)
+        sent = self.checked_at
+        if roster is not None and self._joined is not None and self._joined[0] == roster.epoch:
+            self._changed_at = self._joined[1]  # our own join is that change
+        else:
+            sent = time.monotonic()
+            roster = self._read_roster()
+        self._joined = None
         role = roster.role_of(self.me)
         if role is None:
             self.state.fenced = True
             return None
         self.state.role_epoch = roster.epoch
+        self.checked_at = sent
         self.role = role
         return roster
+
+    def _read_roster(self) -> Roster:
+        """Epoch, members and the latest history entry, in one MULTI (so they agree)."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.get(self.tk.epoch)
+        pipe.zrange(self.tk.members, 0, -1, withscores=True)
+        pipe.xrevrange(self.tk.history, count=1)
+        epoch, members, last = pipe.execute()
+        self._changed_at = None  # no change since the last rebalance was recorded
+        if last:
+            fields = last[0][1]
+            if isinstance(fields, list):  # a cluster's MULTI leaves the reply unparsed
+                fields = fields_of(fields)
+            if fields.get(b"cause") != b"rebalanced":
+                self._changed_at = float(fields[b"ts"])
+        return roster_of(epoch, members)
 
     def current(self, roster: Roster) -> bool:
         """True if no newer epoch than ``roster``'s has been seen meanwhile."""
@@ -102,48 +154,43 @@ class Membership:
             self.state.wake.clear()
             self.state.observe_epoch(int(self.r.get(self.tk.epoch) or 0))
 
-    def publish(self) -> Any:
-        """Our role into our worker hash; for the leader, also the latest history entry
-        (the membership change this rebalance answers, for ``record_rebalance``)."""
+    def publish(self, pause_ms: float, reclaimed: int) -> None:
+        """Our role into our worker hash, in one round trip with, for the leader, the
+        history entry of this rebalance: how long the members paused, what was reclaimed,
+        and how long after the membership change it answers (when ``take_role`` saw it) it
+        was all done."""
         role = self.role
         assert role is not None
         pipe = self.r.pipeline(transaction=False)
         member = member_of(self.tk.task_id, role.rank, role.epoch)
         pipe.hset(self.keys.worker(self.me), mapping=member)
         if role.leader:
-            pipe.xrevrange(self.tk.history, count=1)
-        replies = pipe.execute()
-        return replies[1] if role.leader else None
+            now = time.time()
+            since_change_ms = ""
+            if self._changed_at is not None:
+                since_change_ms = str(round((now - self._changed_at) * 1000, 1))
+            pipe.xadd(
+                self.tk.history,
+                {
+                    "epoch": role.epoch,
+                    "cause": "rebalanced",
+                    "size": role.world_size,
+                    "pause_ms": pause_ms,
+                    "reclaimed": reclaimed,
+                    "since_change_ms": since_change_ms,
+                    "ts": repr(now),
+                },
+                maxlen=HISTORY_MAXLEN,
+                approximate=True,
+            )
+        pipe.execute()
 
-    def record_rebalance(self, pause_ms: float, reclaimed: int, last: Any) -> None:
-        """The leader writes one history entry per rebalance: how long the members paused,
-        what was reclaimed, and how long after the membership change (``last``, the latest
-        history entry when the rebalance began) it was all done."""
-        role = self.role
-        assert role is not None
-        now = time.time()
-        since_change_ms = ""
-        if last and last[0][1].get(b"cause") != b"rebalanced":
-            since_change_ms = str(round((now - float(last[0][1][b"ts"])) * 1000, 1))
-        self.r.xadd(
-            self.tk.history,
-            {
-                "epoch": role.epoch,
-                "cause": "rebalanced",
-                "size": role.world_size,
-                "pause_ms": pause_ms,
-                "reclaimed": reclaimed,
-                "since_change_ms": since_change_ms,
-                "ts": repr(now),
-            },
-            maxlen=HISTORY_MAXLEN,
-            approximate=True,
-        )
-
-    def fence(self, score: Any, epoch: Any) -> bool:
-        """What a read's membership check found (our ZSCORE, the epoch): flag a prune or a
-        new epoch; True if anything changed."""
+    def fence(self, score: Any, epoch: Any, sent: float | None = None) -> bool:
+        """What a read's membership check found (our ZSCORE, the epoch; ``sent``: the
+        monotonic time the check was sent): flag a prune or a new epoch; True if anything
+        changed."""
         assert self.role is not None
+        self.checked_at = time.monotonic() if sent is None else sent
         changed = score is None or int(epoch or 0) != self.role.epoch
         if score is None:
             self.state.fenced = True
@@ -151,13 +198,37 @@ class Membership:
             self.state.observe_epoch(int(epoch or 0))
         return changed
 
-    def leave(self) -> int:
+    def leave(self, first: Callable[[Any], None] | None = None) -> int:
         """Remove us from the node set (a new epoch for the others, at once); our worker
-        hash says idle again. Returns the new epoch, 0 if we were no member any more."""
+        hash says idle again. Returns the new epoch, 0 if we were no member any more.
+
+        One round trip: ``first`` puts what must go before on the pipeline (the task's end
+        event), and the ``member_left`` event rides with the departure unless we know we
+        were pruned (then only if the departure still found us a member). A member pruned
+        without knowing it sends one too: the controller just reads that worker and task
+        again."""
         self.state.task_id = None
-        epoch = self.scripts.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
-        self.r.hset(self.keys.worker(self.me), mapping=idle_worker())
-        if epoch:
+        pipe = self.r.pipeline(transaction=False)
+        if first is not None:
+            first(pipe)
+        call = calls.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
+        departing = Queued(self.scripts, call, pipe)
+        pipe.hset(self.keys.worker(self.me), mapping=idle_worker())
+        done = self.state.unreported()  # what this run settled, in the record now
+        pipe.hincrby(self.keys.worker(self.me), "processed", done)
+        pruned = self.state.fenced
+        if not pruned:
+            events.emit(pipe, self.keys, "member_left", task=self.tk.task_id, worker=self.me)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            self.state.unreport(done)
+            raise
+        epoch = departing.reply(replies)
+        for reply in replies:
+            if isinstance(reply, Exception) and not isinstance(reply, NoScriptError):
+                raise reply
+        if epoch and pruned:
             events.emit(self.r, self.keys, "member_left", task=self.tk.task_id, worker=self.me)
         self.log.info("left", epoch=epoch)
         return epoch

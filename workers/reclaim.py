@@ -17,7 +17,7 @@ whose payload was deleted while pending are reported as ``Gone`` for the ledger 
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from queueworks.connection import Connection, text
@@ -28,16 +28,35 @@ from workers.work import Gone, Work
 RECLAIM_BATCH = 500  # XPENDING/XCLAIM batch: large batches stall the server
 
 Taken = tuple[list[Work], list[Gone]]
+Consumers = dict[str, int]  # a group's consumers of one stream -> entries pending on each
 
 
 class Reclaim:
     def __init__(self, r: Connection, scripts: Scripts, tk: TaskKeys, worker_id: str) -> None:
         self.r, self.scripts, self.tk, self.me = r, scripts, tk, worker_id
 
-    def consumers(self, stream: str) -> dict[str, int]:
+    def consumers(self, stream: str) -> Consumers:
         """The group's consumers of ``stream`` and how many entries each has pending."""
-        infos: Any = self.r.xinfo_consumers(stream, self.tk.group)
-        return {text(i["name"]): int(i["pending"]) for i in infos}
+        return _consumers(self.r.xinfo_consumers(stream, self.tk.group))
+
+    def consumers_on(
+        self, pipe: Any, streams: Sequence[str], into: dict[str, Consumers]
+    ) -> Callable[[list[Any]], None]:
+        """``consumers`` of each of ``streams``, read on ``pipe`` (executed with
+        ``raise_on_error=False``): returns what puts them ``into`` the dict from its
+        replies (an error reply is raised)."""
+        at = len(pipe)
+        for stream in streams:
+            pipe.xinfo_consumers(stream, self.tk.group)
+
+        def read(replies: list[Any]) -> None:
+            for k, stream in enumerate(streams):
+                reply = replies[at + k]
+                if isinstance(reply, Exception):
+                    raise reply
+                into[stream] = _consumers(reply)
+
+        return read
 
     def departed(self, stream: str, consumers: dict[str, int], members: Collection[str]) -> Taken:
         """Everything pending on consumers that are not ``members`` (charged when they
@@ -125,6 +144,10 @@ class Reclaim:
         )
         works = _works(stream, claimed, charge=False)
         return (works[0] if works else None), gone
+
+
+def _consumers(infos: Any) -> Consumers:
+    return {text(i["name"]): int(i["pending"]) for i in infos}
 
 
 def _works(stream: str, claimed: list[Claimed], *, charge: bool) -> list[Work]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,15 +22,17 @@ from pydantic import ValidationError
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection, text
 from queueworks.keys import Keys
-from queueworks.models import Refusal, StoredSpec, TaskState, describe_error
+from queueworks.membership import Roster
+from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_error
 from queueworks.scripts import Scripts
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.heartbeat import Heartbeat, NodeState
 from workers.inflight import EventLoop
 from workers.ledger import Attempts
+from workers.loop import ReadsAtJoin
 from workers.membership import Membership
 from workers.modes import MODES
-from workers.reclaim import Reclaim
+from workers.reclaim import Consumers, Reclaim
 from workers.watchdog import Watchdog
 from workers.work import Leave, Work, in_stream_order
 
@@ -50,6 +52,9 @@ class WorkerParts:
     ttl: float
     log: Any
     concurrency: int = 1  # items of the current task in flight at once
+    # keyspace notifications of the task we are a member of (None: of none): its epoch,
+    # its members' heartbeats, each if asked (the worker's watcher)
+    watch: Callable[[str | None, bool, bool], None] = lambda task_id, epoch, heartbeats: None
     aio: EventLoop = field(default_factory=EventLoop)  # the process's loop for async handlers
 
 
@@ -67,6 +72,7 @@ class TaskRun:
         self.held: deque[Work] = deque()
         self.ledger: Attempts  # the mode loop's
         self.owned: list[str] = []
+        self.fresh: set[str] = set()  # entry ids the join read (first delivery)
         self.last_backstop = time.monotonic()
         self.swept_at = 0.0  # monotonic time of the last look for lost indices
 
@@ -97,6 +103,7 @@ class TaskRun:
             self.refuse(exc)
             return "refused"
         self.ledger = loop.ledger
+        self.reads_at_join = loop if isinstance(loop, ReadsAtJoin) else None
         if not self._join():
             return "finished"
         reason = "error"  # unless the loop says why it ends (anything else propagates)
@@ -128,23 +135,46 @@ class TaskRun:
         self.log.warning("handler_refused", reason=refusal.reason, kind=refusal.kind)
 
     def _join(self) -> bool:
-        if not self.membership.join():
+        """Join, take the first role, and (a loop that asks, ``ReadsAtJoin``) hold the
+        first entries, all in about two round trips: the join's reply is the roster at its
+        epoch (the role needs no read), the entries read right after it (as a member), and
+        the streams' consumers read just before it (a dynamic task's: every member reads
+        every stream), for the first take-over. Members assigned together that join after
+        us bump the epoch again; we re-rank then."""
+        self.state.leaving = False
+        looked: dict[str, Consumers] = {}
+        before = None
+        if not self.spec.partitions:
+
+            def before(pipe: Any) -> Callable[[list[Any]], None]:
+                return self.reclaim.consumers_on(pipe, self.streams, looked)
+
+        count = self.reads_at_join.join_read() if self.reads_at_join is not None else 0
+        read = (self.tk.stream, count) if count > 0 and not self.spec.partitions else None
+        joined = self.membership.join(before, read)
+        if joined is None:
             return False
-        # The re-rank reads the roster one round trip after the join: members assigned
-        # together join within a millisecond, and a later read often sees them all (one
-        # re-rank, not two).
-        self.rerank()
-        self.parts.heartbeat.poke()
+        fresh = [Work(self.tk.stream, eid.decode(), fields, 1) for eid, fields in joined.entries]
+        self.held.extend(fresh)
+        self.fresh = {w.entry_id for w in fresh}
+        self.rerank(joined.roster, looked)  # it watches the membership from now on
+        self.fresh = set()
+        # The heartbeat checks our successor from now on; with one, at once (it may be dead).
+        if self.parts.heartbeat.follow(self.tk.task_id, joined.roster):
+            self.parts.heartbeat.poke()
         return True
 
     def _leave(self) -> None:
         """Settle what is done, hand back what is not, leave: the others rebalance at once."""
         self.state.suspend.set()
+        self.state.leaving = True  # a new assignment now is no news for the heartbeat
         try:
             self.ledger.flush()
-            self.hand_back(self.streams)
-            self.ledger.flush()  # dead letters for entries found gone
-            self.membership.leave()
+            if not self.ledger.ended:  # (a finished task's leftovers are nobody's work)
+                self.hand_back(self.streams)
+                self.ledger.flush()  # dead letters for entries found gone
+            self.parts.watch(None, False, False)  # our own leave is no news either
+            self.membership.leave(self.ledger.announce)  # (the task's end, if held back)
         except UNAVAILABLE as exc:
             self.state.task_id = None
             self.log.warning("leave_failed", error=str(exc))
@@ -198,14 +228,21 @@ class TaskRun:
 
     # -- membership changes ---------------------------------------------------------------
 
-    def rerank(self) -> None:
-        """Suspend (settle), take the new role, hand back/reclaim as the role says."""
+    def rerank(
+        self, joined: Roster | None = None, looked: dict[str, Consumers] | None = None
+    ) -> None:
+        """Suspend (settle), take the new role, hand back/reclaim as the role says.
+        ``joined``: the roster our join returned (the first role needs no read), ``looked``
+        the consumers of streams read with it (used if that roster is the one we take)."""
         m = self.membership
         self.ledger.flush()
         paused = time.monotonic()
         old = m.role
         while True:
-            roster = m.take_role()
+            roster = m.take_role(joined)
+            if roster is not joined:
+                looked = None  # read at the join: stale now
+            joined = None
             if roster is None:
                 return  # fenced: the next check rejoins
             if self.spec.partitions:
@@ -220,11 +257,12 @@ class TaskRun:
         m.settle_wakeup()
         role = m.role
         assert role is not None
-        last = m.publish()
         reclaimed = 0
         if self.spec.partitions or role.leader or old is None:
             departed = bool(self.spec.partitions) or role.leader
-            reclaimed = self._take_over(roster.members, departed=departed, adopt=old is None)
+            reclaimed = self._take_over(
+                roster.members, departed=departed, adopt=old is None, looked=looked or {}
+            )
         pause_ms = round((time.monotonic() - paused) * 1000, 1)
         self.log.info(
             "rebalanced",
@@ -234,21 +272,39 @@ class TaskRun:
             old_rank=old.rank if old else None,
             pause_ms=pause_ms,
         )
-        if role.leader:
-            m.record_rebalance(pause_ms, reclaimed, last)
+        m.publish(pause_ms, reclaimed)  # the role, and (the leader) this rebalance
+        self._watch(role)
         if self.handler is not None and self.handler.on_rebalance is not None and old != role:
             self.handler.on_rebalance(old, role)
 
-    def _take_over(self, members: Collection[str], *, departed: bool, adopt: bool) -> int:
+    def _watch(self, role: Role) -> None:
+        """Watch the membership from the first role on (our own join's epoch bump is no
+        news; a change before the watch is seen by the next read's check, or tick): the
+        epoch, unless we are alone in a one-node task (nobody else can join); the others'
+        heartbeats while there are others. Each re-rank says again."""
+        alone = role.world_size == 1
+        self.parts.watch(self.tk.task_id, not (alone and self.spec.max_nodes == 1), not alone)
+
+    def _take_over(
+        self,
+        members: Collection[str],
+        *,
+        departed: bool,
+        adopt: bool,
+        looked: dict[str, Consumers],
+    ) -> int:
         """Claim, in the streams we own, what departed members left and what was parked
         (``departed``), and our own entries from an earlier life (``adopt``): one look at
-        each stream's consumers says whose entries to claim, ours too."""
+        each stream's consumers (``looked``: already read, with the join) says whose
+        entries to claim, ours too."""
         taken = 0
         for stream in self.owned:
-            consumers = self.reclaim.consumers(stream)
+            consumers = looked.get(stream)
+            if consumers is None:
+                consumers = self.reclaim.consumers(stream)
             works: list[Work] = []
-            if adopt and consumers.get(self.me):
-                works += self.reclaim.adopt_own(stream)
+            if adopt and consumers.get(self.me):  # not what the join just read: it is fresh
+                works += [w for w in self.reclaim.adopt_own(stream) if w.entry_id not in self.fresh]
             if departed:
                 claimed, gone = self.reclaim.departed(stream, consumers, members)
                 works += claimed

@@ -30,9 +30,11 @@ class SubtaskLoop:
         self.flight = (
             InFlight(run.concurrency, run.aio, run.watchdog) if run.concurrency > 1 else None
         )
+        # one at a time, the safe point right after a settle leaves once the task ended:
+        # the end's event rides with the leave (many in flight drain first: not held)
+        self.ledger.hold_end = self.flight is None
         self.avg_seconds = 0.0
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
-        self.checked_at = 0.0  # monotonic time of the last read that checked membership
 
     def serve(self) -> None:
         run = self.run
@@ -52,6 +54,14 @@ class SubtaskLoop:
 
     def close(self, reason: str) -> None:
         """Nothing of its own to clean up (the run hands back what it holds)."""
+
+    def join_read(self) -> int:
+        """A dynamic task's first entries come with the join (``workers.loop.ReadsAtJoin``);
+        a partitioned one's wait for the role (it says which partitions are ours), and
+        many in flight read for themselves."""
+        if self.run.spec.partitions or self.flight is not None:
+            return 0
+        return self._read_count()
 
     # -- reading --------------------------------------------------------------------------
 
@@ -75,7 +85,7 @@ class SubtaskLoop:
         now = time.monotonic()
         changed = False
         reply: Any
-        if now - self.checked_at < self.check_every:
+        if now - run.membership.checked_at < self.check_every:  # (a join, a re-rank count)
             reply = run.r.xreadgroup(run.tk.group, run.me, read, count=count or self._read_count())
         else:
             pipe = run.r.pipeline(transaction=False)
@@ -83,8 +93,7 @@ class SubtaskLoop:
             pipe.get(run.tk.epoch)
             pipe.xreadgroup(run.tk.group, run.me, read, count=count or self._read_count())
             score, epoch, reply = pipe.execute()
-            self.checked_at = now
-            changed = run.membership.fence(score, epoch)
+            changed = run.membership.fence(score, epoch, now)
         if not reply:
             return [] if changed else None
         return [(text(stream), entries) for stream, entries in reply]

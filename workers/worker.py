@@ -79,8 +79,9 @@ class Worker:
             ttl=settings.heartbeat_ttl,
             log=self.log,
             concurrency=settings.concurrency,
+            watch=self._watch_task,
         )
-        self._watched_task: str | None = None
+        self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) of our task
         self._done_tasks: set[str] = set()
         self._refused: dict[str, float] = {}  # task -> when we last refused it (monotonic)
 
@@ -167,7 +168,8 @@ class Worker:
     # -- notifications --------------------------------------------------------------------
 
     def _on_assign(self, key: str, event: str) -> None:
-        if self.state.task_id is not None:  # a member: the heartbeat reads it at once
+        s = self.state
+        if s.task_id is not None and not s.leaving:  # a member: the heartbeat reads it now
             self.heartbeat.poke()
         self.state.wake.set()  # an idle worker reads it itself
 
@@ -178,25 +180,36 @@ class Worker:
         if event in ("expired", "del", "resubscribed"):
             self.heartbeat.poke()
 
-    def _watch_task(self, task_id: str | None) -> None:
-        if self._watched_task == task_id:
-            return
-        if self._watched_task is not None:
-            old = self.keys.task(self._watched_task)
-            self.watcher.unwatch(old.epoch)
-            self.watcher.unwatch(old.heartbeat_prefix + "*", pattern=True)
+    def _watch_task(self, task_id: str | None, epoch: bool = True, heartbeats: bool = True) -> None:
+        """Notifications of the task we are a member of (None: of none): its ``epoch`` (a
+        member joins or leaves), and its members' heartbeats (one ran out: prune it)."""
+        want: set[tuple[str, bool]] = set()
         if task_id is not None:
             tk = self.keys.task(task_id)
-            self.watcher.watch(tk.epoch, self._on_epoch)
-            self.watcher.watch(tk.heartbeat_prefix + "*", self._on_member_heartbeat, pattern=True)
-        self._watched_task = task_id
+            if epoch:
+                want.add((tk.epoch, False))
+            if heartbeats:
+                want.add((tk.heartbeat_prefix + "*", True))
+        for key, pattern in self._watched - want:
+            self.watcher.unwatch(key, pattern=pattern)
+        for key, pattern in want - self._watched:
+            callback = self._on_member_heartbeat if pattern else self._on_epoch
+            self.watcher.watch(key, callback, pattern=pattern)
+        self._watched = want
 
     # -- the loop -------------------------------------------------------------------------
 
     def _serve(self) -> None:
         backoff = 0.05
+        ended = False  # a run just ended: the controller moves us on; wait for the word
         while not self.state.stopping:
             try:
+                if ended:  # (often already here: it came while we were leaving)
+                    self.state.wake.wait(self.settings.heartbeat_interval)
+                    self.state.wake.clear()
+                    ended = False
+                    if self.state.stopping:
+                        break
                 assign = self.r.get(self.keys.assign(self.id))
                 task_id = text(assign)
                 self.state.assign = task_id
@@ -206,11 +219,11 @@ class Worker:
                     self.state.wake.wait(self.settings.heartbeat_interval)
                     self.state.wake.clear()
                     continue
-                self._watch_task(task_id)
-                outcome = TaskRun(self.parts, task_id).run()
+                outcome = TaskRun(self.parts, task_id).run()  # it watches its membership
                 self.log.info("task_run_ended", task_id=task_id, outcome=outcome)
                 if outcome in ("finished", "missing"):
                     self._done_tasks.add(task_id)
+                    ended = True
                 elif outcome == "refused":
                     self._refused[task_id] = time.monotonic()
                 self._watch_task(None)

@@ -16,7 +16,8 @@
 -- then n_ok triples:  entry id, index, result JSON
 -- then n_dead 6-tuples: entry id, index ("" = unknown), reason, error, attempts, payload
 -- returns {ok counted, dead counted, 1 if this call finished the task else 0, rejected,
---   1 if the task is still active after this call else 0}
+--   1 if the task is still active after this call else 0, the state this call finished it
+--   in ("completed" / "failed"; "" when it did not finish it)}
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
 local state = redis.call('HGET', KEYS[2], 'state')
 local active = state and string.find(',' .. ARGV[4] .. ',', ',' .. state .. ',', 1, true)
@@ -27,7 +28,7 @@ if not active then  -- finished (or missing): its counts never change again
   for j = 0, n_dead - 1 do
     redis.call('XACK', KEYS[1], ARGV[1], ARGV[7 + n_ok * 3 + j * 6])
   end
-  return {0, 0, 0, 0, 0}
+  return {0, 0, 0, 0, 0, ''}
 end
 local total = tonumber(redis.call('HGET', KEYS[2], 'total') or '0')
 
@@ -100,14 +101,14 @@ local done_total = ok > 0 and redis.call('HINCRBY', KEYS[2], 'done', ok)
   or tonumber(redis.call('HGET', KEYS[2], 'done') or '0')
 local dead_total = dead > 0 and redis.call('HINCRBY', KEYS[2], 'dead', dead)
   or tonumber(redis.call('HGET', KEYS[2], 'dead') or '0')
-local finished = 0
+local finished, final = 0, ''
 local max_dead = tonumber(redis.call('HGET', KEYS[2], 'max_dead') or '-1')
 if max_dead >= 0 and dead_total > max_dead then
   redis.call('HSET', KEYS[2], 'state', 'failed', 'finished_at', ARGV[2],
     'error', 'more than ' .. max_dead .. ' subtasks dead-lettered')
-  finished = 1
+  finished, final = 1, 'failed'
 elseif done_total + dead_total >= total then
   redis.call('HSET', KEYS[2], 'state', 'completed', 'finished_at', ARGV[2])
-  finished = 1
+  finished, final = 1, 'completed'
 end
-return {ok, dead, finished, rejected, 1 - finished}
+return {ok, dead, finished, rejected, 1 - finished, final}
