@@ -255,7 +255,8 @@ def markdown(doc: dict[str, Any], asyncio: dict[str, Any] | None = None) -> str:
         " budget, rate from the jobs done by then. A queueworks job is a *subtask*: the"
         " throughput and enqueue jobs are the subtasks of one task, its unit of work (each"
         " subtask still gets its own delivery, ack, attempt count and stored result). Used as a"
-        " plain job queue, one task per job, queueworks is much slower: see section 1."
+        " plain job queue, one task per job, each job pays a task's path (the controller, a"
+        " join, a leave): see section 1."
         + (
             " The queue row is queueworks' queue used the way the peers are: its throughput"
             " enqueues **one call per job** (`q.enqueue`), where RQ and streaq use their bulk"
