@@ -23,7 +23,13 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import SSLConnection, parse_url
-from redis.exceptions import ClusterError, SlotNotCoveredError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    MovedError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
@@ -43,12 +49,16 @@ SENTINEL_PORT = 26379
 # "Redis is unavailable for now": every loop of the processes backs off and tries again.
 # Beyond connection errors, a cluster answers CLUSTERDOWN (a slot without a primary, during
 # a failover), TRYAGAIN (a multi-key command during a slot migration) or runs out of
-# redirections while its slot map settles.
+# redirections while its slot map settles; and a MULTI whose slot is migrating ends in ASK
+# or MOVED, which redis-py follows for a single command but not inside a transaction (the
+# next try, once the slot has moved, goes to its new primary).
 UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.ConnectionError,
     redis.TimeoutError,
     ClusterError,
     TryAgainError,
+    AskError,
+    MovedError,
     SlotNotCoveredError,
     OSError,
 )
