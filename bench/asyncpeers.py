@@ -47,7 +47,7 @@ from typing import Any
 from bench.peers import run as peers
 from bench.peers.run import DriverRun, System
 from bench.peers.venvs import DEFAULT_DIR
-from bench.queue import Bench, _spread, paired
+from bench.queue import Bench, _spread, finish, paired
 from queueworks.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -239,12 +239,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     bench.run(server, key, "async_throughput", wl, timeout, round_no, name)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    doc.update(systems=bench.info, results=bench.results)
-    doc["load_end"] = [round(x, 2) for x in os.getloadavg()]
-    doc["duration_s"] = round(time.monotonic() - started, 1)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(doc, indent=2) + "\n")
-    peers.say("wrote", args.results)
+    finish(doc, bench, args.results, started)
     print()
     print(markdown(doc))
     return doc

@@ -353,15 +353,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     bench.run(server, key, workload, wl, timeout, round_no)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    doc.update(systems=bench.info, results=bench.results)
-    doc["load_end"] = [round(x, 2) for x in os.getloadavg()]
-    doc["duration_s"] = round(time.monotonic() - started, 1)
-    args.results.parent.mkdir(parents=True, exist_ok=True)
-    args.results.write_text(json.dumps(doc, indent=2) + "\n")
-    peers.say("wrote", args.results)
+    finish(doc, bench, args.results, started)
     print()
     print(markdown(doc))
     return doc
+
+
+def finish(doc: dict[str, Any], bench: Bench, path: Path, started: float) -> None:
+    """The runs' results, systems and the load at the end into ``doc``, written to ``path``."""
+    doc.update(systems=bench.info, results=bench.results)
+    doc["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    doc["duration_s"] = round(time.monotonic() - started, 1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    peers.say("wrote", path)
 
 
 if __name__ == "__main__":
