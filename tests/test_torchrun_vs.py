@@ -75,10 +75,12 @@ def test_queueworks_repeats_nothing_and_torchrun_redoes_steps(result: dict[str, 
     assert all(c["repeated_steps"] == 0 for c in qw["changes"])
     assert qw["aborted_steps"] <= 4, qw  # a kill or a leave aborts the step in flight
     assert qw["overlapping_generations"] == 0 and tr["overlapping_generations"] == 0
-    # torchrun restarts from its snapshot on every change: the steps since it are redone
-    # (each change is made halfway between two snapshots)
-    for c in tr["changes"]:
-        assert c["repeated_steps"] >= 1, c
+    # torchrun restarts its workers on every change (a new generation each time), from its
+    # snapshot: the steps since it are redone. Each change is made halfway between two
+    # snapshots, but the restart comes seconds later, when the round forms, so one of them
+    # may land just after a snapshot and redo nothing; all three cannot (about 1 in 8,000).
+    assert tr["generations"] >= 1 + len(tr["changes"]), tr
+    assert sum(c["repeated_steps"] for c in tr["changes"]) >= 1, tr["changes"]
     # a graceful leave needs no failure detection in queueworks
     remove = qw["changes"][2]
     assert remove["what"].startswith("remove") and remove["to_new_size"] < 2.0, remove
