@@ -1,9 +1,11 @@
 """Queues: jobs enqueued one at a time, on an elastic node set.
 
 A queue is a long-lived task (``TaskSpec(mode="queue")``) whose stream stays open: a job is
-one stream entry naming its own handler, and its record (``qw:task:{Q}:job:<id>``) says how
-it is doing. Enqueueing is one round trip (one Lua call: the entry and the record); the
-queue's members are already blocked on the stream, so a job starts in about one more. The
+one stream entry naming its own handler. A job to run now is its entry alone until it
+settles (its id is the entry's), so enqueueing it is one ``XADD``; its record
+(``qw:task:{Q}:job:<id>``) is written when it settles (a delayed job has one from the start:
+it holds the payload until the job is due). The queue's members are already blocked on the
+stream, so a job starts in about one more round trip. The
 controller sizes the node set like any task's; the queue's leader asks for more nodes while
 jobs wait and for ``min_nodes`` after ``idle_after`` seconds without work. Reclaim,
 attempts, timeouts (``job_timeout``), dead letters and once-only accounting are the ones of
@@ -14,8 +16,9 @@ subtasks. A settled job leaves the stream; its record (result or error) expires
 from __future__ import annotations
 
 import os
+import re
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,8 +26,11 @@ from enum import Enum
 from types import FunctionType
 from typing import Any
 
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
+from redis.cluster import ClusterPipeline
+
 from queueworks import events
-from queueworks.connection import text
+from queueworks.connection import one_command, text
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import (
@@ -38,12 +44,13 @@ from queueworks.models import (
     parse_handler_path,
 )
 from queueworks.records import Hash, job_status, new_task, queue_counts
-from queueworks.scripts import EnqueueBatch, NewJob
+from queueworks.scripts import EnqueueBatch, NewJob, job_ids
 from queueworks.tasks import Backend, Task
 
 ENQUEUE_BATCH = 500  # jobs per Lua call in enqueue_many
 ENQUEUE_PIPELINE = 8  # Lua calls per round trip
 PATHS_KEPT = 1024  # handlers whose checked path a queue handle remembers
+ENTRY_ID = re.compile(r"^\d{1,19}-\d{1,19}$")  # a stream entry's id: a job to run now's
 
 
 class Unset(Enum):
@@ -104,15 +111,8 @@ def payload_json(payload: Any) -> str:
 
 
 def new_job_id() -> str:
+    """A delayed job's id (a job to run now has its stream entry's)."""
     return os.urandom(10).hex()
-
-
-def new_job_ids() -> Iterator[str]:
-    """``new_job_id()`` after ``new_job_id()``, drawn from the OS a batch at a time."""
-    while True:
-        drawn = os.urandom(10 * ENQUEUE_BATCH).hex()
-        for k in range(0, len(drawn), 20):
-            yield drawn[k : k + 20]
 
 
 @dataclass(frozen=True)
@@ -193,49 +193,54 @@ class Queue:
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         One round trip."""
         job = new_job(self._path(handler), payload, delay, at)
-        now = time.time()
-        if job.handler in self._known:
-            self.client.scripts.enqueue_jobs(self.keys, [job], now)
-        else:
-            pipe = self.client.redis.pipeline(transaction=False)
+        r, now = self.client.redis, time.time()
+        if job.at is None and job.handler in self._known:
+            return Job(self, text(one_command(r, *xadd_now(self.keys, job, now))))
+        pipe = r.pipeline(transaction=False)
+        if job.handler not in self._known:
             tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
-            self.client.scripts.enqueue_jobs(self.keys, [job], now, client=pipe)
+        if job.at is None and not is_cluster(pipe):
+            pipe.xadd(self.keys.stream, entry_of(job, now))  # type: ignore[arg-type]
+            reply = pipe.execute()[-1]
+        else:  # a delayed job; on a cluster pipeline, no XADD (a retry may send it twice)
             pipe.execute()
-            self._known.add(job.handler)
-        return Job(self, job.id)
+            reply = self._add([job], now)[0]
+        self._known.add(job.handler)
+        return Job(self, text(reply))
+
+    def _add(self, jobs: Sequence[NewJob], now: float) -> list[str]:
+        return job_ids(self.client.scripts.enqueue_jobs(self.keys, jobs, now))
 
     def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
         """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
         built while Redis runs the one before. A bad job raises ``ValueError`` there: the
         batches sent before it are enqueued, the rest are not."""
-        out: list[Job] = []
-        scripts, ids, sender = self.client.scripts, new_job_ids(), _Sender()
+        scripts, sender = self.client.scripts, _Sender()
         pipe = self.client.redis.pipeline(transaction=False)
         batch, calls = EnqueueBatch(self.keys), 0
         told: set[str] = set()  # handlers the pipelines tell the queue about
+        ids = Replies()
         try:
             for handler, payload in jobs:
                 path = self._path(handler)
                 if path not in self._known and path not in told:
                     tell_handlers(pipe, self.client.keys, self.keys, [path])
                     told.add(path)
-                job_id = next(ids)
-                batch.add(job_id, path, payload_json(payload))
-                out.append(Job(self, job_id))
+                batch.add(path, payload_json(payload))
                 if len(batch) >= ENQUEUE_BATCH:
-                    scripts.enqueue_batch(batch, time.time(), client=pipe)
+                    ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe))
                     batch, calls = EnqueueBatch(self.keys), calls + 1
                     if calls >= ENQUEUE_PIPELINE:
-                        sender.send(pipe)
+                        ids.sent(sender.send(pipe))
                         pipe, calls = self.client.redis.pipeline(transaction=False), 0
             if len(batch):
-                scripts.enqueue_batch(batch, time.time(), client=pipe)
+                ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe))
             sender.wait()
-            pipe.execute()
+            ids.sent(pipe.execute())
             self._known |= told
         finally:
             sender.close()
-        return out
+        return [Job(self, job_id) for job_id in ids.ids()]
 
     # -- reading --------------------------------------------------------------------------
 
@@ -255,11 +260,12 @@ class _Sender:
         self.pool: ThreadPoolExecutor | None = None
         self.inflight: Future[Any] | None = None
 
-    def send(self, pipe: Any) -> None:
+    def send(self, pipe: Any) -> Future[Any]:
         self.wait()
         if self.pool is None:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="qw-enqueue-many")
         self.inflight = self.pool.submit(pipe.execute)
+        return self.inflight
 
     def wait(self) -> None:
         inflight, self.inflight = self.inflight, None
@@ -272,6 +278,34 @@ class _Sender:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
         self.wait()
+
+
+class Replies:
+    """The job ids ``enqueue_many``'s Lua calls reply, in order: each call's position on its
+    pipeline (or, run at once on a cluster pipeline, its reply), and each pipeline's
+    replies once it ran."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int] | list[Any]] = []  # (pipeline, position) or ids
+        self.replies: list[Future[Any] | list[Any]] = []
+
+    def add(self, pipe: Any, reply: Any) -> None:
+        if reply is pipe:  # queued on it: its reply comes with the pipeline's
+            self.calls.append((len(self.replies), len(pipe) - 1))
+        else:
+            self.calls.append(reply)
+
+    def sent(self, replies: Future[Any] | list[Any]) -> None:
+        self.replies.append(replies)
+
+    def ids(self) -> list[str]:
+        out: list[str] = []
+        for call in self.calls:
+            if isinstance(call, tuple):
+                got = self.replies[call[0]]
+                call = (got.result() if isinstance(got, Future) else got)[call[1]]
+            out += job_ids(call)
+        return out
 
 
 class Job:
@@ -289,11 +323,9 @@ class Job:
 
     def status(self) -> JobStatus:
         r, qk = self.queue.client.redis, self.queue.keys
-        raw: Any = r.hgetall(self.key)
-        if not raw:
-            raise no_job(self.queue.name, self.id)
-        pending: Any = None
-        entry = running_entry(raw)
+        pipe = r.pipeline(transaction=False)
+        status_reads(pipe, qk, self.id)
+        raw, pending, entry = read_status(self.queue.name, self.id, pipe.execute())
         if entry:
             pending = r.xpending_range(qk.stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
@@ -301,16 +333,18 @@ class Job:
     def result(self, timeout: float | None = None) -> Any:
         """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
         ``TimeoutError`` after ``timeout`` s."""
-        r = self.queue.client.redis
+        r, qk = self.queue.client.redis, self.queue.keys
         deadline = None if timeout is None else time.monotonic() + timeout
         pause = FIRST_PAUSE
         while True:
-            reply = r.hmget(self.key, RESULT_FIELDS)
-            done = finished(self.queue.name, self.id, reply)
+            pipe = r.pipeline(transaction=False)
+            result_reads(pipe, qk, self.id)
+            replies = pipe.execute()
+            done = finished(self.queue.name, self.id, replies)
             if done is not None:
                 return done[0]
             if deadline is not None and time.monotonic() >= deadline:
-                raise not_finished(self.id, reply, timeout)
+                raise not_finished(self.id, replies, timeout)
             time.sleep(pause)
             pause = min(LAST_PAUSE, pause * 1.5)
 
@@ -328,8 +362,8 @@ FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from t
 
 
 def new_job(path: str, payload: Any, delay: float | None, at: datetime | float | None) -> NewJob:
-    """A job to enqueue: a new id, its handler path (checked: ``HandlerPaths``) and payload
-    JSON, and when it runs; ``ValueError`` naming what is wrong."""
+    """A job to enqueue: its handler path (checked: ``HandlerPaths``) and payload JSON, and
+    when it runs, with a new id if that is later; ``ValueError`` naming what is wrong."""
     body = payload_json(payload)
     if delay is not None and at is not None:
         raise ValueError("enqueue: give delay or at, not both")
@@ -340,7 +374,9 @@ def new_job(path: str, payload: Any, delay: float | None, at: datetime | float |
         run_at = time.time() + delay
     elif at is not None:
         run_at = at.timestamp() if isinstance(at, datetime) else float(at)
-    return NewJob(new_job_id(), path, body, run_at if run_at and run_at > time.time() else None)
+    if run_at is None or run_at <= time.time():
+        return NewJob("", path, body)  # to run now: its id will be its entry's
+    return NewJob(new_job_id(), path, body, run_at)
 
 
 def tell_handlers(pipe: Any, keys: Keys, qk: TaskKeys, handlers: Sequence[str]) -> None:
@@ -389,19 +425,72 @@ def no_job(queue: str, job_id: str) -> LookupError:
     return LookupError(f"queue {queue!r} has no job {job_id!r} (or it expired)")
 
 
+def entry_of(job: NewJob, now: float) -> dict[str, str]:
+    """The stream entry of a job to run now: all of it until it settles (the entry's id is
+    the job's)."""
+    return {"h": job.handler, "p": job.payload, "t": repr(now)}
+
+
+def xadd_now(qk: TaskKeys, job: NewJob, now: float) -> tuple[str, ...]:
+    """``entry_of`` as the arguments of its ``XADD``."""
+    return ("XADD", qk.stream, "*", "h", job.handler, "p", job.payload, "t", repr(now))
+
+
+def is_cluster(pipe: Any) -> bool:
+    return isinstance(pipe, ClusterPipeline | AsyncClusterPipeline)
+
+
+def status_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
+    """Queue on ``pipe`` what a job's status reads (``read_status``): for a job enqueued to
+    run now, its entry and its pending-list row (it has no record while it waits), then
+    its record — last, so a job settled between the reads is seen settled."""
+    if ENTRY_ID.match(job_id):
+        pipe.xrange(qk.stream, job_id, job_id, count=1)
+        pipe.xpending_range(qk.stream, qk.group, job_id, job_id, 1)
+    pipe.hgetall(qk.job(job_id))
+
+
+def read_status(queue: str, job_id: str, replies: Sequence[Any]) -> tuple[Any, Any, bytes | None]:
+    """From the replies of ``status_reads``: the job's record (or, waiting on the stream
+    with none, what its entry says), the pending-list row read with it, and the entry whose
+    row is still to read (a queued job with a record: delayed or requeued); ``LookupError``
+    if there is no such job."""
+    *entry, raw = replies
+    if raw:
+        return raw, None, running_entry(raw)
+    if entry and entry[0]:
+        fields = entry[0][0][1]
+        waiting = {b"s": JobState.QUEUED.value.encode(), b"h": fields.get(b"h", b"")}
+        waiting[b"t"] = fields.get(b"t", b"")
+        return waiting, entry[1], None
+    raise no_job(queue, job_id)
+
+
+def result_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
+    """Queue on ``pipe`` what one look at a job's result reads (``finished``): for a job
+    enqueued to run now, whether its entry waits (before the record: see
+    ``status_reads``), then its record's ``RESULT_FIELDS``."""
+    if ENTRY_ID.match(job_id):
+        pipe.xrange(qk.stream, job_id, job_id, count=1)
+    pipe.hmget(qk.job(job_id), RESULT_FIELDS)
+
+
 def running_entry(raw: Mapping[bytes, bytes]) -> bytes | None:
-    """The stream entry of a queued job, whose pending-list row says whether a member has
-    read it (it runs); None for a job in any other state."""
+    """The stream entry of a queued job with a record (delayed or requeued), whose
+    pending-list row says whether a member has read it (it runs); None for a job in any
+    other state."""
     entry = raw.get(b"e")
     return entry if raw.get(b"s") == JobState.QUEUED.value.encode() and entry else None
 
 
-def finished(queue: str, job_id: str, reply: Sequence[Any]) -> tuple[Any] | None:
-    """From the ``RESULT_FIELDS`` of a job's record: ``(result,)`` of a done job; raises
+def finished(queue: str, job_id: str, replies: Sequence[Any]) -> tuple[Any] | None:
+    """From the replies of ``result_reads``: ``(result,)`` of a done job; raises
     ``JobFailed`` for a dead or cancelled one, ``LookupError`` for none; None while it is
     not finished."""
-    state, value, reason, error = reply
+    *entry, (state, value, reason, error) = replies
     if state is None:
+        if entry and entry[0]:
+            return None  # on the stream, with no record yet
         raise no_job(queue, job_id)
     s = text(state)
     if s == JobState.DONE:
@@ -413,8 +502,9 @@ def finished(queue: str, job_id: str, reply: Sequence[Any]) -> tuple[Any] | None
     return None
 
 
-def not_finished(job_id: str, reply: Sequence[Any], timeout: float | None) -> TimeoutError:
-    return TimeoutError(f"job {job_id} not finished after {timeout} s ({text(reply[0])})")
+def not_finished(job_id: str, replies: Sequence[Any], timeout: float | None) -> TimeoutError:
+    state = text(replies[-1][0]) or JobState.QUEUED.value
+    return TimeoutError(f"job {job_id} not finished after {timeout} s ({state})")
 
 
 def cancelled(queue: str, job_id: str, found: int) -> bool:

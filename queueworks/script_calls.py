@@ -96,37 +96,46 @@ class Settled:
 
 
 class NewJob(NamedTuple):  # a tuple: cheap to make, one per job enqueued
-    id: str
+    id: str  # a delayed job's (a job to run now gets its stream entry's id)
     handler: str
     payload: str  # JSON
     at: float | None = None  # when a delayed job runs (None: now)
 
 
 class EnqueueBatch:
-    """The keys and arguments of one ``enqueue_jobs`` call, added job by job with no object
-    per job (``enqueue_many``'s loop); jobs to run now."""
+    """The arguments of one ``enqueue_jobs`` call of jobs to run now, added job by job with
+    no object per job (``enqueue_many``'s loop)."""
 
     def __init__(self, tk: TaskKeys) -> None:
         self.keys: list[str] = [tk.stream, tk.scheduled]
         self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
-        self._prefix = tk.job_prefix
 
-    def add(self, job_id: str, handler: str, payload: str) -> None:
-        self.keys.append(self._prefix + job_id)
-        self.args += (job_id, handler, payload, "")
+    def add(self, handler: str, payload: str) -> None:
+        self.args += ("", handler, payload, "")
 
     def __len__(self) -> int:
-        return len(self.keys) - 2
+        return (len(self.args) - 1) // 4
+
+
+class JobRef(NamedTuple):
+    """What a settle writes of any job it settles: which job, and what its record keeps of
+    its entry."""
+
+    entry_id: str
+    job_id: str  # the entry's id, or the id the entry names ('j')
+    handler: str
+    enqueued: str  # the entry's 't' (as enqueued: s since the epoch)
+    named: str  # '1' if the entry names its job (it has had a record since), else ''
 
 
 @dataclass
 class JobBatch:
     """What one member settles of a queue at once (``settle_jobs``)."""
 
-    ok: list[tuple[str, str, float, int, str]] = field(default_factory=list)
-    # (entry id, job id, started at, attempts, result JSON)
-    dead: list[tuple[str, str, float, int, str, str, str]] = field(default_factory=list)
-    # (entry id, job id, started at, attempts, reason, error, payload)
+    ok: list[tuple[JobRef, float, int, str]] = field(default_factory=list)
+    # (job, started at, attempts, result JSON)
+    dead: list[tuple[JobRef, float, int, str, str, str]] = field(default_factory=list)
+    # (job, started at, attempts, reason, error, payload)
     rejected: list[tuple[str, str, str]] = field(default_factory=list)  # (entry, why, payload)
     buckets: dict[str, float] = field(default_factory=dict)  # latency histogram additions
 
@@ -308,22 +317,30 @@ def reclaim(
 # -- queues ---------------------------------------------------------------------------------
 
 
-def enqueue_jobs(
-    tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any = None
-) -> Call[None]:
-    """Put ``jobs`` on a queue (or in its scheduled zset), each with its record; may be
-    pipelined (not on a cluster pipeline, as for ``enqueue``)."""
+def enqueue_jobs(tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any = None) -> Call[Any]:
+    """Put ``jobs`` on a queue (or, delayed, in its scheduled zset with a record); may be
+    pipelined (not on a cluster pipeline, as for ``enqueue``). Replies the jobs' ids
+    (``job_ids``)."""
     argv: list[Any] = [repr(now)]
+    keys = [tk.stream, tk.scheduled]
     for job in jobs:
-        argv += (job.id, job.handler, job.payload, "" if job.at is None else repr(job.at))
-    keys = [tk.stream, tk.scheduled, *(tk.job(job.id) for job in jobs)]
-    return Call("enqueue_jobs", keys, argv, _none, client, unpiped_on_cluster=True)
+        if job.at is None:
+            argv += ("", job.handler, job.payload, "")
+        else:
+            argv += (job.id, job.handler, job.payload, repr(job.at))
+            keys.append(tk.job(job.id))
+    return Call("enqueue_jobs", keys, argv, _same, client, unpiped_on_cluster=True)
 
 
-def enqueue_batch(batch: EnqueueBatch, now: float, client: Any = None) -> Call[None]:
+def enqueue_batch(batch: EnqueueBatch, now: float, client: Any = None) -> Call[Any]:
     """``enqueue_jobs`` of a built batch (as ``enqueue_jobs``: not on a cluster pipeline)."""
     batch.args[0] = repr(now)
-    return Call("enqueue_jobs", batch.keys, batch.args, _none, client, unpiped_on_cluster=True)
+    return Call("enqueue_jobs", batch.keys, batch.args, _same, client, unpiped_on_cluster=True)
+
+
+def job_ids(reply: Sequence[Any]) -> list[str]:
+    """The ids ``enqueue_jobs`` replied."""
+    return [text(x) for x in reply]
 
 
 def settle_jobs(
@@ -335,12 +352,15 @@ def settle_jobs(
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets))
     keys = [tk.stream, tk.record, tk.dead, tk.latency, tk.rate]
-    for entry_id, job_id, started, attempts, result in batch.ok:
-        keys.append(tk.job(job_id))
-        argv += (entry_id, repr(started), attempts, result)
-    for entry_id, job_id, started, attempts, reason, error, payload in batch.dead:
-        keys.append(tk.job(job_id))
-        argv += (entry_id, repr(started), attempts, reason, error, job_id, payload)
+    prefix = tk.job_prefix
+    for ref, started, attempts, result in batch.ok:
+        keys.append(prefix + ref.job_id)
+        argv += (ref.entry_id, repr(started), attempts, result, ref.handler)
+        argv += (ref.enqueued, ref.named)
+    for ref, started, attempts, reason, error, payload in batch.dead:
+        keys.append(prefix + ref.job_id)
+        argv += (ref.entry_id, repr(started), attempts, reason, error, ref.job_id, payload)
+        argv += (ref.handler, ref.enqueued, ref.named)
     for entry_id, why, payload in batch.rejected:
         argv += (entry_id, why, payload)
     for bucket, amount in batch.buckets.items():

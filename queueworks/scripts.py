@@ -35,10 +35,12 @@ from queueworks.script_calls import (  # re-exported: the workers' and tests' na
     DeadEntry,
     EnqueueBatch,
     JobBatch,
+    JobRef,
     Joined,
     NewJob,
     Settled,
     fields_of,
+    job_ids,
 )
 
 if TYPE_CHECKING:
@@ -55,12 +57,14 @@ __all__ = [
     "DeadEntry",
     "EnqueueBatch",
     "JobBatch",
+    "JobRef",
     "Joined",
     "NewJob",
     "Queued",
     "Scripts",
     "Settled",
     "fields_of",
+    "job_ids",
 ]
 
 P = ParamSpec("P")

@@ -36,7 +36,7 @@ def test_enqueue_many_sends_every_job_in_order_and_leaves_no_thread(
     )
     assert len({job.id for job in jobs}) == n
     entries = r.xrange(tk.stream)
-    assert [fields[b"j"].decode() for _, fields in entries] == [job.id for job in jobs]
+    assert [entry_id.decode() for entry_id, _ in entries] == [job.id for job in jobs]
     assert {fields[b"h"] for _, fields in entries} == {b"tests.handlers:double"}
     assert r.smembers(tk.handlers) == {b"tests.handlers:double"}
     assert jobs[-1].status().state == "queued"

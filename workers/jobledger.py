@@ -15,14 +15,21 @@ from redis.exceptions import NoScriptError
 from queueworks import events
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
-from queueworks.scripts import JobBatch
+from queueworks.scripts import JobBatch, JobRef
 from workers.ledger import Attempts
 from workers.work import Gone, Work
 
 
-def job_id_of(work: Work) -> str | None:
-    raw = work.fields.get(b"j")
-    return raw.decode(errors="replace") if raw else None
+def job_of(work: Work) -> JobRef | None:
+    """Which job an entry holds (its own id, or the id it names); None for an entry that
+    holds no job (no handler or payload)."""
+    f = work.fields
+    path, named = f.get(b"h"), f.get(b"j")
+    if not path or b"p" not in f:
+        return None
+    job_id = named.decode(errors="replace") if named else work.entry_id
+    handler, enqueued = path.decode(errors="replace"), f.get(b"t", b"").decode(errors="replace")
+    return JobRef(work.entry_id, job_id, handler, enqueued, "1" if named else "")
 
 
 def bucket_of(seconds: float) -> str:
@@ -39,8 +46,8 @@ class JobLedger(Attempts):
         self.sent: tuple[JobBatch, float] | None = None  # on the pipeline, not yet settled
         self.ttl = int(self.spec.result_ttl)
 
-    def succeeded(self, work: Work, job_id: str, started: float, body: str) -> None:
-        self.batch.ok.append((work.entry_id, job_id, started, work.attempt, body))
+    def succeeded(self, work: Work, job: JobRef, started: float, body: str) -> None:
+        self.batch.ok.append((job, started, work.attempt, body))
 
     def latency(self, seconds: float) -> None:
         """A job started ``seconds`` after it was enqueued (or became due)."""
@@ -51,12 +58,11 @@ class JobLedger(Attempts):
         buckets["count"] = buckets.get("count", 0.0) + 1
 
     def bury(
-        self, work: Work, job_id: str, started: float, reason: str, error: str, payload: str
+        self, work: Work, job: JobRef, started: float, reason: str, error: str, payload: str
     ) -> None:
         """Dead-letter a job at the next flush."""
-        entry = (work.entry_id, job_id, started, work.attempt, reason, error[-8000:], payload)
-        self.batch.dead.append(entry)
-        self.log.warning("job_dead", job=job_id, reason=reason, attempts=work.attempt)
+        self.batch.dead.append((job, started, work.attempt, reason, error[-8000:], payload))
+        self.log.warning("job_dead", job=job.job_id, reason=reason, attempts=work.attempt)
 
     def reject(self, work: Work, why: str) -> None:
         """An entry that is no job of this queue: settled apart, never counted as a job."""
@@ -64,23 +70,23 @@ class JobLedger(Attempts):
         self.log.warning("entry_rejected", entry=work.entry_id, why=why)
 
     def failed(
-        self, work: Work, job_id: str, started: float, exc: BaseException, payload: str
+        self, work: Work, job: JobRef, started: float, exc: BaseException, payload: str
     ) -> Work | None:
         """A handler raised: dead after ``max_attempts``, else the retry (charged)."""
         tb = "".join(traceback.format_exception(exc))
         if work.attempt >= self.spec.max_attempts:
-            self.bury(work, job_id, started, f"failed {work.attempt} times", tb, payload)
+            self.bury(work, job, started, f"failed {work.attempt} times", tb, payload)
             return None
-        self.log.info("job_retry", job=job_id, attempt=work.attempt, error=repr(exc))
+        self.log.info("job_retry", job=job.job_id, attempt=work.attempt, error=repr(exc))
         return self.retry(work)
 
     def exhausted(self, work: Work, why: str) -> None:
-        job_id = job_id_of(work)
-        if job_id is None:
+        job = job_of(work)
+        if job is None:
             self.reject(work, f"exceeded max_attempts: {why}")
             return
         payload = safe_text(work.fields.get(b"p"))
-        self.bury(work, job_id, time.time(), "exceeded max_attempts", why, payload)
+        self.bury(work, job, time.time(), "exceeded max_attempts", why, payload)
 
     def bury_gone(self, stream: str, gone: Sequence[Gone]) -> None:
         for entry_id, deliveries in gone:

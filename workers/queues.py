@@ -15,6 +15,7 @@ after ``idle_after`` seconds in which no job finished.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from queueworks.context import JobContext, Suspended
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
 from queueworks.queues import IDLE_AFTER
+from queueworks.scripts import JobRef
 from queueworks.signals import ColdStop
 from workers.concurrent import Concurrently
 from workers.handlers import Handler, HandlerRefused, resolve
@@ -42,19 +44,23 @@ SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for 
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once
 DUE_BATCH = 100
-_JOB_ID = re.compile(rb"^[0-9a-f]{1,64}$")
+_JOB_ID = re.compile(rb"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # ids an entry may name
 
 
 @dataclass(frozen=True)
 class Job:
-    """One job as it is about to run: its entry, id, handler and arguments."""
+    """One job as it is about to run: its entry, which job it is, handler and arguments."""
 
     work: Work
-    id: str
+    ref: JobRef
     handler: Handler
     args: tuple[Any, ...]
     raw: str  # its payload as enqueued (for a dead letter)
     started: float
+
+    @property
+    def id(self) -> str:
+        return self.ref.job_id
 
 
 class QueueLoop:
@@ -189,27 +195,32 @@ class QueueLoop:
         a function its module lacks: dead); ``HandlerRefused`` if this worker may not run
         its handler (then it refuses the queue)."""
         ledger, f = self.ledger, work.fields
-        job_id, path, raw_payload = f.get(b"j"), f.get(b"h"), f.get(b"p")
-        if not job_id or not _JOB_ID.match(job_id) or not path or raw_payload is None:
+        named, path, raw_payload = f.get(b"j"), f.get(b"h"), f.get(b"p")
+        if (named is not None and not _JOB_ID.match(named)) or not path or raw_payload is None:
             ledger.reject(work, f"malformed entry: fields {sorted(k.decode() for k in f)}")
             return None
-        jid, body_text = job_id.decode(), raw_payload.decode(errors="replace")
+        body_text = raw_payload.decode(errors="replace")
         try:
             payload = from_json(body_text, "field 'p'")
-            handler = self._handler(path.decode())
+            handler_path = path.decode()
+            enqueued = f[b"t"].decode() if b"t" in f else ""
+            handler = self._handler(handler_path)
         except (NotJSON, UnicodeDecodeError) as exc:
             ledger.reject(work, f"malformed entry: {exc}")
             return None
+        jid = named.decode() if named else work.entry_id  # a job to run now: its entry's id
+        ref = JobRef(work.entry_id, jid, handler_path, enqueued, "1" if named else "")
         if isinstance(handler, HandlerRefused):
             if self._refuses(handler):
                 raise handler
-            ledger.bury(work, jid, time.time(), "handler refused", str(handler), body_text)
+            ledger.bury(work, ref, time.time(), "handler refused", str(handler), body_text)
             return None
         started = time.time()
-        if work.attempt == 1 and b"t" in work.fields:
-            ledger.latency(started - float(work.fields[b"t"]))
+        if work.attempt == 1 and enqueued:
+            with contextlib.suppress(ValueError):  # a time that is no number: no sample
+                ledger.latency(started - float(enqueued))
         args = (payload, self._context(jid, work)) if handler.takes_ctx else (payload,)
-        return Job(work, jid, handler, args, body_text, started)
+        return Job(work, ref, handler, args, body_text, started)
 
     def _run_one(self, work: Work) -> bool:
         """Run one job and record its outcome; False if the batch should stop here (a
@@ -246,7 +257,7 @@ class QueueLoop:
             run.held.appendleft(work)
             return False
         if error is not None:
-            retry = ledger.failed(work, job.id, job.started, error, job.raw)
+            retry = ledger.failed(work, job.ref, job.started, error, job.raw)
             if retry is None:
                 return True
             run.held.appendleft(retry)
@@ -254,9 +265,9 @@ class QueueLoop:
         try:
             body = to_json(value, "result")
         except NotJSON as exc:
-            ledger.bury(work, job.id, job.started, "result is not JSON", str(exc), job.raw)
+            ledger.bury(work, job.ref, job.started, "result is not JSON", str(exc), job.raw)
             return True
-        ledger.succeeded(work, job.id, job.started, body)
+        ledger.succeeded(work, job.ref, job.started, body)
         return True
 
     # -- many in flight (--concurrency > 1): workers.concurrent.Items -----------------------

@@ -2,11 +2,10 @@
 ``redis.asyncio``, name for name, with the same checks, job ids and decoding (the functions
 of ``queueworks.queues``).
 
-``await q.enqueue(...)`` is one round trip, as the sync one. A call alone goes out at once;
-calls made while one is in flight on the same handle go out together after it, in one Lua
-call (``JobWriter``), so a thousand gathered enqueues cost a few round trips and a
-connection or two, not a thousand. Each job is still written once, in one atomic step with
-its record.
+``await q.enqueue(...)`` is one round trip, as the sync one. A call alone goes out at once
+(one ``XADD``); calls made while one is in flight on the same handle go out together after
+it, in one Lua call (``JobWriter``), so a thousand gathered enqueues cost a few round trips
+and a connection or two, not a thousand. Each job is still written once.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
+from queueworks.connection import text
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.queues import (
     ENQUEUE_BATCH,
@@ -33,18 +33,20 @@ from queueworks.queues import (
     QueueSettings,
     cancelled,
     check_created,
+    entry_of,
+    is_cluster,
     new_job,
     new_queue,
-    no_job,
     opened_settings,
     queue_created,
     queue_reads,
     queue_status,
-    running_entry,
+    read_status,
+    status_reads,
     tell_handlers,
 )
 from queueworks.records import job_status
-from queueworks.scripts import NewJob
+from queueworks.scripts import NewJob, job_ids
 
 T = TypeVar("T")
 Jobs = (
@@ -89,47 +91,52 @@ class AsyncQueue:
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         One round trip (shared with the enqueues of this handle in flight with it)."""
         job = new_job(self._path(handler), payload, delay, at)
-        await self._writer.write(job)
-        return AsyncJob(self, job.id)
+        return AsyncJob(self, await self._writer.write(job))
 
     async def enqueue_many(self, jobs: Jobs) -> list[AsyncJob]:
         """Add many ``(handler, payload)`` jobs (an iterable or an async iterable), in
         batches, pipelined."""
-        out: list[AsyncJob] = []
+        ids: list[str] = []
         batches: list[list[NewJob]] = [[]]
         async for handler, payload in each(jobs):
-            job = new_job(self._path(handler), payload, None, None)
-            batches[-1].append(job)
-            out.append(AsyncJob(self, job.id))
+            batches[-1].append(new_job(self._path(handler), payload, None, None))
             if len(batches[-1]) >= ENQUEUE_BATCH:
                 if len(batches) >= ENQUEUE_PIPELINE:
-                    await self._send_many(batches)
+                    ids += await self._send_many(batches)
                     batches = []
                 batches.append([])
-        await self._send_many(batches)
-        return out
+        ids += await self._send_many(batches)
+        return [AsyncJob(self, job_id) for job_id in ids]
 
-    async def _send(self, jobs: Sequence[NewJob]) -> None:
-        await self._send_many([jobs])
+    async def _send(self, jobs: Sequence[NewJob]) -> list[str]:
+        return await self._send_many([jobs])
 
-    async def _send_many(self, batches: Sequence[Sequence[NewJob]]) -> None:
-        """One round trip: a Lua call per batch, and the handlers the queue does not know
-        from this handle yet."""
+    async def _send_many(self, batches: Sequence[Sequence[NewJob]]) -> list[str]:
+        """One round trip: a Lua call per batch (a lone job to run now: its XADD), and the
+        handlers the queue does not know from this handle yet; the jobs' ids."""
         batches = [b for b in batches if b]
         if not batches:
-            return
-        scripts, now = self.client.scripts, time.time()
+            return []
+        r, scripts, now = self.client.redis, self.client.scripts, time.time()
         new = {job.handler for batch in batches for job in batch} - self._known
+        lone = len(batches) == 1 and len(batches[0]) == 1 and batches[0][0].at is None
         if not new and len(batches) == 1:
-            await scripts.enqueue_jobs(self.keys, batches[0], now)
-            return
-        pipe = self.client.redis.pipeline(transaction=False)
+            if lone:
+                entry = entry_of(batches[0][0], now)
+                return [text(await r.xadd(self.keys.stream, entry))]  # type: ignore[arg-type]
+            return job_ids(await scripts.enqueue_jobs(self.keys, batches[0], now))
+        pipe: Any = r.pipeline(transaction=False)
         if new:
             tell_handlers(pipe, self.client.keys, self.keys, sorted(new))
-        for batch in batches:
-            await scripts.enqueue_jobs(self.keys, batch, now, client=pipe)
-        await pipe.execute()
+        if is_cluster(pipe):  # the scripts run at once there (see ``Call``): after the pipe
+            await pipe.execute()
+            pipe = None
+        calls = [await scripts.enqueue_jobs(self.keys, b, now, client=pipe) for b in batches]
+        if pipe is not None:
+            replies = await pipe.execute()
+            calls = replies[len(replies) - len(batches) :]
         self._known |= new
+        return [job_id for reply in calls for job_id in job_ids(reply)]
 
     # -- reading --------------------------------------------------------------------------
 
@@ -160,24 +167,24 @@ class JobWriter:
     may have been written or not, as for any failed write). A call cancelled before its
     round trip left is not written; one cancelled after may be."""
 
-    def __init__(self, send: Callable[[Sequence[NewJob]], Awaitable[None]]) -> None:
+    def __init__(self, send: Callable[[Sequence[NewJob]], Awaitable[list[str]]]) -> None:
         self._send = send
         self._busy = False  # a round trip is in flight
-        self._waiting: list[tuple[NewJob, asyncio.Future[None]]] = []
+        self._waiting: list[tuple[NewJob, asyncio.Future[str]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def write(self, job: NewJob) -> None:
+    async def write(self, job: NewJob) -> str:
+        """Write ``job``; its id."""
         if not self._busy:
             self._busy = True
             try:
-                await self._send([job])
+                return (await self._send([job]))[0]
             finally:
                 self._busy = False
                 self._kick()
-            return
-        done = asyncio.get_running_loop().create_future()
+        done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._waiting.append((job, done))
-        await done
+        return await done
 
     def _kick(self) -> None:
         """Send what waits, from a task of the writer's (not from a caller: it may go)."""
@@ -199,9 +206,9 @@ class JobWriter:
                 done.cancel()
             self._waiting.clear()
 
-    async def _round_trip(self, batch: list[tuple[NewJob, asyncio.Future[None]]]) -> None:
+    async def _round_trip(self, batch: list[tuple[NewJob, asyncio.Future[str]]]) -> None:
         try:
-            await self._send([job for job, _ in batch])
+            ids = await self._send([job for job, _ in batch])
         except Exception as exc:
             for _, done in batch:
                 if not done.done():
@@ -211,9 +218,9 @@ class JobWriter:
                 done.cancel()
             raise
         else:
-            for _, done in batch:
+            for (_, done), job_id in zip(batch, ids, strict=True):
                 if not done.done():
-                    done.set_result(None)
+                    done.set_result(job_id)
 
 
 class AsyncJob:
@@ -228,11 +235,9 @@ class AsyncJob:
 
     async def status(self) -> JobStatus:
         r, qk = self.queue.client.redis, self.queue.keys
-        raw: Any = await r.hgetall(self.key)
-        if not raw:
-            raise no_job(self.queue.name, self.id)
-        pending: Any = None
-        entry = running_entry(raw)
+        pipe = r.pipeline(transaction=False)
+        status_reads(pipe, qk, self.id)
+        raw, pending, entry = read_status(self.queue.name, self.id, await pipe.execute())
         if entry:
             pending = await r.xpending_range(qk.stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
@@ -242,7 +247,7 @@ class AsyncJob:
         ``TimeoutError`` after ``timeout`` s. Polled as ``Job.result`` polls, together with
         the client's other calls (``ResultWatcher``)."""
         watcher = self.queue.client.results
-        return await watcher.result(self.queue.name, self.id, self.key, timeout)
+        return await watcher.result(self.queue.name, self.queue.keys, self.id, timeout)
 
     async def cancel(self) -> bool:
         """Cancel the job if it has not started; False if it has started or finished."""

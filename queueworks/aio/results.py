@@ -1,11 +1,12 @@
 """``ResultWatcher``: the ``await job.result()`` calls of one ``AsyncClient``, polled together.
 
-``Job.result`` (sync) polls its job's record: at once, then after 1 ms, the pause growing by
-half up to 50 ms. An asyncio service may have a thousand such calls at once; polled one by
-one, that is 20,000 round trips a second and a whole core. Here every call keeps the sync
-schedule, but the records due for a look are read together, one pipeline of HMGETs per
-tick: a call's next look is put on a grid of a quarter of its pause, so calls that started
-at different times share their ticks (a lone call: looks within 25 % of the sync schedule).
+``Job.result`` (sync) polls its job (``result_reads``: its record, and for a job to run now
+whether its entry still waits): at once, then after 1 ms, the pause growing by half up to
+50 ms. An asyncio service may have a thousand such calls at once; polled one by one, that
+is 20,000 round trips a second and a whole core. Here every call keeps the sync schedule,
+but the jobs due for a look are read together, one pipeline per tick: a call's next look
+is put on a grid of a quarter of its pause, so calls that started at different times share
+their ticks (a lone call: looks within 25 % of the sync schedule).
 What a call gets is what the sync one would: the result, ``JobFailed``, ``LookupError``, or
 ``TimeoutError`` after a look past its deadline.
 """
@@ -21,14 +22,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from queueworks.aio.connection import AsyncConnection
-from queueworks.queues import FIRST_PAUSE, LAST_PAUSE, RESULT_FIELDS, finished, not_finished
+from queueworks.keys import TaskKeys
+from queueworks.queues import FIRST_PAUSE, LAST_PAUSE, finished, not_finished, result_reads
 
 
 @dataclass(eq=False)
 class _Wait:
     queue: str
+    keys: TaskKeys
     job_id: str
-    key: str
     deadline: float | None
     timeout: float | None
     done: asyncio.Future[Any]
@@ -46,12 +48,12 @@ class ResultWatcher:
         self._runner: asyncio.Task[None] | None = None
         self._alarm: asyncio.Future[None] | None = None
 
-    async def result(self, queue: str, job_id: str, key: str, timeout: float | None) -> Any:
+    async def result(self, queue: str, keys: TaskKeys, job_id: str, timeout: float | None) -> Any:
         """The job's result (see ``Job.result``); its first look is at once."""
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
         wait = _Wait(
-            queue, job_id, key, deadline, timeout, asyncio.get_running_loop().create_future()
+            queue, keys, job_id, deadline, timeout, asyncio.get_running_loop().create_future()
         )
         heapq.heappush(self._due, (now, next(self._order), wait))
         if self._runner is None:
@@ -81,17 +83,20 @@ class ResultWatcher:
 
     async def _look(self, due: list[_Wait]) -> None:
         pipe = self._redis.pipeline(transaction=False)
+        ends = []
         for wait in due:
-            pipe.hmget(wait.key, RESULT_FIELDS)
+            result_reads(pipe, wait.keys, wait.job_id)
+            ends.append(len(pipe))
         try:
             replies = await pipe.execute()
-        except Exception as exc:  # as one call's HMGET failing: each call raises it
+        except Exception as exc:  # as one call's reads failing: each call raises it
             for wait in due:
                 _settle(wait.done, exc=exc)
             return
-        now = time.monotonic()
-        for wait, reply in zip(due, replies, strict=True):
-            self._read(wait, reply, now)
+        now, start = time.monotonic(), 0
+        for wait, end in zip(due, ends, strict=True):
+            self._read(wait, replies[start:end], now)
+            start = end
 
     def _read(self, wait: _Wait, reply: list[Any], now: float) -> None:
         try:

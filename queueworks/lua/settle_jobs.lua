@@ -3,13 +3,17 @@
 -- result, or dead with its reason) and start the record's expiry (result ttl), count it,
 -- and add the batch to the queue's enqueue -> start histogram and per-second rate. Only an
 -- entry the XACK removed counts: a late ack (a presumed-dead member, a job run twice)
--- changes nothing. An entry whose job has no record (no job of this queue) is rejected.
+-- changes nothing. A job enqueued to run now has no record until here (its id is its
+-- entry's); one whose entry names its job ('j': delayed or requeued) has had one since it
+-- was enqueued, and is rejected if it has none (no job of this queue).
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
 -- KEYS[5] rate   KEYS[6..] the records of the ok jobs, then of the dead ones, in order
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
 -- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
--- then n_ok 4-tuples: entry id, started at, attempts, result JSON
--- then n_dead 7-tuples: entry id, started at, attempts, reason, error, job id, payload
+-- then n_ok 7-tuples: entry id, started at, attempts, result JSON, handler, enqueued at,
+--   '1' if the entry names its job ('' if not)
+-- then n_dead 10-tuples: entry id, started at, attempts, reason, error, job id, payload,
+--   handler, enqueued at, '1' if the entry names its job
 -- then n_rejected 3-tuples: entry id, why, payload
 -- then n_buckets pairs: histogram bucket ("le" bound or "sum"), amount to add
 -- returns {ok counted, dead counted, rejected counted}
@@ -27,39 +31,47 @@ local function reject(entry, why, payload)
   rejected = rejected + 1
 end
 
+-- a job to run now gets its record here: with its handler and enqueue time (a named job's
+-- record has them since it was enqueued; its entry's 't' says when it became due)
+local function record(job, named, handler, enqueued, ...)
+  if named == '1' then
+    call('HSET', job, ...)
+  else
+    call('HSET', job, 'h', handler, 't', enqueued, ...)
+  end
+  call('EXPIRE', job, ttl)
+end
+
 for _ = 1, n_ok do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
     call('XDEL', KEYS[1], ARGV[at])
-    local job = KEYS[key]
-    if call('EXISTS', job) == 0 then
+    local job, named = KEYS[key], ARGV[at + 6]
+    if named == '1' and call('EXISTS', job) == 0 then
       reject(ARGV[at], 'no such job in this queue; its result was discarded', '')
     else
-      call('HSET', job, 's', '${DONE}', 'r', ARGV[at + 3], 'st', ARGV[at + 1],
-        'ft', now, 'a', ARGV[at + 2], 'w', worker)
-      call('EXPIRE', job, ttl)
+      record(job, named, ARGV[at + 4], ARGV[at + 5], 's', '${DONE}', 'r', ARGV[at + 3],
+        'st', ARGV[at + 1], 'ft', now, 'a', ARGV[at + 2], 'w', worker)
       ok = ok + 1
     end
   end
-  at, key = at + 4, key + 1
+  at, key = at + 7, key + 1
 end
 for _ = 1, n_dead do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
     call('XDEL', KEYS[1], ARGV[at])
-    local job = KEYS[key]
-    if call('EXISTS', job) == 0 then
+    local job, named = KEYS[key], ARGV[at + 9]
+    if named == '1' and call('EXISTS', job) == 0 then
       reject(ARGV[at], 'no such job in this queue; ' .. ARGV[at + 3], ARGV[at + 6])
     else
-      call('HSET', job, 's', '${DEAD}', 'reason', ARGV[at + 3], 'err', ARGV[at + 4],
-        'st', ARGV[at + 1], 'ft', now, 'a', ARGV[at + 2], 'w', worker)
-      call('EXPIRE', job, ttl)
+      record(job, named, ARGV[at + 7], ARGV[at + 8], 's', '${DEAD}', 'reason', ARGV[at + 3],
+        'err', ARGV[at + 4], 'st', ARGV[at + 1], 'ft', now, 'a', ARGV[at + 2], 'w', worker)
       call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'entry', ARGV[at], 'job', ARGV[at + 5],
         'reason', ARGV[at + 3], 'error', ARGV[at + 4], 'attempts', ARGV[at + 2],
-        'payload', ARGV[at + 6], 'handler', call('HGET', job, 'h') or '',
-        'worker', worker, 'ts', now)
+        'payload', ARGV[at + 6], 'handler', ARGV[at + 7], 'worker', worker, 'ts', now)
       dead = dead + 1
     end
   end
-  at, key = at + 7, key + 1
+  at, key = at + 10, key + 1
 end
 for _ = 1, n_rej do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
