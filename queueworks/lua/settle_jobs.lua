@@ -23,6 +23,7 @@ local now, worker, ttl = ARGV[2], ARGV[3], ARGV[4]
 local call = redis.call
 local ok, dead, rejected = 0, 0, 0
 local at, key = 9, 6
+local acked = {}  -- entries this call acked: deleted together, at the end
 
 local function reject(entry, why, payload)
   call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'entry', entry, 'job', '',
@@ -44,7 +45,7 @@ end
 
 for _ = 1, n_ok do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
-    call('XDEL', KEYS[1], ARGV[at])
+    acked[#acked + 1] = ARGV[at]
     local job, named = KEYS[key], ARGV[at + 6]
     if named == '1' and call('EXISTS', job) == 0 then
       reject(ARGV[at], 'no such job in this queue; its result was discarded', '')
@@ -58,7 +59,7 @@ for _ = 1, n_ok do
 end
 for _ = 1, n_dead do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
-    call('XDEL', KEYS[1], ARGV[at])
+    acked[#acked + 1] = ARGV[at]
     local job, named = KEYS[key], ARGV[at + 9]
     if named == '1' and call('EXISTS', job) == 0 then
       reject(ARGV[at], 'no such job in this queue; ' .. ARGV[at + 3], ARGV[at + 6])
@@ -75,10 +76,13 @@ for _ = 1, n_dead do
 end
 for _ = 1, n_rej do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
-    call('XDEL', KEYS[1], ARGV[at])
+    acked[#acked + 1] = ARGV[at]
     reject(ARGV[at], ARGV[at + 1], ARGV[at + 2])
   end
   at = at + 3
+end
+for i = 1, #acked, 1000 do  -- settled entries leave the stream (one XDEL per 1000)
+  call('XDEL', KEYS[1], unpack(acked, i, math.min(i + 999, #acked)))
 end
 for _ = 1, n_buckets do
   call('HINCRBYFLOAT', KEYS[4], ARGV[at], ARGV[at + 1])
