@@ -34,6 +34,7 @@ from controller.tally import Tally
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
+from queueworks.process import freeze_heap
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 
@@ -81,6 +82,7 @@ class Controller:
     def run(self) -> None:
         self.log.info("controller_starting", redis=redact_url(self.settings.redis_url))
         self.lease.start()
+        freeze_heap()  # everything above lives as long as the process
         backoff = 0.05
         while not self._stop.is_set():
             try:

@@ -19,6 +19,7 @@ from queueworks.connection import UNAVAILABLE, connect_settings, redact_url, tex
 from queueworks.keys import Keys, check_worker_id
 from queueworks.logs import get_logger
 from queueworks.models import ACTIVE_STATES, WorkerRecord
+from queueworks.process import freeze_heap
 from queueworks.records import registered_worker
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
@@ -105,6 +106,7 @@ class Worker:
         self.watcher.start()
         self.heartbeat.start()
         self.watchdog.start()
+        freeze_heap()  # everything above lives as long as the process
         try:
             self._serve()
         finally:
