@@ -26,9 +26,6 @@ from enum import Enum
 from types import FunctionType
 from typing import Any
 
-from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
-from redis.cluster import ClusterPipeline
-
 from queueworks import events
 from queueworks.connection import one_command, text
 from queueworks.keys import Keys, TaskKeys
@@ -193,23 +190,17 @@ class Queue:
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         One round trip."""
         job = new_job(self._path(handler), payload, delay, at)
-        r, now = self.client.redis, time.time()
-        if job.at is None and job.handler in self._known:
-            return Job(self, text(one_command(r, *xadd_now(self.keys, job, now))))
+        r, scripts, now = self.client.redis, self.client.scripts, time.time()
+        if job.handler in self._known:
+            if job.at is None:
+                return Job(self, text(one_command(r, *xadd_now(self.keys, job, now))))
+            return Job(self, job_ids(scripts.enqueue_jobs(self.keys, [job], now))[0])
         pipe = r.pipeline(transaction=False)
-        if job.handler not in self._known:
-            tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
-        if job.at is None and not is_cluster(pipe):
-            pipe.xadd(self.keys.stream, entry_of(job, now))  # type: ignore[arg-type]
-            reply = pipe.execute()[-1]
-        else:  # a delayed job; on a cluster pipeline, no XADD (a retry may send it twice)
-            pipe.execute()
-            reply = self._add([job], now)[0]
+        tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
+        called = scripts.enqueue_jobs(self.keys, [job], now, client=pipe)
+        replies = pipe.execute()
         self._known.add(job.handler)
-        return Job(self, text(reply))
-
-    def _add(self, jobs: Sequence[NewJob], now: float) -> list[str]:
-        return job_ids(self.client.scripts.enqueue_jobs(self.keys, jobs, now))
+        return Job(self, job_ids(replies[-1] if called is pipe else called)[0])
 
     def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
         """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
@@ -425,19 +416,10 @@ def no_job(queue: str, job_id: str) -> LookupError:
     return LookupError(f"queue {queue!r} has no job {job_id!r} (or it expired)")
 
 
-def entry_of(job: NewJob, now: float) -> dict[str, str]:
-    """The stream entry of a job to run now: all of it until it settles (the entry's id is
-    the job's)."""
-    return {"h": job.handler, "p": job.payload, "t": repr(now)}
-
-
 def xadd_now(qk: TaskKeys, job: NewJob, now: float) -> tuple[str, ...]:
-    """``entry_of`` as the arguments of its ``XADD``."""
+    """The ``XADD`` of a job to run now: its entry is all of it until it settles (the
+    entry's id is the job's)."""
     return ("XADD", qk.stream, "*", "h", job.handler, "p", job.payload, "t", repr(now))
-
-
-def is_cluster(pipe: Any) -> bool:
-    return isinstance(pipe, ClusterPipeline | AsyncClusterPipeline)
 
 
 def status_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:

@@ -20,15 +20,16 @@ from workers.ledger import Attempts
 from workers.work import Gone, Work
 
 
-def job_of(work: Work) -> JobRef | None:
+def job_of(work: Work, errors: str = "replace") -> JobRef | None:
     """Which job an entry holds (its own id, or the id it names); None for an entry that
-    holds no job (no handler or payload)."""
+    holds no job (no handler or payload). ``errors``: how its fields are decoded
+    (``"strict"``: ``UnicodeDecodeError`` for bytes that are no UTF-8)."""
     f = work.fields
     path, named = f.get(b"h"), f.get(b"j")
     if not path or b"p" not in f:
         return None
-    job_id = named.decode(errors="replace") if named else work.entry_id
-    handler, enqueued = path.decode(errors="replace"), f.get(b"t", b"").decode(errors="replace")
+    job_id = named.decode(errors=errors) if named else work.entry_id
+    handler, enqueued = path.decode(errors=errors), f.get(b"t", b"").decode(errors=errors)
     return JobRef(work.entry_id, job_id, handler, enqueued, "1" if named else "")
 
 

@@ -32,7 +32,7 @@ from queueworks.signals import ColdStop
 from workers.concurrent import Concurrently
 from workers.handlers import Handler, HandlerRefused, resolve
 from workers.inflight import Call, InFlight, is_async
-from workers.jobledger import JobLedger
+from workers.jobledger import JobLedger, job_of
 from workers.loop import Run
 from workers.work import Entries, Leave, Work
 
@@ -202,14 +202,13 @@ class QueueLoop:
         body_text = raw_payload.decode(errors="replace")
         try:
             payload = from_json(body_text, "field 'p'")
-            handler_path = path.decode()
-            enqueued = f[b"t"].decode() if b"t" in f else ""
-            handler = self._handler(handler_path)
+            ref = job_of(work, errors="strict")
+            assert ref is not None  # it has a handler and a payload
+            handler = self._handler(ref.handler)
         except (NotJSON, UnicodeDecodeError) as exc:
             ledger.reject(work, f"malformed entry: {exc}")
             return None
-        jid = named.decode() if named else work.entry_id  # a job to run now: its entry's id
-        ref = JobRef(work.entry_id, jid, handler_path, enqueued, "1" if named else "")
+        jid, enqueued = ref.job_id, ref.enqueued
         if isinstance(handler, HandlerRefused):
             if self._refuses(handler):
                 raise handler

@@ -33,8 +33,6 @@ from queueworks.queues import (
     QueueSettings,
     cancelled,
     check_created,
-    entry_of,
-    is_cluster,
     new_job,
     new_queue,
     opened_settings,
@@ -44,6 +42,7 @@ from queueworks.queues import (
     read_status,
     status_reads,
     tell_handlers,
+    xadd_now,
 )
 from queueworks.records import job_status
 from queueworks.scripts import NewJob, job_ids
@@ -119,21 +118,16 @@ class AsyncQueue:
             return []
         r, scripts, now = self.client.redis, self.client.scripts, time.time()
         new = {job.handler for batch in batches for job in batch} - self._known
-        lone = len(batches) == 1 and len(batches[0]) == 1 and batches[0][0].at is None
         if not new and len(batches) == 1:
-            if lone:
-                entry = entry_of(batches[0][0], now)
-                return [text(await r.xadd(self.keys.stream, entry))]  # type: ignore[arg-type]
+            if len(batches[0]) == 1 and batches[0][0].at is None:  # a lone job to run now
+                return [text(await r.execute_command(*xadd_now(self.keys, batches[0][0], now)))]
             return job_ids(await scripts.enqueue_jobs(self.keys, batches[0], now))
-        pipe: Any = r.pipeline(transaction=False)
+        pipe = r.pipeline(transaction=False)
         if new:
             tell_handlers(pipe, self.client.keys, self.keys, sorted(new))
-        if is_cluster(pipe):  # the scripts run at once there (see ``Call``): after the pipe
-            await pipe.execute()
-            pipe = None
         calls = [await scripts.enqueue_jobs(self.keys, b, now, client=pipe) for b in batches]
-        if pipe is not None:
-            replies = await pipe.execute()
+        replies = await pipe.execute()
+        if calls[0] is pipe:  # queued on it (a cluster pipeline ran them at once: see ``Call``)
             calls = replies[len(replies) - len(batches) :]
         self._known |= new
         return [job_id for reply in calls for job_id in job_ids(reply)]
