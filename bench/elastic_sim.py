@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, fields, replace
 
-from controller.allocator import Snapshot, TaskView, WorkerView, allocate
+from queueworks.controller.allocator import Snapshot, TaskView, WorkerView, allocate
 
 POLICIES = ("elastic", "static", "static-backfill")
 HIGH_PRIORITY = 10

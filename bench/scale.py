@@ -297,8 +297,8 @@ def rss(pid: int) -> float:
 
 
 def run_allocator(args: argparse.Namespace) -> dict[str, Any]:
-    from controller.allocator import Snapshot, TaskView, WorkerView, allocate
-    from controller.board import Board
+    from queueworks.controller.allocator import Snapshot, TaskView, WorkerView, allocate
+    from queueworks.controller.board import Board
     from tests.allocator_oracle import allocate as allocate_at_once
 
     def best(fn: Any, arg: Any) -> float:

@@ -37,8 +37,10 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from controller.board import Board
-from controller.views import (
+from queueworks.models import UNUSABLE, Refusal
+
+from .board import Board
+from .views import (
     FitKey,
     Snapshot,
     TaskView,
@@ -49,7 +51,6 @@ from controller.views import (
     may_run,
     rank,
 )
-from queueworks.models import UNUSABLE, Refusal
 
 __all__ = [
     "Board",

@@ -19,12 +19,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from controller.mirror import Mirror
-from controller.reads import WorkerRead, all_ids, read_workers
-from controller.tally import Tally
-from controller.writes import Writes
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
+
+from .mirror import Mirror
+from .reads import WorkerRead, all_ids, read_workers
+from .tally import Tally
+from .writes import Writes
 
 SUSPECTS = 1000  # workers checked for a lost heartbeat per look
 EVERY = 1.0  # s between two looks for suspects, sweep pages, expired index entries

@@ -22,7 +22,7 @@ import bisect
 from collections.abc import Callable
 from typing import Any
 
-from controller.views import FitKey, Snapshot, TaskView, WorkerView, matches, rank
+from .views import FitKey, Snapshot, TaskView, WorkerView, matches, rank
 
 ClassKey = tuple[FitKey, int]
 MEMO_LIMIT = 200_000  # (worker, fit) pairs remembered before the memo starts over

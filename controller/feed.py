@@ -22,9 +22,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.tally import Tally
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
+
+from .tally import Tally
 
 # kind -> (read the task again, read the worker again, read the task's refusals too)
 NAMES: dict[str, tuple[bool, bool, bool]] = {

@@ -34,10 +34,11 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from controller.tally import Tally
 from queueworks.connection import Connection
 from queueworks.keys import Keys
 from queueworks.scripts import ACTIVE, Scripts
+
+from .tally import Tally
 
 CALL_OPS = 2000  # ops per script call on one server: a call blocks Redis while it runs
 SLOTS = 16384

@@ -15,11 +15,12 @@ import threading
 import time
 from typing import Any
 
-from controller.tally import Tally
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.keys import Keys
 from queueworks.scripts import Scripts
+
+from .tally import Tally
 
 MARGIN = 0.2  # of the TTL: held() turns false this long before the lease could expire
 

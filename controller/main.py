@@ -26,17 +26,18 @@ import time
 import uuid
 from typing import Any
 
-from controller.feed import Feed, Gap
-from controller.fence import Fence, Fenced
-from controller.lease import Lease
-from controller.reconciler import PassStats, Reconciler
-from controller.tally import Tally
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.process import freeze_heap
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
+
+from .feed import Feed, Gap
+from .fence import Fence, Fenced
+from .lease import Lease
+from .reconciler import PassStats, Reconciler
+from .tally import Tally
 
 LEASE_POLL = 0.05  # s between two looks at whether the lease thread won the lease
 

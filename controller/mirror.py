@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.allocator import TaskView, WorkerView
-from controller.board import Board
 from queueworks.models import Refusal, TaskState
+
+from .allocator import TaskView, WorkerView
+from .board import Board
 
 
 @dataclass

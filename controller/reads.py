@@ -15,10 +15,11 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.tally import Tally
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
 from queueworks.records import TASK_FIELDS
+
+from .tally import Tally
 
 PAGE = 500  # ids per pipeline
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from controller.allocator import TaskView, WorkerView, why_waiting
-from controller.mirror import Mirror
+from .allocator import TaskView, WorkerView, why_waiting
+from .mirror import Mirror
 
 PER_PASS = 500  # tasks whose reason a pass checks because the pool changed
 

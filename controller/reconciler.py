@@ -21,12 +21,16 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from controller.allocator import Plan, allocate
-from controller.backstop import Backstop
-from controller.feed import Dirty
-from controller.fence import Fence
-from controller.mirror import Mirror, TaskRow
-from controller.reads import (
+from queueworks.connection import Connection, text
+from queueworks.keys import Keys
+from queueworks.models import TaskState, describe_error
+
+from .allocator import Plan, allocate
+from .backstop import Backstop
+from .feed import Dirty
+from .fence import Fence
+from .mirror import Mirror, TaskRow
+from .reads import (
     PAGE,
     TaskRead,
     WorkerRead,
@@ -39,14 +43,11 @@ from controller.reads import (
     read_workers,
     unindexed,
 )
-from controller.reasons import Reasons
-from controller.rows import Broken, Finished, differs, finished_row, task_row, task_state
-from controller.rows import worker_row as make_worker_row
-from controller.tally import Tally
-from controller.writes import Writes
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
-from queueworks.models import TaskState, describe_error
+from .reasons import Reasons
+from .rows import Broken, Finished, differs, finished_row, task_row, task_state
+from .rows import worker_row as make_worker_row
+from .tally import Tally
+from .writes import Writes
 
 RELEASED_KEPT = 10_000  # released task ids remembered (their members' leaves need no read)
 

@@ -6,11 +6,12 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any
 
-from controller.mirror import TaskRow, WorkerRow
-from controller.reads import TaskRead, WorkerRead
 from queueworks.connection import text
 from queueworks.models import Refusal, StoredSpec, TaskState, WorkerRecord
 from queueworks.records import TASK_FIELDS, task_fields
+
+from .mirror import TaskRow, WorkerRow
+from .reads import TaskRead, WorkerRead
 
 DEFAULT_TTL = 86400.0  # a finished task whose spec cannot be read expires after a day
 _CREATED = TASK_FIELDS.index("created_at")

@@ -13,12 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from controller.fence import Batch
-from controller.mirror import Mirror, TaskRow
 from queueworks import events
 from queueworks.events import EVENTS_MAXLEN
 from queueworks.keys import Keys
 from queueworks.models import TaskState
+
+from .fence import Batch
+from .mirror import Mirror, TaskRow
 
 Done = Callable[[int], None]
 

@@ -128,7 +128,7 @@ def worker(
 
     SIGTERM or SIGINT: warm stop (finish or abort the step, leave the node set, exit 0); a
     second signal, or the grace period running out, interrupts the handler."""
-    from workers.worker import Worker
+    from queueworks.workers.worker import Worker
 
     settings = settings_from_flags(**flags)
     labels = _labels(label)
@@ -171,7 +171,7 @@ def controller(**flags: Any) -> None:
     """Give tasks their node sets and keep them sized.
 
     Run two or more: one holds the leader lease, the others stand by."""
-    from controller.main import Controller
+    from queueworks.controller.main import Controller
 
     settings = settings_from_flags(**flags)
     try:

@@ -6,7 +6,7 @@ Only ``_max`` changed: it honours ``TaskView.want`` the way the allocator docume
 from collections.abc import Iterable
 from types import MappingProxyType
 
-from controller.allocator import Plan, Snapshot, TaskView, matches
+from queueworks.controller.allocator import Plan, Snapshot, TaskView, matches
 
 
 def allocate(snapshot: Snapshot) -> Plan:

@@ -7,7 +7,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, matches
+from queueworks.controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, matches
 
 PROPS = settings(max_examples=300, deadline=None)
 
@@ -365,7 +365,7 @@ def _levels(board: Any) -> list[Any]:
 def test_a_board_updated_view_by_view_plans_as_one_built_at_once(
     a: Snapshot, b: Snapshot, rnd: Any
 ) -> None:
-    from controller.board import Board
+    from queueworks.controller.board import Board
 
     board = Board.of(a)
     steps: list[tuple[str, Any]] = [("drop_task", t.id) for t in a.tasks]

@@ -22,9 +22,9 @@ import redis
 
 from queueworks import Client, SubmitError, TaskSpec, TaskState
 from queueworks.models import parse_handler_path
+from queueworks.workers.handlers import HandlerRefused, allowed, resolve
 from tests.conftest import ROOT, Cluster
 from tests.handlers_poison import NOT_JSON
-from workers.handlers import HandlerRefused, allowed, resolve
 
 EXAMPLES = ["queueworks.examples"]
 

@@ -344,9 +344,9 @@ def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, pr
     """Issue 19: a new leader seals every slot with its term before it reads; from then on
     a write of an older term is refused wherever it goes (an assignment, a task record, the
     events), and its own land."""
-    from controller.fence import Batch, Fence, Fenced
-    from controller.tally import Tally
     from queueworks import events
+    from queueworks.controller.fence import Batch, Fence, Fenced
+    from queueworks.controller.tally import Tally
     from queueworks.scripts import Scripts
 
     keys, scripts = Keys(prefix), Scripts(rc)

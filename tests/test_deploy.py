@@ -309,8 +309,22 @@ def test_dockerfile_builds_one_non_root_image_from_the_context(tmp_path: Path) -
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("queueworks/cli.py", "queueworks/lua/join.lua", "queueworks/examples.py"):
         assert needed in names, needed
-    assert any(n.startswith("workers/") for n in names)
-    assert any(n.startswith("controller/") for n in names)
+    # one top-level import name: the worker and controller packages are installed under it
+    top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top == {"queueworks"}, top
+    # every package of the repository is in it, the worker's and controller's under queueworks/
+    packages = {
+        i.parent.relative_to(ROOT).as_posix() for i in ROOT.glob("queueworks/**/__init__.py")
+    }
+    packages |= {
+        f"queueworks/{i.parent.relative_to(ROOT).as_posix()}"
+        for part in ("workers", "controller")
+        for i in ROOT.glob(f"{part}/**/__init__.py")
+    }
+    missing = {p for p in packages if f"{p}/__init__.py" not in names}
+    assert not missing, f"packages left out of the wheel (pyproject.toml packages): {missing}"
+    (top_level,) = [n for n in names if n.endswith(".dist-info/top_level.txt")]
+    assert zipfile.ZipFile(wheel).read(top_level).split() == [b"queueworks"]
     assert not any("__pycache__" in n or n.startswith("tests/") for n in names)
 
 

@@ -35,8 +35,8 @@ from queueworks.keys import Keys
 from queueworks.messages import BadMessage, decode_entry, to_json
 from queueworks.models import StoredSpec, WorkerRecord, parse_handler_path
 from queueworks.records import worker_record
+from queueworks.workers.handlers import HandlerRefused, resolve
 from tests.conftest import Cluster, wait_for
-from workers.handlers import HandlerRefused, resolve
 
 FUZZ = settings(
     max_examples=300,

@@ -15,11 +15,11 @@ from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import PARKED
 from queueworks.models import StoredSpec
 from queueworks.scripts import DeadEntry, Scripts
-from workers.heartbeat import NodeState
-from workers.ledger import Ledger
-from workers.membership import Membership
-from workers.reclaim import Reclaim
-from workers.work import Work
+from queueworks.workers.heartbeat import NodeState
+from queueworks.workers.ledger import Ledger
+from queueworks.workers.membership import Membership
+from queueworks.workers.reclaim import Reclaim
+from queueworks.workers.work import Work
 
 LOG = structlog.get_logger("test")
 

@@ -66,8 +66,8 @@ def load(source: Path | bytes, cfg: Config) -> tuple[float, dict[str, int]]:
 
 def test_import_queueworks_does_not_import_torch() -> None:
     code = (
-        "import sys, queueworks, queueworks.client, queueworks.cli, workers.worker, "
-        "workers.steps; assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys, queueworks, queueworks.client, queueworks.cli, queueworks.workers.worker, "
+        "queueworks.workers.steps; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 

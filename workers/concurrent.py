@@ -20,11 +20,12 @@ from collections import deque
 from typing import Protocol
 
 from queueworks.signals import ColdStop
-from workers.handlers import HandlerRefused
-from workers.inflight import Call, InFlight
-from workers.ledger import Attempts
-from workers.loop import Run
-from workers.work import Leave, Work
+
+from .handlers import HandlerRefused
+from .inflight import Call, InFlight
+from .ledger import Attempts
+from .loop import Run
+from .work import Leave, Work
 
 WAIT_SECONDS = 0.02  # how long a turn waits for a call to finish before looking around
 FLUSH_SECONDS = 0.05  # settle at least this often while calls run

@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from workers.watchdog import Slot, TimedOut, Watchdog, timed_out
+from .watchdog import Slot, TimedOut, Watchdog, timed_out
 
 
 def is_async(fn: Callable[..., Any]) -> bool:

@@ -16,8 +16,9 @@ from queueworks import events
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.scripts import JobBatch, JobRef
-from workers.ledger import Attempts
-from workers.work import Gone, Work
+
+from .ledger import Attempts
+from .work import Gone, Work
 
 
 def job_of(work: Work, errors: str = "replace") -> JobRef | None:

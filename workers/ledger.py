@@ -20,8 +20,9 @@ from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import safe_text
 from queueworks.models import StoredSpec
 from queueworks.scripts import DeadEntry, Scripts
-from workers.heartbeat import NodeState
-from workers.work import Gone, Work
+
+from .heartbeat import NodeState
+from .work import Gone, Work
 
 Succeeded = list[tuple[str, int, str]]  # (entry id, index, result JSON) of one stream
 

@@ -14,14 +14,15 @@ from queueworks.connection import Connection
 from queueworks.keys import Keys, TaskKeys
 from queueworks.models import StoredSpec
 from queueworks.scripts import Scripts
-from workers.handlers import Handler, HandlerRefused
-from workers.heartbeat import NodeState
-from workers.inflight import EventLoop
-from workers.ledger import Attempts
-from workers.membership import Membership
-from workers.reclaim import Reclaim
-from workers.watchdog import Watchdog
-from workers.work import Work
+
+from .handlers import Handler, HandlerRefused
+from .heartbeat import NodeState
+from .inflight import EventLoop
+from .ledger import Attempts
+from .membership import Membership
+from .reclaim import Reclaim
+from .watchdog import Watchdog
+from .work import Work
 
 
 class Run(Protocol):

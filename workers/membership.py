@@ -24,7 +24,8 @@ from queueworks.membership import Roster, roster_of
 from queueworks.models import Role
 from queueworks.records import idle_worker, member_of
 from queueworks.scripts import Joined, Queued, Scripts, fields_of
-from workers.heartbeat import NodeState
+
+from .heartbeat import NodeState
 
 HISTORY_MAXLEN = 1000
 

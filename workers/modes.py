@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from workers.loop import ModeLoop, Run
-from workers.queues import QueueLoop
-from workers.steps import StepLoop
-from workers.subtasks import SubtaskLoop
+from .loop import ModeLoop, Run
+from .queues import QueueLoop
+from .steps import StepLoop
+from .subtasks import SubtaskLoop
 
 Mode = Callable[[Run], ModeLoop]
 

@@ -29,12 +29,13 @@ from queueworks.models import NOT_ALLOWED, parse_handler_path
 from queueworks.queues import IDLE_AFTER
 from queueworks.scripts import JobRef
 from queueworks.signals import ColdStop
-from workers.concurrent import Concurrently
-from workers.handlers import Handler, HandlerRefused, resolve
-from workers.inflight import Call, InFlight, is_async
-from workers.jobledger import JobLedger, job_of
-from workers.loop import Run
-from workers.work import Entries, Leave, Work
+
+from .concurrent import Concurrently
+from .handlers import Handler, HandlerRefused, resolve
+from .inflight import Call, InFlight, is_async
+from .jobledger import JobLedger, job_of
+from .loop import Run
+from .work import Entries, Leave, Work
 
 BLOCK_MS = 100  # a member waits this long on the stream per read, then looks around
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often

@@ -23,7 +23,8 @@ from typing import Any
 from queueworks.connection import Connection, text
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.scripts import Claimed, Scripts
-from workers.work import Gone, Work
+
+from .work import Gone, Work
 
 RECLAIM_BATCH = 500  # XPENDING/XCLAIM batch: large batches stall the server
 

@@ -25,16 +25,17 @@ from queueworks.keys import Keys
 from queueworks.membership import Roster
 from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_error
 from queueworks.scripts import Scripts
-from workers.handlers import Handler, HandlerRefused, resolve
-from workers.heartbeat import Heartbeat, NodeState
-from workers.inflight import EventLoop
-from workers.ledger import Attempts
-from workers.loop import ReadsAtJoin
-from workers.membership import Membership
-from workers.modes import MODES
-from workers.reclaim import Consumers, Reclaim
-from workers.watchdog import Watchdog
-from workers.work import Leave, Work, in_stream_order
+
+from .handlers import Handler, HandlerRefused, resolve
+from .heartbeat import Heartbeat, NodeState
+from .inflight import EventLoop
+from .ledger import Attempts
+from .loop import ReadsAtJoin
+from .membership import Membership
+from .modes import MODES
+from .reclaim import Consumers, Reclaim
+from .watchdog import Watchdog
+from .work import Leave, Work, in_stream_order
 
 
 @dataclass(frozen=True)

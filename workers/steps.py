@@ -44,9 +44,10 @@ from queueworks.models import Role, TaskState
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED
 from queueworks.signals import ColdStop
 from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
-from workers.ledger import Ledger
-from workers.loop import Run
-from workers.work import Leave, Work
+
+from .ledger import Ledger
+from .loop import Run
+from .work import Leave, Work
 
 COMMIT, ABORT, FENCED = "commit", "abort", "fenced"
 FORM_BACKOFF = 0.02  # seconds between attempts to form a group (unless the set changes)

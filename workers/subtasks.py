@@ -11,11 +11,12 @@ from queueworks.context import SubtaskContext, Suspended
 from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of
 from queueworks.signals import ColdStop
-from workers.concurrent import Concurrently
-from workers.inflight import Call, InFlight, is_async
-from workers.ledger import Ledger
-from workers.loop import Run
-from workers.work import Batches, Entries, Work
+
+from .concurrent import Concurrently
+from .inflight import Call, InFlight, is_async
+from .ledger import Ledger
+from .loop import Run
+from .work import Batches, Entries, Work
 
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once (fewer for slow handlers)

@@ -23,10 +23,11 @@ from queueworks.process import freeze_heap
 from queueworks.records import registered_worker
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
-from workers.heartbeat import Heartbeat, NodeState
-from workers.runtime import TaskRun, WorkerParts
-from workers.watchdog import Watchdog
-from workers.watcher import Watcher
+
+from .heartbeat import Heartbeat, NodeState
+from .runtime import TaskRun, WorkerParts
+from .watchdog import Watchdog
+from .watcher import Watcher
 
 REFUSE_AGAIN = 5.0  # s between two refusals of a task the controller keeps giving us
 
