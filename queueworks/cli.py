@@ -1,5 +1,5 @@
 """The ``queueworks`` command: worker, controller, submit, enqueue (``cli_enqueue``), info,
-dead, health, dashboard, demo.
+dead, health, dashboard, demo, redis (``cli_redis``).
 
 Settings come from flags and ``QUEUEWORKS_*`` environment variables (flags win); every
 option's help names its default and its variable, both read from ``Settings``. Expected
@@ -40,6 +40,7 @@ from queueworks.cli_options import (
     settings_from_flags,
     task_id_param,
 )
+from queueworks.cli_redis import redis_command
 from queueworks.signals import ColdStop, install_stop_signals
 
 
@@ -64,6 +65,7 @@ def main(debug: bool) -> None:
 
 
 main.add_command(enqueue)
+main.add_command(redis_command)
 
 
 def _labels(items: tuple[str, ...]) -> dict[str, str]:

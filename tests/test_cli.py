@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -331,3 +332,67 @@ def test_submit_wait_says_why_a_task_waits_and_times_out(
         "prefixes are queueworks.examples"
     ) in res.stderr, res.stderr
     assert "did not finish within 3.0 s" in res.stderr
+
+
+# -- queueworks redis: the embedded server for development ----------------------------------
+
+
+def _redis_command(port: int, data: Path) -> subprocess.Popen[str]:
+    args = ["redis", "--port", str(port), "--dir", str(data)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "queueworks", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _answers(port: int) -> bool:
+    client = redis.Redis(port=port, socket_connect_timeout=0.5, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+    finally:
+        client.close()
+
+
+def test_redis_command_serves_until_a_signal_and_keeps_its_dir(tmp_path: Path) -> None:
+    port, data = free_port(), tmp_path / "data"
+    for stop, value in ((signal.SIGINT, "kept"), (signal.SIGTERM, None)):
+        proc = _redis_command(port, data)
+        try:
+            started = wait_for(
+                lambda p=proc: _answers(port) or p.poll() is not None, 20, "the server answers"
+            )
+            assert started and proc.poll() is None, proc.communicate()
+            server = redis.Redis(port=port)
+            if value is None:  # the second start: the first one's data is there
+                assert server.get("k") == b"kept"
+            else:
+                server.set("k", value)
+            notify = server.config_get("notify-keyspace-events")["notify-keyspace-events"]
+            assert set(str(notify)) == set("K$gx")  # what the processes listen to
+            server.close()
+            proc.send_signal(stop)
+            out, err = proc.communicate(timeout=20)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, (out, err)
+        assert f"on redis://127.0.0.1:{port}/0 (data in {data})" in out, out
+        assert f"export QUEUEWORKS_REDIS_URL=redis://127.0.0.1:{port}/0" in out, out
+        assert out.rstrip().endswith("stopped") and not err, (out, err)
+        assert not _answers(port)  # stopped with us, not left behind
+    assert (data / "appendonlydir").is_dir()
+
+
+def test_redis_command_on_a_port_in_use_is_one_line(closed_url: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = cli(["redis", "--port", str(port)], closed_url)
+    one_line_error(res, 1, f"port {port} on 127.0.0.1 is in use", "--port")

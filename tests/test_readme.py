@@ -1,21 +1,39 @@
-"""The README stays true: its Python examples and its demo command run as written."""
+"""The README stays true: its first handler, its Python examples and its demo command run
+as written, and so do the docs' examples (tasks, queues, asyncio)."""
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import redis
 
-from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module
+from queueworks.redis_server import free_port
+from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module, wait_for
 
 README = (ROOT / "README.md").read_text()
 
 
 def python_blocks(text: str = README) -> list[str]:
     return re.findall(r"```python\n(.*?)```", text, flags=re.S)
+
+
+def bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+
+
+def section(text: str, heading: str) -> str:
+    """The text under ``## heading``, up to the next ``## `` heading."""
+    found = re.search(rf"^## {re.escape(heading)}\n(.*?)(?=^## |\Z)", text, flags=re.M | re.S)
+    assert found, f"README.md has a section {heading!r}"
+    return found.group(1)
 
 
 def run_blocks(
@@ -40,8 +58,102 @@ def run_blocks(
             r.delete(key)
 
 
-def test_readme_python_examples_run(redis_url: str, tmp_path: Path) -> None:
-    run_blocks(python_blocks(), "README.md", redis_url, tmp_path)
+def command(line: str, env: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """A README line ``[VAR=value ...] queueworks ARGS  # comment`` as a process to start:
+    ``python -P -m queueworks ARGS`` (``-P``: as the installed ``queueworks`` script, it
+    does not put the current folder on ``sys.path``), with its variables set (a
+    ``PYTHONPATH`` given keeps this checkout's code importable after it)."""
+    words = shlex.split(line, comments=True)
+    env = dict(env)
+    while "=" in words[0]:
+        name, value = words.pop(0).split("=", 1)
+        env[name] = f"{value}{os.pathsep}{ROOT}" if name == "PYTHONPATH" else value
+    assert words[0] == "queueworks", line
+    return [sys.executable, "-P", "-m", "queueworks", *words[1:]], env
+
+
+@contextmanager
+def processes(logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    """Processes started in the block, each logging to a file in ``logs``; on the way out,
+    SIGTERM (a warm stop) to each, newest first, and the logs of any failure."""
+    logs.mkdir()
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        yield procs
+    except BaseException:
+        for log in sorted(logs.iterdir()):
+            print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    finally:
+        for proc in reversed(procs):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+def test_readme_first_handler_runs(tmp_path: Path) -> None:
+    """'Your first handler' as a newcomer follows it, in a new folder: myjobs.py as the
+    README shows it; its commands started there as written (the server on a free port
+    instead of 6379, the others told its URL), the worker twice; then its Python example
+    and its shell examples, run there. Every Python example of the README is in it."""
+    text = section(README, "Your first handler")
+    module, example = python_blocks(text)
+    assert python_blocks() == [module, example], "a README example outside the section"
+    assert module.startswith("# myjobs.py\n"), module
+    folder = tmp_path / "first"
+    folder.mkdir()
+    (folder / "myjobs.py").write_text(module)
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("QUEUEWORKS_")}
+    env |= {"QUEUEWORKS_REDIS_URL": url, "PYTHONPATH": str(ROOT)}
+    starts, shell = bash_blocks(text)
+    lines = starts.strip().splitlines()
+    assert [shlex.split(line, comments=True)[-3:] for line in lines[1:]] == [
+        ["queueworks", "controller"],
+        ["worker", "--allow", "myjobs"],
+    ], lines
+    r = redis.Redis.from_url(url)
+
+    def start(name: str, line: str, *more: str) -> None:
+        argv, proc_env = command(line, env)
+        log = (tmp_path / "logs" / f"{name}.log").open("wb")
+        procs.append(
+            subprocess.Popen([*argv, *more], cwd=folder, env=proc_env, stdout=log, stderr=log)
+        )
+
+    with processes(tmp_path / "logs") as procs:
+        assert shlex.split(lines[0], comments=True) == ["queueworks", "redis"], lines[0]
+        start("redis", lines[0], "--port", str(port))
+        wait_for(lambda: _pings(r), 20, "the README's Redis answers")
+        start("controller", lines[1])
+        start("worker1", lines[2])
+        start("worker2", lines[2])  # "start a second one the same way"
+        wait_for(lambda: r.zcard("qw:workers") >= 2, 30, "the README's two workers registered")
+        code = example.replace("redis://localhost:6379/0", url)
+        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+        enqueue, info = (line for line in shell.strip().splitlines())
+        for line, expect in ((enqueue, r"\n49\n$"), (info, r"maths")):
+            argv, proc_env = command(line, env)
+            out = subprocess.run(argv, cwd=folder, env=proc_env, capture_output=True, text=True)
+            assert out.returncode == 0, (line, out.stdout, out.stderr)
+            assert re.search(expect, out.stdout), (line, out.stdout)
+
+
+def _pings(r: redis.Redis) -> bool:
+    try:
+        return bool(r.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_tasks_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
+    page = (ROOT / "docs" / "tasks.md").read_text()
+    run_blocks(python_blocks(page), "docs/tasks.md", redis_url, tmp_path)
 
 
 def test_queue_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
