@@ -29,6 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from queueworks import Client, SubtaskContext, TaskSpec, TaskState
 from queueworks.admin import Admin, AdminError
 from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
+from queueworks.dashboard.pages import chart
 from queueworks.dashboard.throughput import Throughput
 from queueworks.keys import Keys
 from queueworks.messages import partition_of
@@ -271,8 +272,45 @@ def test_throughput_samples_count_progress_once(client: Client, r: redis.Redis, 
     assert tp.sample(r, keys, now=t0 + 4) == 20
     assert tp.sample(r, keys, now=t0 + 6) == 0
     series = tp.series(now=t0 + 9.5)
-    assert len(series) == 6
-    assert sum(v * 10 for _, v in series[:-1]) + series[-1][1] * 9.5 == pytest.approx(40)
+    assert len(series) == 6 and series[-1][0] == t0
+    assert [v for _, v in series[:-1]] == [0.0] * 5
+    assert series[-1][1] * 6 == pytest.approx(40)  # over the 6 s the samples cover
+
+
+@pytest.mark.parametrize("intervals", [(2.0,), (1.7, 2.3), (0.9, 3.1, 2.0)])
+def test_a_steady_throughput_shows_steadily_at_every_phase(
+    client: Client, r: redis.Redis, keys: Keys, intervals: tuple[float, ...]
+) -> None:
+    """50 subtasks/s, sampled every ~2 s (as the app does, or irregularly): the current
+    bucket, the "now" of the overview, and every bucket the samples covered say 50/s,
+    whatever the phase of the 10 s buckets (the current one was 0/s for its first ~2 s)."""
+    task = client.submit(
+        TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}] * 10)
+    )
+    rec = keys.task(task.id).record
+    tp = Throughput(window=300, bucket=10)
+    rate, t = 50.0, 1_000_000.37
+    tp.sample(r, keys, now=t)
+    started = t
+    checked = set()
+    for step in range(180):  # ~360 s of samples: longer than the window
+        interval = intervals[step % len(intervals)]
+        t += interval
+        r.hincrby(rec, "done", round(rate * interval))
+        assert tp.sample(r, keys, now=t) == round(rate * interval)
+        until_next = round(intervals[(step + 1) % len(intervals)] * 10)
+        for k in range(until_next if step % 3 == 0 or step >= 150 else 1):
+            now = t + k / 10  # any time until the next sample (to 0.1 s)
+            series = tp.series(now=now)
+            assert len(series) == 30
+            starts = [s for s, _ in series]
+            assert starts == sorted(starts) and starts[-1] <= now < starts[-1] + 20
+            assert series[-1][1] == pytest.approx(rate), (step, k, now, series[-3:])
+            assert chart(series)["last"] == pytest.approx(rate)
+            covered = [v for s, v in series if s + 10 > started]
+            assert covered == pytest.approx([rate] * len(covered)), (step, k)
+            checked.add(round(now % 10, 1))
+    assert len(checked) >= 99  # every phase of the bucket, to 0.1 s
 
 
 # -- actions -------------------------------------------------------------------------------
