@@ -7,8 +7,10 @@ httpx.Client. Budget: ~25 s on this machine.
 
 from __future__ import annotations
 
+import html
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -310,6 +313,58 @@ def test_a_steady_throughput_shows_steadily_at_every_phase(
             assert covered == pytest.approx([rate] * len(covered)), (step, k)
             checked.add(round(now % 10, 1))
     assert len(checked) >= 99  # every phase of the bucket, to 0.1 s
+
+
+def links(page: str, label: str) -> list[str]:
+    """The addresses of the page's links whose text starts with ``label``."""
+    return [
+        html.unescape(h)
+        for h, text in re.findall(r'<a href="([^"]*)"[^>]*>([^<]*)', page)
+        if text.strip().startswith(label)
+    ]
+
+
+def test_the_task_list_filters_by_state_and_pages_keep_the_filter(client: Client) -> None:
+    spec = TaskSpec(name="f", handler="tests.handlers:double", subtasks=[{"x": 1}])
+    tasks = [client.submit(spec.model_copy(update={"name": f"t{i}"})) for i in range(7)]
+    for t in tasks[:5]:
+        t.cancel()
+    cancelled = {t.id for t in tasks[:5]}
+    with make_app(client, page_size=2) as web:
+        seen: list[str] = []
+        url = "/tasks?state=cancelled&x=kept"
+        for page in (1, 2, 3):
+            got = web.get(url)
+            assert got.status_code == 200
+            rows = re.findall(r'data-task="([^"]+)"', got.text)
+            assert len(rows) == (1 if page == 3 else 2) and set(rows) <= cancelled, (page, rows)
+            seen += rows
+            assert f"page {page} of 3 · 5 tasks" in got.text
+            filters = got.text.split('<nav class="filters">')[1].split("</nav>")[0]
+            (on,) = re.findall(r'<a href="([^"]*)" class="on">', filters)
+            assert "state=cancelled" in html.unescape(on)
+            older = links(got.text, "older")
+            if page == 3:
+                assert older == []
+                (newer,) = links(got.text, "← newer")
+                assert parse_qs(urlsplit(newer).query) == {
+                    "state": ["cancelled"],
+                    "x": ["kept"],
+                    "page": ["2"],
+                }
+                break
+            (url,) = older
+            assert parse_qs(urlsplit(url).query) == {
+                "state": ["cancelled"],
+                "x": ["kept"],
+                "page": [str(page + 1)],
+            }
+        assert sorted(seen) == sorted(cancelled)
+        failed = web.get("/tasks?state=failed").text
+        assert "No failed tasks." in failed and "Macro" not in failed
+        queued = web.get("/tasks?state=queued&page=9").text  # past the end: the last page
+        assert set(re.findall(r'data-task="([^"]+)"', queued)) == {t.id for t in tasks[5:]}
+        assert "No  tasks." not in web.get("/tasks?state=bogus").text
 
 
 # -- actions -------------------------------------------------------------------------------
