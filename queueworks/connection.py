@@ -39,7 +39,9 @@ if TYPE_CHECKING:
 # Longer than any BLOCK the processes use: a blocking read must not hit the socket timeout.
 SOCKET_TIMEOUT = 30.0
 # Userinfo runs to the LAST "@" before the query: a password may hold an unencoded "@".
-_CREDENTIALS = re.compile(r"(?P<scheme>[a-z+]+://)(?P<cred>[^?#]*)@")
+# Linear in the text it scans (error texts, tracebacks of any length): a scheme starts
+# where no letter precedes it, and userinfo is at most 1,024 characters.
+_CREDENTIALS = re.compile(r"(?<![a-z+])(?P<scheme>[a-z+]+://)(?P<cred>[^?#]{0,1024})@")
 _SECRET_PARAMS = re.compile(r"(?P<name>[?&](?:sentinel_)?password=)[^&#]*", re.IGNORECASE)
 
 CLUSTER_SCHEMES = ("redis+cluster", "rediss+cluster")

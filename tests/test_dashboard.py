@@ -7,6 +7,7 @@ httpx.Client. Budget: ~25 s on this machine.
 
 from __future__ import annotations
 
+import html
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -29,6 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from queueworks import Client, SubtaskContext, TaskSpec, TaskState
 from queueworks.admin import Admin, AdminError
 from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
+from queueworks.dashboard.pages import chart
 from queueworks.dashboard.throughput import Throughput
 from queueworks.keys import Keys
 from queueworks.messages import partition_of
@@ -271,8 +274,97 @@ def test_throughput_samples_count_progress_once(client: Client, r: redis.Redis, 
     assert tp.sample(r, keys, now=t0 + 4) == 20
     assert tp.sample(r, keys, now=t0 + 6) == 0
     series = tp.series(now=t0 + 9.5)
-    assert len(series) == 6
-    assert sum(v * 10 for _, v in series[:-1]) + series[-1][1] * 9.5 == pytest.approx(40)
+    assert len(series) == 6 and series[-1][0] == t0
+    assert [v for _, v in series[:-1]] == [0.0] * 5
+    assert series[-1][1] * 6 == pytest.approx(40)  # over the 6 s the samples cover
+
+
+@pytest.mark.parametrize("intervals", [(2.0,), (1.7, 2.3), (0.9, 3.1, 2.0)])
+def test_a_steady_throughput_shows_steadily_at_every_phase(
+    client: Client, r: redis.Redis, keys: Keys, intervals: tuple[float, ...]
+) -> None:
+    """50 subtasks/s, sampled every ~2 s (as the app does, or irregularly): the current
+    bucket, the "now" of the overview, and every bucket the samples covered say 50/s,
+    whatever the phase of the 10 s buckets (the current one was 0/s for its first ~2 s)."""
+    task = client.submit(
+        TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}] * 10)
+    )
+    rec = keys.task(task.id).record
+    tp = Throughput(window=300, bucket=10)
+    rate, t = 50.0, 1_000_000.37
+    tp.sample(r, keys, now=t)
+    started = t
+    checked = set()
+    for step in range(180):  # ~360 s of samples: longer than the window
+        interval = intervals[step % len(intervals)]
+        t += interval
+        r.hincrby(rec, "done", round(rate * interval))
+        assert tp.sample(r, keys, now=t) == round(rate * interval)
+        until_next = round(intervals[(step + 1) % len(intervals)] * 10)
+        for k in range(until_next if step % 3 == 0 or step >= 150 else 1):
+            now = t + k / 10  # any time until the next sample (to 0.1 s)
+            series = tp.series(now=now)
+            assert len(series) == 30
+            starts = [s for s, _ in series]
+            assert starts == sorted(starts) and starts[-1] <= now < starts[-1] + 20
+            assert series[-1][1] == pytest.approx(rate), (step, k, now, series[-3:])
+            assert chart(series)["last"] == pytest.approx(rate)
+            covered = [v for s, v in series if s + 10 > started]
+            assert covered == pytest.approx([rate] * len(covered)), (step, k)
+            checked.add(round(now % 10, 1))
+    assert len(checked) >= 99  # every phase of the bucket, to 0.1 s
+
+
+def links(page: str, label: str) -> list[str]:
+    """The addresses of the page's links whose text starts with ``label``."""
+    return [
+        html.unescape(h)
+        for h, text in re.findall(r'<a href="([^"]*)"[^>]*>([^<]*)', page)
+        if text.strip().startswith(label)
+    ]
+
+
+def test_the_task_list_filters_by_state_and_pages_keep_the_filter(client: Client) -> None:
+    spec = TaskSpec(name="f", handler="tests.handlers:double", subtasks=[{"x": 1}])
+    tasks = [client.submit(spec.model_copy(update={"name": f"t{i}"})) for i in range(7)]
+    for t in tasks[:5]:
+        t.cancel()
+    cancelled = {t.id for t in tasks[:5]}
+    with make_app(client, page_size=2) as web:
+        seen: list[str] = []
+        url = "/tasks?state=cancelled&x=kept"
+        for page in (1, 2, 3):
+            got = web.get(url)
+            assert got.status_code == 200
+            rows = re.findall(r'data-task="([^"]+)"', got.text)
+            assert len(rows) == (1 if page == 3 else 2) and set(rows) <= cancelled, (page, rows)
+            seen += rows
+            assert f"page {page} of 3 · 5 tasks" in got.text
+            filters = got.text.split('<nav class="filters">')[1].split("</nav>")[0]
+            (on,) = re.findall(r'<a href="([^"]*)" class="on">', filters)
+            assert "state=cancelled" in html.unescape(on)
+            older = links(got.text, "older")
+            if page == 3:
+                assert older == []
+                (newer,) = links(got.text, "← newer")
+                assert parse_qs(urlsplit(newer).query) == {
+                    "state": ["cancelled"],
+                    "x": ["kept"],
+                    "page": ["2"],
+                }
+                break
+            (url,) = older
+            assert parse_qs(urlsplit(url).query) == {
+                "state": ["cancelled"],
+                "x": ["kept"],
+                "page": [str(page + 1)],
+            }
+        assert sorted(seen) == sorted(cancelled)
+        failed = web.get("/tasks?state=failed").text
+        assert "No failed tasks." in failed and "Macro" not in failed
+        queued = web.get("/tasks?state=queued&page=9").text  # past the end: the last page
+        assert set(re.findall(r'data-task="([^"]+)"', queued)) == {t.id for t in tasks[5:]}
+        assert "No  tasks." not in web.get("/tasks?state=bogus").text
 
 
 # -- actions -------------------------------------------------------------------------------
@@ -592,12 +684,24 @@ def test_info_watch_refreshes(redis_url: str, prefix: str, client: Client) -> No
         stderr=subprocess.PIPE,
         cwd=ROOT,
     )
-    try:
-        time.sleep(2.5)
+    lines: list[str] = []
+    assert p.stdout is not None
+    reader = threading.Thread(
+        target=lambda: lines.extend(x.decode() for x in p.stdout), daemon=True
+    )
+    reader.start()
+
+    def renders() -> int:
+        return sum(1 for x in list(lines) if x.strip() == "1 task(s)")
+
+    try:  # three renders, however loaded the machine (the interval is 0.2 s)
+        wait_for(lambda: renders() >= 3 or p.poll() is not None, 60, "three renders")
     finally:
         p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=10)
-    text = out.decode()
-    renders = len(re.findall(r"^1 task\(s\)$", text, flags=re.M))
-    assert renders >= 3, (text[-500:], err.decode()[-500:])
+        p.wait(10)
+        reader.join(10)
+    assert p.stderr is not None
+    err = p.stderr.read()
+    text = "".join(lines)
+    assert renders() >= 3, (text[-500:], err.decode()[-500:])
     assert "watched" in text and "queued" in text

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from collections.abc import Iterator
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
@@ -20,13 +22,15 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from queueworks import Client, TaskSpec
+from queueworks.dashboard.templating import quantile_text
+from queueworks.dashboard.views import LatencyBucket, QueueDetail
 from queueworks.keys import Keys
 from queueworks.models import JobState, TaskState
 from queueworks.queues import JobFailed
 from queueworks.redis_server import free_port
 from tests.conftest import Cluster, wait_for
 from tests.test_cli import cli, one_line_error
-from tests.test_dashboard import make_app, metric_values, post
+from tests.test_dashboard import links, make_app, metric_values, post
 
 HISTOGRAM = "queueworks_queue_enqueue_to_start_seconds"
 
@@ -258,6 +262,129 @@ def test_requeue_from_the_dashboard_runs_a_dead_job_again(
     refused = post(web, f"/api/queues/retry/dead/{letter['id']}/requeue")
     assert refused.status_code == 400 and "cancelled" in refused.json()["error"]
     assert q.status().state == TaskState.CANCELLED and q.status().dead == 2
+
+
+# -- dead letters page, newest first; a finished queue; latency past the last bound ----------
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    ms, seq = entry_id.split("-")
+    return int(ms), int(seq)
+
+
+def test_dead_letters_page_newest_first_on_queue_and_task_pages(
+    client: Client, r: redis.Redis, web: httpx.Client
+) -> None:
+    client.queue("many-dead")
+    qk = client.keys.task("many-dead")
+    task = client.submit(
+        TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}] * 120)
+    )
+    tk = client.keys.task(task.id)
+    written = {"queue": [], "task": []}
+    for i in range(120):  # as settle_jobs.lua and settle.lua write them
+        job = {"job": f"j{i:03d}", "handler": "tests.handlers:double", "reason": "failed 1 times"}
+        written["queue"].append(
+            r.xadd(qk.dead, {**job, "error": f"E{i}", "attempts": 1, "ts": time.time()}).decode()
+        )
+        sub = {"index": i, "reason": "failed 1 times", "error": f"E{i}", "attempts": 1}
+        written["task"].append(r.xadd(tk.dead, {**sub, "payload": "{}", "worker": "w"}).decode())
+    for kind, page, api in (
+        ("queue", "/queues/many-dead", "/api/queues/many-dead"),
+        ("task", f"/tasks/{task.id}", f"/api/tasks/{task.id}"),
+    ):
+        url, seen = page, []
+        for n in (50, 50, 20):
+            got = web.get(url)
+            assert got.status_code == 200, got.text[:500]
+            rows = re.findall(r'<tr data-entry="([^"]+)"', got.text)
+            assert len(rows) == n, (kind, url, len(rows))
+            assert rows == sorted(rows, key=entry_key, reverse=True), (kind, "newest first")
+            assert not seen or entry_key(rows[0]) < entry_key(seen[-1]), (kind, "older")
+            assert f"{n} of 120" in got.text, kind
+            newest = links(got.text, "← newest")
+            assert newest == ([] if not seen else [f"{page}#dead"]), (kind, newest)
+            seen += rows
+            older = links(got.text, "older")
+            if n == 20:
+                assert older == [], kind
+                break
+            (url,) = older
+            assert parse_qs(urlsplit(url).query) == {"dead_before": [rows[-1]]}, url
+        assert seen == written[kind][::-1], kind
+        # the API pages the same way
+        body = web.get(api).json()
+        assert [x["id"] for x in body["dead_letters"]] == seen[:50]
+        assert body["dead_letters_total"] == 120 and body["dead_letters_next"] == seen[49]
+        body = web.get(f"{api}?dead_before={seen[99]}").json()
+        assert [x["id"] for x in body["dead_letters"]] == seen[100:]
+        assert body["dead_letters_next"] is None
+        bad = web.get(f"{api}?dead_before=yesterday")
+        assert bad.status_code == 400 and "dead_before" in bad.json()["error"]
+        assert web.get(f"{page}?dead_before=yesterday").status_code == 400
+
+
+def test_a_cancelled_queue_shows_what_was_left_not_a_live_backlog(
+    cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client
+) -> None:
+    cluster.controller()
+    q = client.queue("gone", node_selector={"gpu": "yes"})  # no worker matches: it waits
+    for i in range(4):
+        q.enqueue("tests.handlers:double", {"x": i})
+    q.enqueue("tests.handlers:double", {"x": 9}, delay=600)
+    wait_for(lambda: q.status().reason, 15, "the controller to say why the queue waits")
+    row = web.get("/api/queues/gone").json()["queue"]
+    assert (row["backlog"], row["scheduled"]) == (4, 1) and row["reason"]
+    assert "waiting: " in web.get("/queues/gone").text
+    assert post(web, "/api/tasks/gone/cancel").json()["cancelled"] is True
+
+    row = web.get("/api/queues/gone").json()["queue"]
+    assert row["state"] == "cancelled"
+    assert (row["backlog"], row["scheduled"], row["running"]) == (0, 0, 0)
+    assert row["reason"] is None and row["want"] is None
+    assert row["left"] == 5
+    page = web.get("/queues/gone").text
+    assert "waiting: " not in page and 'id="queue-reason"' not in page
+    assert '<p class="muted" id="queue-left">5 jobs were left when it was cancelled' in page
+    assert 'id="queue-backlog">0<' in page and "wants" not in page
+    listing = web.get("/queues").text
+    assert "waiting: " not in listing and '<td class="num" data-field="backlog">0</td>' in listing
+    m = metric_values(web.get("/metrics").text)
+    assert m[("queueworks_queue_backlog", (("queue", "gone"),))] == 0
+    assert m[("queueworks_queue_scheduled", (("queue", "gone"),))] == 0
+
+
+def test_latency_quantiles_past_the_last_bound_say_so(
+    client: Client, r: redis.Redis, web: httpx.Client
+) -> None:
+    client.queue("slow")
+    lk = client.keys.task("slow").latency
+    r.hset(lk, mapping={"0.001": 90, "+Inf": 10, "sum": 200})  # as settle_jobs.lua writes
+    page = web.get("/queues/slow").text
+    assert "≤ ∞" not in page
+    assert 'id="queue-latency">≤ 1 ms / &gt; 5 s<' in page
+    detail = web.get("/api/queues/slow").json()
+    assert (detail["latency_p50"], detail["latency_p99"]) == (0.001, None)
+    r.hset(lk, "+Inf", 1000)
+    assert 'id="queue-latency">&gt; 5 s / &gt; 5 s<' in web.get("/queues/slow").text
+
+
+def test_quantile_text() -> None:
+    def detail(counts: dict[float, int]) -> QueueDetail:
+        running, buckets = 0, []
+        for le, n in sorted(counts.items()):
+            running += n
+            buckets.append(LatencyBucket(le=None if le == float("inf") else le, count=running))
+        return QueueDetail.model_construct(latency=buckets, latency_count=running)
+
+    inf = float("inf")
+    assert quantile_text(detail({0.001: 0, 5.0: 0, inf: 0}), 0.5) == "-"
+    assert quantile_text(detail({0.0005: 3, 0.001: 1, inf: 0}), 0.5) == "≤ 0.5 ms"
+    assert quantile_text(detail({0.0005: 3, 0.001: 1, inf: 0}), 0.99) == "≤ 1 ms"
+    assert quantile_text(detail({0.25: 1, 1.0: 1, 5.0: 0, inf: 0}), 0.99) == "≤ 1 s"
+    assert quantile_text(detail({0.001: 1, 5.0: 0, inf: 1}), 0.99) == "> 5 s"
+    assert quantile_text(detail({0.001: 0, 0.5: 0, inf: 7}), 0.5) == "> 500 ms"
+    assert quantile_text(detail({inf: 2}), 0.5) == "> 0 ms"
 
 
 # -- nothing 500s on stored values ------------------------------------------------------------

@@ -11,7 +11,6 @@ token came as a bearer header (see ``security``).
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
@@ -22,12 +21,12 @@ from starlette.responses import RedirectResponse, Response
 
 from queueworks.admin import AdminError
 from queueworks.client import TaskNotFound
-from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, same_origin
+from queueworks.dashboard.reader import ENTRY_ID
+from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, local_path, same_origin
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import json_response
 from queueworks.keys import check_task_id, check_worker_id
 
-_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 MAX_BODY = 64 * 1024
 
 
@@ -87,7 +86,7 @@ def resize(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[s
 
 def _entry(params: dict[str, str]) -> str:
     entry = params["entry_id"]
-    if not _ENTRY_ID.match(entry):
+    if not ENTRY_ID.match(entry):
         raise ActionError(f"bad dead-letter entry id {entry!r}")
     return entry
 
@@ -218,7 +217,4 @@ async def run_action(request: Request) -> Response:
 
 def _back(request: Request, form: dict[str, Any]) -> str:
     """Where a plain form post returns to: a local path only (never another site)."""
-    target = str(form.get("next") or "")
-    if target.startswith("/") and not target.startswith("//") and "\\" not in target:
-        return target
-    return "/"
+    return local_path(str(form.get("next") or ""))

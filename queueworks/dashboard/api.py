@@ -10,7 +10,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks, tasks_only
-from queueworks.dashboard.reader import task_counts
+from queueworks.dashboard.reader import BadQuery, dead_before, task_counts
 from queueworks.dashboard.state import dash_of
 from queueworks.dashboard.templating import json_response
 from queueworks.dashboard.views import (
@@ -23,10 +23,6 @@ from queueworks.dashboard.views import (
 
 MAX_LIMIT = 10_000
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
-
-
-class BadQuery(ValueError):
-    pass
 
 
 def _param(request: Request, name: str, default: int, low: int, high: int) -> int:
@@ -72,7 +68,8 @@ def tasks(request: Request) -> Response:
 
 def task(request: Request) -> Response:
     d = dash_of(request)
-    detail = d.reader.detail(request.path_params["task_id"])
+    before = dead_before(request.query_params.get("dead_before"))
+    detail = d.reader.detail(request.path_params["task_id"], before)
     body = detail.model_dump(mode="json")
     body["task"] = task_json(detail.task)
     body["backlog_total"] = detail.backlog_total
@@ -91,7 +88,8 @@ def queues(request: Request) -> Response:
 
 def queue(request: Request) -> Response:
     d = dash_of(request)
-    detail: QueueDetail = d.queues.detail(request.path_params["name"])
+    before = dead_before(request.query_params.get("dead_before"))
+    detail: QueueDetail = d.queues.detail(request.path_params["name"], before)
     body = detail.model_dump(mode="json")
     body["latency_p50"] = detail.latency_quantile(0.5)
     body["latency_p99"] = detail.latency_quantile(0.99)

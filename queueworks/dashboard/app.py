@@ -12,6 +12,7 @@ from urllib.parse import quote
 import redis
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
@@ -23,8 +24,14 @@ from queueworks.client import Client, TaskNotFound
 from queueworks.connection import connect
 from queueworks.dashboard import actions, api, pages
 from queueworks.dashboard.actions import MAX_BODY
-from queueworks.dashboard.api import BadQuery
-from queueworks.dashboard.security import CSRF_COOKIE, CSRF_FIELD, SESSION_COOKIE, host_allowed
+from queueworks.dashboard.reader import BadQuery
+from queueworks.dashboard.security import (
+    CSRF_COOKIE,
+    CSRF_FIELD,
+    SESSION_COOKIE,
+    host_allowed,
+    local_path,
+)
 from queueworks.dashboard.state import Dashboard, DashboardConfig, dash_of
 from queueworks.dashboard.templating import json_response, render, templates
 from queueworks.logs import get_logger
@@ -88,9 +95,7 @@ def _declared_length(request: Request) -> int:
 
 async def login(request: Request) -> Response:
     d = dash_of(request)
-    nxt = request.query_params.get("next", "/")
-    if not nxt.startswith("/") or nxt.startswith("//"):
-        nxt = "/"
+    nxt = local_path(request.query_params.get("next", "/"))
     if d.config.token is None:
         return RedirectResponse(nxt, status_code=303)
     error = ""
@@ -132,7 +137,8 @@ def _problem(request: Request, status: int, message: str) -> Response:
 
 
 async def not_found(request: Request, exc: Exception) -> Response:
-    return _problem(request, 404, f"not found: {exc}")
+    what = request.url.path if isinstance(exc, HTTPException) else str(exc)
+    return _problem(request, 404, f"not found: {what}")
 
 
 async def bad_request(request: Request, exc: Exception) -> Response:
@@ -215,6 +221,7 @@ def create_app(config: DashboardConfig, client: Client | None = None) -> Starlet
         routes=routes(),
         middleware=[Middleware(Gate)],
         exception_handlers={
+            404: not_found,
             TaskNotFound: not_found,
             BadQuery: bad_request,
             actions.BodyTooLarge: too_large,

@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from queueworks.dashboard.reader import TaskRef, task_counts
+from queueworks.dashboard.reader import TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render
 from queueworks.dashboard.views import TaskSummary
@@ -104,7 +104,7 @@ def tasks_page(request: Request) -> Response:
         "tasks",
         tasks=d.reader.summaries([t.id for t in shown[(page - 1) * size : page * size]]),
         matching=len(shown),
-        state=state,
+        state_filter=state,
         filters=STATE_FILTERS,
         counts=counts,
         page=page,
@@ -118,7 +118,7 @@ def task_page(request: Request) -> Response:
     task_id = request.path_params["task_id"]
     if d.queues.is_queue(task_id):
         return RedirectResponse(f"/queues/{task_id}", status_code=303)
-    detail = d.reader.detail(task_id)
+    detail = d.reader.detail(task_id, dead_before(request.query_params.get("dead_before")))
     events = d.reader.events(15, task=detail.task.id)
     ctx = d.context(request, "tasks", d=detail, t=detail.task, events=events)
     return render(request, "task.html", ctx)
@@ -135,7 +135,7 @@ def queue_page(request: Request) -> Response:
     if not d.queues.is_queue(check_task_id(name)):
         d.reader.task_summary(name)  # no such task either: 404
         return RedirectResponse(f"/tasks/{name}", status_code=303)
-    detail = d.queues.detail(name)
+    detail = d.queues.detail(name, dead_before(request.query_params.get("dead_before")))
     events = d.reader.events(15, task=name)
     ctx = d.context(request, "queues", d=detail, q=detail.queue, events=events)
     return render(request, "queue.html", ctx)

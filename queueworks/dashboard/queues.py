@@ -16,7 +16,15 @@ from typing import Any
 
 from queueworks.client import Client, TaskNotFound
 from queueworks.connection import Connection, redact_url, text
-from queueworks.dashboard.reader import HISTORY_SHOWN, _loads, _ok, history_entry, rebalances
+from queueworks.dashboard.reader import (
+    HISTORY_SHOWN,
+    _loads,
+    _ok,
+    dead_page,
+    history_entry,
+    read_dead_page,
+    rebalances,
+)
 from queueworks.dashboard.views import (
     HistoryEntry,
     JobDeadLetter,
@@ -27,7 +35,6 @@ from queueworks.dashboard.views import (
 from queueworks.keys import check_task_id
 from queueworks.records import TASK_FIELDS, latency_histogram, queue_counts, task_fields
 
-DEAD_SHOWN = 50
 INF = float("inf")
 _EMPTY = [None] * len(TASK_FIELDS)
 
@@ -150,12 +157,16 @@ class QueueReader:
         fields, problems = record_fields(name, record)
         running = _pending_count(pending)
         backlog, rates = queue_counts(_int(length), running, _rate_hash(rate), now)
+        waiting = [backlog, _int(scheduled), running]
+        finished = fields["state"].finished  # nothing of it runs again: no live counts
+        shown = [0, 0, 0] if finished else waiting
         return QueueSummary(
             name=name,
             state=fields["state"],
-            backlog=backlog,
-            scheduled=_int(scheduled),
-            running=running,
+            backlog=shown[0],
+            scheduled=shown[1],
+            running=shown[2],
+            left=sum(waiting) if finished else 0,
             done=fields["done"],
             dead=fields["dead"],
             rejected=fields["rejected"],
@@ -163,10 +174,10 @@ class QueueReader:
             epoch=fields["epoch"],
             min_nodes=fields["min_nodes"],
             max_nodes=fields["max_nodes"],
-            want=fields["want"],
+            want=None if finished else fields["want"],
             priority=fields["priority"],
             rates=rates,
-            reason=fields["reason"],
+            reason=None if finished else fields["reason"],
             created_at=fields["created_at"],
             problems=problems,
         )
@@ -189,15 +200,16 @@ class QueueReader:
         replies = pipe.execute(raise_on_error=False)
         return {n: latency_histogram(_ok(raw)) for n, raw in zip(names, replies, strict=True)}
 
-    def detail(self, name: str) -> QueueDetail:
-        """Everything the queue page shows, in a few pipelined round trips."""
+    def detail(self, name: str, before: str | None = None) -> QueueDetail:
+        """Everything the queue page shows, in a few pipelined round trips; the dead letters
+        older than entry ``before`` (None: the newest)."""
         queue = self.summary(name)
         tk = self.keys.task(name)
         pipe = self.r.pipeline(transaction=False)
         pipe.hget(tk.record, "spec")
         pipe.smembers(tk.handlers)
         pipe.hgetall(tk.latency)
-        pipe.xrevrange(tk.dead, count=DEAD_SHOWN)
+        read_dead_page(pipe, tk.dead, before)
         pipe.xlen(tk.dead)
         pipe.xrevrange(tk.history, count=HISTORY_SHOWN * 2)
         spec_raw, handlers, latency, dead, dead_total, hist = (
@@ -208,6 +220,7 @@ class QueueReader:
         options = spec.get("options")
         queue_options = options.get("queue") if isinstance(options, dict) else None
         buckets, seconds = latency_histogram(latency)
+        dead_shown, dead_next = dead_page(dead)
         return QueueDetail(
             queue=queue,
             max_attempts=_spec_number(spec, "max_attempts", int),
@@ -221,8 +234,9 @@ class QueueReader:
             latency=[LatencyBucket(le=None if le == INF else le, count=n) for le, n in buckets],
             latency_sum=round(seconds, 6),
             latency_count=buckets[-1][1],
-            dead_letters=[dead_letter(i, raw) for i, raw in dead or ()],
+            dead_letters=[dead_letter(i, raw) for i, raw in dead_shown],
             dead_letters_total=_int(dead_total),
+            dead_letters_next=dead_next,
         )
 
 

@@ -8,6 +8,7 @@ it shows; records (HMGET of the fields shown) and member counts (ZCARD) in one p
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,13 +33,46 @@ from queueworks.keys import check_task_id
 from queueworks.messages import NotJSON, from_json
 from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
 from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_record
+from queueworks.tasks import dead_letter
 
 INDEX_FIELDS = ("state", "created_at")
 _ACTIVE = {s.value.encode() for s in ACTIVE_STATES}
 HISTORY_SHOWN = 40
 PENDING_SHOWN = 50
-DEAD_SHOWN = 50
+DEAD_SHOWN = 50  # dead letters a page shows, newest first; older ones on the next page
 RESULTS_SHOWN = 10
+ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+class BadQuery(ValueError):
+    """A query parameter the dashboard cannot use (400, naming it)."""
+
+
+def dead_before(raw: str | None) -> str | None:
+    """The ``dead_before`` parameter of a task or queue page: show the dead letters older
+    than that entry (None: the newest)."""
+    if not raw:
+        return None
+    if not ENTRY_ID.match(raw):
+        raise BadQuery(
+            f"dead_before must be a dead-letter entry id like 1712345678901-0, got {raw!r}"
+        )
+    return raw
+
+
+def read_dead_page(pipe: Any, stream: str, before: str | None) -> None:
+    """Queue on ``pipe`` the read of one page of a dead-letter stream (newest first, one
+    more than shown: it says whether an older page exists)."""
+    pipe.xrevrange(stream, max=f"({before}" if before else "+", min="-", count=DEAD_SHOWN + 1)
+
+
+def dead_page(reply: Any) -> tuple[list[tuple[bytes, dict[bytes, bytes]]], str | None]:
+    """The entries of a page read by ``read_dead_page`` and the cursor of the next one."""
+    entries = list(reply or ())
+    if len(entries) <= DEAD_SHOWN:
+        return entries, None
+    entries = entries[:DEAD_SHOWN]
+    return entries, text(entries[-1][0])
 
 
 @dataclass(frozen=True, slots=True)
@@ -210,8 +244,9 @@ class Reader:
             out[t.id] = _backlog_total(t, rows)
         return out
 
-    def detail(self, task_id: str) -> TaskDetail:
-        """Everything the task page shows, in a few pipelined round trips."""
+    def detail(self, task_id: str, before: str | None = None) -> TaskDetail:
+        """Everything the task page shows, in a few pipelined round trips; the dead letters
+        older than entry ``before`` (None: the newest)."""
         task = self.task_summary(task_id)
         tk = self.keys.task(task_id)
         streams = tk.streams(task.partitions)
@@ -221,6 +256,7 @@ class Reader:
         pipe.xlen(tk.dead)
         pipe.hlen(tk.results)
         pipe.hscan(tk.results, 0, count=RESULTS_SHOWN)
+        read_dead_page(pipe, tk.dead, before)
         for s in streams:
             pipe.xinfo_groups(s)
         per_stream = max(1, PENDING_SHOWN // len(streams))
@@ -229,14 +265,15 @@ class Reader:
         for s in streams:
             pipe.xpending(s, tk.group)
         replies = pipe.execute(raise_on_error=False)
-        spec_raw, hist, dead_total, results_total, scan = (_ok(x) for x in replies[:5])
+        spec_raw, hist, dead_total, results_total, scan, dead = (_ok(x) for x in replies[:6])
         n = len(streams)
         backlog = [
             group_backlog(task_id, s, _ok(g))
-            for s, g in zip(streams, replies[5 : 5 + n], strict=True)
+            for s, g in zip(streams, replies[6 : 6 + n], strict=True)
         ]
-        pending = _pending_entries(streams, replies[5 + n : 5 + 2 * n])
-        by_consumer = _pending_by_consumer(replies[5 + 2 * n :])
+        pending = _pending_entries(streams, replies[6 + n : 6 + 2 * n])
+        by_consumer = _pending_by_consumer(replies[6 + 2 * n :])
+        dead_shown, dead_next = dead_page(dead)
         spec = _loads(spec_raw) if spec_raw else {}
         if not isinstance(spec, dict):
             spec = {}
@@ -258,9 +295,10 @@ class Reader:
             pending_by_consumer=by_consumer,
             dead_letters=[
                 x.model_copy(update={"error": redact_url(x.error)})
-                for x in self.client.task(task_id).dead_letters(count=DEAD_SHOWN)
+                for x in (dead_letter(i, raw) for i, raw in dead_shown)
             ],
             dead_letters_total=int(dead_total or 0),
+            dead_letters_next=dead_next,
             results=sorted(results, key=lambda x: x.index),
             results_total=int(results_total or 0),
             rq_job=self._rq_job(task.rq_job),

@@ -64,6 +64,21 @@ def host_allowed(header: str, bind: str, allowed: tuple[str, ...]) -> bool:
     return not is_loopback(bind) and not allowed
 
 
+def local_path(target: str) -> str:
+    """``target`` if it is a path on this dashboard, else ``/``: where a login or a form
+    post may send the browser next. Not ``//host`` nor ``/\\host`` (browsers read both as
+    another site), nor one with an ASCII control character (browsers drop tabs and line
+    breaks from addresses: ``/<tab>/host`` would become ``//host``)."""
+    if (
+        target.startswith("/")
+        and not target.startswith("//")
+        and "\\" not in target
+        and not any(ord(c) < 32 or ord(c) == 127 for c in target)
+    ):
+        return target
+    return "/"
+
+
 def check_bind(host: str, token: str | None) -> None:
     """Refuse to serve beyond loopback without a token."""
     if not is_loopback(host) and not token:

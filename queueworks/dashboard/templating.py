@@ -1,15 +1,26 @@
-"""Jinja2 templates of the dashboard and the filters they use."""
+"""Jinja2 templates of the dashboard and the filters they use.
+
+Every template autoescapes, and nothing in them is marked safe: a stored value (a name, a
+traceback, a result) is text wherever it lands, in an element or in a (double-quoted)
+attribute. JSON is shown as text (``json_text``), never as Jinja's ``tojson`` (its output
+is marked safe and keeps ``"``); a stored id or name in an address is one quoted path
+segment (``segment``); query strings are built by ``with_query``.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from typing import Any
+from urllib.parse import quote, urlencode
 
-from jinja2 import Environment, PackageLoader, select_autoescape
+from jinja2 import Environment, PackageLoader, pass_context, select_autoescape
+from jinja2.runtime import Context
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
+
+from queueworks.dashboard.views import QueueDetail
 
 
 def age(ts: float | None, now: float | None = None) -> str:
@@ -40,6 +51,46 @@ def seconds(value: float | None) -> str:
     return f"{value:.1f}s" if value < 100 else age(time.time() - value)
 
 
+def segment(value: Any) -> str:
+    """``value`` as one path segment of an address: everything but letters, digits and
+    ``_.-~`` quoted, so a stored id cannot add a segment, a query or a scheme."""
+    return quote(str(value), safe="")
+
+
+def json_text(value: Any) -> str:
+    """A stored JSON value as plain text (escaped like any other text where it is shown)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+@pass_context
+def with_query(ctx: Context, **changes: Any) -> str:
+    """This page's address with its query parameters, ``changes`` applied (``None``
+    removes one): a filter or pager link keeps every other parameter."""
+    request: Request = ctx["request"]
+    kept = [(k, v) for k, v in request.query_params.multi_items() if k not in changes]
+    kept += [(k, str(v)) for k, v in changes.items() if v is not None]
+    path = quote(request.url.path)
+    return f"{path}?{urlencode(kept)}" if kept else path
+
+
+def duration(seconds: float) -> str:
+    """A bound of the latency histogram: "0.5 ms", "250 ms", "1 s"."""
+    return f"{seconds * 1000:g} ms" if seconds < 1 else f"{seconds:g} s"
+
+
+def quantile_text(detail: QueueDetail, q: float) -> str:
+    """The ``q`` quantile of a queue's enqueue -> start latency as the page shows it: "≤ "
+    the bucket's bound, or "> " the last finite bound when it falls in the +Inf bucket;
+    "-" before any job started."""
+    if not detail.latency_count:
+        return "-"
+    bound = detail.latency_quantile(q)
+    if bound is not None:
+        return f"≤ {duration(bound)}"
+    finite = [b.le for b in detail.latency if b.le is not None]
+    return f"> {duration(max(finite, default=0.0))}"
+
+
 def templates() -> Jinja2Templates:
     env = Environment(
         loader=PackageLoader("queueworks.dashboard", "templates"),
@@ -47,7 +98,15 @@ def templates() -> Jinja2Templates:
         trim_blocks=True,
         lstrip_blocks=True,
     )
-    env.filters.update(age=age, clock=clock, seconds=seconds)
+    env.filters.update(
+        age=age,
+        clock=clock,
+        seconds=seconds,
+        segment=segment,
+        json_text=json_text,
+        duration=duration,
+    )
+    env.globals.update(with_query=with_query, quantile_text=quantile_text)
     return Jinja2Templates(env=env)
 
 

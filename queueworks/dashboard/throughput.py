@@ -4,10 +4,17 @@ Each sample reads ``done`` and ``dead`` of the active tasks (``qw:queue``) and o
 the previous sample saw (so the last progress of a task that just finished is counted):
 one pipelined round trip, whatever is in Redis. The rate is the growth of ``done + dead``
 between samples, summed over tasks, so tasks that expire never make it go negative.
+
+A sample's growth happened over the time since the one before, so it is spread over that
+span, and a bucket's rate is what fell into it divided by the part of it the samples cover:
+a steady rate reads the same in every bucket, at any phase of the clock. The series ends
+with the bucket of the newest sample (a bucket no sample reached yet has nothing to say;
+it used to read 0/s for the first seconds of every bucket).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import deque
@@ -22,7 +29,7 @@ class Throughput:
         self.window, self.bucket = window, bucket
         self._last: dict[str, int] = {}
         self._last_at: float | None = None
-        self._points: deque[tuple[float, int]] = deque()
+        self._points: deque[tuple[float, float, int]] = deque()  # (since, at, settled)
         self._lock = threading.Lock()
 
     def sample(self, r: Connection, keys: Keys, now: float | None = None) -> int:
@@ -54,25 +61,34 @@ class Throughput:
                 delta += max(0, value - base)
                 seen[tid] = value
             self._last, self._last_at = seen, now
-            if not first:
-                self._points.append((now, delta))
-            while self._points and self._points[0][0] < now - self.window:
+            if not first and now > since:
+                self._points.append((since, now, delta))
+            while self._points and self._points[0][1] < now - self.window - self.bucket:
                 self._points.popleft()
             return delta
 
     def series(self, now: float | None = None) -> list[tuple[float, float]]:
         """``(bucket start, subtasks per second)`` for each bucket of the window, oldest
-        first; empty buckets are 0, and the current bucket's rate is over its time so far."""
+        first, up to the bucket of the newest sample (of ``now`` before the first); a
+        bucket's rate is over the part of it the samples cover (0 where they cover none)."""
         now = time.time() if now is None else now
-        n = int(self.window // self.bucket)
-        start = (now // self.bucket) * self.bucket - (n - 1) * self.bucket
-        sums = [0] * n
         with self._lock:
             points = list(self._points)
-        for t, d in points:
-            i = int((t - start) // self.bucket)
-            if 0 <= i < n:
-                sums[i] += d
-        spans = [self.bucket] * n
-        spans[-1] = min(self.bucket, max(1.0, now - (start + (n - 1) * self.bucket)))
-        return [(start + i * self.bucket, sums[i] / spans[i]) for i in range(n)]
+        n = int(self.window // self.bucket)
+        end = points[-1][1] if points else now
+        last = math.ceil(end / self.bucket) * self.bucket - self.bucket  # end's bucket
+        start = last - (n - 1) * self.bucket
+        sums, covered = [0.0] * n, [0.0] * n
+        for since, at, delta in points:
+            for i in range(max(0, int((since - start) // self.bucket)), n):
+                low = start + i * self.bucket
+                if low >= at:
+                    break
+                part = min(at, low + self.bucket) - max(since, low)
+                if part > 0:
+                    sums[i] += delta * part / (at - since)
+                    covered[i] += part
+        return [
+            (start + i * self.bucket, sums[i] / covered[i] if covered[i] > 0 else 0.0)
+            for i in range(n)
+        ]

@@ -82,8 +82,9 @@ class TaskDetail(_View):
     pending: list[PendingEntry]
     pending_total: int
     pending_by_consumer: dict[str, int]
-    dead_letters: list[DeadLetter]
+    dead_letters: list[DeadLetter]  # newest first, a page of them
     dead_letters_total: int
+    dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
     results: list[ResultSample]
     results_total: int
     rq_job: RqJob | None = None
@@ -130,13 +131,15 @@ class Overview(_View):
 
 
 class QueueSummary(_View):
-    """One row of the queue list (``nodes`` is the member count)."""
+    """One row of the queue list (``nodes`` is the member count). A finished queue has no
+    live backlog, scheduled, running, want or reason: what it had not run is ``left``."""
 
     name: str
     state: TaskState
     backlog: int  # on the stream, not started
     scheduled: int  # delayed, not due yet
     running: int  # held by a member
+    left: int = 0  # finished queue: the jobs it had not run (they never run)
     done: int
     dead: int
     rejected: int
@@ -188,8 +191,9 @@ class QueueDetail(_View):
     latency: list[LatencyBucket]
     latency_sum: float
     latency_count: int
-    dead_letters: list[JobDeadLetter]  # newest first
+    dead_letters: list[JobDeadLetter]  # newest first, a page of them
     dead_letters_total: int
+    dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
 
     def latency_quantile(self, q: float) -> float | None:
         """The upper bound of the bucket the ``q`` quantile falls in (None: no job yet, or
