@@ -6,6 +6,7 @@ workers that can grow, shrink, lose a node or give nodes away while the task run
 
 from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
+from queueworks.connection import RedisUnavailable
 from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
 from queueworks.models import (
     JobState,
@@ -17,6 +18,7 @@ from queueworks.models import (
     TaskStatus,
 )
 from queueworks.queues import Job, JobFailed, Queue
+from queueworks.vanished import QueueNotFound
 
 __all__ = [
     "AsyncClient",
@@ -30,7 +32,9 @@ __all__ = [
     "JobState",
     "JobStatus",
     "Queue",
+    "QueueNotFound",
     "QueueStatus",
+    "RedisUnavailable",
     "Role",
     "SubmitError",
     "SubtaskContext",

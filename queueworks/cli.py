@@ -14,6 +14,7 @@ period running out, is a cold stop that interrupts the running handler.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -32,16 +33,21 @@ from queueworks.cli_errors import (
     missing_extra,
 )
 from queueworks.cli_options import (
+    ATTEMPTS,
     ENV,
+    NODES,
+    PRIORITY,
     client_for,
     common,
     option,
+    seconds,
     setting,
     settings_from_flags,
     task_id_param,
 )
 from queueworks.cli_redis import redis_command
 from queueworks.signals import ColdStop, install_stop_signals
+from queueworks.validate import MAX_PARTITIONS
 
 
 @click.group(cls=OneLineErrors)
@@ -128,11 +134,16 @@ def worker(
 ) -> None:
     """Join the pool and process subtasks of the tasks this worker is given.
 
-    SIGTERM or SIGINT: warm stop (finish or abort the step, leave the node set, exit 0); a
-    second signal, or the grace period running out, interrupts the handler."""
+    Handlers are imported from the folder it starts in too (as rq and celery workers do),
+    under the --allow prefixes only. SIGTERM or SIGINT: warm stop (finish or abort the
+    step, leave the node set, exit 0); a second signal, or the grace period running out,
+    interrupts the handler."""
     from queueworks.workers.worker import Worker
 
     settings = settings_from_flags(**flags)
+    here = os.getcwd()
+    if here not in sys.path:  # `python -m` puts it there; the `queueworks` script does not
+        sys.path.insert(0, here)
     labels = _labels(label)
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
@@ -202,36 +213,36 @@ def _jsonl(lines: Any, source: str) -> Iterator[Any]:
 @common
 @click.argument("handler")
 @option("--name", help="task name", show_default="the handler")
-@option("--count", type=int, help='submit N subtasks {"x": 0} ... {"x": N-1}')
+@option("--count", type=click.IntRange(min=0), help='submit N subtasks {"x": 0} ... {"x": N-1}')
 @option(
     "--jsonl",
     type=click.File("r"),
     help="submit one subtask per line of this JSON-lines file ('-' = stdin)",
 )
-@option("--min-nodes", type=int, default=1, show_default=True, help="fewest workers it runs on")
+@option("--min-nodes", type=NODES, default=1, show_default=True, help="fewest workers it runs on")
 @option(
     "--max-nodes",
-    type=int,
+    type=NODES,
     help="most workers it runs on",
     show_default="no limit",
 )
 @option(
     "--priority",
-    type=int,
+    type=PRIORITY,
     default=0,
     show_default=True,
     help="higher runs first and may take nodes from lower",
 )
 @option(
     "--max-attempts",
-    type=int,
+    type=ATTEMPTS,
     default=3,
     show_default=True,
     help="runs of a failing subtask before it is dead-lettered",
 )
 @option(
     "--partitions",
-    type=int,
+    type=click.IntRange(0, MAX_PARTITIONS),
     default=0,
     show_default=True,
     help="ordered task: P partitions by each payload's 'key' (0 = unordered)",
@@ -245,7 +256,7 @@ def _jsonl(lines: Any, source: str) -> Iterator[Any]:
 )
 @option(
     "--timeout",
-    type=float,
+    type=seconds(0),
     default=None,
     help="with --wait: give up after this many seconds (exit 3)",
     show_default="wait for as long as it takes",
@@ -311,7 +322,13 @@ def submit(
 @main.command(short_help="Tasks, queues (backlog, node sets) and workers.")
 @common
 @option("--watch", is_flag=True, help="redraw every --interval seconds until Ctrl-C")
-@option("--interval", type=float, default=1.0, show_default=True, help="seconds between redraws")
+@option(
+    "--interval",
+    type=seconds(0, 3600, above=True),
+    default=1.0,
+    show_default=True,
+    help="seconds between redraws",
+)
 @option("--json", "as_json", is_flag=True, help="machine-readable output")
 @option(
     "--limit",
@@ -356,12 +373,18 @@ def info(
 @option(
     "--index",
     "indexes",
-    type=int,
+    type=click.IntRange(min=0),
     multiple=True,
     help="only the dead letters of this subtask index (repeat)",
     show_default="all",
 )
-@option("--limit", type=int, default=1000, show_default=True, help="read at most N dead letters")
+@option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="read at most N dead letters",
+)
 @option(
     "--requeue",
     is_flag=True,
@@ -386,7 +409,8 @@ def dead(
     task = client.task(task_id)
     status = task.status(with_nodes=False)  # TaskNotFound: one line
     letters = [d for d in task.dead_letters(count=limit) if not indexes or d.index in indexes]
-    click.echo(render(status, letters, as_json=as_json))
+    queue = bool(client.redis.sismember(client.keys.queues, task_id))
+    click.echo(render(status, letters, as_json=as_json, queue=queue))
     if requeue:
         click.echo(requeue_all(client, task_id, letters), err=as_json)
 
@@ -399,7 +423,9 @@ def dead(
     show_default=True,
     help="address to bind; beyond loopback a --token is required",
 )
-@option("--port", type=int, default=9181, show_default=True, help="port to bind")
+@option(
+    "--port", type=click.IntRange(1, 65535), default=9181, show_default=True, help="port to bind"
+)
 @option(
     "--token",
     envvar=ENV + "DASHBOARD_TOKEN",
@@ -409,7 +435,7 @@ def dead(
 )
 @option(
     "--refresh",
-    type=float,
+    type=seconds(0, 3600, above=True),
     default=1.0,
     show_default=True,
     help="seconds between live updates of a page",
@@ -519,12 +545,18 @@ def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
 @option(
     "--workers",
     "n_workers",
-    type=int,
+    type=click.IntRange(1, 64),
     default=3,
     show_default=True,
     help="worker processes to start",
 )
-@option("--subtasks", type=int, default=5000, show_default=True, help="subtasks of the demo task")
+@option(
+    "--subtasks",
+    type=click.IntRange(min=0),
+    default=5000,
+    show_default=True,
+    help="subtasks of the demo task",
+)
 @option(
     "--embedded",
     is_flag=True,

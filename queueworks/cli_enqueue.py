@@ -18,7 +18,18 @@ import click
 import pydantic
 
 from queueworks.cli_errors import EXIT_UNFINISHED, BadInput, validation_text
-from queueworks.cli_options import client_for, common, option, settings_from_flags, task_id_param
+from queueworks.cli_options import (
+    ATTEMPTS,
+    NODES,
+    PRIORITY,
+    client_for,
+    common,
+    option,
+    seconds,
+    settings_from_flags,
+    task_id_param,
+)
+from queueworks.validate import MAX_TIMEOUT, MAX_TTL
 
 if TYPE_CHECKING:
     from queueworks.queues import Queue
@@ -40,11 +51,13 @@ def wait_for_job(
 ) -> Outcome | None:
     """Wait for job ``job_id`` of ``queue`` to finish; None if ``timeout`` s passed first."""
     from queueworks.dead import last_line
+    from queueworks.info import ControllerWatch
     from queueworks.queues import JobFailed
 
     job = queue.job(job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
     said: str | None = None
+    controller = ControllerWatch(queue.client, say)
     while True:
         left = POLL if deadline is None else max(0.0, min(POLL, deadline - time.monotonic()))
         try:
@@ -55,6 +68,7 @@ def wait_for_job(
             error = last_line(exc.traceback)
             why = f"{exc.reason}: {error}" if error and error != exc.reason else exc.reason
             return Outcome(False, reason=why)
+        controller.look()
         reason = queue.task.status(with_nodes=False).reason
         if reason and reason != said:
             say(f"waiting: {reason}")
@@ -80,7 +94,7 @@ def _queue_setting(flag: str, help: str, default: str, **kwargs: Any) -> Callabl
 )
 @option(
     "--delay",
-    type=click.FloatRange(min=0),
+    type=seconds(0, MAX_TTL),
     help="run it this many seconds from now, not before",
     show_default="now",
 )
@@ -92,20 +106,20 @@ def _queue_setting(flag: str, help: str, default: str, **kwargs: Any) -> Callabl
 )
 @option(
     "--timeout",
-    type=float,
+    type=seconds(0),
     default=None,
     help="with --wait: give up after this many seconds (exit 3)",
     show_default="wait for as long as it takes",
 )
-@_queue_setting("--min-nodes", "fewest workers the queue runs on", "1", type=int)
-@_queue_setting("--max-nodes", "most workers the queue runs on", "no limit", type=int)
-@_queue_setting("--priority", "higher runs first and may take nodes from lower", "0", type=int)
-@_queue_setting("--max-attempts", "runs of a failing job before it is dead", "3", type=int)
+@_queue_setting("--min-nodes", "fewest workers the queue runs on", "1", type=NODES)
+@_queue_setting("--max-nodes", "most workers the queue runs on", "no limit", type=NODES)
+@_queue_setting("--priority", "higher runs first and may take nodes from lower", "0", type=PRIORITY)
+@_queue_setting("--max-attempts", "runs of a failing job before it is dead", "3", type=ATTEMPTS)
 @_queue_setting(
     "--job-timeout",
     "seconds a job may run before it is interrupted (a failed attempt)",
     "60",
-    type=float,
+    type=seconds(0, MAX_TIMEOUT, above=True),
 )
 def enqueue(
     queue: str,
@@ -139,7 +153,10 @@ def enqueue(
         raise BadInput(f"invalid queue setting: {validation_text(exc)}") from None
     except ValueError as exc:  # a setting the queue has otherwise, a task of that name...
         raise BadInput(str(exc)) from None
-    job = q.enqueue(handler, value, delay=delay)
+    try:
+        job = q.enqueue(handler, value, delay=delay)
+    except ValueError as exc:  # a payload nested too deep, say
+        raise BadInput(str(exc)) from None
     click.echo(job.id)
     if not wait:
         return

@@ -20,7 +20,8 @@ import redis
 
 from queueworks.admin import AdminError
 from queueworks.client import BadRecord, SubmitError, TaskNotFound
-from queueworks.connection import UNAVAILABLE
+from queueworks.connection import UNAVAILABLE, RedisUnavailable
+from queueworks.vanished import QueueNotFound
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2
@@ -81,6 +82,8 @@ def explain(exc: Exception, meta: dict[str, object]) -> CliError | None:
         return CliError(f"Redis at {url} refused a command for this user (ACL): {exc}")
     if isinstance(exc, redis.ResponseError) and str(exc).startswith(("NOAUTH", "WRONGPASS")):
         return CliError(f"Redis at {url} refused the credentials: {exc}")
+    if isinstance(exc, RedisUnavailable | QueueNotFound):  # they say it all, URL included
+        return CliError(str(exc))
     if isinstance(exc, UNAVAILABLE):
         return CliError(f"cannot reach Redis at {url}: {exc or type(exc).__name__}")
     if isinstance(exc, TaskNotFound):

@@ -6,6 +6,7 @@ And what every command makes of them: its ``Settings`` and its ``Client``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -14,6 +15,7 @@ import click
 from queueworks.cli_errors import META_PREFIX, META_URL, BadInput
 from queueworks.logs import configure
 from queueworks.settings import Settings
+from queueworks.validate import MAX_ATTEMPTS, MAX_NODES, MAX_PRIORITY
 
 if TYPE_CHECKING:
     from queueworks.client import Client
@@ -31,6 +33,27 @@ class Option(click.Option):
         if isinstance(self.show_default, str) and "default" in extra:
             extra["default"] = self.show_default
         return extra
+
+
+class Finite(click.FloatRange):
+    """A finite number in a range: click's ``FloatRange`` lets ``nan`` through (it compares
+    false with every bound) and ``inf`` where it has no upper bound."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
+
+
+def seconds(low: float = 0.0, high: float | None = None, *, above: bool = False) -> Finite:
+    """Seconds: finite, ``>= low`` (``> low`` if ``above``), at most ``high``."""
+    return Finite(min=low, max=high, min_open=above)
+
+
+NODES = click.IntRange(1, MAX_NODES)
+PRIORITY = click.IntRange(-MAX_PRIORITY, MAX_PRIORITY)
+ATTEMPTS = click.IntRange(1, MAX_ATTEMPTS)
 
 
 def option(*decls: str, **kwargs: Any) -> Callable[[Any], Any]:

@@ -20,6 +20,7 @@ from queueworks.records import BadRecord, new_task, worker_record
 from queueworks.scripts import Scripts
 from queueworks.tasks import Task, TaskNotFound, task_page, task_statuses
 from queueworks.topology import queue_replication_wait
+from queueworks.validate import check_queue_settings
 
 if TYPE_CHECKING:
     from queueworks.aio.tasks import AsyncTask
@@ -253,7 +254,7 @@ class Client:
             idle_after=idle_after,
             node_selector=node_selector,
         )
-        return open_queue(self, check_task_id(name), given)
+        return open_queue(self, check_task_id(name, "queue name"), given)
 
     def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
@@ -261,7 +262,7 @@ class Client:
         out = []
         for name in names:
             try:
-                out.append(Queue(self, name, DEFAULTS).status())
+                out.append(Queue(self, name, DEFAULTS, revives=False).status())
             except TaskNotFound:
                 self.redis.srem(self.keys.queues, name)  # its record expired
         return out
@@ -380,8 +381,9 @@ def check_replicated(
 
 
 def given_settings(**settings: Any) -> dict[str, Any]:
-    """The queue settings a caller gave (the rest are ``UNSET``)."""
-    return {k: v for k, v in settings.items() if v is not UNSET}
+    """The queue settings a caller gave (the rest are ``UNSET``), checked: ``ValueError``
+    naming the first that is no value in range."""
+    return check_queue_settings({k: v for k, v in settings.items() if v is not UNSET})
 
 
 def worker_records(raws: Sequence[Any]) -> list[WorkerRecord]:

@@ -132,7 +132,10 @@ def connect(
             return _cluster(target, kwargs)
         if target.kind == "sentinel":
             return _sentinel(target, kwargs)
-        return redis.Redis.from_url(url, retry=_no_retry(), **kwargs)
+        client = redis.Redis.from_url(url, retry=_no_retry(), **kwargs)
+        pool = client.connection_pool
+        pool.connection_class = reaching(pool.connection_class, redact_url(url))
+        return client
     except BadUrl as exc:
         raise ValueError(f"{_URL_HELP} ({exc})") from None
     except ValueError:
@@ -176,6 +179,38 @@ def sentinel_options(target: Target, kwargs: dict[str, Any]) -> dict[str, Any]:
             sentinel_kwargs.update({k: v for k, v in source.items() if k.startswith("ssl_")})
     sentinel_kwargs.update(target.sentinel_options or {})
     return sentinel_kwargs
+
+
+class RedisUnavailable(redis.ConnectionError):
+    """No connection to Redis could be made: one line naming the server (its URL, the
+    password masked) and why. A ``redis.ConnectionError``: whatever catches those (every
+    loop of the processes) catches it too."""
+
+
+def unreachable(where: str, exc: Exception) -> Exception:
+    """A failure to connect to ``where`` as ``RedisUnavailable``; a refused login stays the
+    ``AuthenticationError`` it is."""
+    if isinstance(exc, redis.AuthenticationError | RedisUnavailable):
+        return exc
+    return RedisUnavailable(f"cannot reach Redis at {where}: {exc}")
+
+
+def reaching(base: type[Any], where: str) -> type[Any]:
+    """``base`` (a redis-py connection class) whose failure to connect is a
+    ``RedisUnavailable`` naming ``where``, without redis-py's chain of socket errors; a
+    refused login stays the ``AuthenticationError`` it is. Connected, it costs nothing."""
+
+    class Reaching(base):  # type: ignore[misc]
+        def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+            if self._sock:
+                return
+            try:
+                super().connect_check_health(*args, **kwargs)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise unreachable(where, exc) from None
+
+    Reaching.__name__ = Reaching.__qualname__ = base.__name__
+    return Reaching
 
 
 def _no_retry() -> Retry:

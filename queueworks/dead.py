@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from queueworks.admin import Admin
 from queueworks.client import Client, Task
+from queueworks.info import ControllerWatch
 from queueworks.models import DeadLetter, TaskState, TaskStatus
 
 FIRST_REASONS = 3  # distinct reasons that `submit --wait` prints
@@ -25,13 +26,19 @@ def last_line(error: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def render(status: TaskStatus, letters: list[DeadLetter], *, as_json: bool = False) -> str:
+def render(
+    status: TaskStatus, letters: list[DeadLetter], *, as_json: bool = False, queue: bool = False
+) -> str:
+    """A task's dead letters (a queue's: its jobs count as they finish, so ``total`` is
+    the jobs that finished, done or dead)."""
+    total = status.done + status.dead if queue else status.total
     if as_json:
         return json.dumps(
             {
                 "task": status.id,
+                "queue": queue,
                 "state": status.state.value,
-                "total": status.total,
+                "total": total,
                 "done": status.done,
                 "dead": status.dead,
                 "dead_letters": [
@@ -40,8 +47,12 @@ def render(status: TaskStatus, letters: list[DeadLetter], *, as_json: bool = Fal
             },
             indent=2,
         )
-    head = f"task {status.id} ({status.name}) {status.state.value}: {status.dead} dead of "
-    head += f"{status.total}, {len(letters)} dead letter(s) shown"
+    if queue:
+        head = f"queue {status.id} {status.state.value}: {status.dead} dead of {total} finished"
+    else:
+        head = f"task {status.id} ({status.name}) {status.state.value}: {status.dead} dead of "
+        head += f"{total}"
+    head += f", {len(letters)} dead letter(s) shown"
     if not letters:
         return head
     rows = [("index", "attempts", "reason", "last error line")]
@@ -63,10 +74,12 @@ def wait_saying_why(
     no live worker may run, say); None if ``timeout`` s passed first."""
     deadline = None if timeout is None else time.monotonic() + timeout
     said: str | None = None
+    controller = ControllerWatch(task.client, say)
     while True:
         status = task.status(with_nodes=False)
         if status.finished:
             return status
+        controller.look()
         if status.reason and status.reason != said:
             say(f"waiting: {status.reason}")
             said = status.reason

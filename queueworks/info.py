@@ -6,9 +6,35 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 from queueworks.client import Client
-from queueworks.models import NodeInfo, QueueStatus
+from queueworks.models import NodeInfo, QueueStatus, TaskState
+from queueworks.tasks import Backend
+
+NO_CONTROLLER = (
+    "no controller is running: no task or queue gets nodes (or more of them) until one is "
+    "(`queueworks controller`)"
+)
+
+
+def controller_running(client: Backend) -> bool:
+    """Whether some controller holds the leader lease."""
+    return bool(client.redis.exists(client.keys.leader))
+
+
+class ControllerWatch:
+    """What a command that waits says about the controller: ``NO_CONTROLLER`` each time it
+    finds none running (once, until one runs again)."""
+
+    def __init__(self, client: Backend, say: Callable[[str], None]) -> None:
+        self.client, self.say, self.missing = client, say, False
+
+    def look(self) -> None:
+        missing = not controller_running(self.client)
+        if missing and not self.missing:
+            self.say(NO_CONTROLLER)
+        self.missing = missing
 
 
 def _bar(done: int, dead: int, total: int, width: int = 20) -> str:
@@ -31,6 +57,15 @@ def _nodes(nodes: list[NodeInfo]) -> list[str]:
     return out
 
 
+def _why(state: TaskState, reason: str | None) -> list[str]:
+    """Why a task (or queue) waits for nodes, or why it failed."""
+    if reason and state == TaskState.FAILED:
+        return [f"      failed: {reason}"]
+    if reason and not state.finished:
+        return [f"      waiting: {reason}"]
+    return []
+
+
 def _queues(queues: list[QueueStatus]) -> list[str]:
     lines = [f"{len(queues)} queue(s)"]
     width = max((len(q.name) for q in queues), default=0)
@@ -45,8 +80,7 @@ def _queues(queues: list[QueueStatus]) -> list[str]:
         )
         if q.rejected:
             lines.append(f"      rejected {q.rejected} stream entries that were no job")
-        if q.reason and not q.state.finished:
-            lines.append(f"      waiting: {q.reason}")
+        lines += _why(q.state, q.reason)
         lines += _nodes(q.nodes)
     return lines
 
@@ -62,9 +96,11 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
     tasks.sort(key=lambda t: t.created_at)
     total = client.task_count()
     workers = client.workers()
+    running = controller_running(client)
     if as_json:
         return json.dumps(
             {
+                "controller_running": running,
                 "total": total,
                 "offset": offset,
                 "tasks": [t.model_dump(mode="json") for t in tasks],
@@ -75,7 +111,8 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
         )
     now = time.time()
     shown = f" (the {len(tasks)} newest after {offset})" if len(tasks) < total else ""
-    lines = [f"{total} task(s){shown}"]
+    lines = [] if running else [NO_CONTROLLER]
+    lines.append(f"{total} task(s){shown}")
     width = max((len(t.name) for t in tasks), default=0)  # names in full, never cut
     for t in tasks:
         nodes = client.task(t.id).status().nodes if not t.finished else []
@@ -87,8 +124,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
         )
         if t.rejected:
             lines.append(f"      rejected {t.rejected} stream entries that were no subtask")
-        if t.reason and not t.finished:
-            lines.append(f"      waiting: {t.reason}")
+        lines += _why(t.state, t.reason)
         lines += _nodes(nodes)
     lines += _queues(queues)
     lines.append(f"{len(workers)} worker(s)")

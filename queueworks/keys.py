@@ -57,26 +57,18 @@ Keys of a finished task expire after ``result_ttl``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
+
+from queueworks.validate import check_name, check_prefix
+from queueworks.validate import check_worker_id as check_worker_id
 
 PARKED = "_parked"  # the consumer of every group that holds entries handed back by a leave
 
-_TASK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_WORKER_ID = re.compile(r"^[A-Za-z0-9_.:@-]{1,128}$")
 
-
-def check_task_id(task_id: str) -> str:
-    """Task ids go into hash tags and group names: a small safe alphabet only."""
-    if not _TASK_ID.match(task_id):
-        raise ValueError(f"task id {task_id!r} must match {_TASK_ID.pattern}")
-    return task_id
-
-
-def check_worker_id(worker_id: str) -> str:
-    if not _WORKER_ID.match(worker_id):
-        raise ValueError(f"worker id {worker_id!r} must match {_WORKER_ID.pattern}")
-    return worker_id
+def check_task_id(task_id: str, what: str = "task id") -> str:
+    """Task ids (and queue names) go into hash tags and group names: one small safe
+    pattern, ``validate.NAME_PATTERN``."""
+    return check_name(task_id, what)
 
 
 @dataclass(frozen=True)
@@ -214,6 +206,9 @@ class Keys:
     """The key schema under one prefix (default ``qw``)."""
 
     prefix: str = "qw"
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
 
     def task(self, task_id: str) -> TaskKeys:
         return TaskKeys(self.prefix, task_id)

@@ -8,11 +8,40 @@ the worker dead-letters it with that reason and keeps working.
 from __future__ import annotations
 
 import json
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Any
 
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
+
+
+MAX_DEPTH = 100  # the deepest nesting of lists and dicts a payload or result may have
+_MARKS = bytes.maketrans(b"{}", b"[]")  # every bracket as "[" or "]": depth is all they tell
+_NOT_MARKS = bytes(c for c in range(256) if c not in b'[]{}"')
+_STRINGS = re.compile(rb'"[^"]*"')  # once escapes are gone: a string, and brackets in it
+
+
+def too_deep(raw: str) -> bool:
+    """Whether the JSON text ``raw`` nests lists and dicts deeper than ``MAX_DEPTH``. A
+    short text costs a length test, one with few brackets two ``count``s; only a text with
+    many is read for its nesting, in C: escapes and everything but brackets and quotes
+    dropped, then strings, then one pass per level takes the innermost ``[]`` away."""
+    if len(raw) <= 2 * MAX_DEPTH or raw.count("[") + raw.count("{") <= MAX_DEPTH:
+        return False
+    text = raw.replace("\\\\", "").replace('\\"', "").encode()
+    marks = text.translate(_MARKS, _NOT_MARKS)
+    if b'"' in marks:
+        marks = _STRINGS.sub(b"", marks.replace(b'""', b""))
+    for _ in range(MAX_DEPTH):
+        marks = marks.replace(b"[]", b"")
+        if not marks:
+            return False
+    return True
+
+
+def _nested(what: str) -> str:
+    return f"{what} is nested deeper than {MAX_DEPTH} levels of lists and dicts"
 
 
 class BadMessage(ValueError):
@@ -34,7 +63,9 @@ _loads = json.JSONDecoder(parse_constant=_no_constant).decode
 
 def from_json(raw: str, what: str) -> Any:
     """Strict JSON read from Redis: ``NotJSON`` for invalid JSON, ``NaN``/``Infinity``, and
-    nesting too deep to decode (the stdlib raises ``RecursionError`` there), never else."""
+    nesting deeper than ``MAX_DEPTH`` (whoever wrote it), never else."""
+    if too_deep(raw):
+        raise NotJSON(f"{what} is not valid JSON: {_nested('it')}")
     try:
         return _loads(raw)
     except (ValueError, RecursionError) as exc:
@@ -42,10 +73,17 @@ def from_json(raw: str, what: str) -> Any:
 
 
 def to_json(value: Any, what: str) -> str:
+    """``value`` as compact JSON; ``NotJSON`` naming ``what`` for what JSON cannot carry,
+    and for nesting deeper than ``MAX_DEPTH``."""
     try:
-        return _dumps(value)
+        raw = _dumps(value)
+    except RecursionError:
+        raise NotJSON(_nested(what)) from None
     except (TypeError, ValueError) as exc:
         raise NotJSON(f"{what} is not JSON-serializable: {exc}") from None
+    if too_deep(raw):
+        raise NotJSON(_nested(what))
+    return raw
 
 
 @dataclass(slots=True)

@@ -22,6 +22,18 @@ from pydantic import (
     model_validator,
 )
 
+from queueworks.validate import (
+    MAX_ATTEMPTS,
+    MAX_COUNT,
+    MAX_NODES,
+    MAX_PARTITIONS,
+    MAX_PRIORITY,
+    MAX_TIMEOUT,
+    MAX_TTL,
+    check_finite_tree,
+    check_idle_after,
+)
+
 HANDLER_PATH = re.compile(
     r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)$"
 )
@@ -85,15 +97,15 @@ class TaskSpec(_Model):
     handler: str = ""  # required except for mode "queue" (its jobs name their handlers)
     # an iterable; or an async iterable, for AsyncClient.submit
     subtasks: Iterable[Any] | AsyncIterable[Any] = Field(default=(), exclude=True, repr=False)
-    min_nodes: int = Field(default=1, ge=1)
-    max_nodes: int | None = Field(default=None, ge=1)
-    priority: int = 0
-    max_attempts: int = Field(default=3, ge=1, le=1000)
-    subtask_timeout: float = Field(default=60.0, gt=0, le=7 * 86400.0)
-    partitions: int = Field(default=0, ge=0, le=4096)
+    min_nodes: int = Field(default=1, ge=1, le=MAX_NODES)
+    max_nodes: int | None = Field(default=None, ge=1, le=MAX_NODES)
+    priority: int = Field(default=0, ge=-MAX_PRIORITY, le=MAX_PRIORITY)
+    max_attempts: int = Field(default=3, ge=1, le=MAX_ATTEMPTS)
+    subtask_timeout: float = Field(default=60.0, gt=0, le=MAX_TIMEOUT)
+    partitions: int = Field(default=0, ge=0, le=MAX_PARTITIONS)
     node_selector: dict[str, str] = Field(default_factory=dict)
-    result_ttl: float = Field(default=24 * 3600.0, gt=0, le=3650 * 86400.0)
-    max_dead: int | None = Field(default=None, ge=0)
+    result_ttl: float = Field(default=24 * 3600.0, gt=0, le=MAX_TTL)
+    max_dead: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     mode: Literal["subtask", "step", "queue"] = "subtask"
     options: dict[str, Any] = Field(default_factory=dict)
 
@@ -124,6 +136,17 @@ class TaskSpec(_Model):
             raise ValueError("mode='step' takes no partitions")
         return self
 
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """No NaN or infinity in them (stored as JSON, they would read back as null); a
+        queue's ``idle_after`` in range."""
+        check_finite_tree("options", v)
+        queue = v.get("queue")
+        if isinstance(queue, dict) and "idle_after" in queue:
+            check_idle_after(queue["idle_after"])
+        return v
+
     @model_validator(mode="after")
     def _bounds(self) -> TaskSpec:
         if self.max_nodes is not None and self.max_nodes < self.min_nodes:
@@ -138,7 +161,13 @@ class TaskSpec(_Model):
 
 
 class StoredSpec(TaskSpec):
-    """A spec read back from Redis: subtasks are not part of it."""
+    """A spec read back from Redis: subtasks are not part of it. Its options are not
+    refused (an older version stored NaN as null): their readers fall back to defaults."""
+
+    @field_validator("options")
+    @classmethod
+    def _options(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return v
 
 
 @dataclass(frozen=True)
@@ -181,7 +210,7 @@ class TaskRecord(_Model):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None
-    reason: str | None = None  # why the task has no (or too few) nodes, while it waits
+    reason: str | None = None  # why it has no (or too few) nodes while it waits; why it failed
     rq_job: str | None = None  # the RQ job that submitted it (queueworks.rq), if any
     want: int | None = None  # nodes it can use now, if it says (a queue); None = max_nodes
 

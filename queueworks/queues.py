@@ -20,11 +20,13 @@ import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import datetime
 from enum import Enum
 from types import FunctionType
 from typing import Any
+
+import redis
 
 from queueworks import events
 from queueworks.connection import one_command, text
@@ -42,7 +44,15 @@ from queueworks.models import (
 )
 from queueworks.records import Hash, job_status, new_task, queue_counts
 from queueworks.scripts import EnqueueBatch, NewJob, job_ids
-from queueworks.tasks import Backend, Task
+from queueworks.tasks import Backend, Task, TaskNotFound
+from queueworks.validate import check_idle_after, run_at
+from queueworks.vanished import (
+    QUEUE_CHECK_SECONDS,
+    QueueGone,
+    lost,
+    no_group,
+    record_gone,
+)
 
 ENQUEUE_BATCH = 500  # jobs per Lua call in enqueue_many
 ENQUEUE_PIPELINE = 8  # Lua calls per round trip
@@ -146,9 +156,25 @@ class QueueSettings:
             max_attempts=spec.max_attempts,
             job_timeout=spec.subtask_timeout,
             result_ttl=spec.result_ttl,
-            idle_after=float(spec.options.get("queue", {}).get("idle_after", IDLE_AFTER)),
+            idle_after=stored_idle_after(spec.options)[0],
             node_selector=dict(spec.node_selector),
         )
+
+    def given(self) -> dict[str, Any]:
+        """All of them, as ``Client.queue`` is given settings."""
+        return asdict(self)
+
+
+def stored_idle_after(options: Mapping[str, Any]) -> tuple[float, str | None]:
+    """A stored queue's ``idle_after``, and what was wrong with it if it is the default
+    instead (an older version stored NaN or infinity as null)."""
+    queue = options.get("queue")
+    if not isinstance(queue, Mapping) or "idle_after" not in queue:
+        return IDLE_AFTER, None
+    try:
+        return check_idle_after(queue["idle_after"]), None
+    except ValueError as exc:
+        return IDLE_AFTER, str(exc)
 
 
 IDLE_AFTER = 30.0  # s without a job before a queue asks for min_nodes only
@@ -156,10 +182,15 @@ DEFAULTS = QueueSettings(1, None, 0, 3, 60.0, 24 * 3600.0, IDLE_AFTER, {})
 
 
 class Queue:
-    """A handle to one queue: ``client.queue("emails")``."""
+    """A handle to one queue: ``client.queue("emails")``. It carries the queue's settings:
+    if the queue is gone from Redis it creates it again with them (``queueworks.vanished``)
+    — unless ``revives`` is false (a listing's handle, which does not know them)."""
 
-    def __init__(self, client: Backend, name: str, settings: QueueSettings) -> None:
+    def __init__(
+        self, client: Backend, name: str, settings: QueueSettings, *, revives: bool = True
+    ) -> None:
         self.client, self.name, self.settings = client, name, settings
+        self.revives = revives
         self.keys = client.keys.task(name)
         self._known: set[str] = set()  # handlers this handle has told the queue about
         self._path = HandlerPaths()
@@ -190,17 +221,47 @@ class Queue:
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         One round trip."""
         job = new_job(self._path(handler), payload, delay, at)
-        r, scripts, now = self.client.redis, self.client.scripts, time.time()
+        if job.at is None and job.handler in self._known:  # nothing written if it is gone
+            reply = one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
+            if reply is not None:
+                return Job(self, text(reply))
+            self._revive()
+        reply = self._write(job)
+        if reply is None:  # the queue is gone: made again, and the job written there
+            self._revive()
+            reply = self._write(job)
+        return Job(self, enqueued(self.name, reply)[0])
+
+    def _write(self, job: NewJob) -> Any:
+        """One job by ``enqueue_jobs`` (with its handler, if the handle has not told the
+        queue yet); the script's reply (nil: the queue's stream is gone)."""
+        scripts, now = self.client.scripts, time.time()
         if job.handler in self._known:
-            if job.at is None:
-                return Job(self, text(one_command(r, *xadd_now(self.keys, job, now))))
-            return Job(self, job_ids(scripts.enqueue_jobs(self.keys, [job], now))[0])
-        pipe = r.pipeline(transaction=False)
+            return scripts.enqueue_jobs(self.keys, [job], now)
+        pipe = self.client.redis.pipeline(transaction=False)
         tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
         called = scripts.enqueue_jobs(self.keys, [job], now, client=pipe)
         replies = pipe.execute()
         self._known.add(job.handler)
-        return Job(self, job_ids(replies[-1] if called is pipe else called)[0])
+        return replies[-1] if called is pipe else called
+
+    def _revive(self, also: Iterable[str] = ()) -> None:
+        """The queue is gone (or its stream): make it again with this handle's settings, and
+        tell it the handlers this handle knows (and ``also``); ``QueueNotFound`` if it was
+        cancelled."""
+        r = self.client.redis
+        if record_gone(self.name, r.hget(self.keys.record, "state"), self.revives):
+            open_queue(self.client, self.name, self.settings.given())
+        pipe = r.pipeline(transaction=False)
+        pipe.xgroup_create(self.keys.stream, self.keys.group, id="0", mkstream=True)
+        if self._known or also:
+            tell_handlers(pipe, self.client.keys, self.keys, sorted({*self._known, *also}))
+        check_created(pipe.execute(raise_on_error=False))
+
+    def _resend(self, batch: EnqueueBatch, told: set[str]) -> Any:
+        """A batch of ``enqueue_many`` that found the queue gone, once it is made again."""
+        self._revive(told)
+        return self.client.scripts.enqueue_batch(batch, time.time())
 
     def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
         """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
@@ -210,7 +271,7 @@ class Queue:
         pipe = self.client.redis.pipeline(transaction=False)
         batch, calls = EnqueueBatch(self.keys), 0
         told: set[str] = set()  # handlers the pipelines tell the queue about
-        ids = Replies()
+        ids = Replies(self.name, lambda gone: self._resend(gone, told))
         try:
             for handler, payload in jobs:
                 path = self._path(handler)
@@ -219,24 +280,31 @@ class Queue:
                     told.add(path)
                 batch.add(path, payload_json(payload))
                 if len(batch) >= ENQUEUE_BATCH:
-                    ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe))
+                    ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe), batch)
                     batch, calls = EnqueueBatch(self.keys), calls + 1
                     if calls >= ENQUEUE_PIPELINE:
-                        ids.sent(sender.send(pipe))
+                        ids.read(sender.wait())
+                        sender.send(pipe)
+                        ids.sent()
                         pipe, calls = self.client.redis.pipeline(transaction=False), 0
             if len(batch):
-                ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe))
-            sender.wait()
-            ids.sent(pipe.execute())
+                ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe), batch)
+            ids.read(sender.wait())
+            ids.sent()
+            ids.read(pipe.execute())
             self._known |= told
         finally:
             sender.close()
-        return [Job(self, job_id) for job_id in ids.ids()]
+        return [Job(self, job_id) for job_id in ids.ids]
 
     # -- reading --------------------------------------------------------------------------
 
     def status(self) -> QueueStatus:
-        task = self.task.status()
+        try:
+            task = self.task.status()
+        except TaskNotFound:
+            self._revive()
+            task = self.task.status()
         pipe = self.client.redis.pipeline(transaction=False)
         queue_reads(pipe, self.keys)
         return queue_status(task, pipe.execute(raise_on_error=False), time.time())
@@ -245,23 +313,23 @@ class Queue:
 class _Sender:
     """``enqueue_many``'s pipelines, executed one at a time on a thread of its own (started
     at the first of them, so a call of one pipeline starts none): Redis runs one batch while
-    the caller builds the next. A failed pipeline raises at the next ``send`` or ``wait``."""
+    the caller builds the next. ``wait`` returns the replies of the one sent (None if none
+    was), or raises what it raised."""
 
     def __init__(self) -> None:
         self.pool: ThreadPoolExecutor | None = None
         self.inflight: Future[Any] | None = None
 
-    def send(self, pipe: Any) -> Future[Any]:
-        self.wait()
+    def send(self, pipe: Any) -> None:
+        """Execute ``pipe`` (after a ``wait`` for the one before it)."""
+        assert self.inflight is None
         if self.pool is None:
             self.pool = ThreadPoolExecutor(1, thread_name_prefix="qw-enqueue-many")
         self.inflight = self.pool.submit(pipe.execute)
-        return self.inflight
 
-    def wait(self) -> None:
+    def wait(self) -> list[Any] | None:
         inflight, self.inflight = self.inflight, None
-        if inflight is not None:
-            inflight.result()
+        return None if inflight is None else list(inflight.result())
 
     def close(self) -> None:
         """Let the pipeline in flight finish (a job sent is enqueued), stop the thread, and
@@ -272,31 +340,37 @@ class _Sender:
 
 
 class Replies:
-    """The job ids ``enqueue_many``'s Lua calls reply, in order: each call's position on its
-    pipeline (or, run at once on a cluster pipeline, its reply), and each pipeline's
-    replies once it ran."""
+    """The job ids of ``enqueue_many``'s Lua calls, in order. A call queued on a pipeline
+    is read once its pipeline ran (its batch kept until then: two pipelines' worth at most);
+    a call that found the queue gone (nil) is sent again by ``resend``, which makes the
+    queue again first, before the next pipeline goes."""
 
-    def __init__(self) -> None:
-        self.calls: list[tuple[int, int] | list[Any]] = []  # (pipeline, position) or ids
-        self.replies: list[Future[Any] | list[Any]] = []
+    def __init__(self, queue: str, resend: Callable[[EnqueueBatch], Any]) -> None:
+        self.queue, self.resend = queue, resend
+        self.ids: list[str] = []
+        self.building: list[tuple[int, EnqueueBatch]] = []  # on the pipeline being built
+        self.sending: list[tuple[int, EnqueueBatch]] = []  # on the pipeline sent
 
-    def add(self, pipe: Any, reply: Any) -> None:
+    def add(self, pipe: Any, reply: Any, batch: EnqueueBatch) -> None:
         if reply is pipe:  # queued on it: its reply comes with the pipeline's
-            self.calls.append((len(self.replies), len(pipe) - 1))
-        else:
-            self.calls.append(reply)
+            self.building.append((len(pipe) - 1, batch))
+        else:  # run at once (a cluster pipeline)
+            self.take(reply, batch)
 
-    def sent(self, replies: Future[Any] | list[Any]) -> None:
-        self.replies.append(replies)
+    def sent(self) -> None:
+        self.sending, self.building = self.building, []
 
-    def ids(self) -> list[str]:
-        out: list[str] = []
-        for call in self.calls:
-            if isinstance(call, tuple):
-                got = self.replies[call[0]]
-                call = (got.result() if isinstance(got, Future) else got)[call[1]]
-            out += job_ids(call)
-        return out
+    def read(self, replies: Sequence[Any] | None) -> None:
+        """The replies of the pipeline sent (None: there was none)."""
+        if replies is not None:
+            for position, batch in self.sending:
+                self.take(replies[position], batch)
+            self.sending = []
+
+    def take(self, reply: Any, batch: EnqueueBatch) -> None:
+        if reply is None:
+            reply = self.resend(batch)
+        self.ids += enqueued(self.queue, reply)
 
 
 class Job:
@@ -313,29 +387,43 @@ class Job:
         return f"Job({self.queue.name!r}, {self.id!r})"
 
     def status(self) -> JobStatus:
-        r, qk = self.queue.client.redis, self.queue.keys
-        pipe = r.pipeline(transaction=False)
-        status_reads(pipe, qk, self.id)
-        raw, pending, entry = read_status(self.queue.name, self.id, pipe.execute())
+        replies = self._status_reads()
+        if any(no_group(reply) for reply in replies):  # the queue's stream or group is gone
+            self.queue._revive()
+            replies = self._status_reads()
+        raw, pending, entry = read_status(self.queue.name, self.id, replies)
         if entry:
+            r, qk = self.queue.client.redis, self.queue.keys
             pending = r.xpending_range(qk.stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
+
+    def _status_reads(self) -> list[Any]:
+        pipe = self.queue.client.redis.pipeline(transaction=False)
+        status_reads(pipe, self.queue.keys, self.id)
+        return list(pipe.execute(raise_on_error=False))
 
     def result(self, timeout: float | None = None) -> Any:
         """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
         ``TimeoutError`` after ``timeout`` s."""
         r, qk = self.queue.client.redis, self.queue.keys
         deadline = None if timeout is None else time.monotonic() + timeout
-        pause = FIRST_PAUSE
+        pause, checked = FIRST_PAUSE, time.monotonic()
         while True:
+            check = time.monotonic() - checked >= QUEUE_CHECK_SECONDS
             pipe = r.pipeline(transaction=False)
-            result_reads(pipe, qk, self.id)
+            result_reads(pipe, qk, self.id, check)
             replies = pipe.execute()
-            done = finished(self.queue.name, self.id, replies)
+            try:
+                done = finished(self.queue.name, self.id, replies, check)
+            except QueueGone:
+                self.queue._revive()  # its entry runs once its group is there again
+                done = None
             if done is not None:
                 return done[0]
             if deadline is not None and time.monotonic() >= deadline:
                 raise not_finished(self.id, replies, timeout)
+            if check:
+                checked = time.monotonic()
             time.sleep(pause)
             pause = min(LAST_PAUSE, pause * 1.5)
 
@@ -343,7 +431,14 @@ class Job:
         """Cancel the job if it has not started; False if it has started or finished."""
         q = self.queue
         now, ttl = time.time(), int(q.settings.result_ttl)
-        return cancelled(q.name, self.id, q.client.scripts.cancel_job(q.keys, self.id, now, ttl))
+        try:
+            found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        except redis.ResponseError as exc:
+            if not no_group(exc):
+                raise
+            q._revive()
+            found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        return cancelled(q.name, self.id, found)
 
 
 # -- what Queue/Job and AsyncQueue/AsyncJob share: no I/O, or commands queued on a pipeline --
@@ -356,18 +451,20 @@ def new_job(path: str, payload: Any, delay: float | None, at: datetime | float |
     """A job to enqueue: its handler path (checked: ``HandlerPaths``) and payload JSON, and
     when it runs, with a new id if that is later; ``ValueError`` naming what is wrong."""
     body = payload_json(payload)
-    if delay is not None and at is not None:
-        raise ValueError("enqueue: give delay or at, not both")
-    run_at: float | None = None
-    if delay is not None:
-        if delay < 0:
-            raise ValueError(f"enqueue: delay must be >= 0, got {delay}")
-        run_at = time.time() + delay
-    elif at is not None:
-        run_at = at.timestamp() if isinstance(at, datetime) else float(at)
-    if run_at is None or run_at <= time.time():
+    if delay is None and at is None:
         return NewJob("", path, body)  # to run now: its id will be its entry's
-    return NewJob(new_job_id(), path, body, run_at)
+    now = time.time()
+    when = run_at(delay, at, now)
+    if when <= now:
+        return NewJob("", path, body)
+    return NewJob(new_job_id(), path, body, when)
+
+
+def enqueued(queue: str, reply: Any) -> list[str]:
+    """The ids ``enqueue_jobs`` replied; ``QueueNotFound`` if it found no stream (nil)."""
+    if reply is None:
+        raise lost(queue)
+    return job_ids(reply)
 
 
 def tell_handlers(pipe: Any, keys: Keys, qk: TaskKeys, handlers: Sequence[str]) -> None:
@@ -418,8 +515,11 @@ def no_job(queue: str, job_id: str) -> LookupError:
 
 def xadd_now(qk: TaskKeys, job: NewJob, now: float) -> tuple[str, ...]:
     """The ``XADD`` of a job to run now: its entry is all of it until it settles (the
-    entry's id is the job's)."""
-    return ("XADD", qk.stream, "*", "h", job.handler, "p", job.payload, "t", repr(now))
+    entry's id is the job's). Nothing is written, and the reply is nil, if the queue's
+    stream is gone."""
+    return (
+        "XADD", qk.stream, "NOMKSTREAM", "*", "h", job.handler, "p", job.payload, "t", repr(now)
+    )  # fmt: skip
 
 
 def status_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
@@ -437,6 +537,9 @@ def read_status(queue: str, job_id: str, replies: Sequence[Any]) -> tuple[Any, A
     with none, what its entry says), the pending-list row read with it, and the entry whose
     row is still to read (a queued job with a record: delayed or requeued); ``LookupError``
     if there is no such job."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
     *entry, raw = replies
     if raw:
         return raw, None, running_entry(raw)
@@ -448,12 +551,15 @@ def read_status(queue: str, job_id: str, replies: Sequence[Any]) -> tuple[Any, A
     raise no_job(queue, job_id)
 
 
-def result_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
+def result_reads(pipe: Any, qk: TaskKeys, job_id: str, check: bool = False) -> None:
     """Queue on ``pipe`` what one look at a job's result reads (``finished``): for a job
     enqueued to run now, whether its entry waits (before the record: see
-    ``status_reads``), then its record's ``RESULT_FIELDS``."""
+    ``status_reads``); with ``check`` (every ``QUEUE_CHECK_SECONDS``), whether its queue's
+    record is there; then its record's ``RESULT_FIELDS``."""
     if ENTRY_ID.match(job_id):
         pipe.xrange(qk.stream, job_id, job_id, count=1)
+    if check:
+        pipe.exists(qk.record)
     pipe.hmget(qk.job(job_id), RESULT_FIELDS)
 
 
@@ -465,13 +571,19 @@ def running_entry(raw: Mapping[bytes, bytes]) -> bytes | None:
     return entry if raw.get(b"s") == JobState.QUEUED.value.encode() and entry else None
 
 
-def finished(queue: str, job_id: str, replies: Sequence[Any]) -> tuple[Any] | None:
-    """From the replies of ``result_reads``: ``(result,)`` of a done job; raises
-    ``JobFailed`` for a dead or cancelled one, ``LookupError`` for none; None while it is
+def finished(
+    queue: str, job_id: str, replies: Sequence[Any], check: bool = False
+) -> tuple[Any] | None:
+    """From the replies of ``result_reads`` (``check`` as given there): ``(result,)`` of a
+    done job; raises ``JobFailed`` for a dead or cancelled one, ``LookupError`` for none,
+    ``QueueGone`` for one on the stream of a queue whose record is gone; None while it is
     not finished."""
     *entry, (state, value, reason, error) = replies
+    queue_there = entry.pop() if check else True
     if state is None:
         if entry and entry[0]:
+            if not queue_there:
+                raise QueueGone(queue)
             return None  # on the stream, with no record yet
         raise no_job(queue, job_id)
     s = text(state)

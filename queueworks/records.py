@@ -19,7 +19,8 @@ Task record fields (all strings in Redis):
 ``partitions``     0, or the number of partition streams
 ``created_at``     ``started_at``, ``finished_at``: Unix seconds ("" or absent = not yet)
 ``error``          why it failed ("" or absent = none)
-``reason``         why it waits without (enough) nodes, written by the controller
+``reason``         why it waits without (enough) nodes, written by the controller (read back
+                   as ``error`` once it failed: ``TaskStatus.reason`` says why, either way)
 ``want``           how many nodes it can use now ("" or absent = as many as ``max_nodes``): a
                    queue's members write it from the backlog and emit ``changed`` naming the
                    task; the controller caps the node set there (never below ``min_nodes``)
@@ -118,10 +119,13 @@ def task_fields(task_id: str, raw: Mapping[Any, Any] | Sequence[Any]) -> dict[st
     else:
         f = dict(zip(TASK_FIELDS, raw, strict=True))
     max_nodes = _str(f["max_nodes"])
+    state = TaskState(_str(f["state"]) or "queued")
+    error = _str(f["error"]) or None
+    failed = state == TaskState.FAILED and error
     return {
         "id": task_id,
         "name": _str(f["name"]) or "",
-        "state": TaskState(_str(f["state"]) or "queued"),
+        "state": state,
         "total": _int(f["total"]),
         "done": _int(f["done"]),
         "dead": _int(f["dead"]),
@@ -134,8 +138,8 @@ def task_fields(task_id: str, raw: Mapping[Any, Any] | Sequence[Any]) -> dict[st
         "created_at": _float(f["created_at"]) or 0.0,
         "started_at": _float(f["started_at"]),
         "finished_at": _float(f["finished_at"]),
-        "error": _str(f["error"]) or None,
-        "reason": _str(f["reason"]) or None,
+        "error": error,
+        "reason": error if failed else _str(f["reason"]) or None,
         "rq_job": _str(f["rq_job"]) or None,
         "want": int(want) if (want := _str(f["want"])) else None,
     }

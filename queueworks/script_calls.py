@@ -320,7 +320,7 @@ def reclaim(
 def enqueue_jobs(tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any = None) -> Call[Any]:
     """Put ``jobs`` on a queue (or, delayed, in its scheduled zset with a record); may be
     pipelined (not on a cluster pipeline, as for ``enqueue``). Replies the jobs' ids
-    (``job_ids``)."""
+    (``job_ids``), or None if the queue's stream is gone (nothing written)."""
     argv: list[Any] = [repr(now)]
     keys = [tk.stream, tk.scheduled]
     for job in jobs:

@@ -5,26 +5,30 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from queueworks.validate import PREFIX_PATTERN
+
+HOUR, DAY = 3600.0, 86400.0  # bounds of the intervals: finite, so a sleep never overflows
+
 
 class Settings(BaseSettings):
     """Every knob of the processes. Flags override environment variables."""
 
     model_config = SettingsConfigDict(
-        env_prefix="QUEUEWORKS_", extra="forbid", hide_input_in_errors=True
+        env_prefix="QUEUEWORKS_", extra="forbid", hide_input_in_errors=True, allow_inf_nan=False
     )
 
     redis_url: str = "redis://localhost:6379/0"
-    prefix: str = Field(default="qw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
-    heartbeat_interval: float = Field(default=1.0, gt=0)
-    heartbeat_ttl: float = Field(default=3.0, gt=0)
-    lease_ttl: float = Field(default=5.0, gt=0)
-    reconcile_interval: float = Field(default=1.0, gt=0)
-    full_pass_interval: float = Field(default=60.0, gt=0)  # the controller's backstop sweep
-    stats_interval: float = Field(default=60.0, gt=0)  # s between two `controller_stats` lines
+    prefix: str = Field(default="qw", pattern=rf"^{PREFIX_PATTERN}$")
+    heartbeat_interval: float = Field(default=1.0, gt=0, le=HOUR)
+    heartbeat_ttl: float = Field(default=3.0, gt=0, le=DAY)
+    lease_ttl: float = Field(default=5.0, gt=0, le=DAY)
+    reconcile_interval: float = Field(default=1.0, gt=0, le=HOUR)
+    full_pass_interval: float = Field(default=60.0, gt=0, le=DAY)  # the backstop sweep
+    stats_interval: float = Field(default=60.0, gt=0, le=DAY)  # s between `controller_stats`
     fault_stop_before_apply: int = Field(default=0, ge=0)  # tests only: controller.main
     batch_size: int = Field(default=100, ge=1, le=10_000)
     concurrency: int = Field(default=1, ge=1, le=10_000)
-    grace_period: float = Field(default=10.0, ge=0)
+    grace_period: float = Field(default=10.0, ge=0, le=DAY)
     log_level: str = "info"
     log_format: str = Field(default="json", pattern=r"^(json|console)$")
     ssl_ca_certs: str | None = None

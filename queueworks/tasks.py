@@ -14,6 +14,7 @@ from queueworks.messages import from_json
 from queueworks.models import DeadLetter, NodeInfo, TaskState, TaskStatus
 from queueworks.records import task_fields
 from queueworks.scripts import Scripts
+from queueworks.validate import check_priority, check_resize
 
 
 class TaskNotFound(LookupError):
@@ -91,7 +92,7 @@ class Task:
         return changed
 
     def set_priority(self, priority: int) -> None:
-        self._change(priority=priority)
+        self._change(priority=check_priority(priority))
 
     def resize(self, min_nodes: int, max_nodes: int | None) -> None:
         self._change(**resize_fields(min_nodes, max_nodes))
@@ -154,9 +155,8 @@ def dead_letter(entry_id: bytes, raw: Mapping[bytes, bytes]) -> DeadLetter:
 
 def resize_fields(min_nodes: int, max_nodes: int | None) -> dict[str, object]:
     """The record fields ``resize`` writes; ``ValueError`` for bounds that cannot be."""
-    if min_nodes < 1 or (max_nodes is not None and max_nodes < min_nodes):
-        raise ValueError(f"resize: need 1 <= min_nodes <= max_nodes, got {min_nodes}, {max_nodes}")
-    return {"min_nodes": min_nodes, "max_nodes": "" if max_nodes is None else max_nodes}
+    low, high = check_resize(min_nodes, max_nodes)
+    return {"min_nodes": low, "max_nodes": "" if high is None else high}
 
 
 def finished_task(task_id: str) -> ValueError:

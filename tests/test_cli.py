@@ -91,7 +91,7 @@ def test_unreachable_redis_is_one_line(closed_url: str, args: list[str]) -> None
 def test_debug_shows_the_traceback(closed_url: str) -> None:
     res = cli(["--debug", "info"], closed_url)
     assert res.returncode == 1 and "Traceback" in res.stderr, res.stderr[-800:]
-    assert "redis.exceptions.ConnectionError" in res.stderr
+    assert "queueworks.connection.RedisUnavailable: cannot reach Redis at" in res.stderr
 
 
 def test_auth_failure_is_one_line_without_the_password(locked: RedisServer) -> None:
@@ -396,3 +396,78 @@ def test_redis_command_on_a_port_in_use_is_one_line(closed_url: str) -> None:
         port = taken.getsockname()[1]
         res = cli(["redis", "--port", str(port)], closed_url)
     one_line_error(res, 1, f"port {port} on 127.0.0.1 is in use", "--port")
+
+
+# -- every number and name is checked where it enters ---------------------------------------
+
+DEEP = "[" * 200 + "]" * 200
+
+
+@pytest.mark.parametrize(
+    ("args", "piece"),
+    [
+        (["enqueue", "q", "tests.handlers:double", "--delay", "nan"], "--delay"),
+        (["enqueue", "q", "tests.handlers:double", "--delay", "inf"], "--delay"),
+        (["enqueue", "q", "tests.handlers:double", "--delay", "1e308"], "--delay"),
+        (["enqueue", "q\n", "tests.handlers:double"], "must match"),
+        (["enqueue", "..", "tests.handlers:double"], "must match"),
+        (["enqueue", "q", "tests.handlers:double", "--wait", "--timeout", "-1"], "--timeout"),
+        (["enqueue", "q", "tests.handlers:double", "--job-timeout", "nan"], "--job-timeout"),
+        (["enqueue", "q", "tests.handlers:double", "--priority", "9" * 12], "--priority"),
+        (["enqueue", "q", "tests.handlers:double", "--min-nodes", "0"], "--min-nodes"),
+        (["enqueue", "q", "tests.handlers:double", "--json", DEEP], "nested deeper than 100"),
+        (["submit", "m:f", "--count", "1", "--wait", "--timeout", "-1"], "--timeout"),
+        (["submit", "m:f", "--count", "-1"], "--count"),
+        (["submit", "m:f", "--count", "1", "--partitions", "5000"], "--partitions"),
+        (["dead", "T", "--limit", "0"], "--limit"),
+        (["dead", "T", "--index", "-1"], "--index"),
+        (["dead", "T\n"], "must match"),
+        (["info", "--interval", "nan"], "--interval"),
+        (["worker", "--allow", "x", "--heartbeat-interval", "inf"], "heartbeat_interval"),
+        (["worker", "--allow", "x", "--prefix", "qw\n"], "prefix"),
+    ],
+    ids=lambda v: " ".join(v).replace("\n", "\\n")[:60] if isinstance(v, list) else None,
+)
+def test_bad_numbers_and_names_are_usage_errors(
+    redis_url: str, prefix: str, r: redis.Redis, args: list[str], piece: str
+) -> None:
+    """Exit 2, one line naming the option (or the setting, or the name), nothing written."""
+    one_line_error(cli(args, redis_url, prefix), 2, piece)
+    assert list(r.scan_iter(match=f"{prefix}:*")) == []
+
+
+def test_commands_say_when_no_controller_runs_and_count_a_queues_dead(
+    cluster: Cluster, redis_url: str, prefix: str, r: redis.Redis
+) -> None:
+    """No controller: `submit --wait`, `enqueue --wait` and `info` say so in one line (and
+    still do their work); `dead QUEUE` counts the queue's finished jobs."""
+    none = "no controller is running: "
+    res = cli(["submit", "m:f", "--count", "1", "--wait", "--timeout", "1"], redis_url, prefix)
+    assert res.returncode == 3 and none in res.stderr, (res.stdout, res.stderr)
+    assert "did not finish within 1.0 s" in res.stderr
+    args = ["enqueue", "q", "tests.handlers:always_fails", "--max-attempts", "1"]
+    res = cli([*args, "--wait", "--timeout", "1"], redis_url, prefix)
+    assert res.returncode == 3 and none in res.stderr, (res.stdout, res.stderr)
+    shown = cli(["info"], redis_url, prefix)
+    assert shown.returncode == 0 and shown.stdout.startswith(none), shown.stdout
+    assert (
+        json.loads(cli(["info", "--json"], redis_url, prefix).stdout)["controller_running"] is False
+    )
+
+    cluster.controller()
+    cluster.worker()
+    cluster.wait_workers(r, 1)
+    wait_for(lambda: r.exists(f"{prefix}:controller:leader"), 20, "a leader")
+    res = cli([*args, "--wait", "--timeout", "30"], redis_url, prefix)  # the job dies
+    assert res.returncode == 3 and none not in res.stderr, (res.stdout, res.stderr)
+    with Client.from_url(redis_url, prefix=prefix) as client:
+        wait_for(lambda: client.queue("q").status().dead == 2, 30, "both jobs dead")
+    listed = cli(["dead", "q"], redis_url, prefix)
+    assert listed.returncode == 0, listed.stderr
+    assert (
+        listed.stdout.splitlines()[0]
+        == "queue q running: 2 dead of 2 finished, 2 dead letter(s) shown"
+    )
+    data = json.loads(cli(["dead", "q", "--json"], redis_url, prefix).stdout)
+    assert (data["queue"], data["dead"], data["total"]) == (True, 2, 2)
+    assert none not in cli(["info"], redis_url, prefix).stdout

@@ -20,6 +20,8 @@ from queueworks.scripts import JobBatch, JobRef
 from .ledger import Attempts
 from .work import Gone, Work
 
+LATENCY_SPAN = 3650 * 86400.0  # s: an enqueue -> start time beyond ten years is no sample
+
 
 def job_of(work: Work, errors: str = "replace") -> JobRef | None:
     """Which job an entry holds (its own id, or the id it names); None for an entry that
@@ -52,7 +54,10 @@ class JobLedger(Attempts):
         self.batch.ok.append((job, started, work.attempt, body))
 
     def latency(self, seconds: float) -> None:
-        """A job started ``seconds`` after it was enqueued (or became due)."""
+        """A job started ``seconds`` after it was enqueued (or became due); no sample if
+        that is no time at all (an enqueue time written by hand: ``inf``, ``nan``)."""
+        if not -LATENCY_SPAN <= seconds <= LATENCY_SPAN:
+            return
         buckets = self.batch.buckets
         name = bucket_of(max(0.0, seconds))
         buckets[name] = buckets.get(name, 0.0) + 1

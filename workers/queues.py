@@ -26,7 +26,7 @@ from queueworks.connection import text
 from queueworks.context import JobContext, Suspended
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
-from queueworks.queues import IDLE_AFTER
+from queueworks.queues import stored_idle_after
 from queueworks.scripts import JobRef
 from queueworks.signals import ColdStop
 
@@ -73,8 +73,12 @@ class QueueLoop:
             handler = self._handler(path)
             if isinstance(handler, HandlerRefused) and self._refuses(handler):
                 raise handler  # before joining: the run refuses the queue
-        options = run.spec.options.get("queue", {})
-        self.duties = LeaderDuties(run, float(options.get("idle_after", IDLE_AFTER)))
+        idle_after, wrong = stored_idle_after(run.spec.options)
+        if wrong:  # written by an older version, or by hand: never a crash
+            run.log.warning(
+                "queue_setting_ignored", setting="idle_after", error=wrong, used=idle_after
+            )
+        self.duties = LeaderDuties(run, idle_after)
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
         self.avg_seconds = 0.0
@@ -353,7 +357,7 @@ class LeaderDuties:
         """ms to wait on the stream: less if a delayed job is due sooner (the leader)."""
         if self.next_due is None:
             return BLOCK_MS
-        return max(1, min(BLOCK_MS, int((self.next_due - time.time()) * 1000)))
+        return max(1, int(min(BLOCK_MS, (self.next_due - time.time()) * 1000)))  # due at inf
 
     def _duties(self) -> None:
         """Every ``DUTY_SECONDS``: the run's look around (the queue cancelled? a wedged

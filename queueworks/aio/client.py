@@ -168,7 +168,7 @@ class AsyncClient:
             idle_after=idle_after,
             node_selector=node_selector,
         )
-        return await open_queue(self, check_task_id(name), given)
+        return await open_queue(self, check_task_id(name, "queue name"), given)
 
     async def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
@@ -176,7 +176,7 @@ class AsyncClient:
         out = []
         for name in names:
             try:
-                out.append(await AsyncQueue(self, name, DEFAULTS).status())
+                out.append(await AsyncQueue(self, name, DEFAULTS, revives=False).status())
             except TaskNotFound:
                 await self.redis.srem(self.keys.queues, name)  # its record expired
         return out

@@ -30,7 +30,9 @@ from queueworks.connection import (
     Target,
     client_options,
     parse_target,
+    redact_url,
     sentinel_options,
+    unreachable,
 )
 
 AsyncConnection: TypeAlias = "redis.asyncio.Redis | RedisCluster"
@@ -129,12 +131,29 @@ def connect_async(
         if target.kind == "sentinel":
             return _sentinel(target, kwargs)
         pool = BlockingConnectionPool.from_url(url, timeout=None, retry=_no_retry(), **kwargs)
+        pool.connection_class = reaching(pool.connection_class, redact_url(url))
         return redis.asyncio.Redis.from_pool(pool)
     except BadUrl as exc:
         raise ValueError(f"{_URL_HELP} ({exc})") from None
     except ValueError:
         # redis-py's message may quote part of the URL, password included
         raise ValueError(_URL_HELP) from None
+
+
+def reaching(base: type[Any], where: str) -> type[Any]:
+    """``queueworks.connection.reaching`` for a ``redis.asyncio`` connection class."""
+
+    class Reaching(base):  # type: ignore[misc]
+        async def connect_check_health(self, *args: Any, **kwargs: Any) -> None:
+            if self.is_connected:
+                return
+            try:
+                await super().connect_check_health(*args, **kwargs)
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                raise unreachable(where, exc) from None
+
+    Reaching.__name__ = Reaching.__qualname__ = base.__name__
+    return Reaching
 
 
 def _no_retry() -> Retry:

@@ -23,8 +23,9 @@ from collections.abc import (
 from datetime import datetime
 from typing import Any, TypeVar
 
+import redis
+
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
-from queueworks.connection import text
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.queues import (
     ENQUEUE_BATCH,
@@ -33,6 +34,7 @@ from queueworks.queues import (
     QueueSettings,
     cancelled,
     check_created,
+    enqueued,
     new_job,
     new_queue,
     opened_settings,
@@ -45,7 +47,9 @@ from queueworks.queues import (
     xadd_now,
 )
 from queueworks.records import job_status
-from queueworks.scripts import NewJob, job_ids
+from queueworks.scripts import NewJob
+from queueworks.tasks import TaskNotFound
+from queueworks.vanished import QueueGone, no_group, record_gone
 
 T = TypeVar("T")
 Jobs = (
@@ -55,10 +59,14 @@ Jobs = (
 
 
 class AsyncQueue:
-    """A handle to one queue: ``q = await client.queue("emails")``."""
+    """A handle to one queue: ``q = await client.queue("emails")``; after its queue is gone
+    from Redis, it makes it again with its settings, as ``Queue`` does."""
 
-    def __init__(self, client: AsyncBackend, name: str, settings: QueueSettings) -> None:
+    def __init__(
+        self, client: AsyncBackend, name: str, settings: QueueSettings, *, revives: bool = True
+    ) -> None:
         self.client, self.name, self.settings = client, name, settings
+        self.revives = revives
         self.keys = client.keys.task(name)
         self._known: set[str] = set()  # handlers this handle has told the queue about
         self._path = HandlerPaths()
@@ -111,17 +119,32 @@ class AsyncQueue:
         return await self._send_many([jobs])
 
     async def _send_many(self, batches: Sequence[Sequence[NewJob]]) -> list[str]:
-        """One round trip: a Lua call per batch (a lone job to run now: its XADD), and the
-        handlers the queue does not know from this handle yet; the jobs' ids."""
+        """One round trip (a batch that found the queue gone is sent again once the queue
+        is made again); the jobs' ids."""
         batches = [b for b in batches if b]
         if not batches:
             return []
+        replies = await self._write(batches)
+        if any(reply is None for reply in replies):
+            await self._revive()
+            for i, reply in enumerate(replies):
+                if reply is None:
+                    replies[i] = await self.client.scripts.enqueue_jobs(
+                        self.keys, batches[i], time.time()
+                    )
+        return [job_id for reply in replies for job_id in enqueued(self.name, reply)]
+
+    async def _write(self, batches: Sequence[Sequence[NewJob]]) -> list[Any]:
+        """One round trip: a Lua call per batch (a lone job to run now: its XADD), and the
+        handlers the queue does not know from this handle yet; each batch's reply (nil: the
+        queue's stream is gone, nothing written)."""
         r, scripts, now = self.client.redis, self.client.scripts, time.time()
         new = {job.handler for batch in batches for job in batch} - self._known
         if not new and len(batches) == 1:
             if len(batches[0]) == 1 and batches[0][0].at is None:  # a lone job to run now
-                return [text(await r.execute_command(*xadd_now(self.keys, batches[0][0], now)))]
-            return job_ids(await scripts.enqueue_jobs(self.keys, batches[0], now))
+                entry = await r.execute_command(*xadd_now(self.keys, batches[0][0], now))
+                return [None if entry is None else [entry]]
+            return [await scripts.enqueue_jobs(self.keys, batches[0], now)]
         pipe = r.pipeline(transaction=False)
         if new:
             tell_handlers(pipe, self.client.keys, self.keys, sorted(new))
@@ -130,12 +153,27 @@ class AsyncQueue:
         if calls[0] is pipe:  # queued on it (a cluster pipeline ran them at once: see ``Call``)
             calls = replies[len(replies) - len(batches) :]
         self._known |= new
-        return [job_id for reply in calls for job_id in job_ids(reply)]
+        return list(calls)
+
+    async def _revive(self) -> None:
+        """``Queue._revive``: the queue made again with this handle's settings."""
+        r = self.client.redis
+        if record_gone(self.name, await r.hget(self.keys.record, "state"), self.revives):
+            await open_queue(self.client, self.name, self.settings.given())
+        pipe = r.pipeline(transaction=False)
+        pipe.xgroup_create(self.keys.stream, self.keys.group, id="0", mkstream=True)
+        if self._known:
+            tell_handlers(pipe, self.client.keys, self.keys, sorted(self._known))
+        check_created(await pipe.execute(raise_on_error=False))
 
     # -- reading --------------------------------------------------------------------------
 
     async def status(self) -> QueueStatus:
-        task = await self.task.status()
+        try:
+            task = await self.task.status()
+        except TaskNotFound:
+            await self._revive()
+            task = await self.task.status()
         pipe = self.client.redis.pipeline(transaction=False)
         queue_reads(pipe, self.keys)
         return queue_status(task, await pipe.execute(raise_on_error=False), time.time())
@@ -228,28 +266,47 @@ class AsyncJob:
         return f"AsyncJob({self.queue.name!r}, {self.id!r})"
 
     async def status(self) -> JobStatus:
-        r, qk = self.queue.client.redis, self.queue.keys
-        pipe = r.pipeline(transaction=False)
-        status_reads(pipe, qk, self.id)
-        raw, pending, entry = read_status(self.queue.name, self.id, await pipe.execute())
+        replies = await self._status_reads()
+        if any(no_group(reply) for reply in replies):  # the queue's stream or group is gone
+            await self.queue._revive()
+            replies = await self._status_reads()
+        raw, pending, entry = read_status(self.queue.name, self.id, replies)
         if entry:
+            r, qk = self.queue.client.redis, self.queue.keys
             pending = await r.xpending_range(qk.stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
+
+    async def _status_reads(self) -> list[Any]:
+        pipe = self.queue.client.redis.pipeline(transaction=False)
+        status_reads(pipe, self.queue.keys, self.id)
+        return list(await pipe.execute(raise_on_error=False))
 
     async def result(self, timeout: float | None = None) -> Any:
         """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
         ``TimeoutError`` after ``timeout`` s. Polled as ``Job.result`` polls, together with
         the client's other calls (``ResultWatcher``)."""
         watcher = self.queue.client.results
-        return await watcher.result(self.queue.name, self.queue.keys, self.id, timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        left = timeout
+        while True:
+            try:
+                return await watcher.result(self.queue.name, self.queue.keys, self.id, left)
+            except QueueGone:
+                await self.queue._revive()  # its entry runs once its group is there again
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
 
     async def cancel(self) -> bool:
         """Cancel the job if it has not started; False if it has started or finished."""
         q = self.queue
         now, ttl = time.time(), int(q.settings.result_ttl)
-        return cancelled(
-            q.name, self.id, await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
-        )
+        try:
+            found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        except redis.ResponseError as exc:
+            if not no_group(exc):
+                raise
+            await q._revive()
+            found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        return cancelled(q.name, self.id, found)
 
 
 async def open_queue(client: AsyncBackend, name: str, given: dict[str, Any]) -> AsyncQueue:

@@ -24,6 +24,7 @@ from typing import Any
 from queueworks.aio.connection import AsyncConnection
 from queueworks.keys import TaskKeys
 from queueworks.queues import FIRST_PAUSE, LAST_PAUSE, finished, not_finished, result_reads
+from queueworks.vanished import QUEUE_CHECK_SECONDS
 
 
 @dataclass(eq=False)
@@ -34,7 +35,9 @@ class _Wait:
     deadline: float | None
     timeout: float | None
     done: asyncio.Future[Any]
+    checked: float  # when its queue's record was last looked at (or the wait began)
     pause: float = FIRST_PAUSE
+    check: bool = False  # this look reads whether the queue's record is there
 
 
 class ResultWatcher:
@@ -52,9 +55,8 @@ class ResultWatcher:
         """The job's result (see ``Job.result``); its first look is at once."""
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
-        wait = _Wait(
-            queue, keys, job_id, deadline, timeout, asyncio.get_running_loop().create_future()
-        )
+        done = asyncio.get_running_loop().create_future()
+        wait = _Wait(queue, keys, job_id, deadline, timeout, done, now)
         heapq.heappush(self._due, (now, next(self._order), wait))
         if self._runner is None:
             self._runner = asyncio.create_task(self._run())
@@ -84,8 +86,12 @@ class ResultWatcher:
     async def _look(self, due: list[_Wait]) -> None:
         pipe = self._redis.pipeline(transaction=False)
         ends = []
+        now = time.monotonic()
         for wait in due:
-            result_reads(pipe, wait.keys, wait.job_id)
+            wait.check = now - wait.checked >= QUEUE_CHECK_SECONDS
+            if wait.check:
+                wait.checked = now
+            result_reads(pipe, wait.keys, wait.job_id, wait.check)
             ends.append(len(pipe))
         try:
             replies = await pipe.execute()
@@ -100,8 +106,8 @@ class ResultWatcher:
 
     def _read(self, wait: _Wait, reply: list[Any], now: float) -> None:
         try:
-            done = finished(wait.queue, wait.job_id, reply)
-        except Exception as exc:  # JobFailed, LookupError, a result that is no JSON
+            done = finished(wait.queue, wait.job_id, reply, wait.check)
+        except Exception as exc:  # JobFailed, LookupError, QueueGone, a result that is no JSON
             _settle(wait.done, exc=exc)
             return
         if done is not None:

@@ -26,6 +26,7 @@ from queueworks.tasks import (
     resize_fields,
     still_running,
 )
+from queueworks.validate import check_priority
 
 
 class AsyncBackend(Protocol):
@@ -94,7 +95,7 @@ class AsyncTask:
         return changed
 
     async def set_priority(self, priority: int) -> None:
-        await self._change(priority=priority)
+        await self._change(priority=check_priority(priority))
 
     async def resize(self, min_nodes: int, max_nodes: int | None) -> None:
         await self._change(**resize_fields(min_nodes, max_nodes))

@@ -5,7 +5,11 @@
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3..] the delayed jobs' records, in order
 -- ARGV[1] now (s)   then per job 4: job id ('' for a job to run now), handler,
 --   payload JSON, run at (s; '' = now)
--- returns the jobs' ids, in order
+-- returns the jobs' ids, in order; nil, and nothing written, if the stream is gone (the
+--   queue's keys were lost: its handle makes it again and calls again)
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return false
+end
 local now = ARGV[1]
 local ids = {}
 local record = 3
