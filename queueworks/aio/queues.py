@@ -23,10 +23,13 @@ from collections.abc import (
 from datetime import datetime
 from typing import Any, TypeVar
 
+from queueworks import events
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
 from queueworks.connection import text
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.queues import (
+    CANCEL_TRIES,
+    CANCELLED_LAST,
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
@@ -38,8 +41,11 @@ from queueworks.queues import (
     opened_settings,
     queue_created,
     queue_reads,
+    queue_reopened,
     queue_status,
     read_status,
+    reopen_keys,
+    reopening,
     status_reads,
     tell_handlers,
     xadd_now,
@@ -231,9 +237,10 @@ class AsyncJob:
         r, qk = self.queue.client.redis, self.queue.keys
         pipe = r.pipeline(transaction=False)
         status_reads(pipe, qk, self.id)
-        raw, pending, entry = read_status(self.queue.name, self.id, await pipe.execute())
-        if entry:
-            pending = await r.xpending_range(qk.stream, qk.group, entry, entry, 1)
+        raw, pending, where = read_status(qk, self.id, await pipe.execute())
+        if where:
+            stream, entry = where
+            pending = await r.xpending_range(stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
 
     async def result(self, timeout: float | None = None) -> Any:
@@ -247,18 +254,33 @@ class AsyncJob:
         """Cancel the job if it has not started; False if it has started or finished."""
         q = self.queue
         now, ttl = time.time(), int(q.settings.result_ttl)
-        return cancelled(
-            q.name, self.id, await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
-        )
+        found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
+            if not isinstance(found, str):
+                break
+            found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl, aside=found)
+        if found == CANCELLED_LAST:
+            await events.emit_async(q.client.redis, q.client.keys, "handlers", task=q.name)
+        return cancelled(q.name, self.id, found)
 
 
-async def open_queue(client: AsyncBackend, name: str, given: dict[str, Any]) -> AsyncQueue:
-    """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
-    ``ValueError`` if it exists with other settings than ``given``."""
+async def open_queue(
+    client: AsyncBackend, name: str, given: dict[str, Any], reopen: bool = False
+) -> AsyncQueue:
+    """Create the queue ``name`` with ``given`` settings (the rest default), or open it
+    (``queueworks.queues.open_queue``: the same checks, and ``reopen``)."""
     r, tk = client.redis, client.keys.task(name)
     raw: Any = await r.hmget(tk.record, ["spec", "state"])
     if raw[0] is not None:
-        return AsyncQueue(client, name, opened_settings(name, raw, given))
+        settings = opened_settings(name, raw, given, reopen)
+        if reopening(raw, reopen):
+            aside = await r.smembers(tk.aside)
+            created = await client.scripts.reopen_queue(tk, reopen_keys(tk, aside))
+            if created is not None:
+                pipe = r.pipeline(transaction=False)
+                queue_reopened(pipe, client.keys, name, created)
+                await pipe.execute()
+        return AsyncQueue(client, name, settings)
     now = time.time()
     settings, record = new_queue(name, given, now)
     pipe = r.pipeline(transaction=False)
