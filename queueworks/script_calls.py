@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from queueworks.connection import text
@@ -343,6 +344,13 @@ def job_ids(reply: Sequence[Any]) -> list[str]:
     return [text(x) for x in reply]
 
 
+@lru_cache(maxsize=1024)
+def _settle_keys(tk: TaskKeys, aside: str) -> tuple[str, ...]:
+    """``settle_jobs``' first keys, built once per queue and stream (a settle per read)."""
+    stream = tk.aside_stream(aside) if aside else tk.stream
+    return (stream, tk.record, tk.dead, tk.latency, tk.rate, tk.aside)
+
+
 def settle_jobs(
     tk: TaskKeys,
     batch: JobBatch,
@@ -358,8 +366,7 @@ def settle_jobs(
     queue's read carries it, and it must not cost a SCRIPT EXISTS round trip each time)."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
-    stream = tk.aside_stream(aside) if aside else tk.stream
-    keys = [stream, tk.record, tk.dead, tk.latency, tk.rate, tk.aside]
+    keys = [*_settle_keys(tk, aside)]
     prefix = tk.job_prefix
     for ref, started, attempts, result in batch.ok:
         keys.append(prefix + ref.job_id)

@@ -13,8 +13,16 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskState, events
+from queueworks.controller.allocator import (
+    Snapshot,
+    TaskView,
+    WorkerView,
+    allocate,
+    matches,
+    why_waiting,
+)
 from queueworks.keys import Keys
-from queueworks.models import JobState
+from queueworks.models import UNUSABLE, JobState, Refusal
 from queueworks.queues import JobFailed
 from queueworks.scripts import Scripts
 from tests.conftest import Cluster, wait_for
@@ -79,14 +87,16 @@ def test_a_job_whose_module_is_missing_is_dead_alone_and_the_queue_goes_on(
     assert client.task("mixed").status().state == TaskState.RUNNING
 
 
+@pytest.mark.parametrize("concurrency", [1, 4])
 def test_a_job_no_member_may_run_waits_alone_and_runs_once_a_worker_may(
-    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, concurrency: int
 ) -> None:
     """A job whose handler the queue's only worker may not run waits alone, saying why,
     while the jobs before and after it run on that worker, which keeps the queue; a worker
-    that may run it starts: it runs there, once."""
+    that may run it starts: it runs there, once (one job at a time, or four)."""
     cluster.controller()
-    cluster.worker("narrow", allow=("tests.handlers",))
+    extra = ["--concurrency", str(concurrency)]
+    cluster.worker("narrow", allow=("tests.handlers",), extra=extra)
     cluster.wait_workers(r, 1)
     q = client.queue("picky")
     before = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(20)]
@@ -107,7 +117,7 @@ def test_a_job_no_member_may_run_waits_alone_and_runs_once_a_worker_may(
     with pytest.raises(TimeoutError, match="queued"):
         other.result(timeout=0.5)
 
-    cluster.worker("wide", allow=("queueworks.examples",))
+    cluster.worker("wide", allow=("queueworks.examples",), extra=extra)
     assert other.result(timeout=30) == 42
     st = other.status()
     assert (st.state, st.attempts, st.worker, st.reason) == (JobState.DONE, 1, "wide", None)
@@ -253,3 +263,25 @@ def test_a_cancelled_queue_is_reopened_on_request_and_runs_jobs(
     res = cli([*args, "--reopen"], redis_url, prefix)
     assert res.returncode == 0, (res.stdout, res.stderr)
     assert res.stdout.split()[1] == "8"
+
+
+def test_a_queue_fits_a_worker_that_may_run_one_of_its_handlers() -> None:
+    """The allocator's rule, without Redis: one handler nobody may run does not keep a queue
+    from the workers that may run its others; a queue none of whose handlers any worker
+    may run waits, naming them; a queue never fails for refusals, a task still does."""
+    queue = TaskView("q", 0, 1, None, 0.0, handlers=("a.jobs:ok", "os:system"))
+    narrow, other = WorkerView("narrow", allow=("a",)), WorkerView("other", allow=("b",))
+    assert matches(narrow, queue) and not matches(other, queue)
+    assert matches(other, TaskView("new", 0, 1, None, 0.0))  # names no handler yet
+    plan = allocate(Snapshot((queue,), (narrow, other)))
+    assert plan.assignment == {"narrow": "q", "other": None}
+    reason, never = why_waiting(queue, [other], {})
+    assert reason == (
+        "no live worker may run any of 'a.jobs:ok', 'os:system': their --allow prefixes are b"
+    )
+    assert not never
+    unusable = Refusal(reason="cannot import", kind=UNUSABLE, since=0.0)
+    assert why_waiting(queue, [narrow], {"narrow": unusable})[1] is False
+    task = TaskView("t", 0, 1, None, 0.0, handler="a.jobs:ok")
+    assert why_waiting(task, [narrow], {"narrow": unusable})[1] is True
+    assert not matches(narrow, TaskView("t2", 0, 1, None, 0.0, handler="os:system"))

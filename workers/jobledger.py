@@ -127,8 +127,22 @@ class JobLedger(Attempts):
         self.last_flush = time.monotonic()
         batch = self.batch
         self.sent = None
-        if not batch and not batch.buckets and not self.asides:
+        if self.asides:
+            return self._flush_all_into(pipe)
+        if not batch and not batch.buckets:
             return False
+        self.batch = JobBatch()
+        self.state.processed += len(batch)
+        now = time.time()
+        self.sent = ([("", batch)], now)
+        self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe)
+        if batch.dead or batch.rejected:
+            events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
+        return True
+
+    def _flush_all_into(self, pipe: Any) -> bool:
+        """``flush_into`` with jobs of aside streams too: a settle per stream."""
+        batch = self.batch
         sent = [("", batch)] if batch or batch.buckets else []
         sent += [(stream[self._aside_at :], b) for stream, b in self.asides.items() if b]
         self.batch, self.asides = JobBatch(), {}
