@@ -80,12 +80,13 @@ class Aside:
         self.streams = streams
         self.read = {self.main: ">", **dict.fromkeys(streams, ">")}
 
-    def lost(self) -> None:
+    def lost(self, now: float) -> None:
         """A read that covered aside streams failed: one was deleted (emptied) meanwhile.
-        Read the queue's stream alone until the next look, at once."""
+        Read the queue's stream alone until the next look (not before ``LOOK_SECONDS``:
+        a stream that stays missing costs a failed read that often, no more)."""
         self.known, self.streams = frozenset(), {}
         self.read = {self.main: ">"}
-        self.looked_at = float("-inf")
+        self.looked_at = now
 
     def works(self, reply: Reply) -> list[Work]:
         """The entries of a read that covered aside streams, as ``Work`` (an aside entry

@@ -157,7 +157,7 @@ class QueueLoop:
         """A read that covered aside streams failed: one was emptied and deleted meanwhile
         (read the queue's stream alone until the next look); else the error is raised."""
         if len(self.aside.read) > 1 and isinstance(error, ResponseError):
-            self.aside.lost()
+            self.aside.lost(time.monotonic())
             return
         raise error
 
@@ -351,6 +351,10 @@ class QueueLoop:
     def _reads_aside(self, path: str) -> bool:
         """Whether this member reads the aside stream of handler ``path``: unless the
         handler is outside its --allow (one it cannot import, it dead-letters)."""
+        try:
+            parse_handler_path(path)  # no job names another (nor may a stream's name)
+        except ValueError:
+            return False
         found = self._handler(path)
         return not (isinstance(found, HandlerRefused) and found.kind == NOT_ALLOWED)
 
