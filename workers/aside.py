@@ -30,6 +30,7 @@ from redis.exceptions import ResponseError
 
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, text
+from queueworks.models import parse_handler_path
 from queueworks.scripts import JobRef
 
 from .loop import Run
@@ -74,7 +75,7 @@ class Aside:
             return
         self.known = handlers
         tk = self.run.tk
-        streams = {tk.aside_stream(h): h for h in sorted(handlers) if self.reads(h)}
+        streams = {tk.aside_stream(h): h for h in sorted(handlers) if _path(h) and self.reads(h)}
         if set(streams) - set(self.streams):
             self.taken_epoch = None  # new streams: take them over before reading them
         self.streams = streams
@@ -212,3 +213,12 @@ class Aside:
                 continue
             unread += max(0, int(length) - int(pending["pending"]))
         return unread
+
+
+def _path(handler: str) -> bool:
+    """A handler path a job may name (no other name can be an aside stream's)."""
+    try:
+        parse_handler_path(handler)
+    except ValueError:
+        return False
+    return True

@@ -351,10 +351,6 @@ class QueueLoop:
     def _reads_aside(self, path: str) -> bool:
         """Whether this member reads the aside stream of handler ``path``: unless the
         handler is outside its --allow (one it cannot import, it dead-letters)."""
-        try:
-            parse_handler_path(path)  # no job names another (nor may a stream's name)
-        except ValueError:
-            return False
         found = self._handler(path)
         return not (isinstance(found, HandlerRefused) and found.kind == NOT_ALLOWED)
 
