@@ -15,7 +15,8 @@ Tasks are ranked by (-priority, seq, id). One pass:
 A task's *cap* is ``max_nodes`` (no bound: every live worker), lowered to ``want`` when the task
 says how many nodes it can use now (a queue's members write it from the backlog), but never
 below ``min_nodes``. A worker *fits* a task when it has every label of the task's selector, its
-`--allow` prefixes cover the task's handler, and it has not refused the task.
+`--allow` prefixes cover the task's handler (a queue's: one of the handlers its jobs name),
+and it has not refused the task.
 
 Deterministic (everything is sorted) and stable: allocating again on the applied plan moves
 nothing. `TaskView.running` is informational; the state is derived from `nodes`.
@@ -321,7 +322,8 @@ def why_waiting(
     allowing = [w for w in fitting if may_run(w, task)]
     if not allowing:
         prefixes = sorted({p for w in fitting for p in (w.allow or ())})
-        wanted = " and ".join(repr(h) for h in handlers_of(task))
+        names = handlers_of(task)
+        wanted = repr(names[0]) if len(names) == 1 else "any of " + ", ".join(map(repr, names))
         return (
             f"no live worker may run {wanted}: their --allow prefixes are "
             f"{', '.join(prefixes) or 'none'}"
@@ -333,5 +335,7 @@ def why_waiting(
     if eligible:
         return f"needs {need} workers at once (min_nodes); {len(eligible)} may run it", False
     told = "; ".join(f"{w.id}: {refusals[w.id].reason}" for w in allowing[:3])
-    unusable = all(refusals[w.id].kind == UNUSABLE for w in allowing)
+    # a task fails when its one handler is unusable everywhere; a queue never (its jobs'
+    # handlers are their own: one that cannot be imported is that job's dead letter)
+    unusable = bool(task.handler) and all(refusals[w.id].kind == UNUSABLE for w in allowing)
     return f"every worker that may run it refused it ({told})", unusable

@@ -32,7 +32,8 @@ NAMES: dict[str, tuple[bool, bool, bool]] = {
     "submitted": (True, False, True),
     "changed": (True, False, False),
     "demand": (True, False, False),  # a queue's want
-    "handlers": (True, False, True),  # a queue's jobs name a new handler
+    "handlers": (True, False, True),  # a queue's handlers changed (one named, set aside...)
+    "reopened": (True, False, True),  # a finished queue opened again
     "cancelled": (True, False, False),
     "completed": (True, False, False),
     "failed": (True, False, False),

@@ -36,6 +36,7 @@ class TaskRow:
     reason: str = ""
     refusals: dict[str, Refusal] = field(default_factory=dict)  # every one in its hash
     handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name
+    aside: tuple[str, ...] = ()  # a queue's: the handlers of its jobs set aside
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The reads of a pass: the tasks and workers it names, pipelined and paged.
 
 Per task: its record's fields (``HMGET``), plus its spec when the task is new to the reader
-(a spec never changes), plus its refusals, the handlers a queue's jobs name and whether
+(a spec never changes), plus its refusals, the handlers a queue's jobs name (and those of
+its jobs set aside, whose streams expire with it) and whether
 ``qw:queue`` lists it when asked (``deep``: new tasks, ``refused`` and ``handlers`` events,
 the backstop sweep). Per worker: whether its pool
 heartbeat key exists, whether ``qw:workers`` lists it, its assignment and its record.
@@ -32,6 +33,7 @@ class TaskRead:
     refused: dict[bytes, bytes] | None = None  # when asked (deep)
     queued: bool | None = None  # listed by qw:queue, when asked (deep)
     handlers: tuple[str, ...] | None = None  # a queue's jobs' handlers, when asked (deep)
+    aside: tuple[str, ...] | None = None  # the handlers of a queue's jobs set aside (deep)
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ def queue_tasks(
             pipe.hgetall(tk.refused)
             pipe.zscore(keys.queue, tid)
             pipe.smembers(tk.handlers)
+            pipe.smembers(tk.aside)
 
 
 def parse_tasks(
@@ -97,11 +100,12 @@ def parse_tasks(
     for tid in ids:
         raw = next(replies)
         fields, spec_raw = (raw[:-1], raw[-1]) if tid in spec else (raw, None)
-        refused = queued = handlers = None
+        refused = queued = handlers = aside = None
         if tid in deep:
             refused, queued = next(replies), next(replies) is not None
             handlers = tuple(sorted(text(h) for h in next(replies)))
-        out.append(TaskRead(tid, fields, spec_raw, refused, queued, handlers))
+            aside = tuple(sorted(text(h) for h in next(replies)))
+        out.append(TaskRead(tid, fields, spec_raw, refused, queued, handlers, aside))
     return out
 
 

@@ -55,6 +55,9 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
     handlers = known.handlers if known is not None else ()
     if read.handlers is not None:
         handlers = read.handlers
+    aside = known.aside if known is not None else ()
+    if read.aside is not None:
+        aside = read.aside
     row = TaskRow(
         id=read.id,
         state=state,
@@ -70,6 +73,7 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
         reason=record["reason"] or "",
         refusals=refusals,
         handlers=handlers,
+        aside=aside,
     )
     return Finished(row, state) if state.finished else row
 

@@ -25,7 +25,7 @@ class TaskView:
     running: bool = False
     handler: str = ""  # "module:function"; "" = any worker may run it
     refused: frozenset[str] = frozenset()  # workers that said they cannot run its handler
-    handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name (all must fit)
+    handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name (one must fit)
     want: int | None = None  # nodes it can use now (None: as many as max_nodes allows)
     _fit: FitKey = field(init=False, repr=False, compare=False)
 
@@ -70,9 +70,15 @@ def handlers_of(task: TaskView) -> tuple[str, ...]:
 
 
 def may_run(worker: WorkerView, task: TaskView) -> bool:
-    """True if the worker's --allow prefixes cover every handler of the task."""
+    """True if the worker's --allow prefixes cover the task's handler; for a queue (each
+    job names its own), one of the handlers its jobs name, or any if they name none yet:
+    a job no member may run waits alone, it does not keep the queue from its nodes."""
     allow = worker.allow
-    return allow is None or all(covers(allow, h) for h in handlers_of(task))
+    if allow is None:
+        return True
+    if task.handler:
+        return covers(allow, task.handler) and all(covers(allow, h) for h in task.handlers)
+    return not task.handlers or any(covers(allow, h) for h in task.handlers)
 
 
 def matches(worker: WorkerView, task: TaskView) -> bool:

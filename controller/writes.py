@@ -81,7 +81,8 @@ class Writes:
         unit = self.batch.unit()
         self.batch.add("zrem", [k.queue], row.id, unit=unit)
         ttl_ms = int(row.result_ttl * 1000)
-        op = self.batch.add("expire_finished", tk.all(row.partitions), ttl_ms, stage=1, unit=unit)
+        expiring = [*tk.all(row.partitions), *(tk.aside_stream(h) for h in row.aside)]
+        op = self.batch.add("expire_finished", expiring, ttl_ms, stage=1, unit=unit)
         self.batch.add("zadd_nx", [k.queue], row.created_at, row.id, when=-op, stage=2)
         expires = time.time() + row.result_ttl
         self.batch.add("zadd", [k.tasks_expiry], expires, row.id, when=op, stage=2)

@@ -1,9 +1,10 @@
 """``queueworks enqueue``: one job on a queue from the command line, and ``--wait`` for it.
 
 The queue is opened as ``Client.queue`` opens it: created with the settings given (the rest
-default) when it does not exist, else the given settings must be the queue's own. While
-``--wait`` waits, each new reason the queue waits for nodes is said once (a handler no live
-worker may run, say), as ``submit --wait`` does.
+default) when it does not exist, else the given settings must be the queue's own; a
+cancelled queue takes the job only with ``--reopen``. While ``--wait`` waits, each new reason
+the queue waits for nodes, or the job waits alone (no member may run its handler), is said
+once, as ``submit --wait`` does.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def wait_for_job(
             why = f"{exc.reason}: {error}" if error and error != exc.reason else exc.reason
             return Outcome(False, reason=why)
         controller.look()
-        reason = queue.task.status(with_nodes=False).reason
+        reason = queue.task.status(with_nodes=False).reason or job.status().reason
         if reason and reason != said:
             say(f"waiting: {reason}")
             said = reason
@@ -111,6 +112,12 @@ def _queue_setting(flag: str, help: str, default: str, **kwargs: Any) -> Callabl
     help="with --wait: give up after this many seconds (exit 3)",
     show_default="wait for as long as it takes",
 )
+@option(
+    "--reopen/--no-reopen",
+    default=False,
+    show_default=True,
+    help="open the queue again if it was cancelled (else such a queue takes no job)",
+)
 @_queue_setting("--min-nodes", "fewest workers the queue runs on", "1", type=NODES)
 @_queue_setting("--max-nodes", "most workers the queue runs on", "no limit", type=NODES)
 @_queue_setting("--priority", "higher runs first and may take nodes from lower", "0", type=PRIORITY)
@@ -128,13 +135,15 @@ def enqueue(
     delay: float | None,
     wait: bool,
     timeout: float | None,
+    reopen: bool,
     **flags: Any,
 ) -> None:
     """Enqueue a job of HANDLER ("package.module:function") on QUEUE; print the job's id.
 
     QUEUE is created with the settings given when it does not exist; given settings must
-    match an existing queue's. With --wait: print the job's result as JSON and exit 0, or
-    say why it died (or was cancelled) on stderr and exit 3."""
+    match an existing queue's; a cancelled QUEUE takes jobs again with --reopen. With
+    --wait: print the job's result as JSON and exit 0, or say why it died (or was
+    cancelled) on stderr and exit 3."""
     from queueworks.messages import NotJSON, from_json, to_json
     from queueworks.models import parse_handler_path
 
@@ -148,7 +157,7 @@ def enqueue(
         raise BadInput(str(exc)) from None
     client = client_for(settings)
     try:
-        q = client.queue(queue, **given)
+        q = client.queue(queue, reopen=reopen, **given)
     except pydantic.ValidationError as exc:
         raise BadInput(f"invalid queue setting: {validation_text(exc)}") from None
     except ValueError as exc:  # a setting the queue has otherwise, a task of that name...

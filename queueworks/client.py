@@ -238,12 +238,16 @@ class Client:
         result_ttl: float | Unset = UNSET,
         idle_after: float | Unset = UNSET,
         node_selector: dict[str, str] | Unset = UNSET,
+        reopen: bool = False,
     ) -> Queue:
         """Create the queue ``name`` or open it (idempotent). Settings not given are the
         queue's own (or the defaults, when it is created: ``min_nodes=1``, no
         ``max_nodes``, ``priority=0``, ``max_attempts=3``, ``job_timeout=60`` s,
         ``result_ttl`` a day, ``idle_after=30`` s); given ones must match an existing
-        queue's (``ValueError`` names the ones that do not)."""
+        queue's (``ValueError`` names the ones that do not). A queue that was cancelled
+        (or failed) takes no jobs: opening it is a ``ValueError``, unless ``reopen=True``,
+        which makes it open again (queued, then running), with its settings, counts and
+        jobs as they were."""
         given = given_settings(
             min_nodes=min_nodes,
             max_nodes=max_nodes,
@@ -254,7 +258,7 @@ class Client:
             idle_after=idle_after,
             node_selector=node_selector,
         )
-        return open_queue(self, check_task_id(name, "queue name"), given)
+        return open_queue(self, check_task_id(name, "queue name"), given, reopen)
 
     def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""

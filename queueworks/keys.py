@@ -29,6 +29,11 @@ key                                type          meaning
                                                  ``result_ttl`` after it finished
 ``qw:task:{Q}:scheduled``          zset          a queue's delayed jobs, score = when they run
 ``qw:task:{Q}:handlers``           set           the handlers a queue's jobs have named
+``qw:task:{Q}:aside``              set           the handlers whose jobs a queue set aside (a
+                                                 member read them and may not run them)
+``qw:task:{Q}:aside:<H>``          stream        the jobs of handler H set aside: read (group
+                                                 ``Q``) by members that may run H; deleted
+                                                 once empty
 ``qw:task:{Q}:latency``            hash          a queue's enqueue -> start histogram (buckets)
 ``qw:task:{Q}:rate``               hash          a queue's jobs finished per second (60 s)
 ``qw:task:{T}:steps``              hash          step mode: each step's shards and decision
@@ -160,6 +165,15 @@ class TaskKeys:
         return f"{self._base}:handlers"
 
     @property
+    def aside(self) -> str:
+        return f"{self._base}:aside"
+
+    def aside_stream(self, handler: str) -> str:
+        """Where a queue's jobs of ``handler`` wait when a member that may not run it read
+        them (a valid ``module:function`` path: no brace can break the hash tag)."""
+        return f"{self._base}:aside:{handler}"
+
+    @property
     def latency(self) -> str:
         return f"{self._base}:latency"
 
@@ -196,6 +210,7 @@ class TaskKeys:
             self.checkpoint,
             self.scheduled,
             self.handlers,
+            self.aside,
             self.latency,
             self.rate,
         ]

@@ -299,6 +299,7 @@ class JobStatus(_Model):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None  # a dead job's reason and last error line
+    reason: str | None = None  # why a queued job waits (no member may run its handler)
 
 
 class QueueStatus(_Model):

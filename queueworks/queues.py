@@ -391,10 +391,11 @@ class Job:
         if any(no_group(reply) for reply in replies):  # the queue's stream or group is gone
             self.queue._revive()
             replies = self._status_reads()
-        raw, pending, entry = read_status(self.queue.name, self.id, replies)
-        if entry:
-            r, qk = self.queue.client.redis, self.queue.keys
-            pending = r.xpending_range(qk.stream, qk.group, entry, entry, 1)
+        qk = self.queue.keys
+        raw, pending, where = read_status(qk, self.id, replies)
+        if where:
+            stream, entry = where
+            pending = self.queue.client.redis.xpending_range(stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
 
     def _status_reads(self) -> list[Any]:
@@ -438,12 +439,20 @@ class Job:
                 raise
             q._revive()
             found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
+            if not isinstance(found, str):
+                break
+            found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl, aside=found)
+        if found == CANCELLED_LAST:
+            events.emit(q.client.redis, q.client.keys, "handlers", task=q.name)
         return cancelled(q.name, self.id, found)
 
 
 # -- what Queue/Job and AsyncQueue/AsyncJob share: no I/O, or commands queued on a pipeline --
 
 RESULT_FIELDS = ["s", "r", "reason", "err"]  # what ``result`` polls of a job's record
+CANCEL_TRIES = 2  # cancel_job calls after the first: a job moves at most once (set aside)
+CANCELLED_LAST = 2  # cancel_job: cancelled, the last job set aside of its handler
 FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from the first
 
 
@@ -532,23 +541,25 @@ def status_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
     pipe.hgetall(qk.job(job_id))
 
 
-def read_status(queue: str, job_id: str, replies: Sequence[Any]) -> tuple[Any, Any, bytes | None]:
+def read_status(
+    qk: TaskKeys, job_id: str, replies: Sequence[Any]
+) -> tuple[Any, Any, tuple[str, bytes] | None]:
     """From the replies of ``status_reads``: the job's record (or, waiting on the stream
-    with none, what its entry says), the pending-list row read with it, and the entry whose
-    row is still to read (a queued job with a record: delayed or requeued); ``LookupError``
-    if there is no such job."""
+    with none, what its entry says), the pending-list row read with it, and the stream and
+    entry whose row is still to read (a queued job with a record: delayed, requeued or set
+    aside); ``LookupError`` if there is no such job."""
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
     *entry, raw = replies
     if raw:
-        return raw, None, running_entry(raw)
+        return raw, None, running_entry(qk, raw)
     if entry and entry[0]:
         fields = entry[0][0][1]
         waiting = {b"s": JobState.QUEUED.value.encode(), b"h": fields.get(b"h", b"")}
         waiting[b"t"] = fields.get(b"t", b"")
         return waiting, entry[1], None
-    raise no_job(queue, job_id)
+    raise no_job(qk.task_id, job_id)
 
 
 def result_reads(pipe: Any, qk: TaskKeys, job_id: str, check: bool = False) -> None:
@@ -563,12 +574,15 @@ def result_reads(pipe: Any, qk: TaskKeys, job_id: str, check: bool = False) -> N
     pipe.hmget(qk.job(job_id), RESULT_FIELDS)
 
 
-def running_entry(raw: Mapping[bytes, bytes]) -> bytes | None:
-    """The stream entry of a queued job with a record (delayed or requeued), whose
-    pending-list row says whether a member has read it (it runs); None for a job in any
-    other state."""
+def running_entry(qk: TaskKeys, raw: Mapping[bytes, bytes]) -> tuple[str, bytes] | None:
+    """The stream and entry of a queued job with a record (delayed, requeued, or set aside
+    on its handler's stream), whose pending-list row says whether a member has read it (it
+    runs); None for a job in any other state."""
     entry = raw.get(b"e")
-    return entry if raw.get(b"s") == JobState.QUEUED.value.encode() and entry else None
+    if raw.get(b"s") != JobState.QUEUED.value.encode() or not entry:
+        return None
+    aside = raw.get(b"aside")
+    return (qk.aside_stream(aside.decode()) if aside else qk.stream), entry
 
 
 def finished(
@@ -601,16 +615,22 @@ def not_finished(job_id: str, replies: Sequence[Any], timeout: float | None) -> 
     return TimeoutError(f"job {job_id} not finished after {timeout} s ({state})")
 
 
-def cancelled(queue: str, job_id: str, found: int) -> bool:
-    """What ``cancel_job`` said: True cancelled, False it had started or finished."""
+def cancelled(queue: str, job_id: str, found: int | str) -> bool:
+    """What ``cancel_job`` said (after its calls again, ``CANCEL_TRIES``): True cancelled,
+    False it had started or finished."""
+    if isinstance(found, str):  # it moved again and again: no job waits like that
+        return False
     if found < 0:
         raise no_job(queue, job_id)
-    return found == 1
+    return found >= 1
 
 
-def opened_settings(name: str, raw: Sequence[Any], given: Mapping[str, Any]) -> QueueSettings:
+def opened_settings(
+    name: str, raw: Sequence[Any], given: Mapping[str, Any], reopen: bool = False
+) -> QueueSettings:
     """An existing queue's settings, from the HMGET of its record's ``spec`` and ``state``;
-    ``ValueError`` if it is no queue, differs from ``given``, or has finished."""
+    ``ValueError`` if it is no queue, differs from ``given``, or has finished (unless it
+    is to be reopened: ``reopen``)."""
     stored = StoredSpec.model_validate_json(raw[0])
     if stored.mode != "queue":
         raise ValueError(f"queue {name!r}: a task with that id exists (not a queue)")
@@ -622,9 +642,33 @@ def opened_settings(name: str, raw: Sequence[Any], given: Mapping[str, Any]) -> 
             f"queue {name!r} exists with {have}; open it without those settings (its "
             "node set can change: q.task.resize, q.task.set_priority)"
         )
-    if TaskState(text(raw[1])).finished:
-        raise ValueError(f"queue {name!r} was {text(raw[1])}; it takes no jobs")
+    if TaskState(text(raw[1])).finished and not reopen:
+        raise ValueError(
+            f"queue {name!r} was {text(raw[1])}; it takes no jobs until it is reopened "
+            f"(client.queue({name!r}, reopen=True), or queueworks enqueue --reopen)"
+        )
     return settings
+
+
+def reopening(raw: Sequence[Any], reopen: bool) -> bool:
+    """Whether opening a queue (the HMGET of ``opened_settings``) reopens it."""
+    return reopen and TaskState(text(raw[1])).finished
+
+
+def reopen_keys(qk: TaskKeys, aside: Iterable[Any]) -> list[str]:
+    """The keys of a queue to keep (``reopen_queue``) besides its record and refusals:
+    every key ``TaskKeys.all`` names and the streams of the handlers in its aside set."""
+    keep = [k for k in qk.all(0) if k not in (qk.record, qk.refused)]
+    return keep + [qk.aside_stream(text(h)) for h in aside]
+
+
+def queue_reopened(pipe: Any, keys: Keys, name: str, created_at: float) -> None:
+    """Queue on ``pipe`` what follows a reopened queue's record: among the tasks to size
+    again, listed, no longer expiring, and its ``reopened`` event for the controller."""
+    pipe.zadd(keys.queue, {name: created_at}, nx=True)
+    pipe.zadd(keys.tasks, {name: created_at}, nx=True)
+    pipe.zrem(keys.tasks_expiry, name)
+    events.emit(pipe, keys, "reopened", task=name)
 
 
 def new_queue(name: str, given: Mapping[str, Any], now: float) -> tuple[QueueSettings, Hash]:
@@ -649,13 +693,21 @@ def check_created(replies: Sequence[Any]) -> None:
             raise reply
 
 
-def open_queue(client: Backend, name: str, given: dict[str, Any]) -> Queue:
+def open_queue(client: Backend, name: str, given: dict[str, Any], reopen: bool = False) -> Queue:
     """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
-    ``ValueError`` if it exists with other settings than ``given``."""
+    ``ValueError`` if it exists with other settings than ``given``, or has finished and is
+    not to be reopened (``reopen``)."""
     r, tk = client.redis, client.keys.task(name)
     raw: Any = r.hmget(tk.record, ["spec", "state"])
     if raw[0] is not None:
-        return Queue(client, name, opened_settings(name, raw, given))
+        settings = opened_settings(name, raw, given, reopen)
+        if reopening(raw, reopen):
+            created = client.scripts.reopen_queue(tk, reopen_keys(tk, r.smembers(tk.aside)))
+            if created is not None:
+                pipe = r.pipeline(transaction=False)
+                queue_reopened(pipe, client.keys, name, created)
+                pipe.execute()
+        return Queue(client, name, settings)
     now = time.time()
     settings, record = new_queue(name, given, now)
     pipe = r.pipeline(transaction=False)

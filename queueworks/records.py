@@ -196,6 +196,8 @@ def idle_worker() -> Hash:
 # t   enqueued at (s)                  at  when a delayed job runs   p  its payload, until then
 # st  started at    ft  finished at    a  attempts    w  the worker that settled it
 # r   result JSON (done)    reason / err   why it died, and its traceback (dead)
+# aside  the handler whose aside stream its entry 'e' is on (a job set aside: no member that
+#     read it could run it)    why  why it waits there (shown while it is queued)
 
 
 def job_status(
@@ -211,7 +213,9 @@ def job_status(
         state, worker = JobState.RUNNING, _str(row["consumer"])
         attempts = int(row["times_delivered"])
         started = now - int(row["time_since_delivered"]) / 1000
-    error = None
+    error = reason = None
+    if state == JobState.QUEUED:
+        reason = f.get("why") or None
     if state == JobState.DEAD:
         lines = (f.get("err") or "").strip().splitlines()
         error = f"{f.get('reason', 'dead')}: {lines[-1]}" if lines else f.get("reason", "dead")
@@ -227,6 +231,7 @@ def job_status(
         started_at=started,
         finished_at=_float(f.get("ft")),
         error=error,
+        reason=reason,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Generic, NamedTuple, TypeVar
 
 from queueworks.connection import text
@@ -343,15 +344,29 @@ def job_ids(reply: Sequence[Any]) -> list[str]:
     return [text(x) for x in reply]
 
 
+@lru_cache(maxsize=1024)
+def _settle_keys(tk: TaskKeys, aside: str) -> tuple[str, ...]:
+    """``settle_jobs``' first keys, built once per queue and stream (a settle per read)."""
+    stream = tk.aside_stream(aside) if aside else tk.stream
+    return (stream, tk.record, tk.dead, tk.latency, tk.rate, tk.aside)
+
+
 def settle_jobs(
-    tk: TaskKeys, batch: JobBatch, worker_id: str, now: float, ttl: int, client: Any
+    tk: TaskKeys,
+    batch: JobBatch,
+    worker_id: str,
+    now: float,
+    ttl: int,
+    client: Any,
+    aside: str = "",
 ) -> Call[Any]:
-    """Settle a batch of jobs (see settle_jobs.lua); with a pipeline, the reply comes
+    """Settle a batch of jobs (see settle_jobs.lua) read from the queue's stream, or from
+    the aside stream of handler ``aside``; with a pipeline, the reply comes
     with it: ``(ok, dead, rejected)``, or a ``NoScriptError`` to heal (a ``bare`` call: the
     queue's read carries it, and it must not cost a SCRIPT EXISTS round trip each time)."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
-    argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets))
-    keys = [tk.stream, tk.record, tk.dead, tk.latency, tk.rate]
+    argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
+    keys = [*_settle_keys(tk, aside)]
     prefix = tk.job_prefix
     for ref, started, attempts, result in batch.ok:
         keys.append(prefix + ref.job_id)
@@ -373,10 +388,38 @@ def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:
     return Call("promote_due", keys, list(job_ids), int)
 
 
-def cancel_job(tk: TaskKeys, job_id: str, now: float, ttl: int) -> Call[int]:
-    """1 cancelled, 0 it had started or finished, -1 no such job."""
-    keys = [tk.stream, tk.scheduled, tk.job(job_id)]
-    return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl], int)
+def _cancel_reply(reply: Any) -> int | str:
+    return text(reply) if isinstance(reply, bytes | str) else int(reply)
+
+
+def cancel_job(tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = "") -> Call[int | str]:
+    """1 cancelled, 2 cancelled and its handler left the queue's handler set, 0 it had
+    started or finished, -1 no such job; a string: the handler whose aside stream the job
+    waits on ('' the queue's own), to call again with (``aside``)."""
+    stream = tk.aside_stream(aside) if aside else tk.stream
+    keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
+    return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl, aside], _cancel_reply)
+
+
+def _set_aside_reply(reply: Any) -> str | int:
+    return text(reply[1]) if int(reply[0]) == 1 else int(reply[0])
+
+
+def set_aside(
+    tk: TaskKeys, entry_id: str, job_id: str, worker_id: str, handler: str, why: str, starts: int
+) -> Call[str | int]:
+    """Move a job this member may not run to its handler's aside stream (set_aside.lua):
+    the new entry's id; 0 if the entry is no longer ours, -1 if it names no waiting job."""
+    keys = [tk.stream, tk.aside_stream(handler), tk.aside, tk.job(job_id), tk.handlers]
+    args = [tk.group, entry_id, worker_id, handler, why, starts]
+    return Call("set_aside", keys, args, _set_aside_reply)
+
+
+def reopen_queue(tk: TaskKeys, others: Sequence[str]) -> Call[float | None]:
+    """Reopen a finished queue (reopen_queue.lua): its ``created_at``, or None if it was
+    active (or missing). ``others``: its keys besides the record and refusals."""
+    keys = [tk.record, tk.refused, *others]
+    return Call("reopen_queue", keys, [ACTIVE], lambda r: None if r is None else float(r))
 
 
 def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[Any]:
@@ -445,6 +488,8 @@ NAMES = (
     "settle_jobs",
     "promote_due",
     "cancel_job",
+    "set_aside",
+    "reopen_queue",
     "requeue_job",
     "lease_acquire",
     "submit_small",

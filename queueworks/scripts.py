@@ -24,7 +24,7 @@ from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
 from queueworks import script_calls as calls
-from queueworks.models import JobState
+from queueworks.models import JobState, TaskState
 from queueworks.script_calls import (  # re-exported: the workers' and tests' names
     ACTIVE,
     NAMES,
@@ -73,6 +73,7 @@ T = TypeVar("T")
 # Constants a script writes, given to it from Python when it is loaded (``${NAME}`` in
 # its source), never retyped there.
 _CONSTANTS = {state.name: state.value for state in JobState}
+_CONSTANTS |= {f"TASK_{state.name}": state.value for state in TaskState}
 
 
 @cache
@@ -143,6 +144,8 @@ class _Functions:
     settle_jobs = _Bound(calls.settle_jobs)
     promote_due = _Bound(calls.promote_due)
     cancel_job = _Bound(calls.cancel_job)
+    set_aside = _Bound(calls.set_aside)
+    reopen_queue = _Bound(calls.reopen_queue)
     requeue_job = _Bound(calls.requeue_job)
     submit_small = _Bound(calls.submit_small)
     lease_acquire = _Bound(calls.lease_acquire)

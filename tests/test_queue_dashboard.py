@@ -469,7 +469,7 @@ def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     assert res.returncode == 3, (res.stdout, res.stderr)
     (job_id,) = res.stdout.split()
     assert res.stderr.strip() == (
-        f"job {job_id}: handler refused: handler 'queueworks.examples:dubble': module "
+        f"job {job_id}: handler 'queueworks.examples:dubble': module "
         "'queueworks.examples' has no 'dubble'"
     )
 

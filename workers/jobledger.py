@@ -1,7 +1,8 @@
 """The ledger of one member of a queue's node set: each job's outcome, settled in batches by
 ``settle_jobs.lua`` (ack and delete the entry, write the job's record, count it once), with
 the enqueue -> start histogram and the per-second rate. Attempts are charged as for
-subtasks (``Attempts``)."""
+subtasks (``Attempts``). Outcomes are kept by the stream their entry is on: the queue's
+own, or a handler's aside stream (``workers.aside``), each settled by its own call."""
 
 from __future__ import annotations
 
@@ -46,12 +47,25 @@ def bucket_of(seconds: float) -> str:
 class JobLedger(Attempts):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.batch = JobBatch()
-        self.sent: tuple[JobBatch, float] | None = None  # on the pipeline, not yet settled
+        self.stream = self.tk.stream
+        self.batch = JobBatch()  # of the queue's stream (the histogram's too)
+        self.asides: dict[str, JobBatch] = {}  # of aside streams, by stream
+        self._aside_at = len(self.tk.aside_stream(""))  # an aside stream's name: its handler
+        # on the pipeline, not yet settled: (handler of the aside stream or "", batch), when
+        self.sent: tuple[list[tuple[str, JobBatch]], float] | None = None
         self.ttl = int(self.spec.result_ttl)
 
+    def _batch(self, stream: str) -> JobBatch:
+        if stream == self.stream:
+            return self.batch
+        found = self.asides.get(stream)
+        if found is None:
+            found = self.asides[stream] = JobBatch()
+        return found
+
     def succeeded(self, work: Work, job: JobRef, started: float, body: str) -> None:
-        self.batch.ok.append((job, started, work.attempt, body))
+        batch = self.batch if work.stream == self.stream else self._batch(work.stream)
+        batch.ok.append((job, started, work.attempt, body))
 
     def latency(self, seconds: float) -> None:
         """A job started ``seconds`` after it was enqueued (or became due); no sample if
@@ -68,12 +82,14 @@ class JobLedger(Attempts):
         self, work: Work, job: JobRef, started: float, reason: str, error: str, payload: str
     ) -> None:
         """Dead-letter a job at the next flush."""
-        self.batch.dead.append((job, started, work.attempt, reason, error[-8000:], payload))
+        entry = (job, started, work.attempt, reason, error[-8000:], payload)
+        self._batch(work.stream).dead.append(entry)
         self.log.warning("job_dead", job=job.job_id, reason=reason, attempts=work.attempt)
 
     def reject(self, work: Work, why: str) -> None:
         """An entry that is no job of this queue: settled apart, never counted as a job."""
-        self.batch.rejected.append((work.entry_id, why, safe_text(work.fields.get(b"p"))))
+        entry = (work.entry_id, why, safe_text(work.fields.get(b"p")))
+        self._batch(work.stream).rejected.append(entry)
         self.log.warning("entry_rejected", entry=work.entry_id, why=why)
 
     def failed(
@@ -102,7 +118,7 @@ class JobLedger(Attempts):
 
     def pending(self) -> bool:
         """Something recorded is not settled yet."""
-        return bool(self.batch) or bool(self.batch.buckets)
+        return bool(self.batch) or bool(self.batch.buckets) or bool(self.asides)
 
     def flush(self) -> None:
         pipe = self.r.pipeline(transaction=False)
@@ -116,14 +132,31 @@ class JobLedger(Attempts):
         self.last_flush = time.monotonic()
         batch = self.batch
         self.sent = None
+        if self.asides:
+            return self._flush_all_into(pipe)
         if not batch and not batch.buckets:
             return False
         self.batch = JobBatch()
         self.state.processed += len(batch)
         now = time.time()
-        self.sent = (batch, now)
+        self.sent = ([("", batch)], now)
         self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe)
         if batch.dead or batch.rejected:
+            events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
+        return True
+
+    def _flush_all_into(self, pipe: Any) -> bool:
+        """``flush_into`` with jobs of aside streams too: a settle per stream."""
+        batch = self.batch
+        sent = [("", batch)] if batch or batch.buckets else []
+        sent += [(stream[self._aside_at :], b) for stream, b in self.asides.items() if b]
+        self.batch, self.asides = JobBatch(), {}
+        now = time.time()
+        self.sent = (sent, now)
+        for aside, b in sent:
+            self.state.processed += len(b)
+            self.scripts.settle_jobs(self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside)
+        if any(b.dead or b.rejected for _, b in sent):
             events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
         return True
 
@@ -132,10 +165,12 @@ class JobLedger(Attempts):
         want of the script (NOSCRIPT: it lost its script cache) runs again, loading it;
         any other error is raised."""
         sent, self.sent = self.sent, None
-        for reply in replies:
-            if isinstance(reply, NoScriptError) and sent is not None:
-                batch, now = sent
-                self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=None)
-                sent = None
+        batches, now = sent if sent is not None else ([], 0.0)
+        for i, reply in enumerate(replies):  # the settles first, one per batch, in order
+            if isinstance(reply, NoScriptError) and i < len(batches):
+                aside, batch = batches[i]
+                self.scripts.settle_jobs(
+                    self.tk, batch, self.me, now, self.ttl, client=None, aside=aside
+                )
             elif isinstance(reply, Exception):
                 raise reply

@@ -61,8 +61,9 @@ class Run(Protocol):
         for the leader, indices whose entries were deleted)."""
 
     def refuse(self, exc: HandlerRefused) -> None:
-        """Record that this worker cannot run the task's (or a job's) handler; the
-        controller does not give it the task again. The loop then raises ``Leave``."""
+        """Record that this worker cannot run the task's handler; the controller does not
+        give it the task again. The loop then raises ``Leave``. (A queue never refuses: a
+        job it cannot run is set aside or dead, ``workers.queues``.)"""
 
     def hand_back(self, streams: Sequence[str]) -> None:
         """Park what we hold in ``streams``; it leaves ``held``."""

@@ -3,10 +3,11 @@ handler. Members wait blocked on the stream (``XREADGROUP BLOCK``), so a job sta
 round trip after it was enqueued; each read carries the settle of what ran before it (one
 round trip per batch). Reclaim, attempts, timeouts and dead letters are the subtasks' ones.
 
-A job whose handler this worker may not run (outside its ``--allow`` prefixes, or its module
-cannot be imported here) is not dead-lettered: the worker hands it back, uncharged, refuses
-the queue and leaves (``Run.refuse``). A job whose handler's module imports but has no such
-function is the job's fault: dead-lettered with that reason.
+One bad job is the job's problem, never the queue's: a job whose handler this worker may
+not run (outside its ``--allow`` prefixes) is set aside to wait alone for a member that may
+(``workers.aside``); one whose handler cannot be imported here (no such module, an import
+that fails, no such function, not a plain function) is dead at once, the reason naming the
+handler and the error. The member goes on serving the queue either way; it never refuses it.
 
 The leader also moves due delayed jobs onto the stream, and says how many nodes the queue
 wants (``want`` in its record): as many as it may have while jobs wait unread, ``min_nodes``
@@ -21,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from queueworks import events
 from queueworks.connection import text
 from queueworks.context import JobContext, Suspended
@@ -30,12 +33,13 @@ from queueworks.queues import stored_idle_after
 from queueworks.scripts import JobRef
 from queueworks.signals import ColdStop
 
+from .aside import Aside, Reply
 from .concurrent import Concurrently
 from .handlers import Handler, HandlerRefused, resolve
 from .inflight import Call, InFlight, is_async
 from .jobledger import JobLedger, job_of
 from .loop import Run
-from .work import Entries, Leave, Work
+from .work import Entries, Work
 
 BLOCK_MS = 100  # a member waits this long on the stream per read, then looks around
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
@@ -70,15 +74,14 @@ class QueueLoop:
         self.ledger = JobLedger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
         self.handlers: dict[str, Handler | HandlerRefused] = {}
         for path in sorted(text(h) for h in run.r.smembers(run.tk.handlers)):
-            handler = self._handler(path)
-            if isinstance(handler, HandlerRefused) and self._refuses(handler):
-                raise handler  # before joining: the run refuses the queue
+            self._handler(path)  # imported once, before the first job
+        self.aside = Aside(run, self._reads_aside)
         idle_after, wrong = stored_idle_after(run.spec.options)
         if wrong:  # written by an older version, or by hand: never a crash
             run.log.warning(
                 "queue_setting_ignored", setting="idle_after", error=wrong, used=idle_after
             )
-        self.duties = LeaderDuties(run, idle_after)
+        self.duties = LeaderDuties(run, self.aside, idle_after)
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
         self.avg_seconds = 0.0
@@ -96,19 +99,21 @@ class QueueLoop:
             if run.held:
                 self._run_held()
                 continue
-            entries = self._read()
-            if entries:
-                self._run_fresh(entries)
+            reply = self._read()
+            if reply:
+                self._run_fresh(reply)
 
     def close(self, reason: str) -> None:
-        """Nothing of its own to clean up (the run settles and hands back what it holds)."""
+        """Park what it holds of aside streams (the run hands back the queue's stream's)."""
+        self.aside.hand_back()
 
     # -- reading --------------------------------------------------------------------------
 
-    def _read(self, count: int | None = None, block: bool = True) -> Entries | None:
-        """Wait on the stream for new jobs (not if ``block`` is false), with the settle of
-        what ran before and (at least every ``check_every``) the membership check, in one
-        round trip."""
+    def _read(self, count: int | None = None, block: bool = True) -> Reply | None:
+        """Wait on the stream (and the aside streams this member reads) for new jobs (not
+        if ``block`` is false), with the settle of what ran before and (at least every
+        ``check_every``) the membership check, and now and then a look at the aside set,
+        in one round trip. The ``XREADGROUP`` reply, or None."""
         run = self.run
         now = time.monotonic()
         settle, block_ms = self._settle_now(now)
@@ -116,10 +121,15 @@ class QueueLoop:
         group, me = run.tk.group, run.me
         count = count or self._read_count()
         wait = block_ms if block else None
-        streams: dict[Any, Any] = {run.tk.stream: ">"}
+        streams = self.aside.read
         if not settle and not check:  # the read alone: no pipeline to build
-            alone: Any = run.r.xreadgroup(group, me, streams, count=count, block=wait)
-            return alone[0][1] if alone else None
+            try:
+                alone: Any = run.r.xreadgroup(group, me, streams, count=count, block=wait)
+            except ResponseError as exc:
+                self._read_failed(exc)
+                return None
+            return alone or None
+        look = check and self.aside.look_due(now)
         pipe = run.r.pipeline(transaction=False)
         if settle:
             self.ledger.flush_into(pipe)
@@ -127,18 +137,32 @@ class QueueLoop:
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
+        if look:
+            self.aside.look_on(pipe)
         pipe.xreadgroup(group, me, streams, count=count, block=wait)
         replies = pipe.execute(raise_on_error=False)
         self.ledger.settled(replies[:base])
-        replies = replies[base:]
-        for reply in replies:
+        *replies, read = replies[base:]
+        for reply in replies[:2] if check else ():
             if isinstance(reply, Exception):
                 raise reply
         if check:  # a change suspends us: what was read stays ours, run after the re-rank
             self.checked_at = now
             run.membership.fence(replies[0], replies[1])
-        reply = replies[-1]
-        return reply[0][1] if reply else None
+        if look:
+            self.aside.looked(replies[-1], now)
+        if isinstance(read, Exception):
+            self._read_failed(read)
+            return None
+        return read or None
+
+    def _read_failed(self, error: Exception) -> None:
+        """A read that covered aside streams failed: one was emptied and deleted meanwhile
+        (read the queue's stream alone until the next look); else the error is raised."""
+        if len(self.aside.read) > 1 and isinstance(error, ResponseError):
+            self.aside.lost(time.monotonic())
+            return
+        raise error
 
     def _settle_now(self, now: float) -> tuple[bool, int]:
         """Whether this read carries the settle of what ran, and how long it blocks (ms).
@@ -161,7 +185,12 @@ class QueueLoop:
 
     # -- running --------------------------------------------------------------------------
 
-    def _run_fresh(self, entries: Entries) -> None:
+    def _run_fresh(self, reply: Reply) -> None:
+        if self.aside.streams:  # what came may be of aside streams: all of it in hand
+            self.run.held.extend(self.aside.works(reply))
+            self._run_held()
+            return
+        entries: Entries = reply[0][1]
         run = self.run
         s = run.state
         ran, started = 0, time.monotonic()
@@ -196,9 +225,9 @@ class QueueLoop:
             self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
 
     def _decoded(self, work: Work) -> Job | None:
-        """The job an entry holds; None if it was settled at once (no job of ours: rejected;
-        a function its module lacks: dead); ``HandlerRefused`` if this worker may not run
-        its handler (then it refuses the queue)."""
+        """The job an entry holds; None if it was dealt with at once (no job of ours:
+        rejected; a handler that cannot be imported: dead; one this worker may not run:
+        set aside)."""
         ledger, f = self.ledger, work.fields
         named, path, raw_payload = f.get(b"j"), f.get(b"h"), f.get(b"p")
         if (named is not None and not _JOB_ID.match(named)) or not path or raw_payload is None:
@@ -215,9 +244,7 @@ class QueueLoop:
             return None
         jid, enqueued = ref.job_id, ref.enqueued
         if isinstance(handler, HandlerRefused):
-            if self._refuses(handler):
-                raise handler
-            ledger.bury(work, ref, time.time(), "handler refused", str(handler), body_text)
+            self._refused(work, ref, handler, body_text)
             return None
         started = time.time()
         if work.attempt == 1 and enqueued:
@@ -230,12 +257,7 @@ class QueueLoop:
         """Run one job and record its outcome; False if the batch should stop here (a
         retry or a suspended job waits first in ``held``)."""
         run = self.run
-        try:
-            job = self._decoded(work)
-        except HandlerRefused as exc:
-            run.held.appendleft(work)  # handed back, uncharged, as the run leaves
-            run.refuse(exc)
-            raise Leave("refused") from None
+        job = self._decoded(work)
         if job is None:
             return True
         # settle at least every FLUSH_SECONDS of a batch (not counting the wait for its read)
@@ -277,11 +299,10 @@ class QueueLoop:
     # -- many in flight (--concurrency > 1): workers.concurrent.Items -----------------------
 
     def read(self, count: int, block: bool) -> list[Work] | None:
-        entries = self._read(count, block)
-        if not entries:
+        reply = self._read(count, block)
+        if not reply:
             return None
-        stream = self.run.tk.stream
-        return [Work(stream, eid.decode(), f, 1) for eid, f in entries]
+        return self.aside.works(reply)
 
     def key_of(self, work: Work) -> str | None:
         return None  # a queue's jobs have no order among them
@@ -297,6 +318,7 @@ class QueueLoop:
 
     def tick(self) -> None:
         self.duties.tick()
+        self.aside.tick()
 
     def idle(self) -> None:
         """The read waited on the stream already."""
@@ -329,10 +351,24 @@ class QueueLoop:
             self.handlers[path] = found
         return found
 
-    @staticmethod
-    def _refuses(exc: HandlerRefused) -> bool:
-        """This worker's fault (its --allow, its environment), not the job's."""
-        return exc.kind == NOT_ALLOWED or not exc.imported
+    def _reads_aside(self, path: str) -> bool:
+        """Whether this member reads the aside stream of handler ``path``: unless the
+        handler is outside its --allow (one it cannot import, it dead-letters)."""
+        found = self._handler(path)
+        return not (isinstance(found, HandlerRefused) and found.kind == NOT_ALLOWED)
+
+    def _refused(self, work: Work, ref: JobRef, exc: HandlerRefused, payload: str) -> None:
+        """A job whose handler this member cannot run: set aside if it may not (another
+        member may), else (it cannot be imported, is no handler) dead at once, with the
+        reason: it would fail the same way on every attempt."""
+        ledger = self.ledger
+        if exc.kind != NOT_ALLOWED:
+            ledger.bury(work, ref, time.time(), str(exc), str(exc), payload)
+        elif work.stream == self.run.tk.stream:
+            moved = self.aside.set_aside(work, ref, exc)
+            if moved == -1:
+                ledger.reject(work, "no such job in this queue (set aside)")
+        # (an aside stream's job: read only by members that may run it)
 
 
 class LeaderDuties:
@@ -341,8 +377,8 @@ class LeaderDuties:
     ``DEMAND_SECONDS`` reconsider how many nodes the queue wants. Every member's own look
     around (the queue cancelled? a wedged member's jobs?) rides on the same tick."""
 
-    def __init__(self, run: Run, idle_after: float) -> None:
-        self.run, self.idle_after = run, idle_after
+    def __init__(self, run: Run, aside: Aside, idle_after: float) -> None:
+        self.run, self.aside, self.idle_after = run, aside, idle_after
         self.duties_at = 0.0
         self.demand_at = 0.0
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
@@ -394,8 +430,13 @@ class LeaderDuties:
         pipe.xlen(run.tk.stream)
         pipe.xpending(run.tk.stream, run.tk.group)
         pipe.hmget(run.tk.record, ["done", "dead", "want", "min_nodes"])
-        length, pending, (done, dead, want, min_nodes) = pipe.execute()
-        backlog = int(length) - int(pending["pending"])
+        self.aside.backlog_on(pipe)  # jobs set aside that no member reads wait too
+        length, pending, fields, *aside = pipe.execute(raise_on_error=False)
+        for reply in (length, pending, fields):
+            if isinstance(reply, Exception):
+                raise reply
+        done, dead, want, min_nodes = fields
+        backlog = int(length) - int(pending["pending"]) + self.aside.backlog(aside)
         settled = int(done or 0) + int(dead or 0)
         if settled != self.settled_seen[0] or backlog > 0:
             self.settled_seen = (settled, time.monotonic())

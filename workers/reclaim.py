@@ -24,7 +24,7 @@ from queueworks.connection import Connection, text
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.scripts import Claimed, Scripts
 
-from .work import Gone, Work
+from .work import Gone, Work, starts_before
 
 RECLAIM_BATCH = 500  # XPENDING/XCLAIM batch: large batches stall the server
 
@@ -99,7 +99,7 @@ class Reclaim:
                 pipe.xrange(stream, p["message_id"], p["message_id"])
             for p, entry in zip(pending, pipe.execute(), strict=True):
                 fields = entry[0][1] if entry else {}
-                delivered = int(p["times_delivered"])
+                delivered = int(p["times_delivered"]) + starts_before(fields)
                 out.append(Work(stream, text(p["message_id"]), fields, delivered, True))
             if len(pending) < RECLAIM_BATCH:
                 return out
@@ -152,4 +152,9 @@ def _consumers(infos: Any) -> Consumers:
 
 
 def _works(stream: str, claimed: list[Claimed], *, charge: bool) -> list[Work]:
-    return [Work(stream, c.entry_id, c.fields, c.deliveries, charge) for c in claimed]
+    """Claimed entries as ``Work``: an attempt per delivery, after the starts a job set
+    aside had before (``starts_before``)."""
+    return [
+        Work(stream, c.entry_id, c.fields, c.deliveries + starts_before(c.fields), charge)
+        for c in claimed
+    ]

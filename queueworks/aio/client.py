@@ -154,10 +154,12 @@ class AsyncClient:
         result_ttl: float | Unset = UNSET,
         idle_after: float | Unset = UNSET,
         node_selector: dict[str, str] | Unset = UNSET,
+        reopen: bool = False,
     ) -> AsyncQueue:
         """Create the queue ``name`` or open it (idempotent), as ``Client.queue``: a
         coroutine, since opening reads the queue (and creating writes it), so a settings
-        conflict is a ``ValueError`` here, at once."""
+        conflict is a ``ValueError`` here, at once; ``reopen=True`` reopens a cancelled
+        (or failed) queue."""
         given = given_settings(
             min_nodes=min_nodes,
             max_nodes=max_nodes,
@@ -168,7 +170,7 @@ class AsyncClient:
             idle_after=idle_after,
             node_selector=node_selector,
         )
-        return await open_queue(self, check_task_id(name, "queue name"), given)
+        return await open_queue(self, check_task_id(name, "queue name"), given, reopen)
 
     async def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""

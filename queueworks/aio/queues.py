@@ -25,9 +25,12 @@ from typing import Any, TypeVar
 
 import redis
 
+from queueworks import events
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.queues import (
+    CANCEL_TRIES,
+    CANCELLED_LAST,
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
@@ -40,8 +43,11 @@ from queueworks.queues import (
     opened_settings,
     queue_created,
     queue_reads,
+    queue_reopened,
     queue_status,
     read_status,
+    reopen_keys,
+    reopening,
     status_reads,
     tell_handlers,
     xadd_now,
@@ -270,10 +276,12 @@ class AsyncJob:
         if any(no_group(reply) for reply in replies):  # the queue's stream or group is gone
             await self.queue._revive()
             replies = await self._status_reads()
-        raw, pending, entry = read_status(self.queue.name, self.id, replies)
-        if entry:
-            r, qk = self.queue.client.redis, self.queue.keys
-            pending = await r.xpending_range(qk.stream, qk.group, entry, entry, 1)
+        qk = self.queue.keys
+        raw, pending, where = read_status(qk, self.id, replies)
+        if where:
+            stream, entry = where
+            r = self.queue.client.redis
+            pending = await r.xpending_range(stream, qk.group, entry, entry, 1)
         return job_status(self.queue.name, self.id, raw, pending, time.time())
 
     async def _status_reads(self) -> list[Any]:
@@ -306,16 +314,32 @@ class AsyncJob:
                 raise
             await q._revive()
             found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
+        for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
+            if not isinstance(found, str):
+                break
+            found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl, aside=found)
+        if found == CANCELLED_LAST:
+            await events.emit_async(q.client.redis, q.client.keys, "handlers", task=q.name)
         return cancelled(q.name, self.id, found)
 
 
-async def open_queue(client: AsyncBackend, name: str, given: dict[str, Any]) -> AsyncQueue:
-    """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
-    ``ValueError`` if it exists with other settings than ``given``."""
+async def open_queue(
+    client: AsyncBackend, name: str, given: dict[str, Any], reopen: bool = False
+) -> AsyncQueue:
+    """Create the queue ``name`` with ``given`` settings (the rest default), or open it
+    (``queueworks.queues.open_queue``: the same checks, and ``reopen``)."""
     r, tk = client.redis, client.keys.task(name)
     raw: Any = await r.hmget(tk.record, ["spec", "state"])
     if raw[0] is not None:
-        return AsyncQueue(client, name, opened_settings(name, raw, given))
+        settings = opened_settings(name, raw, given, reopen)
+        if reopening(raw, reopen):
+            aside = await r.smembers(tk.aside)
+            created = await client.scripts.reopen_queue(tk, reopen_keys(tk, aside))
+            if created is not None:
+                pipe = r.pipeline(transaction=False)
+                queue_reopened(pipe, client.keys, name, created)
+                await pipe.execute()
+        return AsyncQueue(client, name, settings)
     now = time.time()
     settings, record = new_queue(name, given, now)
     pipe = r.pipeline(transaction=False)

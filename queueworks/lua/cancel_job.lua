@@ -1,24 +1,37 @@
 -- Cancel a queue's job if it has not started: a delayed one leaves the scheduled zset, a
 -- queued one its stream (only if no member has read it yet: then it is running). A job
 -- enqueued to run now has no record while it waits (its id is its entry's): cancelling it
--- writes one.
--- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] the job's record
+-- writes one. A job set aside (set_aside.lua) waits on its handler's aside stream: called
+-- with another stream, the reply names that handler, to call again with its stream. The
+-- last job cancelled off an aside stream takes the stream and its handler with it (out of
+-- the aside set and the queue's handler set: no job of it waits any more).
+-- KEYS[1] the stream (the queue's, or the aside stream of ARGV[5])   KEYS[2] scheduled zset
+-- KEYS[3] the job's record   KEYS[4] aside set   KEYS[5] handler set
 -- ARGV[1] group   ARGV[2] job id   ARGV[3] now (s)   ARGV[4] result ttl (s)
--- returns 1 if cancelled, 0 if it had started or finished, -1 if there is no such job
+-- ARGV[5] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
+-- returns 1 if cancelled, 2 if cancelled and its handler left the handler set, 0 if it had
+--   started or finished, -1 if there is no such job, or the handler whose aside stream the
+--   job waits on (a string; '' = the queue's own) when KEYS[1] is not where it waits
 local function unread(entry)
   return #redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1) == 0
 end
 
 local function cancelled()
   redis.call('HSET', KEYS[3], 's', '${CANCELLED}', 'ft', ARGV[3])
-  redis.call('HDEL', KEYS[3], 'p')
+  redis.call('HDEL', KEYS[3], 'p', 'why')
   redis.call('EXPIRE', KEYS[3], ARGV[4])
   return 1
 end
 
-local f = redis.call('HMGET', KEYS[3], 's', 'e')
-local state, entry = f[1], f[2]
+local f = redis.call('HMGET', KEYS[3], 's', 'e', 'aside')
+local state, entry, aside = f[1], f[2], f[3] or ''
+if state == '${QUEUED}' and aside ~= ARGV[5] then
+  return aside  -- it waits elsewhere: call again with that stream
+end
 if not state then  -- waiting on the stream with no record, finished and expired, or none
+  if ARGV[5] ~= '' then
+    return ''  -- no record: not aside
+  end
   local ms, seq = string.match(ARGV[2], '^(%d+)%-(%d+)$$')
   if not ms or #ms > 19 or #seq > 19 then  -- no entry id (as queues.ENTRY_ID)
     return -1
@@ -46,6 +59,13 @@ elseif state == '${QUEUED}' then
     return 0  -- a member has it
   end
   redis.call('XDEL', KEYS[1], entry)
+  if aside ~= '' and redis.call('XLEN', KEYS[1]) == 0 then  -- the last of its handler's
+    redis.call('DEL', KEYS[1])
+    redis.call('SREM', KEYS[4], aside)
+    redis.call('SREM', KEYS[5], aside)
+    cancelled()
+    return 2
+  end
 else
   return 0
 end

@@ -26,7 +26,7 @@ end
 local eid = redis.call('XADD', KEYS[1], '*', 'j', f['job'], 'h', f['handler'] or '',
   'p', f['payload'], 't', ARGV[2])
 redis.call('HSET', KEYS[4], 's', '${QUEUED}', 'h', f['handler'] or '', 'e', eid, 't', ARGV[2])
-redis.call('HDEL', KEYS[4], 'reason', 'err', 'st', 'ft', 'a', 'w', 'r')
+redis.call('HDEL', KEYS[4], 'reason', 'err', 'st', 'ft', 'a', 'w', 'r', 'aside', 'why')
 redis.call('PERSIST', KEYS[4])
 redis.call('XDEL', KEYS[3], ARGV[1])
 if tonumber(redis.call('HGET', KEYS[2], 'dead') or '0') > 0 then

@@ -6,10 +6,14 @@
 -- changes nothing. A job enqueued to run now has no record until here (its id is its
 -- entry's); one whose entry names its job ('j': delayed or requeued) has had one since it
 -- was enqueued, and is rejected if it has none (no job of this queue).
+-- The stream may be one of a handler's aside streams (set_aside.lua): once the settle leaves
+-- it empty, it is deleted and its handler leaves the aside set.
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
--- KEYS[5] rate   KEYS[6..] the records of the ok jobs, then of the dead ones, in order
+-- KEYS[5] rate   KEYS[6] aside set   KEYS[7..] the records of the ok jobs, then of the dead
+-- ones, in order
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
 -- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
+-- ARGV[9] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
 -- then n_ok 7-tuples: entry id, started at, attempts, result JSON, handler, enqueued at,
 --   '1' if the entry names its job ('' if not)
 -- then n_dead 10-tuples: entry id, started at, attempts, reason, error, job id, payload,
@@ -22,7 +26,7 @@ local n_rej, n_buckets = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now, worker, ttl = ARGV[2], ARGV[3], ARGV[4]
 local call = redis.call
 local ok, dead, rejected = 0, 0, 0
-local at, key = 9, 6
+local at, key = 10, 7
 local acked = {}  -- entries this call acked: deleted together, at the end
 
 local function reject(entry, why, payload)
@@ -83,6 +87,10 @@ for _ = 1, n_rej do
 end
 for i = 1, #acked, 1000 do  -- settled entries leave the stream (one XDEL per 1000)
   call('XDEL', KEYS[1], unpack(acked, i, math.min(i + 999, #acked)))
+end
+if ARGV[9] ~= '' and #acked > 0 and call('XLEN', KEYS[1]) == 0 then  -- nothing waits aside
+  call('DEL', KEYS[1])
+  call('SREM', KEYS[6], ARGV[9])
 end
 for _ = 1, n_buckets do
   call('HINCRBYFLOAT', KEYS[4], ARGV[at], ARGV[at + 1])

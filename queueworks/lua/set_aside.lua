@@ -1,0 +1,49 @@
+-- Set a queue's job aside: the member that read it may not run its handler (outside its
+-- --allow), so the job waits alone on its handler's stream, which only members that may run
+-- that handler read, while the queue's other jobs run. One atomic step: the entry leaves the
+-- queue's stream (XACK + XDEL), an entry naming the job ('j', with 'a' = the starts it had)
+-- joins the handler's stream (created with the queue's group if need be), the job's record
+-- says queued, where it waits ('aside' = handler, 'e' = the new entry) and why ('why'), and
+-- the handler is listed in the aside set and in the queue's handler set. Only an entry still
+-- pending on the caller moves (one a reclaimer took meanwhile is no longer ours).
+-- KEYS[1] stream   KEYS[2] the handler's aside stream   KEYS[3] aside set
+-- KEYS[4] the job's record   KEYS[5] handler set
+-- ARGV[1] group   ARGV[2] entry id   ARGV[3] caller (consumer)   ARGV[4] handler
+-- ARGV[5] why   ARGV[6] starts it had
+-- returns {1, new entry id}, {0} if the entry is not the caller's (or gone), or {-1} if the
+--   entry names a job this queue has no waiting record of (no job: the caller rejects it)
+local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
+if #pending == 0 or pending[1][2] ~= ARGV[3] then
+  return {0}
+end
+local found = redis.call('XRANGE', KEYS[1], ARGV[2], ARGV[2])
+if #found == 0 then
+  return {0}
+end
+local f = {}
+local flat = found[1][2]
+for i = 1, #flat, 2 do
+  f[flat[i]] = flat[i + 1]
+end
+local named = f['j'] ~= nil and f['j'] ~= ''
+if named and redis.call('HGET', KEYS[4], 's') ~= '${QUEUED}' then
+  return {-1}  -- no record, or one of a job that is not waiting: a stray
+end
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM')
+end
+local job = named and f['j'] or ARGV[2]
+local t = f['t'] or ''
+local eid = redis.call('XADD', KEYS[2], '*', 'j', job, 'h', ARGV[4], 'p', f['p'] or 'null',
+  't', t, 'a', ARGV[6])
+if named then
+  redis.call('HSET', KEYS[4], 's', '${QUEUED}', 'e', eid, 'aside', ARGV[4], 'why', ARGV[5])
+else
+  redis.call('HSET', KEYS[4], 's', '${QUEUED}', 'h', ARGV[4], 't', t, 'e', eid,
+    'aside', ARGV[4], 'why', ARGV[5])
+end
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('SADD', KEYS[3], ARGV[4])
+redis.call('SADD', KEYS[5], ARGV[4])
+return {1, eid}

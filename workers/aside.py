@@ -1,0 +1,224 @@
+"""A queue's jobs that wait alone: a member that reads a job whose handler it may not run
+(outside its ``--allow``) sets it aside (``set_aside.lua``) instead of leaving the queue.
+The job moves, in one atomic step, from the queue's stream to its handler's aside stream
+(``qw:task:{Q}:aside:<handler>``, same consumer group), with its record saying why it
+waits; members that may run that handler read that stream together with the queue's (one
+``XREADGROUP`` over both), members that may not never see it again, and every other job of
+the queue runs as before. The last job settled or cancelled off an aside stream deletes it.
+
+Each member looks at the queue's aside set (the handlers with jobs set aside) every
+``LOOK_SECONDS``, on the pipeline of its read's membership check (no round trip of its
+own), and reads the aside streams of the handlers it may run. What a read of the queue's
+stream alone costs does not change; a job costs more only when it is set aside.
+
+Reclaim, attempts and once-only accounting hold as on the queue's stream: at each new
+epoch a member claims, on the aside streams it reads, what departed members left (and what
+was parked), and its own entries from an earlier life the first time it reads one; the
+backstop takes a wedged member's; a leaving member parks what it holds. An aside entry
+names its job (``j``) and the starts it had before it was set aside (``a``), so attempts
+count on; a settle (``settle_jobs.lua``) writes its record, counted once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from queueworks import events
+from queueworks.connection import UNAVAILABLE, text
+from queueworks.models import parse_handler_path
+from queueworks.scripts import JobRef
+
+from .loop import Run
+from .work import Entries, Gone, Work, in_stream_order, starts_before
+
+LOOK_SECONDS = 0.25  # a member looks at the aside set this often (with a membership check)
+
+Reply = list[Any]  # an XREADGROUP reply: [[stream, entries], ...]
+
+
+class Aside:
+    """One member's part in its queue's aside streams. ``reads(handler)``: whether this
+    member reads a handler's aside stream (it is not outside its ``--allow``)."""
+
+    def __init__(self, run: Run, reads: Callable[[str], bool]) -> None:
+        self.run, self.reads = run, reads
+        self.main = run.tk.stream
+        self.known: frozenset[str] = frozenset()  # the aside set, as last looked at
+        self.streams: dict[str, str] = {}  # aside stream -> handler, of those we read
+        self.read: dict[Any, Any] = {self.main: ">"}  # what a read covers
+        self.looked_at = float("-inf")
+        self.taken_epoch: int | None = None  # the epoch whose take-over was done
+        self.adopted: set[str] = set()  # aside streams whose own old entries we took back
+        self.backstop_at = time.monotonic()
+
+    # -- looking ----------------------------------------------------------------------------
+
+    def look_due(self, now: float) -> bool:
+        return now - self.looked_at >= LOOK_SECONDS
+
+    def look_on(self, pipe: Any) -> None:
+        pipe.smembers(self.run.tk.aside)
+
+    def looked(self, reply: Any, now: float) -> None:
+        """The aside set, as ``look_on`` read it: read the streams of the handlers in it
+        that this member may run (taken over before the first read of each)."""
+        self.looked_at = now
+        if isinstance(reply, Exception):
+            return
+        handlers = frozenset(text(h) for h in reply)
+        if handlers == self.known:
+            return
+        self.known = handlers
+        tk = self.run.tk
+        streams = {tk.aside_stream(h): h for h in sorted(handlers) if _path(h) and self.reads(h)}
+        if set(streams) - set(self.streams):
+            self.taken_epoch = None  # new streams: take them over before reading them
+        self.streams = streams
+        self.read = {self.main: ">", **dict.fromkeys(streams, ">")}
+
+    def lost(self, now: float) -> None:
+        """A read that covered aside streams failed: one was deleted (emptied) meanwhile.
+        Read the queue's stream alone until the next look (not before ``LOOK_SECONDS``:
+        a stream that stays missing costs a failed read that often, no more)."""
+        self.known, self.streams = frozenset(), {}
+        self.read = {self.main: ">"}
+        self.looked_at = now
+
+    def works(self, reply: Reply) -> list[Work]:
+        """The entries of a read that covered aside streams, as ``Work`` (an aside entry
+        runs as the attempt after the starts it had)."""
+        out: list[Work] = []
+        for raw_stream, entries in reply:
+            stream = text(raw_stream)
+            out += self._works(stream, entries, stream in self.streams)
+        return out
+
+    @staticmethod
+    def _works(stream: str, entries: Entries, aside: bool) -> list[Work]:
+        if not aside:
+            return [Work(stream, eid.decode(), f, 1) for eid, f in entries]
+        return [Work(stream, eid.decode(), f, 1 + starts_before(f)) for eid, f in entries]
+
+    # -- setting a job aside ------------------------------------------------------------------
+
+    def set_aside(self, work: Work, job: JobRef, refusal: Exception) -> str | int:
+        """Move a job read from the queue's stream to its handler's aside stream: the new
+        entry's id; 0 if the entry is no longer ours; -1 if it names no waiting job."""
+        run = self.run
+        why = f"no member may run {job.handler!r}: {refusal}"
+        moved = run.scripts.set_aside(
+            run.tk, work.entry_id, job.job_id, run.me, job.handler, why, work.attempt - 1
+        )
+        if isinstance(moved, str):  # the controller reads the queue's handlers again
+            events.emit(run.r, run.keys, "handlers", task=run.tk.task_id, aside=job.handler)
+            run.log.warning("job_set_aside", job=job.job_id, handler=job.handler, why=why)
+            self.looked_at = float("-inf")
+        return moved
+
+    # -- taking over, backstop, hand-back -------------------------------------------------------
+
+    def tick(self) -> None:
+        """After the membership's safe point: at a new epoch (or with new streams), take
+        over the aside streams we read; now and then, the backstop on them."""
+        if not self.streams:
+            return
+        role = self.run.membership.role
+        if role is not None and role.epoch != self.taken_epoch:
+            self.taken_epoch = role.epoch
+            self._take_over()
+        wd = self.run.watchdog
+        if time.monotonic() - self.backstop_at > min(self.run.spec.subtask_timeout / 2, 5.0):
+            self.backstop_at = time.monotonic()
+            idle_ms = int((wd.timeout + wd.grace + self.run.membership.ttl_ms / 1000) * 1000)
+            self._each(lambda stream: self.run.reclaim.backstop(stream, idle_ms))
+
+    def _take_over(self) -> None:
+        run = self.run
+        pipe = run.r.pipeline(transaction=False)
+        pipe.zrange(run.tk.members, 0, -1)
+        streams = list(self.streams)
+        for stream in streams:
+            pipe.xinfo_consumers(stream, run.tk.group)
+        members, *infos = pipe.execute(raise_on_error=False)
+        if isinstance(members, Exception):
+            raise members
+        live = {text(m) for m in members}
+        for stream, info in zip(streams, infos, strict=True):
+            if isinstance(info, Exception):
+                continue  # deleted meanwhile (emptied): nothing to take over
+            consumers = {text(i["name"]): int(i["pending"]) for i in info}
+            works: list[Work] = []
+            if stream not in self.adopted and consumers.get(run.me):
+                works += run.reclaim.adopt_own(stream)
+            self.adopted.add(stream)
+            claimed, gone = run.reclaim.departed(stream, consumers, live)
+            run.ledger.bury_gone(stream, gone)
+            self._hold(works + claimed)
+
+    def _each(self, take: Callable[[str], tuple[list[Work], Sequence[Gone]]]) -> None:
+        """``take`` on each aside stream we read (one deleted meanwhile is skipped)."""
+        for stream in list(self.streams):
+            try:
+                claimed, gone = take(stream)
+            except ResponseError:  # a stream emptied and deleted meanwhile: nothing there
+                continue
+            self.run.ledger.bury_gone(stream, gone)
+            self._hold(claimed)
+
+    def _hold(self, works: list[Work]) -> None:
+        if works:
+            held = {w.entry_id for w in self.run.held}
+            ordered = [w for w in in_stream_order(works) if w.entry_id not in held]
+            self.run.held.extendleft(reversed(ordered))
+            self.run.log.info("reclaimed", entries=len(ordered), aside=True)
+
+    def hand_back(self) -> None:
+        """The run ends: park what we hold on the aside streams (what a cold stop
+        interrupted stays ours, to be charged); nothing of it stays in hand."""
+        run = self.run
+        streams = set(self.streams) | {w.stream for w in run.held if w.stream != self.main}
+        try:
+            run.ledger.flush()
+            for stream in streams:
+                with contextlib.suppress(ResponseError):  # deleted meanwhile: nothing held
+                    gone = run.reclaim.hand_back(stream, run.ledger.interrupted)
+                    run.ledger.bury_gone(stream, gone)
+            run.ledger.flush()
+        except UNAVAILABLE as exc:  # the leave says so too; what we hold is reclaimed
+            run.log.warning("aside_hand_back_failed", error=str(exc))
+        run.held = type(run.held)(w for w in run.held if w.stream not in streams)
+
+    # -- demand -----------------------------------------------------------------------------
+
+    def backlog_on(self, pipe: Any) -> int:
+        """Queue on ``pipe`` what ``backlog`` reads of the aside streams (every handler's
+        in the aside set); how many replies that is."""
+        for handler in sorted(self.known):
+            stream = self.run.tk.aside_stream(handler)
+            pipe.xlen(stream)
+            pipe.xpending(stream, self.run.tk.group)
+        return 2 * len(self.known)
+
+    @staticmethod
+    def backlog(replies: Sequence[Any]) -> int:
+        """Jobs set aside that no member has read (no member may run them)."""
+        unread = 0
+        for length, pending in zip(replies[::2], replies[1::2], strict=True):
+            if isinstance(length, Exception) or isinstance(pending, Exception):
+                continue
+            unread += max(0, int(length) - int(pending["pending"]))
+        return unread
+
+
+def _path(handler: str) -> bool:
+    """A handler path a job may name (no other name can be an aside stream's)."""
+    try:
+        parse_handler_path(handler)
+    except ValueError:
+        return False
+    return True
