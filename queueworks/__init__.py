@@ -7,6 +7,7 @@ workers that can grow, shrink, lose a node or give nodes away while the task run
 from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
+from queueworks.eviction import EvictingRedis
 from queueworks.models import (
     JobState,
     JobStatus,
@@ -24,6 +25,7 @@ __all__ = [
     "AsyncQueue",
     "AsyncTask",
     "Client",
+    "EvictingRedis",
     "Job",
     "JobContext",
     "JobFailed",

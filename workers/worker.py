@@ -16,6 +16,7 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url, text
+from queueworks.eviction import PolicyWatch, refuse_evicting
 from queueworks.keys import Keys, check_worker_id
 from queueworks.logs import get_logger
 from queueworks.models import ACTIVE_STATES, WorkerRecord
@@ -133,6 +134,8 @@ class Worker:
         )
         while True:
             try:
+                if self.heartbeat.policy is None:  # first: refuse an evicting Redis
+                    self.heartbeat.policy = self._policy()
                 pipe = self.r.pipeline(transaction=False)
                 pipe.hdel(self.keys.worker(self.id), "drain")
                 pipe.hset(self.keys.worker(self.id), mapping=registered_worker(record, now))
@@ -153,6 +156,12 @@ class Worker:
                     raise
                 self.log.warning("register_failed", error=str(exc), retry_in=1.0)
                 time.sleep(1.0)
+
+    def _policy(self) -> PolicyWatch:
+        """Redis's maxmemory-policy, refused if it evicts (``queueworks.eviction``), and
+        read again now and then by the heartbeat."""
+        allow, interval = self.settings.allow_eviction, self.settings.policy_check_interval
+        return PolicyWatch(refuse_evicting(self.r, allow=allow, log=self.log), interval, self.log)
 
     def _deregister(self) -> None:
         try:
