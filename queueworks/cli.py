@@ -14,6 +14,7 @@ period running out, is a cold stop that interrupts the running handler.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -147,6 +148,9 @@ def worker(
         w.run()  # stopped before Redis answered: the connection error, as one line
     except ColdStop:
         sys.exit(1)
+    if w.exit_code:  # hung (its event loop): a thread of it may never end, so at once
+        sys.stderr.flush()
+        os._exit(w.exit_code)
 
 
 @main.command(short_help="Give tasks node sets and keep them sized.")

@@ -27,7 +27,7 @@ from queueworks.settings import Settings
 
 from .heartbeat import Heartbeat, NodeState
 from .runtime import TaskRun, WorkerParts
-from .watchdog import Watchdog
+from .watchdog import EXIT_HUNG, Watchdog
 from .watcher import Watcher
 
 REFUSE_AGAIN = 5.0  # s between two refusals of a task the controller keeps giving us
@@ -84,6 +84,8 @@ class Worker:
             concurrency=settings.concurrency,
             watch=self._watch_task,
         )
+        self.parts.aio.on_hung = self._loop_hung
+        self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
         self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) of our task
         self._done_tasks: set[str] = set()
         self._refused: dict[str, float] = {}  # task -> when we last refused it (monotonic)
@@ -95,6 +97,13 @@ class Worker:
         self.state.stopping = True
         self.state.suspend.set()
         self.state.wake.set()
+
+    def _loop_hung(self) -> None:
+        """The event loop stayed blocked past the hard limit (``workers.eventloop``): leave
+        as on a warm stop (what waited on the loop is handed back), then exit hung, for
+        the supervisor to start a fresh process."""
+        self.exit_code = EXIT_HUNG
+        self.stop()
 
     def run(self) -> None:
         self.log.info(
