@@ -17,7 +17,7 @@ import redis
 import structlog
 from structlog.testing import capture_logs
 
-from queueworks import Client, JobFailed, Queue, TaskSpec
+from queueworks import Client, Job, JobFailed, Queue, TaskSpec
 from queueworks.workers.eventloop import Call, EventLoop
 from queueworks.workers.watchdog import EXIT_HUNG, TimedOut
 from tests.conftest import Cluster, Proc, wait_for
@@ -31,6 +31,26 @@ def warm(q: Queue, nodes: int) -> None:
     """A job done, and every worker in the queue's node set."""
     assert q.enqueue("tests.handlers:double", {"x": 1}).result(timeout=30) == 2
     wait_for(lambda: len(q.status().nodes) == nodes, 15, f"{nodes} members")
+
+
+def in_flight(
+    cluster: Cluster, client: Client, r: redis.Redis, name: str, timeout: float, n: int, s: float
+) -> tuple[Proc, Queue, str, list[Job]]:
+    """One worker at --concurrency 10 in the queue ``name`` (job_timeout ``timeout``, one
+    attempt), with ``n`` async jobs of ``s`` seconds in flight on it: (worker, queue, the
+    hash that counts their runs, the jobs)."""
+    cluster.controller()
+    worker = cluster.worker(name, extra=concurrent(10))
+    cluster.wait_workers(r, 1)
+    q = client.queue(name, job_timeout=timeout, max_attempts=1)
+    warm(q, 1)
+    runs = f"{cluster.prefix}:runs"
+    jobs = [
+        q.enqueue("tests.handlers:async_counted", {"x": i, "seconds": s, "runs": runs})
+        for i in range(n)
+    ]
+    wait_for(lambda: r.hlen(runs) == n, 20, f"the {n} jobs in flight")
+    return worker, q, runs, jobs
 
 
 def events(proc: Proc, name: str) -> list[dict[str, object]]:
@@ -115,23 +135,13 @@ def test_one_at_a_time_an_uncancellable_coroutine_frees_its_worker_at_the_timeou
 
 
 def test_a_coroutine_that_blocks_the_loop_is_logged_and_charges_no_one_else(
-    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+    cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
     """``time.sleep(3)`` in an ``async def`` with job_timeout 2 s, while 9 jobs of 0.5 s are
     in flight beside it: the blocker is logged (its job and handler) and charged; the 9,
     whose deadlines passed only while the loop was blocked, are done at their first
     attempt."""
-    cluster.controller()
-    worker = cluster.worker("blocked", extra=concurrent(10))
-    cluster.wait_workers(r, 1)
-    q = client.queue("blocking", job_timeout=2.0, max_attempts=1)
-    warm(q, 1)
-    runs = f"{prefix}:runs"
-    innocent = [
-        q.enqueue("tests.handlers:async_counted", {"x": i, "seconds": 0.5, "runs": runs})
-        for i in range(9)
-    ]
-    wait_for(lambda: r.hlen(runs) == 9, 20, "the 9 jobs in flight")
+    worker, q, runs, innocent = in_flight(cluster, client, r, "blocked", 2.0, 9, 0.5)
     blocker = q.enqueue("tests.handlers:async_blocker", {"seconds": 3.0})
     with pytest.raises(JobFailed) as failed:
         blocker.result(timeout=30)
@@ -154,22 +164,12 @@ def test_a_coroutine_that_blocks_the_loop_is_logged_and_charges_no_one_else(
 
 
 def test_a_loop_blocked_past_the_hard_limit_exits_and_hands_back_the_rest(
-    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+    cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
     """Blocked past job_timeout + grace (1 s + 1 s), the worker hands back the jobs that
     were waiting on its loop, uncharged, and exits with code 70 (hung); another worker
     runs them at their first attempt."""
-    cluster.controller()
-    worker = cluster.worker("hung", extra=concurrent(10))
-    cluster.wait_workers(r, 1)
-    q = client.queue("hung", job_timeout=1.0, max_attempts=1)
-    warm(q, 1)
-    runs = f"{prefix}:runs"
-    innocent = [
-        q.enqueue("tests.handlers:async_counted", {"x": i, "seconds": 0.8, "runs": runs})
-        for i in range(5)
-    ]
-    wait_for(lambda: r.hlen(runs) == 5, 20, "the 5 jobs in flight")
+    worker, q, _, innocent = in_flight(cluster, client, r, "hung", 1.0, 5, 0.8)
     blocker = q.enqueue("tests.handlers:async_blocker", {"seconds": 8.0})
     assert worker.p.wait(20) == EXIT_HUNG
     assert events(worker, "event_loop_hung"), worker.log()[-3000:]
