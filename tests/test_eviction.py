@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from queueworks import AsyncClient, Client, EvictingRedis, TaskSpec
 from queueworks.keys import Keys
 from queueworks.redis_server import RedisServer
+from tests.cluster_fixtures import LocalCluster
 from tests.conftest import Cluster, Proc, wait_for
 
 EVICTING = ["--maxmemory-policy", "allkeys-lru", "--maxmemory", "200mb"]
@@ -210,3 +211,32 @@ def test_a_running_worker_and_controller_say_when_the_policy_changes(
             assert got[0]["level"] == "error" and got[0]["policy"] == "volatile-lru"
     finally:
         procs.close()
+
+
+def test_on_a_cluster_every_primary_is_read(prefix: str, tmp_path: Path) -> None:
+    """One primary of two evicting is enough: the client raises, naming that node, and a
+    worker refuses to start."""
+    with LocalCluster(2) as lc:
+        second = lc.nodes[1]
+        second.client().config_set("maxmemory-policy", "volatile-ttl")
+        with Client.from_url(lc.url, prefix=prefix) as client:
+            with pytest.raises(EvictingRedis, match="volatile-ttl") as raised:
+                client.queue("q")
+            assert raised.value.node == f"127.0.0.1:{second.port}"
+
+        async def main() -> None:
+            async with AsyncClient.from_url(lc.url, prefix=prefix) as aclient:
+                with pytest.raises(EvictingRedis, match="volatile-ttl"):
+                    await aclient.queue("q")
+
+        asyncio.run(main())
+        procs = Cluster(lc.url, prefix, tmp_path)
+        try:
+            worker = procs.worker("w-cluster")
+            assert worker.p.wait(20) == 1, worker.log()
+            assert "maxmemory-policy volatile-ttl" in worker.log()
+        finally:
+            procs.close()
+        second.client().config_set("maxmemory-policy", "noeviction")
+        with Client.from_url(lc.url, prefix=prefix) as client:
+            client.queue("q")  # every primary noeviction: it writes
