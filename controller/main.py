@@ -27,6 +27,7 @@ import uuid
 from typing import Any
 
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
+from queueworks.eviction import PolicyWatch, refuse_evicting
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.process import freeze_heap
@@ -82,14 +83,18 @@ class Controller:
 
     def run(self) -> None:
         self.log.info("controller_starting", redis=redact_url(self.settings.redis_url))
-        self.lease.start()
         freeze_heap()  # everything above lives as long as the process
         backoff = 0.05
+        policy: PolicyWatch | None = None
         while not self._stop.is_set():
             try:
+                if policy is None:  # first: refuse an evicting Redis, then take part
+                    policy = self._policy()
+                    self.lease.start()
                 if self._lead():
                     self._one_pass()
                 self._stats()
+                policy.check(self.r)
                 backoff = 0.05
             except Fenced as exc:
                 self.log.warning("writes_fenced", reason=str(exc), term=self.term)
@@ -103,9 +108,16 @@ class Controller:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
         self.lease.stop()
-        self.lease.join(timeout=5.0)
+        if self.lease.is_alive():
+            self.lease.join(timeout=5.0)
         self.log.info("controller_stats", **self.tally.snapshot())
         self.r.close()
+
+    def _policy(self) -> PolicyWatch:
+        """Redis's maxmemory-policy, refused if it evicts (``queueworks.eviction``), and
+        read again now and then."""
+        allow, interval = self.settings.allow_eviction, self.settings.policy_check_interval
+        return PolicyWatch(refuse_evicting(self.r, allow=allow, log=self.log), interval, self.log)
 
     def _lead(self) -> bool:
         """True while this controller leads with a mirror read under its current term."""

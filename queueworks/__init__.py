@@ -8,6 +8,7 @@ from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.connection import RedisUnavailable
 from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
+from queueworks.eviction import EvictingRedis
 from queueworks.models import (
     JobState,
     JobStatus,
@@ -26,6 +27,7 @@ __all__ = [
     "AsyncQueue",
     "AsyncTask",
     "Client",
+    "EvictingRedis",
     "Job",
     "JobContext",
     "JobFailed",

@@ -37,6 +37,7 @@ from queueworks.cli_options import (
     ENV,
     NODES,
     PRIORITY,
+    allow_eviction,
     client_for,
     common,
     option,
@@ -125,6 +126,7 @@ def _labels(items: tuple[str, ...]) -> dict[str, str]:
     type=click.Path(dir_okay=False),
     help="write the worker id to this file (for `queueworks health --id-file`)",
 )
+@allow_eviction
 def worker(
     name: str | None,
     allow: tuple[str, ...],
@@ -158,6 +160,9 @@ def worker(
         w.run()  # stopped before Redis answered: the connection error, as one line
     except ColdStop:
         sys.exit(1)
+    if w.exit_code:  # hung (its event loop): a thread of it may never end, so at once
+        sys.stderr.flush()
+        os._exit(w.exit_code)
 
 
 @main.command(short_help="Give tasks node sets and keep them sized.")
@@ -180,6 +185,7 @@ def worker(
     "seconds over which the backstop sweep re-reads every task and worker",
     type=float,
 )
+@allow_eviction
 def controller(**flags: Any) -> None:
     """Give tasks their node sets and keep them sized.
 
@@ -482,6 +488,7 @@ def dashboard(
     except (BindRefused, ValueError) as exc:
         raise click.UsageError(str(exc)) from None
     click.echo(f"dashboard on http://{host}:{port} for {redact_url(settings.redis_url)}", err=True)
+    _warn_evicting(settings)
     # uvicorn stops gracefully on SIGTERM/SIGINT, then raises the signal again for the
     # handler that was there before it: let that be a clean exit (0), not a death by signal
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -493,6 +500,25 @@ def dashboard(
         log_level=settings.log_level.lower(),
         access_log=settings.log_level.lower() == "debug",
     )
+
+
+def _warn_evicting(settings: Any) -> None:
+    """The dashboard starts on an evicting Redis (it shows what is left; its actions run),
+    with a warning that says so."""
+    from queueworks.connection import UNAVAILABLE, connect_settings
+    from queueworks.eviction import warn_evicting
+    from queueworks.logs import get_logger
+
+    try:  # (a URL it cannot use, a Redis not up yet: the app says so itself)
+        r = connect_settings(settings)
+    except ValueError:
+        return
+    except UNAVAILABLE:
+        return
+    try:
+        warn_evicting(r, get_logger(component="dashboard"))
+    finally:
+        r.close()
 
 
 @main.command(short_help="Exit non-zero when Redis or a process is unhealthy.")

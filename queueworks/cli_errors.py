@@ -21,6 +21,7 @@ import redis
 from queueworks.admin import AdminError
 from queueworks.client import BadRecord, SubmitError, TaskNotFound
 from queueworks.connection import UNAVAILABLE, RedisUnavailable
+from queueworks.eviction import EvictingRedis
 from queueworks.vanished import QueueNotFound
 
 EXIT_ERROR = 1
@@ -94,7 +95,7 @@ def explain(exc: Exception, meta: dict[str, object]) -> CliError | None:
         return BadInput(f"invalid {what}: {validation_text(exc)}")
     if isinstance(exc, SubmitError):
         return BadInput(f"cannot submit: {exc}")
-    if isinstance(exc, AdminError | BadRecord):
+    if isinstance(exc, AdminError | BadRecord | EvictingRedis):
         return CliError(str(exc))
     if isinstance(exc, redis.RedisError):
         return CliError(f"Redis at {url} answered: {exc}")

@@ -107,6 +107,18 @@ def common(f: Any) -> Any:
     return f
 
 
+def allow_eviction(f: Any) -> Any:
+    """The override of the processes that refuse an evicting Redis (worker, controller)."""
+    return setting(
+        "--allow-eviction",
+        "allow_eviction",
+        "start even if Redis's maxmemory-policy is not noeviction (it may then drop jobs, "
+        "heartbeats and results silently)",
+        is_flag=True,
+        default=None,
+    )(f)
+
+
 def settings_from_flags(**flags: Any) -> Settings:
     """Settings from the flags (and the environment); logging configured; the URL noted
     (redacted) so that an error can say which Redis it is about."""
@@ -132,7 +144,10 @@ def client_for(settings: Settings) -> Client:
 
     try:
         return Client.from_url(
-            settings.redis_url, prefix=settings.prefix, ssl_ca_certs=settings.ssl_ca_certs
+            settings.redis_url,
+            prefix=settings.prefix,
+            ssl_ca_certs=settings.ssl_ca_certs,
+            allow_eviction=settings.allow_eviction,
         )
     except ValueError as exc:  # connect() says what a URL looks like, never the password
         raise BadInput(str(exc)) from None

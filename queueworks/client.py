@@ -12,7 +12,9 @@ from redis.cluster import RedisCluster
 
 from queueworks import events
 from queueworks.connection import Connection, connect, text
+from queueworks.eviction import CLIENT_OVERRIDE, EvictingRedis, judge, read_policies
 from queueworks.keys import Keys, TaskKeys, check_task_id
+from queueworks.logs import get_logger
 from queueworks.messages import NotJSON, partition_of, to_json
 from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.queues import DEFAULTS, UNSET, Queue, Unset, open_queue
@@ -25,7 +27,15 @@ from queueworks.validate import check_queue_settings
 if TYPE_CHECKING:
     from queueworks.aio.tasks import AsyncTask
 
-__all__ = ["BadRecord", "Client", "NotReplicated", "SubmitError", "Task", "TaskNotFound"]
+__all__ = [
+    "BadRecord",
+    "Client",
+    "EvictingRedis",
+    "NotReplicated",
+    "SubmitError",
+    "Task",
+    "TaskNotFound",
+]
 
 SUBMIT_BATCH = 1000  # messages per Lua call
 SUBMIT_PIPELINE = 8  # Lua calls per round trip
@@ -51,16 +61,35 @@ class NotReplicated(RuntimeError):
 
 
 class Client:
-    """Entry point for users: ``Client.from_url("redis://localhost:6379/0")``."""
+    """Entry point for users: ``Client.from_url("redis://localhost:6379/0")``.
 
-    def __init__(self, connection: Connection, *, prefix: str = "qw") -> None:
+    Its first write (``submit``, ``queue``, a task's ``cancel``...) raises ``EvictingRedis``
+    if the server's ``maxmemory-policy`` is not ``noeviction`` (checked once per client),
+    unless it was made with ``allow_eviction=True``."""
+
+    def __init__(
+        self, connection: Connection, *, prefix: str = "qw", allow_eviction: bool = False
+    ) -> None:
         self.redis = connection
         self.keys = Keys(prefix)
         self.scripts = Scripts(connection)
+        self.allow_eviction = allow_eviction
+        self._eviction_checked = False
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "qw", **connect_options: Any) -> Client:
-        return cls(connect(url, **connect_options), prefix=prefix)
+    def from_url(
+        cls, url: str, *, prefix: str = "qw", allow_eviction: bool = False, **connect_options: Any
+    ) -> Client:
+        return cls(connect(url, **connect_options), prefix=prefix, allow_eviction=allow_eviction)
+
+    def check_eviction(self) -> None:
+        """Raise ``EvictingRedis`` if the server may evict keys (its ``maxmemory-policy``),
+        unless ``allow_eviction``; read once per client, at its first write (one round trip
+        per primary), then remembered."""
+        if not self._eviction_checked:
+            policies = read_policies(self.redis)
+            judge(policies, allow=self.allow_eviction, override=CLIENT_OVERRIDE, log=client_log())
+            self._eviction_checked = True
 
     def close(self) -> None:
         self.redis.close()
@@ -93,6 +122,7 @@ class Client:
         s); else raise ``NotReplicated`` (the task exists; a failover may still lose it).
         """
         tid = submit_task_id(spec, task_id, wait_replicas, wait_timeout)
+        self.check_eviction()
         payloads = iter(sync_subtasks(spec))
         tk = self.keys.task(tid)
         streams = tk.streams(spec.partitions)
@@ -258,7 +288,9 @@ class Client:
             idle_after=idle_after,
             node_selector=node_selector,
         )
-        return open_queue(self, check_task_id(name, "queue name"), given, reopen)
+        name = check_task_id(name, "queue name")
+        self.check_eviction()
+        return open_queue(self, name, given, reopen)
 
     def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
@@ -301,11 +333,17 @@ class Client:
 
     def drain_worker(self, worker_id: str) -> None:
         """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""
+        self.check_eviction()
         self.redis.hset(self.keys.worker(worker_id), "drain", "1")
         events.emit(self.redis, self.keys, "drain_requested", worker=worker_id)
 
 
 # -- what Client and AsyncClient share: no I/O, or only commands queued on a pipeline -------
+
+
+def client_log() -> Any:
+    """The clients' logger (their one warning: a policy that cannot be read)."""
+    return get_logger(component="client")
 
 
 def submit_task_id(

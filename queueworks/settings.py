@@ -29,6 +29,8 @@ class Settings(BaseSettings):
     batch_size: int = Field(default=100, ge=1, le=10_000)
     concurrency: int = Field(default=1, ge=1, le=10_000)
     grace_period: float = Field(default=10.0, ge=0, le=DAY)
+    allow_eviction: bool = False  # run on a Redis whose maxmemory-policy may evict keys
+    policy_check_interval: float = Field(default=60.0, gt=0, le=DAY)  # s between two reads
     log_level: str = "info"
     log_format: str = Field(default="json", pattern=r"^(json|console)$")
     ssl_ca_certs: str | None = None

@@ -28,6 +28,9 @@ class Backend(Protocol):
     keys: Keys
     scripts: Scripts
 
+    def check_eviction(self) -> None:
+        """Before a write: ``EvictingRedis`` if the server may evict (once per client)."""
+
 
 def _f(raw: Mapping[bytes, bytes], name: str) -> str | None:
     v = raw.get(name.encode())
@@ -86,6 +89,7 @@ class Task:
 
     def cancel(self) -> bool:
         """Cancel the task: its nodes are released at once. False if it had finished."""
+        self.client.check_eviction()
         changed = self.client.scripts.set_state(self.keys, TaskState.CANCELLED, time.time())
         if changed:
             events.emit(self.client.redis, self.client.keys, "cancelled", task=self.id)
@@ -100,6 +104,7 @@ class Task:
     def _change(self, **fields: object) -> None:
         if self.status(with_nodes=False).finished:
             raise finished_task(self.id)
+        self.client.check_eviction()
         self.client.redis.hset(self.keys.record, mapping=fields)  # type: ignore[arg-type]
         events.emit(self.client.redis, self.client.keys, "changed", task=self.id, **fields)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -191,3 +192,28 @@ def sleepy_double(payload: dict[str, Any]) -> dict[str, Any]:
     started = time.time()
     time.sleep(float(payload.get("seconds", 0.0)))
     return {"y": int(payload["x"]) * 2, "thread": threading.get_ident(), "t": started}
+
+
+async def async_stubborn(payload: dict[str, Any], ctx: Any) -> str:
+    """Swallows every cancellation and runs ``seconds`` whatever happens; counts its runs
+    per job (or subtask) in the Redis hash ``payload["runs"]``."""
+    run = getattr(ctx, "job_id", None) or f"subtask {ctx.index}"
+    _conn(os.environ["QUEUEWORKS_REDIS_URL"]).hincrby(payload["runs"], run, 1)
+    end = time.monotonic() + float(payload["seconds"])
+    while time.monotonic() < end:
+        with contextlib.suppress(asyncio.CancelledError):  # an uncancellable coroutine
+            await asyncio.sleep(min(0.05, max(0.0, end - time.monotonic())))
+    return "stubborn"
+
+
+async def async_counted(payload: dict[str, Any], ctx: Any) -> int:
+    """Counts its runs per job in the Redis hash ``payload["runs"]``, waits ``seconds``."""
+    _conn(os.environ["QUEUEWORKS_REDIS_URL"]).hincrby(payload["runs"], ctx.job_id, 1)
+    await asyncio.sleep(float(payload["seconds"]))
+    return int(payload["x"]) * 2
+
+
+async def async_blocker(payload: dict[str, Any]) -> float:
+    """Blocks the event loop: ``time.sleep`` inside an ``async def``."""
+    time.sleep(float(payload["seconds"]))
+    return float(payload["seconds"])

@@ -7,10 +7,12 @@ calls while there is room, records what finished, settles. Every guarantee holds
 an item is started (charged when it may have run before) by ``Ledger.start``; a failure is
 retried first; a suspended item goes back, same attempt. Before any membership change is
 acted on — a new epoch, a revoked assignment, a stop — the member stops starting items and
-waits for those in flight (they stop at their safe points), so a re-rank never hands back
-or reclaims an item that is running here. A cold stop (the grace period ran out) leaves
-what runs pending, to be reclaimed and charged. Items with an ordering key (partitioned
-tasks) run one per key at a time, in stream order: concurrency across keys only.
+waits for those in flight (they stop at their safe points, or finish, or are settled at
+their deadline: a coroutine that ignores its cancellation holds nobody past it), so a
+re-rank never hands back or reclaims an item that is running here. A cold stop (the grace
+period ran out) leaves what runs pending, to be reclaimed and charged. Items with an
+ordering key (partitioned tasks) run one per key at a time, in stream order: concurrency
+across keys only.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
+from queueworks.eviction import PolicyWatch
 from queueworks.keys import Keys
 from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
@@ -102,6 +103,7 @@ class Heartbeat(threading.Thread):
         self._roster_at: tuple[str, int] | None = None
         self._check_at: float | None = None  # an extra tick when the successor's beat ends
         self.pruned = 0
+        self.policy: PolicyWatch | None = None  # Redis's maxmemory-policy, read now and then
 
     def stop(self) -> None:
         self._halt.set()
@@ -116,6 +118,8 @@ class Heartbeat(threading.Thread):
             started = time.monotonic()
             try:
                 self.tick()
+                if self.policy is not None:
+                    self.policy.check(self._r)
             except UNAVAILABLE as exc:
                 self._log.warning("heartbeat_failed", error=str(exc))
             except Exception:

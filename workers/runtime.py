@@ -92,6 +92,7 @@ class TaskRun:
             return "finished"
         self.streams = self.tk.streams(self.spec.partitions)
         self.watchdog.use(self.spec.subtask_timeout, self.log)
+        self.aio.use(self.log)
         r, scripts, tk, keys, state = self.r, self.scripts, self.tk, self.keys, self.state
         self.membership = Membership(r, scripts, tk, keys, state, ttl=self.parts.ttl, log=self.log)
         self.reclaim = Reclaim(r, scripts, tk, self.me)

@@ -70,7 +70,7 @@ class Watchdog(threading.Thread):
     def use(self, timeout: float, log: Any, *, grace: float | None = None) -> None:
         """The limits (and the logger) for the calls that follow: one task's."""
         self.timeout = timeout
-        self.grace = grace if grace is not None else min(max(timeout, 1.0), 30.0)
+        self.grace = grace if grace is not None else grace_for(timeout)
         self._log = log
 
     def slot(self) -> Slot:
@@ -145,6 +145,12 @@ class Watchdog(threading.Thread):
             sys.stderr.flush()
             sys.stdout.flush()
             os._exit(EXIT_HUNG)
+
+
+def grace_for(timeout: float) -> float:
+    """How long past its timeout a handler that ignores it may go on before its worker
+    gives up on it (the hard limit): the timeout itself, clamped to 1-30 s."""
+    return min(max(timeout, 1.0), 30.0)
 
 
 def timed_out(index: int | str, timeout: float, how: str) -> str:

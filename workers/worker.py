@@ -16,6 +16,7 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, connect_settings, redact_url, text
+from queueworks.eviction import PolicyWatch, refuse_evicting
 from queueworks.keys import Keys, check_worker_id
 from queueworks.logs import get_logger
 from queueworks.models import ACTIVE_STATES, WorkerRecord
@@ -26,7 +27,7 @@ from queueworks.settings import Settings
 
 from .heartbeat import Heartbeat, NodeState
 from .runtime import TaskRun, WorkerParts
-from .watchdog import Watchdog
+from .watchdog import EXIT_HUNG, Watchdog
 from .watcher import Watcher
 
 REFUSE_AGAIN = 5.0  # s between two refusals of a task the controller keeps giving us
@@ -83,6 +84,8 @@ class Worker:
             concurrency=settings.concurrency,
             watch=self._watch_task,
         )
+        self.parts.aio.on_hung = self._loop_hung
+        self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
         self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) of our task
         self._done_tasks: set[str] = set()
         self._refused: dict[str, float] = {}  # task -> when we last refused it (monotonic)
@@ -94,6 +97,13 @@ class Worker:
         self.state.stopping = True
         self.state.suspend.set()
         self.state.wake.set()
+
+    def _loop_hung(self) -> None:
+        """The event loop stayed blocked past the hard limit (``workers.eventloop``): leave
+        as on a warm stop (what waited on the loop is handed back), then exit hung, for
+        the supervisor to start a fresh process."""
+        self.exit_code = EXIT_HUNG
+        self.stop()
 
     def run(self) -> None:
         self.log.info(
@@ -133,6 +143,8 @@ class Worker:
         )
         while True:
             try:
+                if self.heartbeat.policy is None:  # first: refuse an evicting Redis
+                    self.heartbeat.policy = self._policy()
                 pipe = self.r.pipeline(transaction=False)
                 pipe.hdel(self.keys.worker(self.id), "drain")
                 pipe.hset(self.keys.worker(self.id), mapping=registered_worker(record, now))
@@ -153,6 +165,12 @@ class Worker:
                     raise
                 self.log.warning("register_failed", error=str(exc), retry_in=1.0)
                 time.sleep(1.0)
+
+    def _policy(self) -> PolicyWatch:
+        """Redis's maxmemory-policy, refused if it evicts (``queueworks.eviction``), and
+        read again now and then by the heartbeat."""
+        allow, interval = self.settings.allow_eviction, self.settings.policy_check_interval
+        return PolicyWatch(refuse_evicting(self.r, allow=allow, log=self.log), interval, self.log)
 
     def _deregister(self) -> None:
         try:

@@ -20,6 +20,7 @@ from queueworks.client import (
     SUBMIT_BATCH,
     SUBMIT_PIPELINE,
     check_replicated,
+    client_log,
     given_settings,
     keep_lease,
     open_streams,
@@ -30,6 +31,7 @@ from queueworks.client import (
     worker_records,
 )
 from queueworks.connection import text
+from queueworks.eviction import CLIENT_OVERRIDE, judge, read_policies_async
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.queues import DEFAULTS, UNSET, Unset
@@ -41,19 +43,35 @@ from queueworks.topology import queue_replication_wait
 
 class AsyncClient:
     """Entry point for asyncio code: ``AsyncClient.from_url("redis://localhost:6379/0")``,
-    or ``async with AsyncClient.from_url(...) as client``. No I/O until the first call."""
+    or ``async with AsyncClient.from_url(...) as client``. No I/O until the first call.
+    Its first write raises ``EvictingRedis`` on an evicting Redis, as ``Client``'s."""
 
-    def __init__(self, connection: AsyncConnection, *, prefix: str = "qw") -> None:
+    def __init__(
+        self, connection: AsyncConnection, *, prefix: str = "qw", allow_eviction: bool = False
+    ) -> None:
         self.redis = connection
         self.keys = Keys(prefix)
         self.scripts = AsyncScripts(connection)
         self.results = ResultWatcher(connection)  # every job.result() call polls through it
+        self.allow_eviction = allow_eviction
+        self._eviction_checked = False
 
     @classmethod
-    def from_url(cls, url: str, *, prefix: str = "qw", **connect_options: Any) -> AsyncClient:
+    def from_url(
+        cls, url: str, *, prefix: str = "qw", allow_eviction: bool = False, **connect_options: Any
+    ) -> AsyncClient:
         """The URLs and options of ``Client.from_url``; ``max_connections`` (default 50)
         bounds the pool, and a call waits for a free connection rather than failing."""
-        return cls(connect_async(url, **connect_options), prefix=prefix)
+        return cls(
+            connect_async(url, **connect_options), prefix=prefix, allow_eviction=allow_eviction
+        )
+
+    async def check_eviction(self) -> None:
+        """``Client.check_eviction``: once per client, at its first write."""
+        if not self._eviction_checked:
+            policies = await read_policies_async(self.redis)
+            judge(policies, allow=self.allow_eviction, override=CLIENT_OVERRIDE, log=client_log())
+            self._eviction_checked = True
 
     async def close(self) -> None:
         await self.redis.aclose()
@@ -81,6 +99,7 @@ class AsyncClient:
         nothing is left behind. ``wait_replicas``: as ``Client.submit``.
         """
         tid = submit_task_id(spec, task_id, wait_replicas, wait_timeout)
+        await self.check_eviction()
         tk = self.keys.task(tid)
         if await self.redis.exists(tk.record):
             raise task_exists(tid)
@@ -170,7 +189,9 @@ class AsyncClient:
             idle_after=idle_after,
             node_selector=node_selector,
         )
-        return await open_queue(self, check_task_id(name, "queue name"), given, reopen)
+        name = check_task_id(name, "queue name")
+        await self.check_eviction()
+        return await open_queue(self, name, given, reopen)
 
     async def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
@@ -210,6 +231,7 @@ class AsyncClient:
 
     async def drain_worker(self, worker_id: str) -> None:
         """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""
+        await self.check_eviction()
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(self.keys.worker(worker_id), "drain", "1")
         events.emit(pipe, self.keys, "drain_requested", worker=worker_id)

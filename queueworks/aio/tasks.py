@@ -37,6 +37,9 @@ class AsyncBackend(Protocol):
     scripts: AsyncScripts
     results: ResultWatcher
 
+    async def check_eviction(self) -> None:
+        """Before a write: ``EvictingRedis`` if the server may evict (once per client)."""
+
 
 class AsyncTask:
     """A handle to one submitted task: ``await task.status()``, ``await task.wait()``,
@@ -88,6 +91,7 @@ class AsyncTask:
 
     async def cancel(self) -> bool:
         """Cancel the task: its nodes are released at once. False if it had finished."""
+        await self.client.check_eviction()
         scripts = self.client.scripts
         changed = await scripts.set_state(self.keys, TaskState.CANCELLED, time.time())
         if changed:
@@ -103,6 +107,7 @@ class AsyncTask:
     async def _change(self, **fields: object) -> None:
         if (await self.status(with_nodes=False)).finished:
             raise finished_task(self.id)
+        await self.client.check_eviction()
         pipe = self.client.redis.pipeline(transaction=False)
         pipe.hset(self.keys.record, mapping=fields)  # type: ignore[arg-type]
         events.emit(pipe, self.client.keys, "changed", task=self.id, **fields)

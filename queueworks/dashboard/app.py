@@ -202,6 +202,7 @@ def create_app(config: DashboardConfig, client: Client | None = None) -> Starlet
         client = Client(
             connect(config.redis_url, ssl_ca_certs=config.ssl_ca_certs, socket_timeout=5.0),
             prefix=config.prefix,
+            allow_eviction=True,  # it only warns (queueworks dashboard): actions still run
         )
     dash = Dashboard(config, client)
 
