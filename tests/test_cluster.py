@@ -121,6 +121,7 @@ def keys_by_node(lc: LocalCluster, pattern: str) -> dict[int, set[str]]:
     return out
 
 
+@pytest.mark.system
 def test_tasks_spread_over_shards_end_to_end(
     lc: LocalCluster,
     cc: Cluster,
@@ -211,6 +212,7 @@ def assert_cli_and_dashboard_see(
         assert "queueworks" in http.get("/metrics").text
 
 
+@pytest.mark.integration
 def test_wait_for_replicas_reports_what_is_not_replicated(cclient: Client, tmp_path: Path) -> None:
     """No replicas here: ``wait_replicas=1`` waits on the task's, the queue's and the events'
     primaries, then says so; the task is written all the same."""
@@ -223,6 +225,7 @@ def test_wait_for_replicas_reports_what_is_not_replicated(cclient: Client, tmp_p
     assert cclient.submit(spec(5, tmp_path / "log"), wait_replicas=0).status().total == 5
 
 
+@pytest.mark.system
 def test_churn_on_cluster(cc: Cluster, cclient: Client, rc: RedisCluster, tmp_path: Path) -> None:
     """SIGKILL two members and start two new workers while a task runs, then SIGTERM one:
     every result right, every subtask ran, ranks re-formed."""
@@ -255,6 +258,7 @@ def test_churn_on_cluster(cc: Cluster, cclient: Client, rc: RedisCluster, tmp_pa
     assert any(w not in killed for i, w, *_ in ran if i in repeated) or not repeated
 
 
+@pytest.mark.system
 def test_preemption_on_cluster(
     cc: Cluster, cclient: Client, rc: RedisCluster, tmp_path: Path
 ) -> None:
@@ -310,6 +314,7 @@ def migrate_slot(lc: LocalCluster, slot: int, source: int, target: int) -> int:
     return int(moved)
 
 
+@pytest.mark.system
 def test_watcher_follows_a_slot_migration(
     lc: LocalCluster, cc: Cluster, cclient: Client, rc: RedisCluster, tmp_path: Path
 ) -> None:
@@ -340,6 +345,7 @@ def test_watcher_follows_a_slot_migration(
         assert c.exists(cclient.keys.task(tid).record)
 
 
+@pytest.mark.integration
 def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, prefix: str) -> None:
     """Issue 19: a new leader seals every slot with its term before it reads; from then on
     a write of an older term is refused wherever it goes (an assignment, a task record, the
@@ -387,6 +393,7 @@ def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, pr
     assert sealed_in < 10.0, sealed_in  # 16,384 slots, pipelined per node
 
 
+@pytest.mark.integration
 def test_cluster_url_errors_never_show_the_password(lc: LocalCluster) -> None:
     seeds = lc.url.removeprefix("redis+cluster://")
     with pytest.raises(ValueError) as info:
@@ -397,6 +404,7 @@ def test_cluster_url_errors_never_show_the_password(lc: LocalCluster) -> None:
     assert "s3cretPW" not in str(refused.value)
 
 
+@pytest.mark.system
 def test_primary_failover_with_replicas(prefix: str, tmp_path: Path) -> None:
     """3 primaries with a replica each: SIGKILL the primary of a running task's shard. The
     cluster promotes its replica (CLUSTERDOWN meanwhile: every process backs off), the

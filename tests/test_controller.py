@@ -5,11 +5,14 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from tests.conftest import Cluster, wait_for
+
+pytestmark = pytest.mark.system
 
 
 def slow(client: Client, n: int, seconds: float = 0.01, **kw: Any) -> Any:

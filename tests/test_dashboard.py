@@ -116,6 +116,7 @@ def history_rebalances(r: redis.Redis, keys: Keys, task_ids: list[str]) -> list[
 # -- pages, API and metrics against a real cluster -------------------------------------------
 
 
+@pytest.mark.system
 def test_pages_api_and_metrics_agree_with_status(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client
 ) -> None:
@@ -254,6 +255,7 @@ def test_pages_api_and_metrics_agree_with_status(
     assert again[("queueworks_rebalances_total", ())] == len(recorded)
 
 
+@pytest.mark.integration
 def test_throughput_samples_count_progress_once(client: Client, r: redis.Redis, keys: Keys) -> None:
     task = client.submit(
         TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}] * 50)
@@ -278,6 +280,7 @@ def test_throughput_samples_count_progress_once(client: Client, r: redis.Redis, 
 # -- actions -------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_actions_cancel_priority_resize_through_the_api(client: Client, web: httpx.Client) -> None:
     task = client.submit(
         TaskSpec(name="a", handler="tests.handlers:double", subtasks=[{"x": 1}] * 3)
@@ -316,6 +319,7 @@ def test_actions_cancel_priority_resize_through_the_api(client: Client, web: htt
     assert evil.headers["location"] == "/"
 
 
+@pytest.mark.integration
 def test_csrf_and_origin_are_checked_without_a_token(client: Client, web: httpx.Client) -> None:
     task = client.submit(TaskSpec(name="c", handler="tests.handlers:double", subtasks=[{"x": 1}]))
     url = f"/api/tasks/{task.id}/cancel"
@@ -334,6 +338,7 @@ def test_csrf_and_origin_are_checked_without_a_token(client: Client, web: httpx.
     assert f'name="csrf-token" content="{token}"' in page.text
 
 
+@pytest.mark.integration
 def test_token_guards_actions_pages_and_api(client: Client) -> None:
     task = client.submit(TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}]))
     url = f"/api/tasks/{task.id}/cancel"
@@ -380,6 +385,7 @@ def test_token_guards_actions_pages_and_api(client: Client) -> None:
         assert got.status_code == 200 and other.status().state == TaskState.CANCELLED
 
 
+@pytest.mark.system
 def test_bind_beyond_loopback_needs_a_token(redis_url: str) -> None:
     for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
         check_bind(host, None)
@@ -400,6 +406,7 @@ def test_bind_beyond_loopback_needs_a_token(redis_url: str) -> None:
     assert "refusing to bind the dashboard to '0.0.0.0' without a token" in got.stderr
 
 
+@pytest.mark.integration
 def test_no_page_or_api_shows_the_redis_password(tmp_path: Any, prefix: str) -> None:
     with RedisServer(password=PASSWORD) as server:
         server.start()
@@ -466,6 +473,7 @@ def _dead_letter(client: Client, task_id: str, partitions: int = 0) -> None:
         client.scripts.settle(tk, stream, "w1", time.time(), [], [entry])
 
 
+@pytest.mark.integration
 def test_requeue_on_an_active_task_keeps_accounting_exact(client: Client, r: redis.Redis) -> None:
     admin = Admin(client)
     task = client.submit(
@@ -498,6 +506,7 @@ def test_requeue_on_an_active_task_keeps_accounting_exact(client: Client, r: red
     assert task.status().dead == 2
 
 
+@pytest.mark.integration
 def test_requeue_in_a_partitioned_task_goes_to_its_partition(
     client: Client, r: redis.Redis
 ) -> None:
@@ -519,6 +528,7 @@ def test_requeue_in_a_partitioned_task_goes_to_its_partition(
     assert task.status().dead == 0
 
 
+@pytest.mark.system
 def test_requeue_from_the_page_reopens_a_completed_task(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client, prefix: str
 ) -> None:
@@ -562,6 +572,7 @@ def test_requeue_from_the_page_reopens_a_completed_task(
     assert post(web, f"/api/tasks/{task.id}/dead/not-an-id/delete").status_code == 400
 
 
+@pytest.mark.system
 def test_drain_a_worker_from_the_dashboard(
     cluster: Cluster, r: redis.Redis, web: httpx.Client
 ) -> None:
@@ -577,6 +588,7 @@ def test_drain_a_worker_from_the_dashboard(
 # -- queueworks info --watch ----------------------------------------------------------------
 
 
+@pytest.mark.system
 def test_info_watch_refreshes(redis_url: str, prefix: str, client: Client) -> None:
     client.submit(TaskSpec(name="watched", handler="tests.handlers:double", subtasks=[{"x": 1}]))
     env = {

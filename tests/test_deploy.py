@@ -18,6 +18,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 import yaml
 
@@ -25,6 +26,8 @@ from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from queueworks.redis_server import free_port
 from tests.conftest import ROOT, Cluster, Proc, need_program, wait_for
+
+pytestmark = pytest.mark.system
 
 COMPOSE = ROOT / "compose.yaml"
 N_SUBTASKS = 5000

@@ -9,6 +9,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
@@ -16,6 +17,8 @@ from queueworks.keys import Keys
 from queueworks.messages import partition_of
 from queueworks.redis_server import RedisServer
 from tests.conftest import Cluster, wait_for
+
+pytestmark = pytest.mark.system
 
 TTL = 3.0  # the default heartbeat TTL the workers run with
 

@@ -21,6 +21,8 @@ from queueworks.keys import Keys
 from queueworks.redis_server import RedisServer
 from tests.conftest import Cluster, Proc, wait_for
 
+pytestmark = pytest.mark.system
+
 CHAOS_SECONDS = float(os.environ.get("QUEUEWORKS_CHAOS_SECONDS", "60"))
 
 

@@ -12,11 +12,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from tests.conftest import Cluster, Proc, wait_for
+
+pytestmark = pytest.mark.system
 
 FAST_LEASE = {"QUEUEWORKS_LEASE_TTL": "1.0"}
 

@@ -77,6 +77,7 @@ def check_cumulative(buckets: list[tuple[float, float]], count: float) -> None:
 # -- counts on the pages, the API, /metrics and info -----------------------------------------
 
 
+@pytest.mark.system
 def test_queue_counts_agree_on_pages_api_metrics_and_info(
     cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client, redis_url: str
 ) -> None:
@@ -201,6 +202,7 @@ def test_queue_counts_agree_on_pages_api_metrics_and_info(
 # -- requeue and delete from the dashboard ---------------------------------------------------
 
 
+@pytest.mark.system
 def test_requeue_from_the_dashboard_runs_a_dead_job_again(
     cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client, prefix: str
 ) -> None:
@@ -263,6 +265,7 @@ def test_requeue_from_the_dashboard_runs_a_dead_job_again(
 # -- nothing 500s on stored values ------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_queue_pages_survive_values_no_writer_would_store(
     client: Client, r: redis.Redis, web: httpx.Client
 ) -> None:
@@ -297,6 +300,7 @@ def test_queue_pages_survive_values_no_writer_would_store(
     assert refused.status_code == 400 and "rejected" in refused.json()["error"]
 
 
+@pytest.mark.integration
 def test_token_guards_the_queue_pages_and_api(client: Client) -> None:
     client.queue("guarded")
     with make_app(client, token="tok-q-1") as tc:
@@ -310,6 +314,7 @@ def test_token_guards_the_queue_pages_and_api(client: Client) -> None:
 # -- queueworks enqueue ----------------------------------------------------------------------
 
 
+@pytest.mark.system
 def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, prefix: str
 ) -> None:
@@ -359,6 +364,7 @@ def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     assert "did not finish within 3.0 s" in res.stderr
 
 
+@pytest.mark.system
 def test_enqueue_cli_errors_are_one_line(redis_url: str, prefix: str, r: redis.Redis) -> None:
     closed = f"redis://127.0.0.1:{free_port()}/0"
     one_line_error(
@@ -385,6 +391,7 @@ def test_enqueue_cli_errors_are_one_line(redis_url: str, prefix: str, r: redis.R
     assert list(r.scan_iter(match=f"{prefix}:*")) == []  # nothing was written
 
 
+@pytest.mark.system
 def test_dead_cli_requeues_a_queues_dead_jobs(
     cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, prefix: str
 ) -> None:

@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module
+
+pytestmark = pytest.mark.system
 
 README = (ROOT / "README.md").read_text()
 

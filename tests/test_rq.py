@@ -153,6 +153,7 @@ def tasks_of(client: Client, job: Job) -> list[str]:
 # -- tests -------------------------------------------------------------------------------
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_target_task_ends_finished_with_its_summary(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -205,6 +206,7 @@ def test_target_task_ends_finished_with_its_summary(
     assert dict(qclient.task(made_id).results()) == {i: 2 * (100 + i) for i in range(5)}
 
 
+@pytest.mark.system
 def test_a_rerun_follows_the_task_its_last_run_left_running(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
@@ -221,6 +223,7 @@ def test_a_rerun_follows_the_task_its_last_run_left_running(
     assert tasks_of(qclient, job) == [running.id]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_failing_target_task_lands_in_failed_registry(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -257,6 +260,7 @@ def test_failing_target_task_lands_in_failed_registry(
     assert all(d["error"] == "ValueError: odd" for d in summary["dead_letters"])
 
 
+@pytest.mark.system
 def test_depends_on_orders_two_target_tasks(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
@@ -275,6 +279,7 @@ def test_depends_on_orders_two_target_tasks(
     assert a.finished_at <= b.created_at  # the second task is submitted after the first ended
 
 
+@pytest.mark.system
 def test_progress_shows_in_job_meta_while_running(
     cluster: Cluster, r: redis.Redis, queue: Queue, rq_workers: RqWorkers, redis_url: str
 ) -> None:
@@ -316,6 +321,7 @@ def test_progress_shows_in_job_meta_while_running(
     assert len({v["worker"] for v in results.values()}) == 2
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_stopping_the_rq_job_cancels_the_task(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -334,6 +340,7 @@ def test_stopping_the_rq_job_cancels_the_task(
         queue.connection.delete(f"qwrq:stopped:{job.id}")
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_canceling_the_rq_job_cancels_the_task(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -350,6 +357,7 @@ def test_canceling_the_rq_job_cancels_the_task(
     assert job.get_meta()["state"] == "cancelled"
 
 
+@pytest.mark.system
 def test_cancelling_the_task_in_queueworks_stops_the_rq_job(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
@@ -364,6 +372,7 @@ def test_cancelling_the_task_in_queueworks_stops_the_rq_job(
     assert result is not None and "task cancelled in queueworks" in (result.exc_string or "")
 
 
+@pytest.mark.system
 def test_job_timeout_cancels_the_task(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
@@ -377,6 +386,7 @@ def test_job_timeout_cancels_the_task(
     assert job.get_meta()["state"] == "cancelled"
 
 
+@pytest.mark.integration
 def test_enqueue_stores_json_only_and_refuses_bad_input(r: redis.Redis, queue: Queue) -> None:
     job = qwrq.enqueue(
         queue,

@@ -11,6 +11,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskState
@@ -27,6 +28,8 @@ from examples.elastic_training import (  # noqa: E402  (needs torch)
     task_spec,
 )
 from queueworks.torch import wait_released  # noqa: E402
+
+pytestmark = pytest.mark.system
 
 ALLOW = ("examples.elastic_training",)
 ENV = {"QUEUEWORKS_TORCH_HOST": "127.0.0.1"}

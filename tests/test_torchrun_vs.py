@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import ROOT, TORCH_INSTALL, need_module
 
+pytestmark = pytest.mark.system
+
 need_module("torch", TORCH_INSTALL, needs=("numpy",))  # skipped for a user, a failure in CI
 
 
