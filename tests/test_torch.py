@@ -9,27 +9,22 @@ import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import redis
 
 from queueworks import Client, TaskState
 from queueworks.keys import Keys
-from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module, wait_for
-
-torch = need_module("torch", TORCH_INSTALL, needs=("numpy",))  # its CPU wheel lacks numpy
-
-from examples.elastic_training import (  # noqa: E402  (needs torch)
-    Config,
-    build_model,
-    eval_loss,
-    single_process,
-    task_spec,
-)
-from queueworks.torch import wait_released  # noqa: E402
+from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_packages, wait_for
 
 pytestmark = pytest.mark.system
+
+# found, not imported: the tests import torch (seconds) where they run, not every worker
+need_packages("torch", "numpy", install=TORCH_INSTALL)  # its CPU wheel lacks numpy
+
+if TYPE_CHECKING:
+    from examples.elastic_training import Config
 
 ALLOW = ("examples.elastic_training",)
 ENV = {"QUEUEWORKS_TORCH_HOST": "127.0.0.1"}
@@ -60,6 +55,10 @@ def sizes_by_epoch(r: redis.Redis, keys: Keys, task_id: str) -> dict[int, int]:
 
 def load(source: Path | bytes, cfg: Config) -> tuple[float, dict[str, int]]:
     """A checkpoint (file or bytes): its model's loss and its progress."""
+    import torch
+
+    from examples.elastic_training import build_model, eval_loss
+
     f = io.BytesIO(source) if isinstance(source, bytes) else source
     state = torch.load(f, map_location="cpu", weights_only=True)
     model = build_model(cfg)
@@ -78,6 +77,9 @@ def test_import_queueworks_does_not_import_torch() -> None:
 def test_train_on_2_add_1_kill_1_finish(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys, tmp_path: Path
 ) -> None:
+    from examples.elastic_training import Config, single_process, task_spec
+    from queueworks.torch import wait_released
+
     log = f"{prefix}:steps"
     cfg = Config(shards=900, pace=0.04, step_log=log)
     checkpoint = tmp_path / "model.pt"
@@ -140,6 +142,9 @@ def test_losing_every_member_resumes_from_the_checkpoint(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys
 ) -> None:
     """Checkpoints in Redis this time; the only member is SIGKILLed, a new one resumes."""
+    from examples.elastic_training import Config, task_spec
+    from queueworks.torch import wait_released
+
     log = f"{prefix}:steps"
     cfg = Config(shards=300, pace=0.02, step_log=log)
     cluster.controller()
