@@ -282,7 +282,8 @@ class Cluster:
         name = name or f"c{len(self.procs)}"
         return self.spawn(["controller", *(extra or [])], name)
 
-    def wait_workers(self, r: redis.Redis, n: int, timeout: float = 15.0) -> None:
+    def wait_workers(self, r: redis.Redis, n: int, timeout: float = 60.0) -> None:
+        """Until ``n`` workers registered (processes start in seconds on a loaded machine)."""
         keys = Keys(self.prefix)
         wait_for(lambda: r.zcard(keys.workers) >= n, timeout, f"{n} workers registered")
 

@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -210,12 +209,18 @@ def test_target_task_ends_finished_with_its_summary(
 def test_a_rerun_follows_the_task_its_last_run_left_running(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
-    # as after a lost work horse: the job's meta names a task that still runs
-    running = qclient.submit(spec("tests.handlers:double_slow", 8, payload={"seconds": 0.25}))
+    # as after a lost work horse: the job's meta names a task that still runs (until the
+    # gate opens, once the job follows it)
+    gate = f"{qw.prefix}:gate:{uuid.uuid4().hex[:6]}"
+    gated = spec("tests.handlers:double_at_gate", 8, payload={"gate": gate})
+    running = qclient.submit(gated)
     job = qwrq.enqueue(
         queue, spec("tests.handlers:double", 1), prefix=qw.prefix, meta={"task_id": running.id}
     )
-    rq_workers.burst(queue, "rq.SimpleWorker")
+    proc = rq_workers.start(queue, "rq.SimpleWorker")
+    wait_for(lambda: qwrq.job_id_of(qclient, running.id) == job.id, 60, "the job following")
+    qclient.redis.set(gate, 1)
+    assert proc.wait(60) == 0
     assert job.get_status() == JobStatus.FINISHED
     summary = job.return_value()
     assert summary is not None
@@ -287,32 +292,41 @@ def test_progress_shows_in_job_meta_while_running(
     for _ in range(2):  # small reads: the first read takes a whole batch, before any timing
         cluster.worker(extra=["--batch-size", "2"])
     cluster.wait_workers(r, 2)
+    # three gates, opened in turn: subtasks 0-9 run at the first, 10-19 at the second, the
+    # rest at the third, so the job is seen running at 0, then at 10 and 20 done
+    gates = [f"{cluster.prefix}:gate:{g}" for g in "abc"]
+    payloads = [{"x": i, "gate": gates[min(i // 10, 2)]} for i in range(40)]
     job = qwrq.enqueue(
         queue,
-        spec("tests.handlers:double_slow", 40, payload={"seconds": 0.1}),
+        TaskSpec(name="gated", handler="tests.handlers:double_at_gate", subtasks=payloads),
         prefix=cluster.prefix,
     )
     proc = rq_workers.start(queue, "rq.Worker")
-    wait_running(job)
+    wait_running(job, timeout=60)
     info = subprocess.run(
         [sys.executable, "-m", "rq.cli", "info", "--url", redis_url, queue.name],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         check=True,
     )
     assert "1 executing" in info.stdout  # ``rq info`` shows the target task as a running job
     seen: list[dict[str, Any]] = []
-    while proc.poll() is None:
+
+    def progress_at(done: int) -> bool:
         meta = job.get_meta()
         if job.get_status() == JobStatus.STARTED and meta.get("state") == "running":
             seen.append(meta)
-        time.sleep(0.05)
-    assert proc.returncode == 0
+        return bool(seen) and seen[-1]["done"] == done
+
+    for gate, done in zip(gates, (10, 20, None), strict=True):
+        r.set(gate, 1)
+        if done is not None:  # held there by the next gate: the meta must show it
+            wait_for(lambda d=done: progress_at(d), 60, f"the job's meta at {done} done")
+    assert proc.wait(60) == 0
     middle = [m for m in seen if 0 < m["done"] < 40]
-    assert middle, f"no progress seen while running: {seen[:3]}...{seen[-3:]}"
     assert all(m["total"] == 40 and m["progress"] == round(m["done"] / 40, 4) for m in middle)
-    assert len({m["done"] for m in middle}) >= 2  # updated while it runs, not only once
+    assert {10, 20} <= {m["done"] for m in middle}  # updated while it runs, not only once
     assert job.get_status() == JobStatus.FINISHED
     assert job.get_meta()["progress"] == 1.0
     # one RQ job, fanned out over both queueworks workers
