@@ -63,7 +63,6 @@ import itertools
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -92,6 +91,7 @@ from bench.torchrun_job import (
     shard_loss,
 )
 from queueworks import Client, Task, TaskSpec
+from queueworks.redis_server import free_port
 from queueworks.torch import ElasticTrainer, StepContext, StepRecord, wait_released
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -325,7 +325,7 @@ class Torchrun(System):
 
     def __init__(self, job: Job, profile: Profile, run_dir: Path, share_store: bool) -> None:
         super().__init__(job, profile, run_dir)
-        self.port = _free_port()
+        self.port = free_port()  # the c10d store's, bound later by node 1
         self.env = {} if share_store else {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 
     def start_node(self, name: str) -> subprocess.Popen[bytes]:
@@ -361,12 +361,6 @@ class Torchrun(System):
         if any(n.alive() for n in self.nodes) or self.done():
             return None
         return "every agent exited, none with 0"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # -- the step logs ----------------------------------------------------------------------------

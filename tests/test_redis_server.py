@@ -13,6 +13,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from queueworks.redis_server import (
+    EPHEMERAL_RANGE,
+    LOWEST_PORT,
     RedisServer,
     TlsFiles,
     _make_tls_files_cryptography,
@@ -205,3 +207,12 @@ def test_find_server_binary_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
 def test_free_port_is_bindable() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", free_port()))
+
+
+@pytest.mark.unit
+def test_free_port_is_never_one_the_kernel_gives_a_connection() -> None:
+    """Below the ephemeral range (Linux): no outgoing connection can take it before the bind."""
+    low, high = map(int, EPHEMERAL_RANGE.read_text().split())
+    ports = {free_port() for _ in range(20)}
+    assert all(LOWEST_PORT <= p < low for p in ports), (ports, low, high)
+    assert len(ports) > 1  # chosen at random: concurrent choosers rarely collide
