@@ -106,11 +106,14 @@ XDIST_WORKERS = 6
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """``python -m pytest`` runs on ``XDIST_WORKERS`` xdist workers, handing them one test
     at a time (``--dist load --maxschedchunk 1``), unless told how many (``-n``, ``-n 0``),
-    without xdist (``-p no:xdist``) or under ``--pdb``."""
+    without xdist (``-p no:xdist``), under ``--pdb``, or with ``-s`` (output shown: the
+    tests' prints, such as their FIGURE lines, reach the terminal from one process only)."""
     option = config.option
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
         return
     if option.numprocesses is not None or option.usepdb or option.collectonly:
+        return
+    if option.capture == "no":
         return
     option.numprocesses = XDIST_WORKERS
     if option.dist == "no":
