@@ -77,6 +77,7 @@ def test_readme_demo_command_runs() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # five processes that import torch
 def test_readme_training_example_runs() -> None:
     """The README's elastic-training command: one job scaled 2 -> 4 -> 1 workers. Shorter
     than as the README runs it (1,800 shards, paced 0.03 s, a change every 12 s: a minute
