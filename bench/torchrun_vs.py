@@ -754,6 +754,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--static", type=int, default=0, help="N nodes throughout, no change")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args(argv)
+    # the driver's own training (the one-process reference, the replays) is of tiny
+    # tensors: more threads only spin, beside the systems' processes (19 CPU-s, not 1)
+    torch.set_num_threads(1)
     args.profiles = args.profiles or ("matched" if args.smoke else "default,matched")
     args.timeout = args.timeout or (240.0 if args.smoke else 300.0)  # smoke: CI, under load
     job = Job(

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +20,19 @@ from queueworks.keys import Keys
 from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_packages, wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]  # torch is slow to start
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """The tests' own torch work (the one-process reference, reading checkpoints) is of
+    tiny tensors: on more threads it only spins, beside the workers (20x the CPU here)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 
 # found, not imported: the tests import torch (seconds) where they run, not every worker
 need_packages("torch", "numpy", install=TORCH_INSTALL)  # its CPU wheel lacks numpy
@@ -75,6 +89,7 @@ def test_import_queueworks_does_not_import_torch() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
 def test_train_on_2_add_1_kill_1_finish(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys, tmp_path: Path
 ) -> None:
@@ -140,6 +155,7 @@ def test_train_on_2_add_1_kill_1_finish(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("one_torch_thread")
 def test_losing_every_member_resumes_from_the_checkpoint(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys
 ) -> None:
