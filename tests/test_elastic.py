@@ -123,11 +123,12 @@ def test_status_shows_the_node_set_and_what_each_member_runs(
     log = f"{prefix}:log"
     task = tracked_task(client, 4, log, 3.0, min_nodes=2, max_nodes=2)
 
-    def busy() -> bool:  # both members report the subtask they are running now
-        nodes = task.status().nodes
-        return len(nodes) == 2 and all(n.current is not None for n in nodes)
+    def busy() -> bool:  # both members report the subtask they are running now, and its
+        nodes = task.status().nodes  # handler has logged its start (a moment after)
+        logged = {x.worker for x in runs(r, log)}
+        return len(nodes) == 2 and all(n.current is not None and n.worker in logged for n in nodes)
 
-    wait_for(busy, 10, "both members running a subtask")
+    wait_for(busy, 30, "both members running a subtask")
     nodes = task.status().nodes
     started = {x.worker: x for x in runs(r, log)}
     assert sorted(n.rank for n in nodes) == [0, 1]

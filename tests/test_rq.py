@@ -293,7 +293,8 @@ def test_progress_shows_in_job_meta_while_running(
         cluster.worker(extra=["--batch-size", "2"])
     cluster.wait_workers(r, 2)
     # three gates, opened in turn: subtasks 0-9 run at the first, 10-19 at the second, the
-    # rest at the third, so the job is seen running at 0, then at 10 and 20 done
+    # rest at the third, so the job is seen running with some done, then with more (a
+    # member settles what it ran a batch at a time: the counts held are near 10 and 20)
     gates = [f"{cluster.prefix}:gate:{g}" for g in "abc"]
     payloads = [{"x": i, "gate": gates[min(i // 10, 2)]} for i in range(40)]
     job = qwrq.enqueue(
@@ -313,20 +314,24 @@ def test_progress_shows_in_job_meta_while_running(
     assert "1 executing" in info.stdout  # ``rq info`` shows the target task as a running job
     seen: list[dict[str, Any]] = []
 
-    def progress_at(done: int) -> bool:
+    def done_past(low: int) -> int | None:
+        """The meta's count of done subtasks, if the job runs and it is past ``low``."""
         meta = job.get_meta()
-        if job.get_status() == JobStatus.STARTED and meta.get("state") == "running":
-            seen.append(meta)
-        return bool(seen) and seen[-1]["done"] == done
+        if job.get_status() != JobStatus.STARTED or meta.get("state") != "running":
+            return None
+        seen.append(meta)
+        return int(meta["done"]) if meta["done"] > low else None
 
-    for gate, done in zip(gates, (10, 20, None), strict=True):
-        r.set(gate, 1)
-        if done is not None:  # held there by the next gate: the meta must show it
-            wait_for(lambda d=done: progress_at(d), 60, f"the job's meta at {done} done")
+    held = 0
+    for gate in gates[:2]:
+        r.set(gate, 1)  # the next gate holds the rest: the meta must show the count between
+        held = wait_for(lambda low=held: done_past(low), 60, f"the job's meta past {held} done")
+        assert held < 40
+    r.set(gates[2], 1)
     assert proc.wait(60) == 0
     middle = [m for m in seen if 0 < m["done"] < 40]
     assert all(m["total"] == 40 and m["progress"] == round(m["done"] / 40, 4) for m in middle)
-    assert {10, 20} <= {m["done"] for m in middle}  # updated while it runs, not only once
+    assert len({m["done"] for m in middle}) >= 2  # updated while it runs, not only once
     assert job.get_status() == JobStatus.FINISHED
     assert job.get_meta()["progress"] == 1.0
     # one RQ job, fanned out over both queueworks workers
