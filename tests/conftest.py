@@ -17,9 +17,10 @@ Every test is marked with its kind, exactly one of (registered in pyproject.toml
   benchmark, ``python -c``), rq workers, a browser or Docker.
 
 A file of one kind says so once (``pytestmark = pytest.mark.integration``); a file of
-several marks each test. ``slow`` (besides the kind) marks the few tests of tens of
-seconds: they are started first. Collection fails on a test without exactly one kind, or
-whose fixtures contradict it (``cluster`` outside ``system``, Redis in ``unit``).
+several marks each test. ``slow(seconds)`` (besides the kind) marks the few tests of
+tens of seconds, with about how long each takes here alone: they are started first,
+longest first. Collection fails on a test without exactly one kind, or whose fixtures
+contradict it (``cluster`` outside ``system``, Redis in ``unit``).
 
 The suite runs on xdist workers unless told otherwise (``pytest_cmdline_main`` below:
 ``-n 0`` or ``-p no:xdist`` runs it in one process, ``-n N`` on N workers); each worker
@@ -150,12 +151,19 @@ def kind_problem(item: pytest.Item) -> str | None:
 
 
 def slow_first(items: list[pytest.Item]) -> list[pytest.Item]:
-    """The ``slow`` tests first, each followed by a quick one: xdist's load scheduler
-    gives each worker two tests to begin with (it runs one and keeps the next), so each
-    of the first workers starts on a slow test, with a quick one after it, and the other
-    slow tests are the next ones handed out. The long poles then overlap instead of
-    ending the run one after another."""
-    slow = [item for item in items if item.get_closest_marker("slow")]
+    """The ``slow`` tests first, longest first (``slow(seconds)``), each followed by a
+    quick one: xdist's load scheduler gives each worker two tests to begin with (it runs
+    one and keeps the next), so each of the first workers starts on a slow test, with a
+    quick one after it, and the other slow tests are the next ones handed out. The long
+    poles then overlap instead of ending the run one after another."""
+
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+    slow = sorted(
+        (item for item in items if item.get_closest_marker("slow")), key=seconds, reverse=True
+    )
     quick = [item for item in items if not item.get_closest_marker("slow")]
     head = [x for pair in zip(slow, quick, strict=False) for x in pair]
     return head + slow[len(quick) :] + quick[len(slow) :]

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = {"queueworks-async", "arq", "saq", "streaq", "raw"}
 
 
-@pytest.mark.slow
+@pytest.mark.slow(40)
 @pytest.mark.system
 def test_quick_run_counts_every_job_once_on_every_system(tmp_path: Path) -> None:
     out = tmp_path / "asyncpeers.json"

@@ -121,7 +121,7 @@ def keys_by_node(lc: LocalCluster, pattern: str) -> dict[int, set[str]]:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.slow(15)
 @pytest.mark.system
 def test_tasks_spread_over_shards_end_to_end(
     lc: LocalCluster,
@@ -407,7 +407,7 @@ def test_cluster_url_errors_never_show_the_password(lc: LocalCluster) -> None:
     assert "s3cretPW" not in str(refused.value)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(20)
 @pytest.mark.system
 def test_primary_failover_with_replicas(prefix: str, tmp_path: Path) -> None:
     """3 primaries with a replica each: SIGKILL the primary of a running task's shard. The

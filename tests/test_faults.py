@@ -76,7 +76,7 @@ def assert_exact(task: Any, n: int) -> None:
     assert all(results[i]["y"] == 2 * i for i in range(n))
 
 
-@pytest.mark.slow
+@pytest.mark.slow(35)
 @pytest.mark.timeout(CHAOS_SECONDS + 300)
 def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys) -> None:
     rng = random.Random(int(os.environ.get("QUEUEWORKS_CHAOS_SEED", "20261130")))
@@ -214,7 +214,7 @@ def _restart_run(tmp_path: Path, prefix: str, fsync: str) -> dict[str, Any]:
             c.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow(30)
 def test_redis_sigkill_restart_from_aof(tmp_path: Path, prefix: str) -> None:
     always = _restart_run(tmp_path, prefix, "always")
     everysec = _restart_run(tmp_path, prefix, "everysec")
@@ -225,7 +225,7 @@ def test_redis_sigkill_restart_from_aof(tmp_path: Path, prefix: str) -> None:
     assert always["repeated"] <= 3 * 100, always
 
 
-@pytest.mark.slow
+@pytest.mark.slow(25)
 def test_ten_second_outage(tmp_path: Path, prefix: str) -> None:
     with RedisServer(appendonly=True, appendfsync="always") as server:
         server.start()

@@ -76,7 +76,7 @@ def test_readme_demo_command_runs() -> None:
     assert "nodes=0" not in out.stdout
 
 
-@pytest.mark.slow
+@pytest.mark.slow(40)
 @pytest.mark.timeout(600)  # five processes that import torch
 def test_readme_training_example_runs() -> None:
     """The README's elastic-training command: one job scaled 2 -> 4 -> 1 workers. Shorter

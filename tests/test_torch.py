@@ -88,7 +88,7 @@ def test_import_queueworks_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(50)
 @pytest.mark.usefixtures("one_torch_thread")
 def test_train_on_2_add_1_kill_1_finish(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys, tmp_path: Path
@@ -154,7 +154,7 @@ def test_train_on_2_add_1_kill_1_finish(
     assert abs(final - reference) <= 0.05 * reference, (final, reference)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(30)
 @pytest.mark.usefixtures("one_torch_thread")
 def test_losing_every_member_resumes_from_the_checkpoint(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys

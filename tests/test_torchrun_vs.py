@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, TORCH_INSTALL, need_packages
 
-pytestmark = [pytest.mark.system, pytest.mark.slow, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 need_packages("torch", "numpy", install=TORCH_INSTALL)  # skipped for a user, a failure in CI
 
@@ -72,6 +72,7 @@ def check_whole_scenario(run: dict[str, Any], reference: float) -> None:
     assert run["overlapping_generations"] == 0, (name, run)
 
 
+@pytest.mark.slow(35)
 def test_queueworks_runs_the_scenario_and_repeats_nothing(tmp_path: Path) -> None:
     qw = smoke_run("queueworks", tmp_path)
     assert qw["repeated_samples"] == 0
@@ -82,6 +83,7 @@ def test_queueworks_runs_the_scenario_and_repeats_nothing(tmp_path: Path) -> Non
     assert remove["what"].startswith("remove") and remove["to_new_size"] < 2.0, remove
 
 
+@pytest.mark.slow(90)
 def test_torchrun_runs_the_scenario_and_redoes_steps(tmp_path: Path) -> None:
     tr = smoke_run("torchrun", tmp_path)
     # torchrun restarts its workers on every change (a new generation each time), from its
