@@ -34,6 +34,8 @@ def main() -> None:
             "tests/test_faults.py",
             "-q",
             "-s",
+            "-n",
+            "0",  # in one process: -s shows the FIGURE lines (xdist workers would hide them)
             "-p",
             "no:cacheprovider",
             "--timeout",

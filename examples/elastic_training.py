@@ -247,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--pace", type=float, help="extra seconds per shard [0; 0.03 with --scale]")
     ap.add_argument("--checkpoint", help="checkpoint file (default: a temporary one)")
     args = ap.parse_args(argv)
+    torch.set_num_threads(1)  # the reference run at the end is tiny, as the workers' steps
 
     from queueworks.redis_server import RedisServer
 

@@ -327,7 +327,7 @@ def submit(
 
 @main.command(short_help="Tasks, queues (backlog, node sets) and workers.")
 @common
-@option("--watch", is_flag=True, help="redraw every --interval seconds until Ctrl-C")
+@option("--watch", is_flag=True, help="redraw every --interval seconds until Ctrl-C (or SIGTERM)")
 @option(
     "--interval",
     type=seconds(0, 3600, above=True),
@@ -359,17 +359,30 @@ def info(
 
     settings = settings_from_flags(**flags)
     client = client_for(settings)
-    while True:
-        text = render(client, as_json=as_json, limit=limit, offset=offset)
-        if watch:
+    if not watch:
+        click.echo(render(client, as_json=as_json, limit=limit, offset=offset))
+        return
+    _end_watch_on_signals()
+    try:
+        while True:
+            text = render(client, as_json=as_json, limit=limit, offset=offset)
             click.clear()
-        click.echo(text)
-        if not watch:
-            return
-        try:
+            click.echo(text)
             time.sleep(interval)
-        except KeyboardInterrupt:
-            return
+    except KeyboardInterrupt:  # Ctrl-C, SIGINT or SIGTERM, wherever the redraw was
+        return
+
+
+def _end_watch_on_signals() -> None:
+    """SIGINT and SIGTERM end ``info --watch`` (exit 0). Set here, not left to Python: a
+    process started with SIGINT ignored (``cmd &`` in a script) keeps it ignored, and the
+    watch would redraw forever."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
 
 
 @main.command(short_help="List (or requeue) a task's dead letters.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import random
 import shutil
 import signal
 import socket
@@ -43,7 +44,28 @@ class TlsFiles:
     ca: Path
 
 
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+LOWEST_PORT = 10_000
+
+
 def free_port() -> int:
+    """A loopback TCP port nothing listens on now, for a server to bind next. Taken at random
+    from below the kernel's ephemeral range where there is one (Linux): the kernel gives a
+    port from inside that range to every outgoing connection, so one chosen there can be
+    taken before the server binds it, the likelier the busier the machine; and random, so
+    that processes choosing at once rarely choose alike. Elsewhere, the kernel's choice."""
+    try:
+        low = int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 0
+    for _ in range(50 if low > LOWEST_PORT + 1000 else 0):
+        port = random.randrange(LOWEST_PORT, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -4,9 +4,27 @@ real worker and controller processes that are always stopped (SIGKILL as the las
 ``QUEUEWORKS_TEST_REDIS_URL`` runs the suite against an external server instead.
 
 Optional pieces (torch, chromium, docker-compose, a redis-server with TLS, redis-cli) go
-through ``need_program`` / ``need_module``: where one is missing, the test is skipped with
-the command that installs it, except under ``QUEUEWORKS_REQUIRE_ALL=1`` (set by
-``.ci/run``), where it fails: CI runs every test.
+through ``need_program`` / ``need_module`` / ``need_packages``: where one is missing, the
+test is skipped with the command that installs it, except under
+``QUEUEWORKS_REQUIRE_ALL=1`` (set by ``.ci/run``), where it fails: CI runs every test.
+
+Every test is marked with its kind, exactly one of (registered in pyproject.toml):
+
+* ``unit``: no Redis, no process -- pure Python;
+* ``integration``: real Redis servers (private ones the tests start: a server, a
+  sentinel set, a Redis Cluster), the code under test in the test's own process;
+* ``system``: starts queueworks processes (worker, controller, dashboard, the CLI, a
+  benchmark, ``python -c``), rq workers, a browser or Docker.
+
+A file of one kind says so once (``pytestmark = pytest.mark.integration``); a file of
+several marks each test. ``slow(seconds)`` (besides the kind) marks the few tests of
+tens of seconds, with about how long each takes here alone: they are started first,
+longest first. Collection fails on a test without exactly one kind, or whose fixtures
+contradict it (``cluster`` outside ``system``, Redis in ``unit``).
+
+The suite runs on xdist workers unless told otherwise (``pytest_cmdline_main`` below:
+``-n 0`` or ``-p no:xdist`` runs it in one process, ``-n N`` on N workers); each worker
+starts its own private Redis server.
 """
 
 from __future__ import annotations
@@ -61,14 +79,94 @@ def need_program(name: str, install: str) -> str:
     return shutil.which(name) or missing(name, install)
 
 
+def need_packages(*names: str, install: str) -> None:
+    """Skip / fail (see ``missing``) unless every package is installed; found, not imported
+    (a module-level check costs the collection nothing: torch takes seconds to import, in
+    every xdist worker). Works at module level."""
+    for package in names:
+        if importlib.util.find_spec(package) is None:
+            missing(f"the Python package {package!r}", install)
+
+
 def need_module(name: str, install: str, *, needs: tuple[str, ...] = ()) -> ModuleType:
     """Module ``name`` imported, else skip / fail (see ``missing``). Works at module level.
     ``needs``: packages it must find beside it (torch warns, an error here, without numpy).
     Only an absent package is an absence: one that is there and fails to import raises."""
-    for package in (name, *needs):
-        if importlib.util.find_spec(package) is None:
-            missing(f"the Python package {package!r}", install)
+    need_packages(name, *needs, install=install)
     return importlib.import_module(name)
+
+
+KINDS = ("unit", "integration", "system")
+REDIS_FIXTURES = {"redis_url", "r", "client"}
+# Most tests wait (heartbeat TTLs, processes starting, Redis restarts), so the suite runs
+# on more workers than this 2-core machine has cores.
+XDIST_WORKERS = 6
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_cmdline_main(config: pytest.Config) -> None:
+    """``python -m pytest`` runs on ``XDIST_WORKERS`` xdist workers, handing them one test
+    at a time (``--dist load --maxschedchunk 1``), unless told how many (``-n``, ``-n 0``),
+    without xdist (``-p no:xdist``), under ``--pdb``, or with ``-s`` (output shown: the
+    tests' prints, such as their FIGURE lines, reach the terminal from one process only)."""
+    option = config.option
+    if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
+        return
+    if option.numprocesses is not None or option.usepdb or option.collectonly:
+        return
+    if option.capture == "no":
+        return
+    option.numprocesses = XDIST_WORKERS
+    if option.dist == "no":
+        option.dist = "load"
+        option.maxschedchunk = option.maxschedchunk or 1
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    problems = [f"{item.nodeid}: {why}" for item in items if (why := kind_problem(item))]
+    if problems:
+        raise pytest.UsageError(
+            "every test needs exactly one kind marker, consistent with its fixtures "
+            "(see tests/conftest.py):\n  " + "\n  ".join(problems)
+        )
+    if hasattr(config, "workerinput"):
+        items[:] = slow_first(items)
+
+
+def kind_problem(item: pytest.Item) -> str | None:
+    kinds = sorted({m.name for m in item.iter_markers() if m.name in KINDS})
+    if not kinds:
+        return (
+            "no kind: mark it (or its module: pytestmark = pytest.mark.KIND) unit, "
+            "integration or system"
+        )
+    if len(kinds) > 1:
+        return f"kinds {', '.join(kinds)}: one only"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "cluster" in fixtures and kinds != ["system"]:
+        return f"marked {kinds[0]}, but the cluster fixture starts processes: system"
+    if fixtures & REDIS_FIXTURES and kinds == ["unit"]:
+        return f"marked unit, but uses Redis ({', '.join(sorted(fixtures & REDIS_FIXTURES))})"
+    return None
+
+
+def slow_first(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The ``slow`` tests first, longest first (``slow(seconds)``), each followed by a
+    quick one: xdist's load scheduler gives each worker two tests to begin with (it runs
+    one and keeps the next), so each of the first workers starts on a slow test, with a
+    quick one after it, and the other slow tests are the next ones handed out. The long
+    poles then overlap instead of ending the run one after another."""
+
+    def seconds(item: pytest.Item) -> float:
+        mark = item.get_closest_marker("slow")
+        return float(mark.args[0]) if mark is not None and mark.args else 0.0
+
+    slow = sorted(
+        (item for item in items if item.get_closest_marker("slow")), key=seconds, reverse=True
+    )
+    quick = [item for item in items if not item.get_closest_marker("slow")]
+    head = [x for pair in zip(slow, quick, strict=False) for x in pair]
+    return head + slow[len(quick) :] + quick[len(slow) :]
 
 
 @pytest.fixture(scope="session")
@@ -195,7 +293,8 @@ class Cluster:
         name = name or f"c{len(self.procs)}"
         return self.spawn(["controller", *(extra or [])], name)
 
-    def wait_workers(self, r: redis.Redis, n: int, timeout: float = 15.0) -> None:
+    def wait_workers(self, r: redis.Redis, n: int, timeout: float = 60.0) -> None:
+        """Until ``n`` workers registered (processes start in seconds on a loaded machine)."""
         keys = Keys(self.prefix)
         wait_for(lambda: r.zcard(keys.workers) >= n, timeout, f"{n} workers registered")
 

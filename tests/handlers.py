@@ -39,6 +39,19 @@ def double_slow(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
     }
 
 
+def double_at_gate(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:
+    """``double_slow``, but it waits (at safe points) until the Redis key ``payload["gate"]``
+    exists: a test holds a task running, whatever the machine's load, until it opens the
+    gate. Gives up after ``payload["within"]`` s (60 by default)."""
+    r = _conn(os.environ["QUEUEWORKS_REDIS_URL"])
+    deadline = time.monotonic() + float(payload.get("within", 60))
+    while not r.exists(payload["gate"]):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {payload['gate']} still closed")
+        work_for(ctx, 0.02, step=0.005)
+    return double_slow({**payload, "seconds": 0}, ctx)
+
+
 def flaky(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, int]:
     """Fails on attempts 1 and 2, succeeds on 3."""
     if ctx.attempt < 3:

@@ -4,10 +4,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queueworks.controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, matches
+
+pytestmark = pytest.mark.unit
 
 PROPS = settings(max_examples=300, deadline=None)
 

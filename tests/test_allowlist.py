@@ -29,6 +29,7 @@ from tests.handlers_poison import NOT_JSON
 EXAMPLES = ["queueworks.examples"]
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     "path",
     [
@@ -68,6 +69,7 @@ def test_malformed_or_dunder_paths_are_refused(path: str) -> None:
         parse_handler_path(path)
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("path", "prefixes"),
     [
@@ -88,6 +90,7 @@ def test_prefix_tricks_are_refused(path: str, prefixes: list[str]) -> None:
         resolve(path, prefixes)
 
 
+@pytest.mark.unit
 def test_prefixes_allow_the_module_and_its_submodules_only() -> None:
     assert allowed("queueworks.examples", ["queueworks.examples"])
     assert allowed("queueworks.examples", ["queueworks.examples."])
@@ -97,6 +100,7 @@ def test_prefixes_allow_the_module_and_its_submodules_only() -> None:
     assert resolve("queueworks.examples:double", ["queueworks"]).fn({"x": 2}) == 4
 
 
+@pytest.mark.system
 def test_a_refused_module_is_never_imported() -> None:
     """The allowlist is checked before the import: a refused module's top level never runs
     (``this`` prints the Zen of Python when imported)."""
@@ -119,6 +123,7 @@ def test_a_refused_module_is_never_imported() -> None:
     assert done.stdout.strip() == "[]", done.stdout
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("path", "why"),
     [
@@ -146,6 +151,7 @@ def test_only_plain_functions_defined_under_the_prefixes(path: str, why: str) ->
         resolve(path, ["tests.handlers_poison", "queueworks.examples", "os", "builtins"])
 
 
+@pytest.mark.unit
 def test_allowed_handlers_resolve() -> None:
     h = resolve("tests.handlers_poison:mixed", ["tests.handlers_poison"])
     assert h.takes_ctx and h.fn.__name__ == "mixed"
@@ -156,6 +162,7 @@ def test_allowed_handlers_resolve() -> None:
 # -- JSON only ----------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), b"x", {1, 2}, object()])
 def test_payloads_json_cannot_carry_are_refused_at_submit(client: Client, bad: object) -> None:
     spec = TaskSpec(name="t", handler="m:f", subtasks=[{"x": 1}, {"x": bad}])
@@ -163,6 +170,7 @@ def test_payloads_json_cannot_carry_are_refused_at_submit(client: Client, bad: o
         client.submit(spec)
 
 
+@pytest.mark.system
 def test_results_json_cannot_carry_are_dead_lettered(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -254,11 +262,13 @@ def _owner(func: ast.expr) -> str:
     return ""
 
 
+@pytest.mark.unit
 def test_no_unpickling_unmarshalling_or_eval_in_the_code_base() -> None:
     offences = [o for path in _sources() for o in _offences(path)]
     assert offences == []
 
 
+@pytest.mark.unit
 def test_the_source_scan_finds_what_it_looks_for(tmp_path: Path) -> None:
     """The scanner itself: every forbidden form is reported, and nothing else."""
     bad = tmp_path / "bad.py"

@@ -75,6 +75,7 @@ def keys_of(r: redis.Redis, prefix: str, task_id: str) -> list[bytes]:
 # -- no worker needed ----------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_submit_writes_what_the_sync_client_writes_and_each_reads_the_other(
     redis_url: str, prefix: str, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -121,6 +122,7 @@ def test_submit_writes_what_the_sync_client_writes_and_each_reads_the_other(
     run(main)
 
 
+@pytest.mark.integration
 def test_submit_errors_name_the_subtask_and_leave_nothing_behind(
     redis_url: str, prefix: str, client: Client, r: redis.Redis
 ) -> None:
@@ -165,6 +167,7 @@ def test_submit_errors_name_the_subtask_and_leave_nothing_behind(
     run(main)
 
 
+@pytest.mark.integration
 def test_task_controls_match_the_sync_client(
     redis_url: str, prefix: str, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -197,6 +200,7 @@ def test_task_controls_match_the_sync_client(
     run(main)
 
 
+@pytest.mark.integration
 def test_every_script_runs_alike_through_both_executors(
     redis_url: str, prefix: str, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -254,6 +258,7 @@ def test_every_script_runs_alike_through_both_executors(
 # -- with real worker processes ------------------------------------------------------------
 
 
+@pytest.mark.system
 def test_results_dead_letters_and_workers_through_real_processes(
     cluster: Cluster, redis_url: str, prefix: str, client: Client, r: redis.Redis
 ) -> None:
@@ -286,6 +291,7 @@ def test_results_dead_letters_and_workers_through_real_processes(
     assert worker.p.wait(20) == 0  # drained: it left and exited
 
 
+@pytest.mark.system
 def test_queue_jobs_through_real_workers(
     cluster: Cluster, redis_url: str, prefix: str, client: Client, r: redis.Redis
 ) -> None:
@@ -339,6 +345,7 @@ def test_queue_jobs_through_real_workers(
     run(main)
 
 
+@pytest.mark.system
 def test_job_errors_timeouts_and_cancel(
     cluster: Cluster, redis_url: str, prefix: str, client: Client, r: redis.Redis
 ) -> None:
@@ -398,6 +405,7 @@ def test_job_errors_timeouts_and_cancel(
     run(main)
 
 
+@pytest.mark.system
 def test_gathered_enqueues_each_land_once_through_a_small_pool(
     cluster: Cluster, redis_url: str, prefix: str, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -438,6 +446,7 @@ def test_gathered_enqueues_each_land_once_through_a_small_pool(
     assert len(runs) == n and set(runs.values()) == {1}  # each job ran once
 
 
+@pytest.mark.integration
 def test_an_enqueue_cancelled_before_its_round_trip_is_not_written(
     redis_url: str, prefix: str, r: redis.Redis, keys: Keys
 ) -> None:
@@ -461,6 +470,7 @@ def test_an_enqueue_cancelled_before_its_round_trip_is_not_written(
     run(main)
 
 
+@pytest.mark.integration
 def test_bad_urls_and_unreachable_servers_are_one_clear_error(prefix: str) -> None:
     with pytest.raises(ValueError, match="invalid Redis URL") as bad:
         AsyncClient.from_url("http://user:s3cret@host/0")
@@ -479,6 +489,7 @@ def test_bad_urls_and_unreachable_servers_are_one_clear_error(prefix: str) -> No
 # -- sentinel and cluster ------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_through_a_sentinel(prefix: str) -> None:
     from tests.cluster_fixtures import LocalSentinel
 
@@ -500,6 +511,7 @@ def test_through_a_sentinel(prefix: str) -> None:
         run(main)
 
 
+@pytest.mark.integration
 def test_on_a_redis_cluster(prefix: str) -> None:
     from tests.cluster_fixtures import LocalCluster
     from tests.conftest import REDIS_INSTALL, need_program

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from bench import asyncpeers
 from bench.peers import report
 
@@ -22,6 +24,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = {"queueworks-async", "arq", "saq", "streaq", "raw"}
 
 
+@pytest.mark.slow(40)
+@pytest.mark.system
 def test_quick_run_counts_every_job_once_on_every_system(tmp_path: Path) -> None:
     out = tmp_path / "asyncpeers.json"
     proc = subprocess.run(
@@ -66,6 +70,7 @@ def test_quick_run_counts_every_job_once_on_every_system(tmp_path: Path) -> None
     assert f"≥ 5x the best of arq, saq and streaq, {producers} producer(s)" in page
 
 
+@pytest.mark.unit
 def test_target_is_the_median_ratio_to_each_rounds_best_peer() -> None:
     def runs(*rates: float) -> list[dict[str, float]]:
         return [{"jobs_per_s": r} for r in rates]
@@ -86,6 +91,7 @@ def test_target_is_the_median_ratio_to_each_rounds_best_peer() -> None:
     assert asyncpeers.best_peer(doc, "producers_1") == (None, None)  # not measured
 
 
+@pytest.mark.unit
 def test_peers_page_shows_the_asyncio_medians() -> None:
     def runs(*rates: float, capped: bool = False) -> list[dict[str, Any]]:
         return [{"jobs_per_s": r, "capped": capped} for r in rates]

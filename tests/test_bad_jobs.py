@@ -41,6 +41,7 @@ def joins_and_leaves(r: redis.Redis, keys: Keys, queue: str) -> list[tuple[str, 
     ]
 
 
+@pytest.mark.system
 def test_a_job_whose_module_is_missing_is_dead_alone_and_the_queue_goes_on(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
 ) -> None:
@@ -87,6 +88,7 @@ def test_a_job_whose_module_is_missing_is_dead_alone_and_the_queue_goes_on(
     assert client.task("mixed").status().state == TaskState.RUNNING
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("concurrency", [1, 4])
 def test_a_job_no_member_may_run_waits_alone_and_runs_once_a_worker_may(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, concurrency: int
@@ -129,6 +131,7 @@ def test_a_job_no_member_may_run_waits_alone_and_runs_once_a_worker_may(
     assert ("leave", "narrow") not in joins_and_leaves(r, keys, "picky")
 
 
+@pytest.mark.system
 def test_cancelling_a_job_nobody_may_run_leaves_no_trace(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
 ) -> None:
@@ -180,6 +183,7 @@ def bad_reason(reason: str | None) -> None:
     assert reason and reason.startswith("no member may run 'os:system': "), reason
 
 
+@pytest.mark.system
 def test_a_member_killed_holding_a_set_aside_job_loses_nothing(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -208,6 +212,7 @@ def test_a_member_killed_holding_a_set_aside_job_loses_nothing(
     assert not r.exists(tk.aside_stream("queueworks.examples:sleep"))
 
 
+@pytest.mark.system
 def test_a_cancelled_queue_is_reopened_on_request_and_runs_jobs(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
 ) -> None:
@@ -265,6 +270,7 @@ def test_a_cancelled_queue_is_reopened_on_request_and_runs_jobs(
     assert res.stdout.split()[1] == "8"
 
 
+@pytest.mark.unit
 def test_a_queue_fits_a_worker_that_may_run_one_of_its_handlers() -> None:
     """The allocator's rule, without Redis: one handler nobody may run does not keep a queue
     from the workers that may run its others; a queue none of whose handlers any worker

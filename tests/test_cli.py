@@ -32,6 +32,8 @@ from queueworks.redis_server import RedisServer, free_port
 from queueworks.settings import Settings
 from tests.conftest import ROOT, Cluster, wait_for
 
+pytestmark = pytest.mark.system
+
 PREFIX_ENV = ("QUEUEWORKS_REDIS_URL", "QUEUEWORKS_PREFIX", "QUEUEWORKS_DEBUG")
 
 

@@ -121,6 +121,8 @@ def keys_by_node(lc: LocalCluster, pattern: str) -> dict[int, set[str]]:
     return out
 
 
+@pytest.mark.slow(15)
+@pytest.mark.system
 def test_tasks_spread_over_shards_end_to_end(
     lc: LocalCluster,
     cc: Cluster,
@@ -211,6 +213,7 @@ def assert_cli_and_dashboard_see(
         assert "queueworks" in http.get("/metrics").text
 
 
+@pytest.mark.integration
 def test_wait_for_replicas_reports_what_is_not_replicated(cclient: Client, tmp_path: Path) -> None:
     """No replicas here: ``wait_replicas=1`` waits on the task's, the queue's and the events'
     primaries, then says so; the task is written all the same."""
@@ -223,6 +226,7 @@ def test_wait_for_replicas_reports_what_is_not_replicated(cclient: Client, tmp_p
     assert cclient.submit(spec(5, tmp_path / "log"), wait_replicas=0).status().total == 5
 
 
+@pytest.mark.system
 def test_churn_on_cluster(cc: Cluster, cclient: Client, rc: RedisCluster, tmp_path: Path) -> None:
     """SIGKILL two members and start two new workers while a task runs, then SIGTERM one:
     every result right, every subtask ran, ranks re-formed."""
@@ -232,7 +236,7 @@ def test_churn_on_cluster(cc: Cluster, cclient: Client, rc: RedisCluster, tmp_pa
     log = tmp_path / "runs.log"
     n = 1500
     task = cclient.submit(spec(n, log, 0.004, name="churn"))
-    wait_for(lambda: len(task.status().nodes) == 4, 20, "node set of 4")
+    wait_for(lambda: len(task.status().nodes) == 4, 60, "node set of 4")
     rng = random.Random(11)
     victims = rng.sample(workers, 2)
     for victim in victims:
@@ -255,6 +259,7 @@ def test_churn_on_cluster(cc: Cluster, cclient: Client, rc: RedisCluster, tmp_pa
     assert any(w not in killed for i, w, *_ in ran if i in repeated) or not repeated
 
 
+@pytest.mark.system
 def test_preemption_on_cluster(
     cc: Cluster, cclient: Client, rc: RedisCluster, tmp_path: Path
 ) -> None:
@@ -270,19 +275,19 @@ def test_preemption_on_cluster(
         spec(1200, tmp_path / "low.log", 0.005, name="low", max_nodes=3),
         task_id=task_id_on(slot_map, nodes[0]),
     )
-    wait_for(lambda: len(low.status().nodes) == 3, 15, "low on 3 nodes")
+    wait_for(lambda: len(low.status().nodes) == 3, 60, "low on 3 nodes")
     high = cclient.submit(
         spec(150, tmp_path / "high.log", 0.005, name="high", min_nodes=2, max_nodes=2, priority=10),
         task_id=task_id_on(slot_map, nodes[1]),
     )
     wait_for(
         lambda: len(high.status().nodes) == 2 and len(low.status().nodes) == 1,
-        10,
+        30,
         "high on 2, low on 1",
     )
     high.wait(timeout=60)
     assert_right(high, 150)
-    wait_for(lambda: len(low.status().nodes) == 3 or low.status().finished, 10, "low back on 3")
+    wait_for(lambda: len(low.status().nodes) == 3 or low.status().finished, 30, "low back on 3")
     low.wait(timeout=90)
     assert_right(low, 1200)
     assert {i for i, *_ in executions(tmp_path / "low.log")} == set(range(1200))
@@ -310,6 +315,7 @@ def migrate_slot(lc: LocalCluster, slot: int, source: int, target: int) -> int:
     return int(moved)
 
 
+@pytest.mark.system
 def test_watcher_follows_a_slot_migration(
     lc: LocalCluster, cc: Cluster, cclient: Client, rc: RedisCluster, tmp_path: Path
 ) -> None:
@@ -324,14 +330,14 @@ def test_watcher_follows_a_slot_migration(
     tid = task_id_on(slot_map, source)
     log = tmp_path / "runs.log"
     task = cclient.submit(spec(1500, log, 0.004, name="moving"), task_id=tid)
-    wait_for(lambda: len(task.status().nodes) == 3, 15, "node set of 3")
-    wait_for(lambda: task.status().done > 100, 15, "progress")
+    wait_for(lambda: len(task.status().nodes) == 3, 60, "node set of 3")
+    wait_for(lambda: task.status().done > 100, 60, "progress")
     moved = migrate_slot(lc, slot_of(tid), port(source), port(target))
     assert moved >= 5
-    wait_for(lambda: sum("topology_changed" in w.log() for w in workers) == 3, 15, "watchers moved")
+    wait_for(lambda: sum("topology_changed" in w.log() for w in workers) == 3, 60, "watchers moved")
     pattern = f"__keyspace@0__:{cclient.keys.task(tid).epoch}"
     with lc.node_for_port(port(target)).client() as c:
-        wait_for(lambda: c.pubsub_numsub(pattern)[0][1] >= 1, 10, "epoch watched on the new node")
+        wait_for(lambda: c.pubsub_numsub(pattern)[0][1] >= 1, 30, "epoch watched on the new node")
     workers[0].kill()
     task.wait(timeout=90)
     assert_right(task, 1500)
@@ -340,6 +346,7 @@ def test_watcher_follows_a_slot_migration(
         assert c.exists(cclient.keys.task(tid).record)
 
 
+@pytest.mark.integration
 def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, prefix: str) -> None:
     """Issue 19: a new leader seals every slot with its term before it reads; from then on
     a write of an older term is refused wherever it goes (an assignment, a task record, the
@@ -384,9 +391,12 @@ def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, pr
     assert new.apply(batch("b")) == [1, 1, 1]
     assert rc.get(assign) == b"b"
     print(f"FIGURE cluster_seal_seconds={sealed_in:.3f}")
-    assert sealed_in < 10.0, sealed_in  # 16,384 slots, pipelined per node
+    # 16,384 slots, pipelined per node: well under a second here; 30 s only catches a
+    # round trip per slot, on a loaded machine too
+    assert sealed_in < 30.0, sealed_in
 
 
+@pytest.mark.integration
 def test_cluster_url_errors_never_show_the_password(lc: LocalCluster) -> None:
     seeds = lc.url.removeprefix("redis+cluster://")
     with pytest.raises(ValueError) as info:
@@ -397,6 +407,8 @@ def test_cluster_url_errors_never_show_the_password(lc: LocalCluster) -> None:
     assert "s3cretPW" not in str(refused.value)
 
 
+@pytest.mark.slow(20)
+@pytest.mark.system
 def test_primary_failover_with_replicas(prefix: str, tmp_path: Path) -> None:
     """3 primaries with a replica each: SIGKILL the primary of a running task's shard. The
     cluster promotes its replica (CLUSTERDOWN meanwhile: every process backs off), the

@@ -14,6 +14,8 @@ from queueworks import Client, JobFailed, TaskSpec, TaskState
 from queueworks.keys import Keys
 from tests.conftest import Cluster, wait_for
 
+pytestmark = pytest.mark.system
+
 
 def concurrent(n: int) -> list[str]:
     return ["--concurrency", str(n)]

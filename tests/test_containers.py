@@ -57,7 +57,7 @@ from queueworks.settings import Settings
 from tests.conftest import ROOT, wait_for
 from tests.test_deploy import duration, load_compose
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.system, pytest.mark.slow(105), pytest.mark.timeout(900)]
 
 N_SUBTASKS = 200_000
 # sha256 rounds per subtask: twice the handler's default, so the task outlasts every step of

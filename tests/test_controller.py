@@ -5,11 +5,16 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from tests.conftest import Cluster, wait_for
+
+pytestmark = pytest.mark.system
+
+REACT = 10.0  # s: a generous bound on the controller's reaction (milliseconds when idle)
 
 
 def slow(client: Client, n: int, seconds: float = 0.01, **kw: Any) -> Any:
@@ -48,15 +53,13 @@ def test_priority_preemption_and_flow_back(
     cluster.wait_workers(r, 4)
     low = slow(client, 1500, 0.01, name="low", min_nodes=1, max_nodes=4, priority=0)
     wait_for(lambda: nodes(low) == 4, 10, "low on 4 nodes")
-    t0 = time.monotonic()
+    # the controller reacts to the submit and the release in milliseconds; the bounds are
+    # generous, for a loaded machine (every process here shares 2 cores with the suite)
     high = slow(client, 150, 0.02, name="high", min_nodes=3, max_nodes=3, priority=10)
-    wait_for(lambda: nodes(high) == 3 and nodes(low) == 1, 2.0, "high on 3, low on 1")
-    assert time.monotonic() - t0 < 2.0
+    wait_for(lambda: nodes(high) == 3 and nodes(low) == 1, REACT, "high on 3, low on 1")
     assert low.status().state == TaskState.RUNNING
     high.wait(timeout=60)
-    t1 = time.monotonic()
-    wait_for(lambda: nodes(low) == 4, 2.0, "low back on 4 nodes")
-    assert time.monotonic() - t1 < 2.0
+    wait_for(lambda: nodes(low) == 4, REACT, "low back on 4 nodes")
     low.wait(timeout=120)
     assert_right(high, 150)
     assert_right(low, 1500)
@@ -73,9 +76,8 @@ def test_gang_start_waits_for_min_nodes(cluster: Cluster, client: Client, r: red
     assert task.status().state == TaskState.QUEUED
     assert nodes(task) == 0
     cluster.worker()
-    t0 = time.monotonic()
-    wait_for(lambda: task.status().state == TaskState.RUNNING, 2.0, "gang start")
-    assert time.monotonic() - t0 < 2.0
+    cluster.wait_workers(r, 3, timeout=30)  # the third process started (seconds, loaded)
+    wait_for(lambda: task.status().state == TaskState.RUNNING, REACT, "gang start")
     task.wait(timeout=30)
     assert_right(task, 60)
 
@@ -119,18 +121,18 @@ def test_live_priority_and_resize(cluster: Cluster, client: Client, r: redis.Red
     task = slow(client, 3000, 0.01, min_nodes=1, max_nodes=1)
     wait_for(lambda: nodes(task) == 1, 10, "1 node")
     task.resize(2, 3)
-    wait_for(lambda: nodes(task) == 3, 3, "grown to 3")
+    wait_for(lambda: nodes(task) == 3, REACT, "grown to 3")
     other = slow(client, 100, 0.01, name="other", min_nodes=2, max_nodes=2, priority=0)
     time.sleep(0.5)
     assert nodes(other) == 0  # same priority: no preemption
     other.set_priority(5)
     # other takes task's surplus node, then (task's min 2 no longer fits in the 1 node
     # left) all of task: task waits with its work parked, nothing lost
-    wait_for(lambda: nodes(other) == 2, 3, "raised priority preempts")
-    wait_for(lambda: task.status().state == TaskState.WAITING, 3, "below its min: waiting")
+    wait_for(lambda: nodes(other) == 2, REACT, "raised priority preempts")
+    wait_for(lambda: task.status().state == TaskState.WAITING, REACT, "below its min: waiting")
     assert nodes(task) == 0
     other.wait(timeout=30)
-    wait_for(lambda: nodes(task) >= 2, 3, "back")
+    wait_for(lambda: nodes(task) >= 2, REACT, "back")
     task.cancel()
 
 
@@ -162,8 +164,9 @@ def test_leader_failover(cluster: Cluster, client: Client, r: redis.Redis, keys:
     leader.kill()
     killed = time.monotonic()
     after = slow(client, 50, 0.005, name="after", min_nodes=1)
-    wait_for(lambda: nodes(after) > 0 or after.status().finished, 5.0 + 2.0, "nodes after kill")
-    assert time.monotonic() - killed < 5.0 + 2.0
+    # a standby takes over within the leader lease (5 s), plus a generous reaction time
+    wait_for(lambda: nodes(after) > 0 or after.status().finished, 5.0 + REACT, "nodes after")
+    assert time.monotonic() - killed < 5.0 + REACT
     inflight.wait(timeout=60)
     after.wait(timeout=60)
     assert_right(inflight, 400)
@@ -191,11 +194,11 @@ def test_a_tasks_want_caps_its_node_set_live(
         events.emit(r, keys, "changed", task=task.id, want=n)
 
     want(1)
-    wait_for(lambda: nodes(task) == 1, 5, "shrunk to its want")
+    wait_for(lambda: nodes(task) == 1, REACT, "shrunk to its want")
     assert task.status().want == 1
     want(0)  # idle: toward min_nodes, not below
     time.sleep(0.5)
     assert nodes(task) == 1
     want(2)
-    wait_for(lambda: nodes(task) == 2, 5, "grown to its want")
+    wait_for(lambda: nodes(task) == 2, REACT, "grown to its want")
     task.cancel()

@@ -16,6 +16,7 @@ from queueworks.scripts import Scripts
 from tests.conftest import Cluster, wait_for
 
 
+@pytest.mark.system
 def test_three_workers_process_3000_subtasks(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -37,6 +38,7 @@ def test_three_workers_process_3000_subtasks(
     wait_for(lambda: all(w.task is None for w in client.workers()), 10, "workers idle")
 
 
+@pytest.mark.system
 def test_retry_then_success_and_dead_letters(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -75,6 +77,7 @@ def test_retry_then_success_and_dead_letters(
     assert dict(bad.results()) == {i: i for i in range(0, 10, 2)}
 
 
+@pytest.mark.system
 def test_a_retry_runs_before_anything_later_and_every_settle_is_counted(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -102,6 +105,7 @@ def test_a_retry_runs_before_anything_later_and_every_settle_is_counted(
     wait_for(lambda: [w.processed for w in client.workers()] == [40], 10, "processed == 40")
 
 
+@pytest.mark.system
 def test_max_dead_fails_the_task(cluster: Cluster, client: Client, r: redis.Redis) -> None:
     cluster.controller()
     cluster.worker()
@@ -120,6 +124,7 @@ def test_max_dead_fails_the_task(cluster: Cluster, client: Client, r: redis.Redi
     assert "dead-lettered" in (status.error or "")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [
@@ -140,6 +145,7 @@ def test_invalid_spec_names_the_field(kwargs: dict[str, object], field: str) -> 
     assert field in str(err.value)
 
 
+@pytest.mark.integration
 def test_non_json_payload_is_refused_at_submit(client: Client, r: redis.Redis, keys: Keys) -> None:
     spec = TaskSpec(name="t", handler="m:f", subtasks=[{"x": 1}, {"x": {1, 2}}])
     with pytest.raises(SubmitError, match=r"subtasks\[1\]"):
@@ -148,6 +154,7 @@ def test_non_json_payload_is_refused_at_submit(client: Client, r: redis.Redis, k
     assert not r.exists(keys.task("badjson").record)
 
 
+@pytest.mark.integration
 def test_generator_subtasks_are_streamed(client: Client) -> None:
     consumed = []
 
@@ -162,6 +169,7 @@ def test_generator_subtasks_are_streamed(client: Client) -> None:
     assert len(consumed) == 2500
 
 
+@pytest.mark.system
 def test_malformed_entries_are_rejected_and_a_refused_handler_waits_or_fails(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -216,6 +224,7 @@ def test_malformed_entries_are_rejected_and_a_refused_handler_waits_or_fails(
     assert outside.dead_letters() == []
 
 
+@pytest.mark.integration
 def test_late_ack_is_counted_once(client: Client, r: redis.Redis, keys: Keys) -> None:
     """A subtask acked twice (a presumed-dead consumer acks late) counts once, result once."""
     task = client.submit(TaskSpec(name="t", handler="m:f", subtasks=[{"x": 0}, {"x": 1}]))
@@ -239,6 +248,7 @@ def test_late_ack_is_counted_once(client: Client, r: redis.Redis, keys: Keys) ->
     assert task.status().done == 2
 
 
+@pytest.mark.system
 def test_cancel_releases_nodes(cluster: Cluster, client: Client, r: redis.Redis) -> None:
     cluster.controller()
     cluster.worker()
@@ -257,6 +267,7 @@ def test_cancel_releases_nodes(cluster: Cluster, client: Client, r: redis.Redis)
     assert not task.cancel()  # finished tasks stay finished
 
 
+@pytest.mark.system
 def test_a_restarted_worker_charges_its_old_entry_not_the_one_its_join_read(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -278,6 +289,7 @@ def test_a_restarted_worker_charges_its_old_entry_not_the_one_its_join_read(
     assert {i: v["attempt"] for i, v in task.results()} == {0: 2, 1: 1, 2: 1}
 
 
+@pytest.mark.system
 def test_a_worker_takes_up_a_task_reopened_by_a_requeue(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import html
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -119,6 +118,7 @@ def history_rebalances(r: redis.Redis, keys: Keys, task_ids: list[str]) -> list[
 # -- pages, API and metrics against a real cluster -------------------------------------------
 
 
+@pytest.mark.system
 def test_pages_api_and_metrics_agree_with_status(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client
 ) -> None:
@@ -257,6 +257,7 @@ def test_pages_api_and_metrics_agree_with_status(
     assert again[("queueworks_rebalances_total", ())] == len(recorded)
 
 
+@pytest.mark.integration
 def test_throughput_samples_count_progress_once(client: Client, r: redis.Redis, keys: Keys) -> None:
     task = client.submit(
         TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}] * 50)
@@ -279,6 +280,7 @@ def test_throughput_samples_count_progress_once(client: Client, r: redis.Redis, 
     assert series[-1][1] * 6 == pytest.approx(40)  # over the 6 s the samples cover
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("intervals", [(2.0,), (1.7, 2.3), (0.9, 3.1, 2.0)])
 def test_a_steady_throughput_shows_steadily_at_every_phase(
     client: Client, r: redis.Redis, keys: Keys, intervals: tuple[float, ...]
@@ -324,6 +326,7 @@ def links(page: str, label: str) -> list[str]:
     ]
 
 
+@pytest.mark.integration
 def test_the_task_list_filters_by_state_and_pages_keep_the_filter(client: Client) -> None:
     spec = TaskSpec(name="f", handler="tests.handlers:double", subtasks=[{"x": 1}])
     tasks = [client.submit(spec.model_copy(update={"name": f"t{i}"})) for i in range(7)]
@@ -370,6 +373,7 @@ def test_the_task_list_filters_by_state_and_pages_keep_the_filter(client: Client
 # -- actions -------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_actions_cancel_priority_resize_through_the_api(client: Client, web: httpx.Client) -> None:
     task = client.submit(
         TaskSpec(name="a", handler="tests.handlers:double", subtasks=[{"x": 1}] * 3)
@@ -408,6 +412,7 @@ def test_actions_cancel_priority_resize_through_the_api(client: Client, web: htt
     assert evil.headers["location"] == "/"
 
 
+@pytest.mark.integration
 def test_csrf_and_origin_are_checked_without_a_token(client: Client, web: httpx.Client) -> None:
     task = client.submit(TaskSpec(name="c", handler="tests.handlers:double", subtasks=[{"x": 1}]))
     url = f"/api/tasks/{task.id}/cancel"
@@ -426,6 +431,7 @@ def test_csrf_and_origin_are_checked_without_a_token(client: Client, web: httpx.
     assert f'name="csrf-token" content="{token}"' in page.text
 
 
+@pytest.mark.integration
 def test_token_guards_actions_pages_and_api(client: Client) -> None:
     task = client.submit(TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{"x": 1}]))
     url = f"/api/tasks/{task.id}/cancel"
@@ -472,6 +478,7 @@ def test_token_guards_actions_pages_and_api(client: Client) -> None:
         assert got.status_code == 200 and other.status().state == TaskState.CANCELLED
 
 
+@pytest.mark.system
 def test_bind_beyond_loopback_needs_a_token(redis_url: str) -> None:
     for host in ("127.0.0.1", "localhost", "::1", "127.0.0.2"):
         check_bind(host, None)
@@ -492,6 +499,7 @@ def test_bind_beyond_loopback_needs_a_token(redis_url: str) -> None:
     assert "refusing to bind the dashboard to '0.0.0.0' without a token" in got.stderr
 
 
+@pytest.mark.integration
 def test_no_page_or_api_shows_the_redis_password(tmp_path: Any, prefix: str) -> None:
     with RedisServer(password=PASSWORD) as server:
         server.start()
@@ -558,6 +566,7 @@ def _dead_letter(client: Client, task_id: str, partitions: int = 0) -> None:
         client.scripts.settle(tk, stream, "w1", time.time(), [], [entry])
 
 
+@pytest.mark.integration
 def test_requeue_on_an_active_task_keeps_accounting_exact(client: Client, r: redis.Redis) -> None:
     admin = Admin(client)
     task = client.submit(
@@ -590,6 +599,7 @@ def test_requeue_on_an_active_task_keeps_accounting_exact(client: Client, r: red
     assert task.status().dead == 2
 
 
+@pytest.mark.integration
 def test_requeue_in_a_partitioned_task_goes_to_its_partition(
     client: Client, r: redis.Redis
 ) -> None:
@@ -611,6 +621,7 @@ def test_requeue_in_a_partitioned_task_goes_to_its_partition(
     assert task.status().dead == 0
 
 
+@pytest.mark.system
 def test_requeue_from_the_page_reopens_a_completed_task(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client, prefix: str
 ) -> None:
@@ -654,6 +665,7 @@ def test_requeue_from_the_page_reopens_a_completed_task(
     assert post(web, f"/api/tasks/{task.id}/dead/not-an-id/delete").status_code == 400
 
 
+@pytest.mark.system
 def test_drain_a_worker_from_the_dashboard(
     cluster: Cluster, r: redis.Redis, web: httpx.Client
 ) -> None:
@@ -669,39 +681,80 @@ def test_drain_a_worker_from_the_dashboard(
 # -- queueworks info --watch ----------------------------------------------------------------
 
 
+class Watch:
+    """``queueworks info --watch`` as a process, its output read as it comes. ``ignore_int``:
+    started with SIGINT ignored, as a shell starts a command in the background (``cmd &``
+    in a script) -- the test suite itself, run that way, passes that on to what it starts."""
+
+    def __init__(self, redis_url: str, prefix: str, ignore_int: bool = False) -> None:
+        env = {
+            **os.environ,
+            "QUEUEWORKS_REDIS_URL": redis_url,
+            "QUEUEWORKS_PREFIX": prefix,
+            "TERM": "dumb",
+        }
+        argv = [sys.executable, "-m", "queueworks", "info", "--watch", "--interval", "0.2"]
+        if ignore_int:
+            argv = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *argv]
+        self.p = subprocess.Popen(
+            argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+        )
+        self.lines: list[str] = []
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self) -> None:
+        assert self.p.stdout is not None
+        for raw in self.p.stdout:
+            self.lines.append(raw.decode())
+
+    def renders(self) -> int:
+        return sum(1 for line in list(self.lines) if line == "1 task(s)\n")
+
+    def stop(self, sig: int) -> int:
+        """Send ``sig``; the exit code (the watch must end within 30 s, whatever the load)."""
+        self.p.send_signal(sig)
+        try:
+            code = self.p.wait(30)
+        finally:
+            self.p.kill()
+            self.p.wait()
+            self.reader.join(10)
+            assert self.p.stdout is not None and self.p.stderr is not None
+            self.err = self.p.stderr.read().decode()
+            self.p.stdout.close()
+            self.p.stderr.close()
+        return code
+
+    def text(self) -> str:
+        return "".join(self.lines)[-500:] + self.err[-500:]
+
+
+@pytest.mark.system
 def test_info_watch_refreshes(redis_url: str, prefix: str, client: Client) -> None:
     client.submit(TaskSpec(name="watched", handler="tests.handlers:double", subtasks=[{"x": 1}]))
-    env = {
-        **os.environ,
-        "QUEUEWORKS_REDIS_URL": redis_url,
-        "QUEUEWORKS_PREFIX": prefix,
-        "TERM": "dumb",
-    }
-    p = subprocess.Popen(
-        [sys.executable, "-m", "queueworks", "info", "--watch", "--interval", "0.2"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        cwd=ROOT,
-    )
-    lines: list[str] = []
-    assert p.stdout is not None
-    reader = threading.Thread(
-        target=lambda: lines.extend(x.decode() for x in p.stdout), daemon=True
-    )
-    reader.start()
-
-    def renders() -> int:
-        return sum(1 for x in list(lines) if x.strip() == "1 task(s)")
-
-    try:  # three renders, however loaded the machine (the interval is 0.2 s)
-        wait_for(lambda: renders() >= 3 or p.poll() is not None, 60, "three renders")
+    watch = Watch(redis_url, prefix)
+    try:
+        wait_for(lambda: watch.renders() >= 3, 60, "three renders of info --watch")
     finally:
-        p.send_signal(signal.SIGINT)
-        p.wait(10)
-        reader.join(10)
-    assert p.stderr is not None
-    err = p.stderr.read()
-    text = "".join(lines)
-    assert renders() >= 3, (text[-500:], err.decode()[-500:])
+        code = watch.stop(signal.SIGINT)
+    text = "".join(watch.lines)
+    assert code == 0, watch.text()
     assert "watched" in text and "queued" in text
+
+
+@pytest.mark.system
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_info_watch_ends_on_sigint_or_sigterm_even_with_sigint_ignored(
+    redis_url: str, prefix: str, client: Client, sig: int
+) -> None:
+    """Started with SIGINT ignored (as from ``cmd &`` in a script), the watch still ends on
+    SIGINT, and on SIGTERM, at once and with exit 0 (Python keeps an inherited ignore:
+    the watch would redraw forever)."""
+    client.submit(TaskSpec(name="watched", handler="tests.handlers:double", subtasks=[{"x": 1}]))
+    watch = Watch(redis_url, prefix, ignore_int=True)
+    try:
+        wait_for(lambda: watch.renders() >= 1, 60, "a render of info --watch")
+    finally:
+        code = watch.stop(sig)
+    assert code == 0, (code, watch.text())

@@ -24,6 +24,8 @@ from queueworks import Client, TaskSpec, TaskState
 from queueworks.redis_server import free_port
 from tests.conftest import ROOT, Cluster, need_program, wait_for
 
+pytestmark = pytest.mark.system
+
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",

@@ -12,6 +12,7 @@ Real Redis; the dashboard runs in-process under uvicorn (as in ``test_dashboard.
 
 from __future__ import annotations
 
+import pytest
 import json
 import time
 from dataclasses import dataclass, field
@@ -250,6 +251,7 @@ def plant(client: Client, r: redis.Redis, keys: Keys) -> dict[str, str]:
     return {"task": task.id, "worker": worker, "bad_task": bad_task, "bad_queue": bad_queue}
 
 
+@pytest.mark.system
 def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, keys: Keys) -> None:
     ids = plant(client, r, keys)
     task, worker, bad_task, bad_queue = (
@@ -352,6 +354,7 @@ def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, 
     }
 
 
+@pytest.mark.integration
 def test_the_login_page_keeps_a_hostile_next_as_text_and_never_leaves(client: Client) -> None:
     nxt = "/tasks?x=" + hostile("next")
     with make_app(client, token=TOKEN) as web:
@@ -383,6 +386,7 @@ def test_the_login_page_keeps_a_hostile_next_as_text_and_never_leaves(client: Cl
             assert unquote(done.headers["location"]) == lands, target
 
 
+@pytest.mark.unit
 def test_redact_url_is_linear_in_the_text() -> None:
     """Every error text a page shows goes through ``redact_url``: a long one (a letter run,
     many schemes) once took seconds per 10 KB, growing with the square of its length."""

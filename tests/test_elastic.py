@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import time
 from collections import defaultdict
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from queueworks.messages import partition_of
 from queueworks.redis_server import RedisServer
-from tests.conftest import Cluster, wait_for
+from tests.conftest import Cluster, Proc, wait_for
+
+pytestmark = pytest.mark.system
 
 TTL = 3.0  # the default heartbeat TTL the workers run with
 
@@ -74,6 +79,14 @@ def assert_ranks_consistent(all_runs: list[Run]) -> None:
             assert sorted(ranks.values()) == list(range(world))
 
 
+def rebalanced_at(worker: Proc, epoch: int) -> float:
+    """When ``worker`` took its role in ``epoch`` (its "rebalanced" log line), in s."""
+    for line in worker.log().splitlines():
+        if '"rebalanced"' in line and (event := json.loads(line))["epoch"] == epoch:
+            return datetime.fromisoformat(event["timestamp"]).timestamp()
+    raise AssertionError(f"{worker.name} has no rebalanced line for epoch {epoch}")
+
+
 def start(cluster: Cluster, r: redis.Redis, n: int) -> list[Any]:
     cluster.controller()
     workers = [cluster.worker() for _ in range(n)]
@@ -110,11 +123,12 @@ def test_status_shows_the_node_set_and_what_each_member_runs(
     log = f"{prefix}:log"
     task = tracked_task(client, 4, log, 3.0, min_nodes=2, max_nodes=2)
 
-    def busy() -> bool:  # both members report the subtask they are running now
-        nodes = task.status().nodes
-        return len(nodes) == 2 and all(n.current is not None for n in nodes)
+    def busy() -> bool:  # both members report the subtask they are running now, and its
+        nodes = task.status().nodes  # handler has logged its start (a moment after)
+        logged = {x.worker for x in runs(r, log)}
+        return len(nodes) == 2 and all(n.current is not None and n.worker in logged for n in nodes)
 
-    wait_for(busy, 10, "both members running a subtask")
+    wait_for(busy, 30, "both members running a subtask")
     nodes = task.status().nodes
     started = {x.worker: x for x in runs(r, log)}
     assert sorted(n.rank for n in nodes) == [0, 1]
@@ -187,7 +201,7 @@ def test_sigterm_member_others_rerank_within_half_a_second(
     wait_for(lambda: len({x.worker for x in runs(r, log)}) == 4, 20, "all 4 workers busy")
     leaving, staying = workers[1], [w for w in workers if w is not workers[1]]
     before = task.status().epoch
-    t0 = time.monotonic()
+    sent = time.time()
     leaving.signal(signal.SIGTERM)
 
     def reranked() -> bool:
@@ -199,11 +213,21 @@ def test_sigterm_member_others_rerank_within_half_a_second(
             return False
         return sorted(rk for rk, _ in got) == [0, 1, 2]
 
-    wait_for(reranked, 5, "survivors re-ranked", interval=0.005)
-    elapsed = time.monotonic() - t0
-    assert elapsed < 0.5, f"rebalance took {elapsed:.3f} s"
-    assert leaving.p.wait(10) == 0
+    wait_for(reranked, 30, "survivors re-ranked", interval=0.005)
+    assert leaving.p.wait(30) == 0
     task.cancel()
+    # timed by the processes themselves, not by this one's polling (on a loaded machine
+    # the test process may be the one that waits for the CPU): the leaver's departure
+    # (its history entry) and each survivor's "rebalanced" log line at the new epoch
+    (epoch, left_at), *_ = [
+        (int(f[b"epoch"]), float(f[b"ts"]))
+        for _, f in r.xrange(keys.task(task.id).history)
+        if f.get(b"cause") == b"leave" and f.get(b"worker") == leaving.name.encode()
+    ]
+    reranked_at = [rebalanced_at(w, epoch) for w in staying]
+    assert left_at - sent < 5.0, f"left {left_at - sent:.3f} s after the SIGTERM"  # a step
+    elapsed = max(reranked_at) - left_at
+    assert elapsed < 0.5, f"the others re-ranked {elapsed:.3f} s after the leave"
 
 
 def test_new_worker_takes_work_within_a_second(
@@ -214,20 +238,17 @@ def test_new_worker_takes_work_within_a_second(
     task = tracked_task(client, 3000, log, 0.01)
     wait_for(lambda: task.status().done > 20, 20, "progress")
     newcomer = cluster.worker()
-    registered = wait_for(
-        lambda: r.hget(keys.worker(newcomer.name), "record"),
-        15,
-        "newcomer registered",
-        interval=0.005,
-    )
-    import json
-
-    t_registered = json.loads(registered)["started_at"]
     first = wait_for(
-        lambda: [x.t for x in runs(r, log) if x.worker == newcomer.name], 10, "newcomer's work"
+        lambda: [x.t for x in runs(r, log) if x.worker == newcomer.name], 60, "newcomer's work"
     )
-    assert min(first) - t_registered < 1.0, f"first subtask after {min(first) - t_registered:.2f}s"
     task.cancel()
+    # from its registration (its worker_joined event), as the processes timed them
+    (t_registered,) = [
+        float(f[b"ts"])
+        for _, f in r.xrange(keys.events)
+        if f[b"kind"] == b"worker_joined" and f.get(b"worker") == newcomer.name.encode()
+    ]
+    assert min(first) - t_registered < 1.0, f"first subtask after {min(first) - t_registered:.2f}s"
 
 
 def test_detection_with_10k_volatile_keys(
@@ -272,7 +293,7 @@ def test_pubsub_client_kill_loses_no_change(
             int(rk) for rk, _ in ranks
         ) == [0, 1]
 
-    wait_for(settled, 3, "survivors saw the change")
+    wait_for(settled, 30, "survivors saw the change")
     task.wait(timeout=60)
     assert_all_results(task, 3000)
     assert any("watcher_resubscribed" in w.log() for w in staying)

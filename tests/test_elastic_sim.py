@@ -25,6 +25,8 @@ from bench.elastic_sim import (
     simulate,
 )
 
+pytestmark = pytest.mark.unit
+
 SEEDS = (1, 2, 3, 4, 5)  # the published run: python -m bench.elastic_sim
 
 

@@ -46,6 +46,7 @@ def events_of(log: str) -> list[dict[str, object]]:
     return out
 
 
+@pytest.mark.system
 def test_worker_and_controller_refuse_an_evicting_redis(
     evicting: RedisServer, prefix: str, tmp_path: Path
 ) -> None:
@@ -69,6 +70,7 @@ def test_worker_and_controller_refuse_an_evicting_redis(
         procs.close()
 
 
+@pytest.mark.system
 def test_with_the_override_they_start_and_run_jobs(
     evicting: RedisServer, prefix: str, tmp_path: Path
 ) -> None:
@@ -88,6 +90,7 @@ def test_with_the_override_they_start_and_run_jobs(
         procs.close()
 
 
+@pytest.mark.integration
 def test_the_clients_first_write_raises(evicting: RedisServer, prefix: str) -> None:
     r = evicting.client()
     with Client.from_url(evicting.url, prefix=prefix) as client:
@@ -125,6 +128,7 @@ def config_calls(r: redis.Redis) -> int:
     return int(stats.get("calls", 0))
 
 
+@pytest.mark.integration
 def test_the_client_reads_the_policy_once(own_redis: RedisServer, prefix: str) -> None:
     r = own_redis.client()
     before = config_calls(r)
@@ -157,6 +161,7 @@ def limited_url(server: RedisServer) -> str:
     return f"redis://{LIMITED}:secret-pw@127.0.0.1:{server.port}/0"
 
 
+@pytest.mark.system
 def test_a_policy_nobody_may_read_is_one_warning(
     own_redis: RedisServer, prefix: str, tmp_path: Path
 ) -> None:
@@ -184,6 +189,7 @@ def test_a_policy_nobody_may_read_is_one_warning(
         procs.close()
 
 
+@pytest.mark.system
 def test_a_running_worker_and_controller_say_when_the_policy_changes(
     own_redis: RedisServer, prefix: str, tmp_path: Path
 ) -> None:
@@ -213,6 +219,7 @@ def test_a_running_worker_and_controller_say_when_the_policy_changes(
         procs.close()
 
 
+@pytest.mark.system
 def test_on_a_cluster_every_primary_is_read(prefix: str, tmp_path: Path) -> None:
     """One primary of two evicting is enough: the client raises, naming that node, and a
     worker refuses to start."""

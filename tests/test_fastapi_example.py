@@ -15,6 +15,8 @@ import redis
 from queueworks.redis_server import free_port
 from tests.conftest import Cluster, need_module, wait_for
 
+pytestmark = pytest.mark.system
+
 need_module("fastapi", "pip install fastapi")
 uvicorn = need_module("uvicorn", "pip install 'queueworks[dashboard]'")
 

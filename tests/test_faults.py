@@ -21,7 +21,11 @@ from queueworks.keys import Keys
 from queueworks.redis_server import RedisServer
 from tests.conftest import Cluster, Proc, wait_for
 
-CHAOS_SECONDS = float(os.environ.get("QUEUEWORKS_CHAOS_SECONDS", "60"))
+pytestmark = pytest.mark.system
+
+# at least one round of every action (see test_chaos); bench.chaos runs it for minutes
+CHAOS_SECONDS = float(os.environ.get("QUEUEWORKS_CHAOS_SECONDS", "20"))
+ACTIONS = ("kill_worker", "kill_worker", "kill_leader", "zombie", "drop", "stray")
 
 
 def figure(name: str, value: object) -> None:
@@ -72,6 +76,7 @@ def assert_exact(task: Any, n: int) -> None:
     assert all(results[i]["y"] == 2 * i for i in range(n))
 
 
+@pytest.mark.slow(35)
 @pytest.mark.timeout(CHAOS_SECONDS + 300)
 def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys) -> None:
     rng = random.Random(int(os.environ.get("QUEUEWORKS_CHAOS_SEED", "20261130")))
@@ -97,11 +102,17 @@ def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, ke
     def live_workers() -> list[Proc]:
         return [w for w in workers if w.alive()]
 
+    # the actions in rounds, each round every action once in a random order, until
+    # CHAOS_SECONDS have passed and at least one round is done
+    deck: list[str] = []
+    dealt = 0
     started = time.monotonic()
-    while time.monotonic() - started < CHAOS_SECONDS and not task.status().finished:
-        action = rng.choice(
-            ["kill_worker", "kill_worker", "kill_leader", "zombie", "drop", "stray"]
-        )
+    while (
+        time.monotonic() - started < CHAOS_SECONDS or dealt % len(ACTIONS)
+    ) and not task.status().finished:
+        if dealt == len(deck):
+            deck += rng.sample(ACTIONS, len(ACTIONS))
+        action, dealt = deck[dealt], dealt + 1
         if action == "kill_worker" and live_workers():
             victim = rng.choice(live_workers())
             kills.append((time.time(), victim.name))
@@ -133,6 +144,7 @@ def test_chaos(cluster: Cluster, client: Client, r: redis.Redis, prefix: str, ke
     chaos_for = time.monotonic() - started
     status = wait_done(task, 180)
     assert_exact(task, n)
+    assert dealt >= len(ACTIONS), f"the task ended before a round of chaos: {counts}"
 
     runs = executions(r, log)
     per_index = Counter(i for i, _, _ in runs)
@@ -202,6 +214,7 @@ def _restart_run(tmp_path: Path, prefix: str, fsync: str) -> dict[str, Any]:
             c.close()
 
 
+@pytest.mark.slow(30)
 def test_redis_sigkill_restart_from_aof(tmp_path: Path, prefix: str) -> None:
     always = _restart_run(tmp_path, prefix, "always")
     everysec = _restart_run(tmp_path, prefix, "everysec")
@@ -212,6 +225,7 @@ def test_redis_sigkill_restart_from_aof(tmp_path: Path, prefix: str) -> None:
     assert always["repeated"] <= 3 * 100, always
 
 
+@pytest.mark.slow(25)
 def test_ten_second_outage(tmp_path: Path, prefix: str) -> None:
     with RedisServer(appendonly=True, appendfsync="always") as server:
         server.start()

@@ -101,6 +101,7 @@ def _check_reader(read: Any) -> Any:
 # -- subtask entries ----------------------------------------------------------------------
 
 
+@pytest.mark.unit
 @FUZZ
 @given(entry_fields())
 @example({b"i": b"1", b"p": b"NaN"})
@@ -122,6 +123,7 @@ def test_decode_entry_gives_a_subtask_or_bad_message(fields: dict[bytes, bytes])
     assert sub.raw_payload == fields[b"p"].decode()
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize("kind", ["list", "dict"])
 def test_decode_entry_deeply_nested_payload_is_bad_message(kind: str) -> None:
     with pytest.raises(BadMessage, match="not valid JSON"):
@@ -151,6 +153,7 @@ spec_objects = st.fixed_dictionaries(
 ).map(lambda d: json.dumps(d).encode())
 
 
+@pytest.mark.unit
 @FUZZ
 @given(st.binary(max_size=300) | spec_objects | json_texts)
 @example(b'{"name":"n","handler":"m:f","subtask_timeout":1e999}')
@@ -187,6 +190,7 @@ def worker_hashes(draw: st.DrawFn) -> dict[bytes, bytes]:
     return raw
 
 
+@pytest.mark.unit
 @FUZZ
 @given(worker_hashes())
 @example({b"state": b"idle"})  # no record
@@ -198,6 +202,7 @@ def test_worker_record_decodes_or_raises_value_error(raw: dict[bytes, bytes]) ->
     assert rec is None or isinstance(rec, WorkerRecord)
 
 
+@pytest.mark.system
 def test_client_workers_skips_a_bad_worker_record(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -212,6 +217,7 @@ def test_client_workers_skips_a_bad_worker_record(
 HISTORY_FIELDS = [b"epoch", b"cause", b"ts", b"size", b"worker", b"pause_ms", b"reclaimed"]
 
 
+@pytest.mark.unit
 @FUZZ
 @given(
     st.dictionaries(
@@ -230,6 +236,7 @@ TASK_FIELDS = [b"name", b"state", b"total", b"done", b"dead", b"epoch", b"priori
 TASK_FIELDS += [b"min_nodes", b"max_nodes", b"created_at", b"started_at", b"finished_at"]
 
 
+@pytest.mark.integration
 @REDIS_FUZZ
 @given(
     record=st.dictionaries(
@@ -293,6 +300,7 @@ handler_paths = st.one_of(
 )
 
 
+@pytest.mark.unit
 @FUZZ
 @given(handler_paths)
 def test_resolve_gives_a_handler_or_handler_refused(path: str) -> None:
@@ -334,6 +342,7 @@ def garbage_entries(n: int, seed: int) -> list[dict[bytes, bytes]]:
     return out
 
 
+@pytest.mark.system
 def test_worker_rejects_every_malformed_entry_and_keeps_working(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -378,6 +387,7 @@ def test_worker_rejects_every_malformed_entry_and_keeps_working(
     assert worker.alive()
 
 
+@pytest.mark.system
 def test_corrupt_records_fail_their_task_and_crash_no_process(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -425,6 +435,7 @@ def test_corrupt_records_fail_their_task_and_crash_no_process(
     assert controller.alive() and first.alive() and second.alive()
 
 
+@pytest.mark.system
 def test_worker_fails_a_task_whose_spec_it_cannot_read_and_goes_on(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:

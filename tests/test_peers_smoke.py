@@ -68,6 +68,7 @@ def _doc(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.system
 def test_queueworks_driver_runs_every_workload(fresh_peer: PeerFactory) -> None:
     with fresh_peer() as peer:
         two = harness.throughput(peer, n=400, workers=2, budget=60)
@@ -98,6 +99,7 @@ def test_queueworks_driver_runs_every_workload(fresh_peer: PeerFactory) -> None:
     assert f"{rec['seconds']:.1f} s" in page
 
 
+@pytest.mark.unit
 def test_report_flags_where_queueworks_is_behind() -> None:
     run = {"capped": False, "seconds": 1.0, "enqueue_seconds": 0.1}
     queued = {"seconds": 1.0, "bytes_per_job": 10.0}
@@ -125,6 +127,7 @@ def test_report_flags_where_queueworks_is_behind() -> None:
     assert tie[2:] == ("1.0x", False)  # leading means strictly ahead
 
 
+@pytest.mark.unit
 def test_the_queue_row_is_shown_not_ranked_as_a_peer() -> None:
     run = {"capped": False, "seconds": 1.0, "enqueue_seconds": 0.5}
     lat = {"p90_ms": 1.0, "max_ms": 9.0}

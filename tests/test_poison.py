@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from tests.conftest import Cluster, Proc, wait_for
+
+pytestmark = pytest.mark.system
 
 ALLOW = ("tests.handlers_poison",)
 FAST = ["--heartbeat-interval", "0.2", "--heartbeat-ttl", "0.8"]  # detect a death in ~1 s

@@ -30,6 +30,7 @@ from tests.conftest import Cluster, Proc, wait_for
 # -- 1. completion is by index ----------------------------------------------------------------
 
 
+@pytest.mark.system
 def test_stray_entries_and_a_kill_near_the_end_lose_nothing(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -82,6 +83,7 @@ def test_stray_entries_and_a_kill_near_the_end_lose_nothing(
     assert len(task.dead_letters(count=10_000)) == 100
 
 
+@pytest.mark.system
 def test_an_index_whose_entry_was_deleted_is_dead_lettered_as_lost(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -108,6 +110,7 @@ def test_an_index_whose_entry_was_deleted_is_dead_lettered_as_lost(
 # -- 2. a handler's exceptions are the handler's ----------------------------------------------
 
 
+@pytest.mark.system
 def test_a_handler_that_raises_systemexit_or_keyboardinterrupt_is_a_failed_attempt(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -138,6 +141,7 @@ def test_a_handler_that_raises_systemexit_or_keyboardinterrupt_is_a_failed_attem
     assert '"worker_stopped"' not in worker.log()
 
 
+@pytest.mark.system
 def test_the_workers_own_cold_stop_still_stops_it_and_charges_the_subtask(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -178,6 +182,7 @@ def _members_ever(r: redis.Redis, keys: Keys, task_id: str) -> set[str]:
     }
 
 
+@pytest.mark.system
 def test_a_worker_that_may_not_run_a_handler_never_poisons_a_task(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -207,6 +212,7 @@ def test_a_worker_that_may_not_run_a_handler_never_poisons_a_task(
     assert record["allow"] == ["myapp"]
 
 
+@pytest.mark.system
 def test_a_worker_that_cannot_import_a_handler_refuses_and_others_run_it(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -235,6 +241,7 @@ def test_a_worker_that_cannot_import_a_handler_refuses_and_others_run_it(
     assert broken.alive()
 
 
+@pytest.mark.system
 def test_a_task_no_live_worker_can_run_waits_with_its_reason_then_runs(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
 ) -> None:
@@ -262,6 +269,7 @@ def test_a_task_no_live_worker_can_run_waits_with_its_reason_then_runs(
     assert status.reason is None  # cleared once it had its nodes
 
 
+@pytest.mark.system
 def test_a_task_every_eligible_worker_cannot_import_fails_with_the_reason(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -308,6 +316,7 @@ def _request(
         conn.close()
 
 
+@pytest.mark.system
 def test_dns_rebinding_is_refused_by_the_tokenless_dashboard(
     cluster: Cluster, client: Client
 ) -> None:
@@ -346,6 +355,7 @@ def _rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+@pytest.mark.system
 def test_big_bodies_are_refused_before_they_are_read(cluster: Cluster) -> None:
     proc, port = _dashboard(cluster, "--token", "tok-for-body-limits")
     before = _rss_kb(proc.pid)
@@ -388,6 +398,7 @@ def test_big_bodies_are_refused_before_they_are_read(cluster: Cluster) -> None:
     assert _rss_kb(proc.pid) - before < 20_000  # never held the body
 
 
+@pytest.mark.system
 def test_no_stored_value_makes_a_page_fail(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -407,6 +418,7 @@ def test_no_stored_value_makes_a_page_fail(
     assert isinstance(shown[0], str) and isinstance(shown[1], str)
 
 
+@pytest.mark.unit
 def test_redact_url_masks_all_userinfo() -> None:
     assert redact_url("redis://:cdLEAK@ME@host:6379/0") == "redis://:***@host:6379/0"
     assert redact_url("redis://user:p@ss@w@rd@h/0") == "redis://user:***@h/0"
@@ -418,6 +430,7 @@ def test_redact_url_masks_all_userinfo() -> None:
 # -- 5. a submit that dies half-way leaves nothing for good ----------------------------------
 
 
+@pytest.mark.integration
 def test_redis_killed_during_submit_leaves_no_orphan(tmp_path: Path, prefix: str) -> None:
     with RedisServer(appendonly=True, appendfsync="always") as server:
         server.start()
@@ -457,6 +470,7 @@ def test_redis_killed_during_submit_leaves_no_orphan(tmp_path: Path, prefix: str
         client.close()
 
 
+@pytest.mark.integration
 def test_a_submit_that_finishes_leaves_its_streams_permanent(
     client: Client, r: redis.Redis
 ) -> None:
@@ -467,6 +481,7 @@ def test_a_submit_that_finishes_leaves_its_streams_permanent(
     assert r.pttl(tk.stream) == -1 and r.pttl(tk.record) == -1
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("junk", [{"junk": "1"}, {"i": "99", "p": "{}"}])
 def test_settle_counts_a_stray_apart_and_never_completes_the_task(
     client: Client, r: redis.Redis, junk: dict[str, str]

@@ -13,11 +13,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench import queue as bench_queue
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.system
 def test_quick_run_measures_queue_and_raw_limit(tmp_path: Path) -> None:
     out = tmp_path / "queue.json"
     proc = subprocess.run(
@@ -58,6 +61,7 @@ def test_quick_run_measures_queue_and_raw_limit(tmp_path: Path) -> None:
     assert "| one call per job >= 10x RQ SimpleWorker | - | - |" in page  # RQ not run
 
 
+@pytest.mark.unit
 def test_targets_compare_rounds_side_by_side() -> None:
     def runs(*rates: float) -> list[dict[str, float]]:
         return [{"jobs_per_s": r, "p50_ms": 100 / r, "p99_ms": 400 / r} for r in rates]

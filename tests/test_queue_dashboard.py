@@ -81,6 +81,7 @@ def check_cumulative(buckets: list[tuple[float, float]], count: float) -> None:
 # -- counts on the pages, the API, /metrics and info -----------------------------------------
 
 
+@pytest.mark.system
 def test_queue_counts_agree_on_pages_api_metrics_and_info(
     cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client, redis_url: str
 ) -> None:
@@ -205,6 +206,7 @@ def test_queue_counts_agree_on_pages_api_metrics_and_info(
 # -- requeue and delete from the dashboard ---------------------------------------------------
 
 
+@pytest.mark.system
 def test_requeue_from_the_dashboard_runs_a_dead_job_again(
     cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client, prefix: str
 ) -> None:
@@ -272,6 +274,7 @@ def entry_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
+@pytest.mark.integration
 def test_dead_letters_page_newest_first_on_queue_and_task_pages(
     client: Client, r: redis.Redis, web: httpx.Client
 ) -> None:
@@ -324,6 +327,7 @@ def test_dead_letters_page_newest_first_on_queue_and_task_pages(
         assert web.get(f"{page}?dead_before=yesterday").status_code == 400
 
 
+@pytest.mark.system
 def test_a_cancelled_queue_shows_what_was_left_not_a_live_backlog(
     cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client
 ) -> None:
@@ -354,6 +358,7 @@ def test_a_cancelled_queue_shows_what_was_left_not_a_live_backlog(
     assert m[("queueworks_queue_scheduled", (("queue", "gone"),))] == 0
 
 
+@pytest.mark.integration
 def test_latency_quantiles_past_the_last_bound_say_so(
     client: Client, r: redis.Redis, web: httpx.Client
 ) -> None:
@@ -369,6 +374,7 @@ def test_latency_quantiles_past_the_last_bound_say_so(
     assert 'id="queue-latency">&gt; 5 s / &gt; 5 s<' in web.get("/queues/slow").text
 
 
+@pytest.mark.unit
 def test_quantile_text() -> None:
     def detail(counts: dict[float, int]) -> QueueDetail:
         running, buckets = 0, []
@@ -390,6 +396,7 @@ def test_quantile_text() -> None:
 # -- nothing 500s on stored values ------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_queue_pages_survive_values_no_writer_would_store(
     client: Client, r: redis.Redis, web: httpx.Client
 ) -> None:
@@ -424,6 +431,7 @@ def test_queue_pages_survive_values_no_writer_would_store(
     assert refused.status_code == 400 and "rejected" in refused.json()["error"]
 
 
+@pytest.mark.integration
 def test_token_guards_the_queue_pages_and_api(client: Client) -> None:
     client.queue("guarded")
     with make_app(client, token="tok-q-1") as tc:
@@ -437,6 +445,7 @@ def test_token_guards_the_queue_pages_and_api(client: Client) -> None:
 # -- queueworks enqueue ----------------------------------------------------------------------
 
 
+@pytest.mark.system
 def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, prefix: str
 ) -> None:
@@ -486,6 +495,7 @@ def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     assert "did not finish within 3.0 s" in res.stderr
 
 
+@pytest.mark.system
 def test_enqueue_cli_errors_are_one_line(redis_url: str, prefix: str, r: redis.Redis) -> None:
     closed = f"redis://127.0.0.1:{free_port()}/0"
     one_line_error(
@@ -512,6 +522,7 @@ def test_enqueue_cli_errors_are_one_line(redis_url: str, prefix: str, r: redis.R
     assert list(r.scan_iter(match=f"{prefix}:*")) == []  # nothing was written
 
 
+@pytest.mark.system
 def test_dead_cli_requeues_a_queues_dead_jobs(
     cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, prefix: str
 ) -> None:

@@ -19,6 +19,8 @@ from queueworks.keys import Keys
 from queueworks.models import JobState
 from queueworks.redis_server import RedisServer
 
+pytestmark = pytest.mark.integration
+
 NOOP = "tests.handlers:double"
 
 

@@ -24,6 +24,7 @@ from tests.conftest import Cluster, wait_for
 PER_PIPELINE = ENQUEUE_BATCH * ENQUEUE_PIPELINE
 
 
+@pytest.mark.integration
 def test_enqueue_many_sends_every_job_in_order_and_leaves_no_thread(
     client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -52,6 +53,7 @@ def test_enqueue_many_sends_every_job_in_order_and_leaves_no_thread(
     assert threading.active_count() == threads
 
 
+@pytest.mark.system
 def test_members_settle_after_redis_lost_its_scripts(tmp_path: Path) -> None:
     with RedisServer() as server:
         server.start()
@@ -91,6 +93,7 @@ def test_members_settle_after_redis_lost_its_scripts(tmp_path: Path) -> None:
             r.close()
 
 
+@pytest.mark.system
 def test_a_job_on_its_own_is_settled_once_and_before_the_next(tmp_path: Path) -> None:
     """A job arriving while its member waits in a blocking read costs one settle, sent with
     the read after it (not a second one before it runs, however long the read waited)."""

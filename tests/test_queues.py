@@ -28,6 +28,7 @@ def nodes_of(client: Client, name: str) -> int:
     return len(client.task(name).status().nodes)
 
 
+@pytest.mark.system
 def test_5000_jobs_of_mixed_handlers_are_all_right(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -57,6 +58,7 @@ def test_5000_jobs_of_mixed_handlers_are_all_right(
     assert one.enqueued_at <= (one.started_at or 0) <= (one.finished_at or 0)
 
 
+@pytest.mark.system
 def test_a_member_killed_mid_job_loses_nothing_and_counts_each_once(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -98,6 +100,7 @@ def test_a_member_killed_mid_job_loses_nothing_and_counts_each_once(
         assert later[0][2] - killed_at < 3.0 + 1.0 + 1.0
 
 
+@pytest.mark.system
 def test_a_higher_priority_task_takes_nodes_from_a_busy_queue_and_gives_them_back(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -144,6 +147,7 @@ def test_a_higher_priority_task_takes_nodes_from_a_busy_queue_and_gives_them_bac
     assert q.status().dead == 0
 
 
+@pytest.mark.system
 def test_jobs_wait_while_the_queue_has_no_member_and_run_when_one_comes(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -171,6 +175,7 @@ def test_jobs_wait_while_the_queue_has_no_member_and_run_when_one_comes(
     assert results_of(later) == [2 * i for i in range(100)]
 
 
+@pytest.mark.system
 def test_delayed_jobs_run_at_their_time_and_survive_restarts(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -203,6 +208,7 @@ def test_delayed_jobs_run_at_their_time_and_survive_restarts(
     assert q.status().scheduled == 0
 
 
+@pytest.mark.system
 def test_a_job_whose_handler_the_worker_may_not_run_waits_alone_not_dead(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -227,6 +233,7 @@ def test_a_job_whose_handler_the_worker_may_not_run_waits_alone_not_dead(
     assert q.status().dead == 0
 
 
+@pytest.mark.system
 def test_a_job_naming_a_function_its_module_lacks_is_dead_lettered(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -246,6 +253,7 @@ def test_a_job_naming_a_function_its_module_lacks_is_dead_lettered(
     assert good.result(timeout=15) == 4  # the queue goes on
 
 
+@pytest.mark.system
 def test_job_timeout_attempts_and_cancel(cluster: Cluster, client: Client, r: redis.Redis) -> None:
     cluster.controller()
     q = client.queue("strict", job_timeout=0.5, max_attempts=2)
@@ -266,6 +274,7 @@ def test_job_timeout_attempts_and_cancel(cluster: Cluster, client: Client, r: re
     assert q.status().dead == 1 and q.status().done == 0
 
 
+@pytest.mark.system
 def test_the_stream_stays_bounded_over_100000_jobs(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -291,6 +300,7 @@ def test_the_stream_stays_bounded_over_100000_jobs(
     assert Counter(j.status().state for j in jobs[:: n // 50]) == {JobState.DONE: 50}
 
 
+@pytest.mark.integration
 def test_opening_a_queue_is_idempotent_and_checks_settings(client: Client) -> None:
     q = client.queue("same", max_attempts=5, job_timeout=10.0)
     again = client.queue("same")

@@ -13,10 +13,13 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import redis
 
 from queueworks.redis_server import free_port
-from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module, wait_for
+from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_packages, wait_for
+
+pytestmark = pytest.mark.system
 
 README = (ROOT / "README.md").read_text()
 
@@ -185,16 +188,22 @@ def test_readme_demo_command_runs() -> None:
     assert "nodes=0" not in out.stdout
 
 
+@pytest.mark.slow(40)
+@pytest.mark.timeout(600)  # five processes that import torch
 def test_readme_training_example_runs() -> None:
-    """The README's elastic-training command: one job scaled 2 -> 4 -> 1 workers."""
+    """The README's elastic-training command: one job scaled 2 -> 4 -> 1 workers. Shorter
+    than as the README runs it (1,800 shards, paced 0.03 s, a change every 12 s: a minute
+    and more to watch): 600 shards paced 0.01 s, a change every 6 s."""
     assert "python examples/elastic_training.py --scale 2,4,1" in README
-    need_module("torch", TORCH_INSTALL, needs=("numpy",))
+    need_packages("torch", "numpy", install=TORCH_INSTALL)
+    shorter = ["--every", "6", "--shards", "600", "--pace", "0.01"]
     out = subprocess.run(
-        [sys.executable, "examples/elastic_training.py", "--scale", "2,4,1"],
+        [sys.executable, "examples/elastic_training.py", "--scale", "2,4,1", *shorter],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=400,
     )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "scaling to 4 worker(s)" in out.stdout, out.stdout[-2000:]
     assert re.search(r"completed: (\d+)/\1 shards, 0 dead", out.stdout), out.stdout[-2000:]

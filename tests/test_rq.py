@@ -13,7 +13,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -153,6 +152,7 @@ def tasks_of(client: Client, job: Job) -> list[str]:
 # -- tests -------------------------------------------------------------------------------
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_target_task_ends_finished_with_its_summary(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -205,15 +205,22 @@ def test_target_task_ends_finished_with_its_summary(
     assert dict(qclient.task(made_id).results()) == {i: 2 * (100 + i) for i in range(5)}
 
 
+@pytest.mark.system
 def test_a_rerun_follows_the_task_its_last_run_left_running(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
-    # as after a lost work horse: the job's meta names a task that still runs
-    running = qclient.submit(spec("tests.handlers:double_slow", 8, payload={"seconds": 0.25}))
+    # as after a lost work horse: the job's meta names a task that still runs (until the
+    # gate opens, once the job follows it)
+    gate = f"{qw.prefix}:gate:{uuid.uuid4().hex[:6]}"
+    gated = spec("tests.handlers:double_at_gate", 8, payload={"gate": gate})
+    running = qclient.submit(gated)
     job = qwrq.enqueue(
         queue, spec("tests.handlers:double", 1), prefix=qw.prefix, meta={"task_id": running.id}
     )
-    rq_workers.burst(queue, "rq.SimpleWorker")
+    proc = rq_workers.start(queue, "rq.SimpleWorker")
+    wait_for(lambda: qwrq.job_id_of(qclient, running.id) == job.id, 60, "the job following")
+    qclient.redis.set(gate, 1)
+    assert proc.wait(60) == 0
     assert job.get_status() == JobStatus.FINISHED
     summary = job.return_value()
     assert summary is not None
@@ -221,6 +228,7 @@ def test_a_rerun_follows_the_task_its_last_run_left_running(
     assert tasks_of(qclient, job) == [running.id]
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_failing_target_task_lands_in_failed_registry(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -257,6 +265,7 @@ def test_failing_target_task_lands_in_failed_registry(
     assert all(d["error"] == "ValueError: odd" for d in summary["dead_letters"])
 
 
+@pytest.mark.system
 def test_depends_on_orders_two_target_tasks(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
@@ -275,6 +284,7 @@ def test_depends_on_orders_two_target_tasks(
     assert a.finished_at <= b.created_at  # the second task is submitted after the first ended
 
 
+@pytest.mark.system
 def test_progress_shows_in_job_meta_while_running(
     cluster: Cluster, r: redis.Redis, queue: Queue, rq_workers: RqWorkers, redis_url: str
 ) -> None:
@@ -282,30 +292,44 @@ def test_progress_shows_in_job_meta_while_running(
     for _ in range(2):  # small reads: the first read takes a whole batch, before any timing
         cluster.worker(extra=["--batch-size", "2"])
     cluster.wait_workers(r, 2)
+    # three gates, opened in turn: subtasks 0-9 run at the first, 10-19 at the second, the
+    # rest at the third, so the job is seen running with some done, then with more (a
+    # member settles what it ran a batch at a time: the counts held are near 10 and 20)
+    gates = [f"{cluster.prefix}:gate:{g}" for g in "abc"]
+    payloads = [{"x": i, "gate": gates[min(i // 10, 2)]} for i in range(40)]
     job = qwrq.enqueue(
         queue,
-        spec("tests.handlers:double_slow", 40, payload={"seconds": 0.1}),
+        TaskSpec(name="gated", handler="tests.handlers:double_at_gate", subtasks=payloads),
         prefix=cluster.prefix,
     )
     proc = rq_workers.start(queue, "rq.Worker")
-    wait_running(job)
+    wait_running(job, timeout=60)
     info = subprocess.run(
         [sys.executable, "-m", "rq.cli", "info", "--url", redis_url, queue.name],
         capture_output=True,
         text=True,
-        timeout=30,
+        timeout=60,
         check=True,
     )
     assert "1 executing" in info.stdout  # ``rq info`` shows the target task as a running job
     seen: list[dict[str, Any]] = []
-    while proc.poll() is None:
+
+    def done_past(low: int) -> int | None:
+        """The meta's count of done subtasks, if the job runs and it is past ``low``."""
         meta = job.get_meta()
-        if job.get_status() == JobStatus.STARTED and meta.get("state") == "running":
-            seen.append(meta)
-        time.sleep(0.05)
-    assert proc.returncode == 0
+        if job.get_status() != JobStatus.STARTED or meta.get("state") != "running":
+            return None
+        seen.append(meta)
+        return int(meta["done"]) if meta["done"] > low else None
+
+    held = 0
+    for gate in gates[:2]:
+        r.set(gate, 1)  # the next gate holds the rest: the meta must show the count between
+        held = wait_for(lambda low=held: done_past(low), 60, f"the job's meta past {held} done")
+        assert held < 40
+    r.set(gates[2], 1)
+    assert proc.wait(60) == 0
     middle = [m for m in seen if 0 < m["done"] < 40]
-    assert middle, f"no progress seen while running: {seen[:3]}...{seen[-3:]}"
     assert all(m["total"] == 40 and m["progress"] == round(m["done"] / 40, 4) for m in middle)
     assert len({m["done"] for m in middle}) >= 2  # updated while it runs, not only once
     assert job.get_status() == JobStatus.FINISHED
@@ -316,6 +340,7 @@ def test_progress_shows_in_job_meta_while_running(
     assert len({v["worker"] for v in results.values()}) == 2
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_stopping_the_rq_job_cancels_the_task(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -334,6 +359,7 @@ def test_stopping_the_rq_job_cancels_the_task(
         queue.connection.delete(f"qwrq:stopped:{job.id}")
 
 
+@pytest.mark.system
 @pytest.mark.parametrize("worker_class", WORKER_CLASSES)
 def test_canceling_the_rq_job_cancels_the_task(
     worker_class: str, qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
@@ -350,6 +376,7 @@ def test_canceling_the_rq_job_cancels_the_task(
     assert job.get_meta()["state"] == "cancelled"
 
 
+@pytest.mark.system
 def test_cancelling_the_task_in_queueworks_stops_the_rq_job(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
@@ -364,6 +391,7 @@ def test_cancelling_the_task_in_queueworks_stops_the_rq_job(
     assert result is not None and "task cancelled in queueworks" in (result.exc_string or "")
 
 
+@pytest.mark.system
 def test_job_timeout_cancels_the_task(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
@@ -377,6 +405,7 @@ def test_job_timeout_cancels_the_task(
     assert job.get_meta()["state"] == "cancelled"
 
 
+@pytest.mark.integration
 def test_enqueue_stores_json_only_and_refuses_bad_input(r: redis.Redis, queue: Queue) -> None:
     job = qwrq.enqueue(
         queue,

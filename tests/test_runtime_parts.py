@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pytest
 import redis
 import structlog
 
@@ -20,6 +21,8 @@ from queueworks.workers.ledger import Ledger
 from queueworks.workers.membership import Membership
 from queueworks.workers.reclaim import Reclaim
 from queueworks.workers.work import Work
+
+pytestmark = pytest.mark.integration
 
 LOG = structlog.get_logger("test")
 

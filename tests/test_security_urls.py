@@ -23,6 +23,8 @@ from queueworks import Client, TaskSpec, TaskState
 from queueworks.redis_server import RedisServer, make_tls_files
 from tests.conftest import REDIS_INSTALL, ROOT, Cluster, need_program, wait_for
 
+pytestmark = pytest.mark.system
+
 N = 200
 
 

@@ -59,6 +59,7 @@ def wait_until(pred: Callable[[], Any], timeout: float, what: str) -> Any:
         time.sleep(0.05)
 
 
+@pytest.mark.system
 def test_failover_mid_task_completes_with_every_result_right(
     sentinel: LocalSentinel, prefix: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -130,6 +131,7 @@ def test_failover_mid_task_completes_with_every_result_right(
         procs.close()
 
 
+@pytest.mark.integration
 def test_sentinel_urls(sentinel: LocalSentinel) -> None:
     """Service and database from the path; the password never shows; a wrong service name
     is a connection error that says so."""

@@ -63,6 +63,7 @@ def events(proc: Proc, name: str) -> list[dict[str, object]]:
     return out
 
 
+@pytest.mark.system
 def test_uncancellable_coroutines_lose_their_slot_at_the_timeout_and_hold_no_rebalance(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -102,6 +103,7 @@ def test_uncancellable_coroutines_lose_their_slot_at_the_timeout_and_hold_no_reb
     assert (status.done, status.dead) == (201, 2)
 
 
+@pytest.mark.system
 def test_one_at_a_time_an_uncancellable_coroutine_frees_its_worker_at_the_timeout(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -134,6 +136,7 @@ def test_one_at_a_time_an_uncancellable_coroutine_frees_its_worker_at_the_timeou
     assert "ran past subtask_timeout (0.5 s)" in task.dead_letters()[0].error
 
 
+@pytest.mark.system
 def test_a_coroutine_that_blocks_the_loop_is_logged_and_charges_no_one_else(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -163,6 +166,7 @@ def test_a_coroutine_that_blocks_the_loop_is_logged_and_charges_no_one_else(
     )
 
 
+@pytest.mark.system
 def test_a_loop_blocked_past_the_hard_limit_exits_and_hands_back_the_rest(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -182,6 +186,7 @@ def test_a_loop_blocked_past_the_hard_limit_exits_and_hands_back_the_rest(
     assert "timed out" in failed.value.traceback
 
 
+@pytest.mark.system
 def test_plain_handlers_on_threads_are_still_interrupted_alone(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -222,6 +227,7 @@ async def block(seconds: float) -> float:
     return seconds
 
 
+@pytest.mark.unit
 def test_the_loop_settles_a_coroutine_at_its_deadline_and_ignores_what_it_returns() -> None:
     aio, sink = EventLoop(), SimpleQueue[Call]()
     try:
@@ -241,6 +247,7 @@ def test_the_loop_settles_a_coroutine_at_its_deadline_and_ignores_what_it_return
         aio.stop()
 
 
+@pytest.mark.unit
 def test_time_the_loop_spends_blocked_is_not_charged_to_the_other_calls() -> None:
     aio, sink = EventLoop(), SimpleQueue[Call]()
     try:

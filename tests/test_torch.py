@@ -8,25 +8,37 @@ import json
 import subprocess
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+import pytest
 import redis
 
 from queueworks import Client, TaskState
 from queueworks.keys import Keys
-from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_module, wait_for
+from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_packages, wait_for
 
-torch = need_module("torch", TORCH_INSTALL, needs=("numpy",))  # its CPU wheel lacks numpy
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]  # torch is slow to start
 
-from examples.elastic_training import (  # noqa: E402  (needs torch)
-    Config,
-    build_model,
-    eval_loss,
-    single_process,
-    task_spec,
-)
-from queueworks.torch import wait_released  # noqa: E402
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """The tests' own torch work (the one-process reference, reading checkpoints) is of
+    tiny tensors: on more threads it only spins, beside the workers (20x the CPU here)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# found, not imported: the tests import torch (seconds) where they run, not every worker
+need_packages("torch", "numpy", install=TORCH_INSTALL)  # its CPU wheel lacks numpy
+
+if TYPE_CHECKING:
+    from examples.elastic_training import Config
 
 ALLOW = ("examples.elastic_training",)
 ENV = {"QUEUEWORKS_TORCH_HOST": "127.0.0.1"}
@@ -57,6 +69,10 @@ def sizes_by_epoch(r: redis.Redis, keys: Keys, task_id: str) -> dict[int, int]:
 
 def load(source: Path | bytes, cfg: Config) -> tuple[float, dict[str, int]]:
     """A checkpoint (file or bytes): its model's loss and its progress."""
+    import torch
+
+    from examples.elastic_training import build_model, eval_loss
+
     f = io.BytesIO(source) if isinstance(source, bytes) else source
     state = torch.load(f, map_location="cpu", weights_only=True)
     model = build_model(cfg)
@@ -72,9 +88,14 @@ def test_import_queueworks_does_not_import_torch() -> None:
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 
 
+@pytest.mark.slow(50)
+@pytest.mark.usefixtures("one_torch_thread")
 def test_train_on_2_add_1_kill_1_finish(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys, tmp_path: Path
 ) -> None:
+    from examples.elastic_training import Config, single_process, task_spec
+    from queueworks.torch import wait_released
+
     log = f"{prefix}:steps"
     cfg = Config(shards=900, pace=0.04, step_log=log)
     checkpoint = tmp_path / "model.pt"
@@ -83,16 +104,16 @@ def test_train_on_2_add_1_kill_1_finish(
         cluster.worker(allow=ALLOW, env=ENV)
     cluster.wait_workers(r, 2)
     task = client.submit(task_spec(cfg, checkpoint=str(checkpoint), checkpoint_steps=50))
-    wait_for(lambda: committed_steps(records(r, log), 2) >= 5, 40, "steps on 2 workers")
+    wait_for(lambda: committed_steps(records(r, log), 2) >= 5, 120, "steps on 2 workers")
     cluster.worker(allow=ALLOW, env=ENV)
-    wait_for(lambda: committed_steps(records(r, log), 3) >= 5, 40, "steps on 3 workers")
+    wait_for(lambda: committed_steps(records(r, log), 3) >= 5, 120, "steps on 3 workers")
     rows = records(r, log)
     assert task.status().done < cfg.shards, "training ended before the kill: raise shards"
     last = max((x for x in rows if x["world_size"] == 3), key=lambda x: x["epoch"])
     leader = next(x["worker"] for x in rows if x["epoch"] == last["epoch"] and x["rank"] == 0)
     victim = next(p for p in cluster.procs if p.name == leader)
     victim.kill()  # the leader: its TCPStore goes too
-    task.wait(timeout=90)
+    task.wait(timeout=300)
     status = wait_released(task)  # the leader writes its last checkpoint as it leaves
     assert status.state == TaskState.COMPLETED, status
     assert (status.done, status.dead) == (cfg.shards, 0)
@@ -133,10 +154,15 @@ def test_train_on_2_add_1_kill_1_finish(
     assert abs(final - reference) <= 0.05 * reference, (final, reference)
 
 
+@pytest.mark.slow(30)
+@pytest.mark.usefixtures("one_torch_thread")
 def test_losing_every_member_resumes_from_the_checkpoint(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str, keys: Keys
 ) -> None:
     """Checkpoints in Redis this time; the only member is SIGKILLed, a new one resumes."""
+    from examples.elastic_training import Config, task_spec
+    from queueworks.torch import wait_released
+
     log = f"{prefix}:steps"
     cfg = Config(shards=300, pace=0.02, step_log=log)
     cluster.controller()
@@ -149,11 +175,11 @@ def test_losing_every_member_resumes_from_the_checkpoint(
         blob = r.get(key)
         return load(blob, cfg)[1]["steps"] if blob else 0
 
-    wait_for(lambda: saved_steps() >= 40, 40, "two checkpoints", 0.2)
+    wait_for(lambda: saved_steps() >= 40, 120, "two checkpoints", 0.2)
     first.kill()
     at_kill = saved_steps()
     second = cluster.worker(allow=ALLOW, env=ENV)
-    task.wait(timeout=60)
+    task.wait(timeout=300)
     status = wait_released(task)
     assert status.state == TaskState.COMPLETED, status
     assert (status.done, status.dead) == (cfg.shards, 0)

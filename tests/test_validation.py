@@ -91,6 +91,7 @@ BAD_NAMES = ["q\n", "q\r", ".", "..", "-q", "_q", "", "a" * 65, "a b", "a/b", "a
 GOOD_NAMES = ["a", "Q", "emails", "a.b-c_d", "0", "a" * 64, "v1.2"]
 
 
+@pytest.mark.integration
 def test_bad_numbers_are_refused_where_they_enter(client: Client, r: redis.Redis) -> None:
     """``delay``/``at`` of ``enqueue`` and every queue setting: a ``ValueError`` naming the
     field, and nothing written."""
@@ -111,6 +112,7 @@ def test_bad_numbers_are_refused_where_they_enter(client: Client, r: redis.Redis
     assert fine.settings.idle_after == 0.5
 
 
+@pytest.mark.integration
 def test_bad_numbers_are_refused_by_the_async_client_alike(redis_url: str, prefix: str) -> None:
     async def main() -> None:
         async with AsyncClient.from_url(redis_url, prefix=prefix) as ac:
@@ -135,6 +137,7 @@ def test_bad_numbers_are_refused_by_the_async_client_alike(redis_url: str, prefi
     run(main)
 
 
+@pytest.mark.integration
 def test_task_and_queue_names_follow_one_pattern(client: Client, r: redis.Redis) -> None:
     """One pattern, anchored at the very end: no trailing newline, no "." or "..", no name
     that looks like a flag."""
@@ -155,6 +158,7 @@ def test_task_and_queue_names_follow_one_pattern(client: Client, r: redis.Redis)
             AsyncClient.from_url("redis://127.0.0.1:1/0", prefix=prefix)
 
 
+@pytest.mark.integration
 def test_a_deep_payload_is_a_clear_error(client: Client) -> None:
     """Not a RecursionError: a ``ValueError`` naming the payload (or the subtask), at any
     depth past the bound; the bound itself is fine."""
@@ -174,6 +178,7 @@ def test_a_deep_payload_is_a_clear_error(client: Client) -> None:
     assert q.status().backlog == 2
 
 
+@pytest.mark.unit
 def test_task_specs_refuse_values_no_worker_could_use() -> None:
     base: dict[str, Any] = {"name": "t", "handler": "m:f"}
     for bad, field in [
@@ -198,6 +203,7 @@ def test_task_specs_refuse_values_no_worker_could_use() -> None:
     assert QueueSettings.of(spec).idle_after == 30.0
 
 
+@pytest.mark.integration
 def test_changes_of_priority_and_bounds_are_checked(client: Client) -> None:
     q = client.queue("change")
     for bad in (10**30, 1.5, True, "3"):
@@ -215,6 +221,7 @@ def test_changes_of_priority_and_bounds_are_checked(client: Client) -> None:
 # -- a worker never crashes on a stored value ---------------------------------------------------
 
 
+@pytest.mark.system
 def test_bad_stored_values_crash_no_worker(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
@@ -276,6 +283,7 @@ def stored_settings(r: redis.Redis, keys: Keys, name: str) -> QueueSettings:
     return QueueSettings.of(StoredSpec.model_validate_json(raw))
 
 
+@pytest.mark.system
 def test_a_kept_handle_creates_its_queue_again_after_redis_restarted_empty(
     lonely: RedisServer, prefix: str, tmp_path: Path
 ) -> None:
@@ -316,6 +324,7 @@ def test_a_kept_handle_creates_its_queue_again_after_redis_restarted_empty(
     client.close()
 
 
+@pytest.mark.system
 def test_a_kept_handle_finds_jobs_an_older_client_left_without_a_group(
     lonely: RedisServer, prefix: str, tmp_path: Path
 ) -> None:
@@ -344,6 +353,7 @@ def test_a_kept_handle_finds_jobs_an_older_client_left_without_a_group(
     client.close()
 
 
+@pytest.mark.integration
 def test_a_cancelled_queue_is_not_created_again_by_a_kept_handle(
     lonely: RedisServer, prefix: str
 ) -> None:
@@ -364,6 +374,7 @@ def test_a_cancelled_queue_is_not_created_again_by_a_kept_handle(
     listed.close()
 
 
+@pytest.mark.system
 def test_a_kept_async_handle_creates_its_queue_again_alike(
     lonely: RedisServer, prefix: str, tmp_path: Path
 ) -> None:
@@ -412,6 +423,7 @@ def test_a_kept_async_handle_creates_its_queue_again_alike(
 # -- first use ---------------------------------------------------------------------------------
 
 
+@pytest.mark.system
 def test_a_worker_imports_handlers_from_the_folder_it_started_in(
     cluster: Cluster, client: Client, r: redis.Redis, tmp_path: Path
 ) -> None:
@@ -443,6 +455,7 @@ def test_a_worker_imports_handlers_from_the_folder_it_started_in(
         log.close()
 
 
+@pytest.mark.system
 def test_a_failed_tasks_reason_is_its_status_reason_and_in_info(
     cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, prefix: str
 ) -> None:
@@ -473,6 +486,7 @@ def test_a_failed_tasks_reason_is_its_status_reason_and_in_info(
     run(main)
 
 
+@pytest.mark.integration
 def test_a_client_whose_redis_is_down_raises_one_clear_error(prefix: str) -> None:
     port = free_port()
     url = f"redis://user:s3cret@127.0.0.1:{port}/0"
