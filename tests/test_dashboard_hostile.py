@@ -12,7 +12,6 @@ Real Redis; the dashboard runs in-process under uvicorn (as in ``test_dashboard.
 
 from __future__ import annotations
 
-import pytest
 import json
 import time
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from html.parser import HTMLParser
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
+import pytest
 import redis
 
 from queueworks import Client, TaskSpec
