@@ -266,7 +266,7 @@ def parse_target(url: str) -> Target:
     single = f"{plain}://{userinfo}{at}{first}/{db}"
     if params:
         single += "?" + urlencode(params)
-    options = dict(parse_url(single))  # type: ignore[no-untyped-call]
+    options = dict(parse_url(single))  # type: ignore[no-untyped-call, unused-ignore]
     options.pop("host", None)
     options.pop("port", None)
     if options.pop("connection_class", None) is SSLConnection:
@@ -298,7 +298,7 @@ def _host_port(text: str, default_port: int) -> tuple[str, int]:
 
 def _cluster(target: Target, kwargs: dict[str, Any]) -> RedisCluster:
     """The cluster client learns the topology at once: a seed must answer now."""
-    nodes = [ClusterNode(h, p) for h, p in target.hosts]  # type: ignore[no-untyped-call]
+    nodes = [ClusterNode(h, p) for h, p in target.hosts]  # type: ignore[no-untyped-call, unused-ignore]
     try:
         return RedisCluster(startup_nodes=nodes, retry=_no_retry(), **target.options, **kwargs)
     except redis.exceptions.RedisClusterException as exc:  # not a RedisError: say what it is
@@ -311,8 +311,8 @@ def _cluster(target: Target, kwargs: dict[str, Any]) -> RedisCluster:
 def _sentinel(target: Target, kwargs: dict[str, Any]) -> redis.Redis:
     sentinel_kwargs = sentinel_options(target, kwargs)
     sentinel_kwargs["retry"] = _no_retry()
-    sentinels = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
-    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call, unused-ignore]
+    client: redis.Redis = sentinels.master_for(  # type: ignore[no-untyped-call, unused-ignore]
         target.service, retry=_no_retry(), **target.options, **kwargs
     )
     return client

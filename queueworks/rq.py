@@ -285,7 +285,7 @@ class _Follower:
         """The RQ worker's command channel (stop-job arrives there); None outside a worker."""
         if not self.job.worker_name:
             return None
-        pubsub = self.job.connection.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        pubsub = self.job.connection.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
         pubsub.subscribe(PUBSUB_CHANNEL_TEMPLATE % self.job.worker_name)
         return pubsub
 
@@ -389,7 +389,7 @@ class _Follower:
     def _save_meta(self, fields: dict[str, Any]) -> None:
         """Update our fields only, keeping whatever else is in the meta."""
         self.job.get_meta(refresh=True).update(fields)
-        self.job.save_meta()  # type: ignore[no-untyped-call]
+        self.job.save_meta()  # type: ignore[no-untyped-call, unused-ignore]
 
     def _finish(self, task: Task, status: TaskStatus) -> dict[str, Any]:
         letters = task.dead_letters(count=FIRST_DEAD_LETTERS) if status.dead else []

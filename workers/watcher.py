@@ -133,7 +133,7 @@ class NodeWatcher:
     def _subscribe_all(self) -> Any:
         """Subscribe everything and publish the connection in one step under the lock, so a
         ``watch`` that runs meanwhile is either in this snapshot or subscribes itself."""
-        ps = self._r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call]
+        ps = self._r.pubsub(ignore_subscribe_messages=True)  # type: ignore[no-untyped-call, unused-ignore]
         with self._lock:
             channels, patterns = list(self._channels), list(self._patterns)
             # A placeholder keeps the connection in subscribed mode with nothing to watch.

@@ -172,7 +172,7 @@ def _cluster(target: Target, kwargs: dict[str, Any]) -> RedisCluster:
 def _sentinel(target: Target, kwargs: dict[str, Any]) -> redis.asyncio.Redis:
     sentinel_kwargs = sentinel_options(target, kwargs)
     sentinel_kwargs["retry"] = _no_retry()
-    sentinels = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call]
+    sentinels = Sentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs)  # type: ignore[no-untyped-call, unused-ignore]
     client: redis.asyncio.Redis = sentinels.master_for(
         target.service,
         connection_pool_class=_BlockingSentinelPool,
