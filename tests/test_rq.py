@@ -395,7 +395,9 @@ def test_cancelling_the_task_in_queueworks_stops_the_rq_job(
 def test_job_timeout_cancels_the_task(
     qw: Cluster, qclient: Client, queue: Queue, rq_workers: RqWorkers
 ) -> None:
-    job = qwrq.enqueue(queue, long_spec(), prefix=qw.prefix, job_timeout=2)
+    # 10 s: the work horse forks, imports and submits well within it on a loaded machine
+    # (at 2 s it could time out before the task existed); the task needs ~40 s
+    job = qwrq.enqueue(queue, long_spec(), prefix=qw.prefix, job_timeout=10)
     rq_workers.burst(queue, "rq.Worker")
     assert job.get_status() == JobStatus.FAILED
     result = job.latest_result()
