@@ -18,7 +18,8 @@ from queueworks.models import (
     TaskState,
     TaskStatus,
 )
-from queueworks.queues import Job, JobFailed, Queue
+from queueworks.queue_handle import Job, Queue
+from queueworks.queues import JobFailed
 from queueworks.vanished import QueueNotFound
 
 __all__ = [

@@ -33,7 +33,7 @@ from queueworks.cli_options import (
 from queueworks.validate import MAX_TIMEOUT, MAX_TTL
 
 if TYPE_CHECKING:
-    from queueworks.queues import Queue
+    from queueworks.queue_handle import Queue
 
 POLL = 0.5  # s between looks at the queue's reason while the job is not finished
 

@@ -19,22 +19,18 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from enum import Enum
 from types import FunctionType
 from typing import Any
 
-import redis
-
 from queueworks import events
-from queueworks.connection import one_command, text
+from queueworks.connection import text
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import (
     JobState,
-    JobStatus,
     QueueStatus,
     StoredSpec,
     TaskSpec,
@@ -42,16 +38,12 @@ from queueworks.models import (
     TaskStatus,
     parse_handler_path,
 )
-from queueworks.records import Hash, job_status, new_task, queue_counts
-from queueworks.scripts import EnqueueBatch, NewJob, job_ids
-from queueworks.tasks import Backend, Task, TaskNotFound
+from queueworks.records import Hash, new_task, queue_counts
+from queueworks.scripts import NewJob, job_ids
 from queueworks.validate import check_idle_after, run_at
 from queueworks.vanished import (
-    QUEUE_CHECK_SECONDS,
     QueueGone,
     lost,
-    no_group,
-    record_gone,
 )
 
 ENQUEUE_BATCH = 500  # jobs per Lua call in enqueue_many
@@ -179,273 +171,6 @@ def stored_idle_after(options: Mapping[str, Any]) -> tuple[float, str | None]:
 
 IDLE_AFTER = 30.0  # s without a job before a queue asks for min_nodes only
 DEFAULTS = QueueSettings(1, None, 0, 3, 60.0, 24 * 3600.0, IDLE_AFTER, {})
-
-
-class Queue:
-    """A handle to one queue: ``client.queue("emails")``. It carries the queue's settings:
-    if the queue is gone from Redis it creates it again with them (``queueworks.vanished``)
-    — unless ``revives`` is false (a listing's handle, which does not know them)."""
-
-    def __init__(
-        self, client: Backend, name: str, settings: QueueSettings, *, revives: bool = True
-    ) -> None:
-        self.client, self.name, self.settings = client, name, settings
-        self.revives = revives
-        self.keys = client.keys.task(name)
-        self._known: set[str] = set()  # handlers this handle has told the queue about
-        self._path = HandlerPaths()
-
-    def __repr__(self) -> str:
-        return f"Queue({self.name!r})"
-
-    @property
-    def task(self) -> Task:
-        """The queue as a task (``resize``, ``set_priority``, ``cancel`` stop it taking
-        nodes for good)."""
-        return Task(self.client, self.name)
-
-    def job(self, job_id: str) -> Job:
-        return Job(self, job_id)
-
-    # -- enqueueing -----------------------------------------------------------------------
-
-    def enqueue(
-        self,
-        handler: str | Callable[..., Any],
-        payload: Any = None,
-        *,
-        delay: float | None = None,
-        at: datetime | float | None = None,
-    ) -> Job:
-        """Add one job: ``handler`` (``"module:function"`` or the function) runs on
-        ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
-        One round trip."""
-        job = new_job(self._path(handler), payload, delay, at)
-        if job.at is None and job.handler in self._known:  # nothing written if it is gone
-            reply = one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
-            if reply is not None:
-                return Job(self, text(reply))
-            self._revive()
-        reply = self._write(job)
-        if reply is None:  # the queue is gone: made again, and the job written there
-            self._revive()
-            reply = self._write(job)
-        return Job(self, enqueued(self.name, reply)[0])
-
-    def _write(self, job: NewJob) -> Any:
-        """One job by ``enqueue_jobs`` (with its handler, if the handle has not told the
-        queue yet); the script's reply (nil: the queue's stream is gone)."""
-        scripts, now = self.client.scripts, time.time()
-        if job.handler in self._known:
-            return scripts.enqueue_jobs(self.keys, [job], now)
-        pipe = self.client.redis.pipeline(transaction=False)
-        tell_handlers(pipe, self.client.keys, self.keys, [job.handler])
-        called = scripts.enqueue_jobs(self.keys, [job], now, client=pipe)
-        replies = pipe.execute()
-        self._known.add(job.handler)
-        return replies[-1] if called is pipe else called
-
-    def _revive(self, also: Iterable[str] = ()) -> None:
-        """The queue is gone (or its stream): make it again with this handle's settings, and
-        tell it the handlers this handle knows (and ``also``); ``QueueNotFound`` if it was
-        cancelled."""
-        r = self.client.redis
-        if record_gone(self.name, r.hget(self.keys.record, "state"), self.revives):
-            open_queue(self.client, self.name, self.settings.given())
-        pipe = r.pipeline(transaction=False)
-        pipe.xgroup_create(self.keys.stream, self.keys.group, id="0", mkstream=True)
-        if self._known or also:
-            tell_handlers(pipe, self.client.keys, self.keys, sorted({*self._known, *also}))
-        check_created(pipe.execute(raise_on_error=False))
-
-    def _resend(self, batch: EnqueueBatch, told: set[str]) -> Any:
-        """A batch of ``enqueue_many`` that found the queue gone, once it is made again."""
-        self._revive(told)
-        return self.client.scripts.enqueue_batch(batch, time.time())
-
-    def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
-        """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
-        built while Redis runs the one before. A bad job raises ``ValueError`` there: the
-        batches sent before it are enqueued, the rest are not."""
-        scripts, sender = self.client.scripts, _Sender()
-        pipe = self.client.redis.pipeline(transaction=False)
-        batch, calls = EnqueueBatch(self.keys), 0
-        told: set[str] = set()  # handlers the pipelines tell the queue about
-        ids = Replies(self.name, lambda gone: self._resend(gone, told))
-        try:
-            for handler, payload in jobs:
-                path = self._path(handler)
-                if path not in self._known and path not in told:
-                    tell_handlers(pipe, self.client.keys, self.keys, [path])
-                    told.add(path)
-                batch.add(path, payload_json(payload))
-                if len(batch) >= ENQUEUE_BATCH:
-                    ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe), batch)
-                    batch, calls = EnqueueBatch(self.keys), calls + 1
-                    if calls >= ENQUEUE_PIPELINE:
-                        ids.read(sender.wait())
-                        sender.send(pipe)
-                        ids.sent()
-                        pipe, calls = self.client.redis.pipeline(transaction=False), 0
-            if len(batch):
-                ids.add(pipe, scripts.enqueue_batch(batch, time.time(), client=pipe), batch)
-            ids.read(sender.wait())
-            ids.sent()
-            ids.read(pipe.execute())
-            self._known |= told
-        finally:
-            sender.close()
-        return [Job(self, job_id) for job_id in ids.ids]
-
-    # -- reading --------------------------------------------------------------------------
-
-    def status(self) -> QueueStatus:
-        try:
-            task = self.task.status()
-        except TaskNotFound:
-            self._revive()
-            task = self.task.status()
-        pipe = self.client.redis.pipeline(transaction=False)
-        queue_reads(pipe, self.keys)
-        return queue_status(task, pipe.execute(raise_on_error=False), time.time())
-
-
-class _Sender:
-    """``enqueue_many``'s pipelines, executed one at a time on a thread of its own (started
-    at the first of them, so a call of one pipeline starts none): Redis runs one batch while
-    the caller builds the next. ``wait`` returns the replies of the one sent (None if none
-    was), or raises what it raised."""
-
-    def __init__(self) -> None:
-        self.pool: ThreadPoolExecutor | None = None
-        self.inflight: Future[Any] | None = None
-
-    def send(self, pipe: Any) -> None:
-        """Execute ``pipe`` (after a ``wait`` for the one before it)."""
-        assert self.inflight is None
-        if self.pool is None:
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="qw-enqueue-many")
-        self.inflight = self.pool.submit(pipe.execute)
-
-    def wait(self) -> list[Any] | None:
-        inflight, self.inflight = self.inflight, None
-        return None if inflight is None else list(inflight.result())
-
-    def close(self) -> None:
-        """Let the pipeline in flight finish (a job sent is enqueued), stop the thread, and
-        raise what that pipeline raised, if nobody waited for it."""
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-        self.wait()
-
-
-class Replies:
-    """The job ids of ``enqueue_many``'s Lua calls, in order. A call queued on a pipeline
-    is read once its pipeline ran (its batch kept until then: two pipelines' worth at most);
-    a call that found the queue gone (nil) is sent again by ``resend``, which makes the
-    queue again first, before the next pipeline goes."""
-
-    def __init__(self, queue: str, resend: Callable[[EnqueueBatch], Any]) -> None:
-        self.queue, self.resend = queue, resend
-        self.ids: list[str] = []
-        self.building: list[tuple[int, EnqueueBatch]] = []  # on the pipeline being built
-        self.sending: list[tuple[int, EnqueueBatch]] = []  # on the pipeline sent
-
-    def add(self, pipe: Any, reply: Any, batch: EnqueueBatch) -> None:
-        if reply is pipe:  # queued on it: its reply comes with the pipeline's
-            self.building.append((len(pipe) - 1, batch))
-        else:  # run at once (a cluster pipeline)
-            self.take(reply, batch)
-
-    def sent(self) -> None:
-        self.sending, self.building = self.building, []
-
-    def read(self, replies: Sequence[Any] | None) -> None:
-        """The replies of the pipeline sent (None: there was none)."""
-        if replies is not None:
-            for position, batch in self.sending:
-                self.take(replies[position], batch)
-            self.sending = []
-
-    def take(self, reply: Any, batch: EnqueueBatch) -> None:
-        if reply is None:
-            reply = self.resend(batch)
-        self.ids += enqueued(self.queue, reply)
-
-
-class Job:
-    """A handle to one job of a queue."""
-
-    def __init__(self, queue: Queue, job_id: str) -> None:
-        self.queue, self.id = queue, job_id
-
-    @property
-    def key(self) -> str:
-        return self.queue.keys.job(self.id)
-
-    def __repr__(self) -> str:
-        return f"Job({self.queue.name!r}, {self.id!r})"
-
-    def status(self) -> JobStatus:
-        replies = self._status_reads()
-        if any(no_group(reply) for reply in replies):  # the queue's stream or group is gone
-            self.queue._revive()
-            replies = self._status_reads()
-        qk = self.queue.keys
-        raw, pending, where = read_status(qk, self.id, replies)
-        if where:
-            stream, entry = where
-            pending = self.queue.client.redis.xpending_range(stream, qk.group, entry, entry, 1)
-        return job_status(self.queue.name, self.id, raw, pending, time.time())
-
-    def _status_reads(self) -> list[Any]:
-        pipe = self.queue.client.redis.pipeline(transaction=False)
-        status_reads(pipe, self.queue.keys, self.id)
-        return list(pipe.execute(raise_on_error=False))
-
-    def result(self, timeout: float | None = None) -> Any:
-        """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
-        ``TimeoutError`` after ``timeout`` s."""
-        r, qk = self.queue.client.redis, self.queue.keys
-        deadline = None if timeout is None else time.monotonic() + timeout
-        pause, checked = FIRST_PAUSE, time.monotonic()
-        while True:
-            check = time.monotonic() - checked >= QUEUE_CHECK_SECONDS
-            pipe = r.pipeline(transaction=False)
-            result_reads(pipe, qk, self.id, check)
-            replies = pipe.execute()
-            try:
-                done = finished(self.queue.name, self.id, replies, check)
-            except QueueGone:
-                self.queue._revive()  # its entry runs once its group is there again
-                done = None
-            if done is not None:
-                return done[0]
-            if deadline is not None and time.monotonic() >= deadline:
-                raise not_finished(self.id, replies, timeout)
-            if check:
-                checked = time.monotonic()
-            time.sleep(pause)
-            pause = min(LAST_PAUSE, pause * 1.5)
-
-    def cancel(self) -> bool:
-        """Cancel the job if it has not started; False if it has started or finished."""
-        q = self.queue
-        now, ttl = time.time(), int(q.settings.result_ttl)
-        try:
-            found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
-        except redis.ResponseError as exc:
-            if not no_group(exc):
-                raise
-            q._revive()
-            found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
-        for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
-            if not isinstance(found, str):
-                break
-            found = q.client.scripts.cancel_job(q.keys, self.id, now, ttl, aside=found)
-        if found == CANCELLED_LAST:
-            events.emit(q.client.redis, q.client.keys, "handlers", task=q.name)
-        return cancelled(q.name, self.id, found)
 
 
 # -- what Queue/Job and AsyncQueue/AsyncJob share: no I/O, or commands queued on a pipeline --
@@ -691,28 +416,3 @@ def check_created(replies: Sequence[Any]) -> None:
     for reply in replies:
         if isinstance(reply, Exception) and "BUSYGROUP" not in str(reply):
             raise reply
-
-
-def open_queue(client: Backend, name: str, given: dict[str, Any], reopen: bool = False) -> Queue:
-    """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
-    ``ValueError`` if it exists with other settings than ``given``, or has finished and is
-    not to be reopened (``reopen``)."""
-    r, tk = client.redis, client.keys.task(name)
-    raw: Any = r.hmget(tk.record, ["spec", "state"])
-    if raw[0] is not None:
-        settings = opened_settings(name, raw, given, reopen)
-        if reopening(raw, reopen):
-            created = client.scripts.reopen_queue(tk, reopen_keys(tk, r.smembers(tk.aside)))
-            if created is not None:
-                pipe = r.pipeline(transaction=False)
-                queue_reopened(pipe, client.keys, name, created)
-                pipe.execute()
-        return Queue(client, name, settings)
-    now = time.time()
-    settings, record = new_queue(name, given, now)
-    pipe = r.pipeline(transaction=False)
-    pipe.xgroup_create(tk.stream, tk.group, id="0", mkstream=True)
-    client.scripts.record_task(tk, [tk.stream], record, client=pipe)
-    queue_created(pipe, client.keys, name, now)
-    check_created(pipe.execute(raise_on_error=False))
-    return Queue(client, name, settings)

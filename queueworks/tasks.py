@@ -5,16 +5,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from queueworks import events
+from queueworks import script_calls as calls
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import from_json
 from queueworks.models import DeadLetter, NodeInfo, TaskState, TaskStatus
+from queueworks.plans import Plan, Sleep, Trip, alone
 from queueworks.records import task_fields
+from queueworks.runner import run
 from queueworks.scripts import Scripts
 from queueworks.validate import check_priority, check_resize
+
+T = TypeVar("T")
 
 
 class TaskNotFound(LookupError):
@@ -48,35 +53,20 @@ class Task:
     def __repr__(self) -> str:
         return f"Task({self.id!r})"
 
+    def _run(self, plan: Plan[T]) -> T:
+        return run(self.client.redis, self.client.scripts, plan)
+
     def status(self, *, with_nodes: bool = True) -> TaskStatus:
-        r = self.client.redis
-        raw: Any = r.hgetall(self.keys.record)
-        if not raw:
-            raise TaskNotFound(self.id)
-        nodes: list[NodeInfo] = []
-        if with_nodes:
-            nodes = self.nodes()
-        return TaskStatus(**task_fields(self.id, raw), nodes=nodes)
+        return self._run(plan_status(self.client.keys, self.keys, with_nodes))
 
     def nodes(self) -> list[NodeInfo]:
         """The node set now: each member with its rank, the epoch it joined at, its heartbeat
         age and its current subtask (or job)."""
-        r = self.client.redis
-        members: Any = r.zrange(self.keys.members, 0, -1, withscores=True)
-        pipe = r.pipeline(transaction=False)
-        node_reads(pipe, self.client.keys, self.keys, members)
-        return node_infos(members, pipe.execute(), time.time())
+        return self._run(plan_nodes(self.client.keys, self.keys))
 
     def wait(self, timeout: float | None = None, poll: float = 0.1) -> TaskStatus:
         """Block until the task is finished; raise ``TimeoutError`` after ``timeout`` s."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            status = self.status(with_nodes=False)
-            if status.finished:
-                return status
-            if deadline is not None and time.monotonic() >= deadline:
-                raise still_running(status, timeout)
-            time.sleep(poll)
+        return self._run(plan_wait(self.client.keys, self.keys, timeout, poll))
 
     def results(self) -> Iterator[tuple[int, Any]]:
         """``(index, result)`` for every subtask that succeeded, in no particular order."""
@@ -84,16 +74,12 @@ class Task:
             yield int(text(index)), from_json(text(value), f"result {text(index)!r}")
 
     def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
-        entries: Any = self.client.redis.xrange(self.keys.dead, count=count)
-        return [dead_letter(entry_id, raw) for entry_id, raw in entries]
+        return self._run(plan_dead_letters(self.keys, count))
 
     def cancel(self) -> bool:
         """Cancel the task: its nodes are released at once. False if it had finished."""
         self.client.check_eviction()
-        changed = self.client.scripts.set_state(self.keys, TaskState.CANCELLED, time.time())
-        if changed:
-            events.emit(self.client.redis, self.client.keys, "cancelled", task=self.id)
-        return changed
+        return self._run(plan_cancel(self.client.keys, self.keys))
 
     def set_priority(self, priority: int) -> None:
         self._change(priority=check_priority(priority))
@@ -102,14 +88,78 @@ class Task:
         self._change(**resize_fields(min_nodes, max_nodes))
 
     def _change(self, **fields: object) -> None:
-        if self.status(with_nodes=False).finished:
-            raise finished_task(self.id)
         self.client.check_eviction()
-        self.client.redis.hset(self.keys.record, mapping=fields)  # type: ignore[arg-type]
-        events.emit(self.client.redis, self.client.keys, "changed", task=self.id, **fields)
+        self._run(plan_change(self.client.keys, self.keys, fields))
 
 
-# -- what Task and AsyncTask share: no I/O ---------------------------------------------------
+# -- what Task and AsyncTask run: plans (``queueworks.plans``) ------------------------------
+
+
+def plan_status(keys: Keys, tk: TaskKeys, with_nodes: bool = True) -> Plan[TaskStatus]:
+    """The task's status (with its node set unless not ``with_nodes``); ``TaskNotFound``."""
+    trip = Trip()
+    trip.hgetall(tk.record)
+    raw = (yield trip)[0]
+    if not raw:
+        raise TaskNotFound(tk.task_id)
+    nodes = (yield from plan_nodes(keys, tk)) if with_nodes else []
+    return TaskStatus(**task_fields(tk.task_id, raw), nodes=nodes)
+
+
+def plan_nodes(keys: Keys, tk: TaskKeys) -> Plan[list[NodeInfo]]:
+    """The node set: the members, then what ``node_infos`` reads of each."""
+    trip = Trip()
+    trip.zrange(tk.members, 0, -1, withscores=True)
+    members = (yield trip)[0]
+    if not members:
+        return []
+    trip = Trip()
+    node_reads(trip, keys, tk, members)
+    return node_infos(members, (yield trip), time.time())
+
+
+def plan_wait(keys: Keys, tk: TaskKeys, timeout: float | None, poll: float) -> Plan[TaskStatus]:
+    """The status once the task is finished, looked at every ``poll`` s; ``TimeoutError``
+    after ``timeout`` s."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        status = yield from plan_status(keys, tk, with_nodes=False)
+        if status.finished:
+            return status
+        if deadline is not None and time.monotonic() >= deadline:
+            raise still_running(status, timeout)
+        yield Sleep(poll)
+
+
+def plan_dead_letters(tk: TaskKeys, count: int) -> Plan[list[DeadLetter]]:
+    trip = Trip()
+    trip.xrange(tk.dead, count=count)
+    return [dead_letter(entry_id, raw) for entry_id, raw in (yield trip)[0]]
+
+
+def plan_cancel(keys: Keys, tk: TaskKeys) -> Plan[bool]:
+    """Cancel the task, and say so on the events stream; False if it had finished."""
+    changed: bool = (yield alone(calls.set_state(tk, TaskState.CANCELLED, time.time())))[0]
+    if changed:
+        trip = Trip()
+        events.emit(trip, keys, "cancelled", task=tk.task_id)
+        yield trip
+    return changed
+
+
+def plan_change(keys: Keys, tk: TaskKeys, fields: dict[str, object]) -> Plan[None]:
+    """Write ``fields`` to the record of a task that has not finished, and a ``changed``
+    event; ``ValueError`` if it has finished."""
+    status = yield from plan_status(keys, tk, with_nodes=False)
+    if status.finished:
+        raise finished_task(tk.task_id)
+    trip = Trip()
+    trip.hset(tk.record, mapping=fields)
+    events.emit(trip, keys, "changed", task=tk.task_id, **fields)
+    yield trip
+
+
+# -- what the plans read and decode: no I/O ---------------------------------------------------
 
 
 def node_reads(pipe: Any, keys: Keys, tk: TaskKeys, members: Sequence[Any]) -> None:

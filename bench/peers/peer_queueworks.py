@@ -28,7 +28,7 @@ from bench.common import Procs
 from bench.peers.harness import Peer, produce
 from queueworks import AsyncClient, Client, Task, TaskNotFound, TaskSpec
 from queueworks.aio.queues import AsyncQueue
-from queueworks.queues import Job
+from queueworks.queue_handle import Job
 
 NOOP = "queueworks.examples:noop"
 QUEUE = "bench"

@@ -1,44 +1,40 @@
 """``AsyncClient``: ``queueworks.Client`` on ``redis.asyncio``, name for name.
 
-It shares everything but the I/O with the sync client: the keys, the codecs, the models, the
-Lua scripts and what each is called with (``AsyncScripts`` runs the calls of
-``queueworks.script_calls``), and the checks and decoding of ``Client``, ``Task``,
-``Queue`` and ``Job`` (their modules' functions). What differs, and why: docs/asyncio.md.
+It shares everything but the I/O with the sync client: every operation is a plan
+(``queueworks.plans``: ``queueworks.submit``, ``queueworks.tasks``,
+``queueworks.queue_plans``, ``queueworks.client_plans``) that ``Client`` runs with
+``queueworks.runner.run`` and this client with ``queueworks.aio.runner.arun``. What
+differs, and why: docs/asyncio.md.
 """
 
 from __future__ import annotations
 
-import time
-from typing import Any
+from typing import Any, TypeVar
 
-from queueworks import events
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+
 from queueworks.aio.connection import AsyncConnection, connect_async
-from queueworks.aio.queues import AsyncQueue, each, open_queue
+from queueworks.aio.queues import AsyncQueue, open_queue
 from queueworks.aio.results import ResultWatcher
+from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncTask
-from queueworks.client import (
-    SUBMIT_BATCH,
-    SUBMIT_PIPELINE,
-    check_replicated,
-    client_log,
-    given_settings,
-    keep_lease,
-    open_streams,
-    record_steps,
-    submit_task_id,
-    subtask_message,
-    task_exists,
-    worker_records,
+from queueworks.client import client_log, given_settings
+from queueworks.client_plans import (
+    plan_drain_worker,
+    plan_task_count,
+    plan_tasks,
+    plan_workers,
 )
-from queueworks.connection import text
 from queueworks.eviction import CLIENT_OVERRIDE, judge, read_policies_async
-from queueworks.keys import Keys, TaskKeys, check_task_id
+from queueworks.keys import Keys, check_task_id
 from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
-from queueworks.queues import DEFAULTS, UNSET, Unset
-from queueworks.records import new_task
+from queueworks.plans import Plan
+from queueworks.queue_plans import plan_queues
+from queueworks.queues import UNSET, Unset
 from queueworks.scripts import AsyncScripts
-from queueworks.tasks import TaskNotFound, task_page, task_statuses
-from queueworks.topology import queue_replication_wait
+from queueworks.submit import check_replicated, plan_submit, submit_task_id
+
+T = TypeVar("T")
 
 
 class AsyncClient:
@@ -76,6 +72,9 @@ class AsyncClient:
     async def close(self) -> None:
         await self.redis.aclose()
 
+    async def _run(self, plan: Plan[T]) -> T:
+        return await arun(self.redis, self.scripts, plan)
+
     async def __aenter__(self) -> AsyncClient:
         return self
 
@@ -100,58 +99,12 @@ class AsyncClient:
         """
         tid = submit_task_id(spec, task_id, wait_replicas, wait_timeout)
         await self.check_eviction()
-        tk = self.keys.task(tid)
-        if await self.redis.exists(tk.record):
-            raise task_exists(tid)
-        streams = tk.streams(spec.partitions)
-        pipe = self.redis.pipeline(transaction=False)
-        open_streams(pipe, tk, streams)
-        await pipe.execute()
-        try:
-            total = await self._write_subtasks(tk, spec, streams)
-        except BaseException:
-            await self.redis.delete(*streams)
-            raise
-        now = time.time()
-        pipe = self.redis.pipeline(transaction=False)
-        await self.scripts.record_task(tk, streams, new_task(spec, total, now), client=pipe)
-        record_steps(pipe, self.keys, spec, tid, total, now)
-        waits = 0
-        if wait_replicas:  # after the last write on each node: WAIT covers all before it
-            waits = queue_replication_wait(
-                pipe,
-                self.redis,
-                [tk.record, self.keys.queue, self.keys.tasks, self.keys.events],
-                wait_replicas,
-                int(wait_timeout * 1000),
-            )
-        replies = await pipe.execute()
+        cluster = isinstance(self.redis, AsyncRedisCluster)
+        plan = plan_submit(self.keys, spec, tid, wait_replicas, wait_timeout, cluster)
+        acked = await self._run(plan)
         task = AsyncTask(self, tid)
-        if total == 0:  # nothing to do: complete at once, through the one completion path
-            await self.scripts.settle(tk, streams[0], "client", now, [])
-        check_replicated(task, replies, waits, wait_replicas, wait_timeout)
+        check_replicated(task, acked, wait_replicas, wait_timeout)
         return task
-
-    async def _write_subtasks(self, tk: TaskKeys, spec: TaskSpec, streams: list[str]) -> int:
-        batch: list[tuple[int, int, str, str]] = []
-        pipe = self.redis.pipeline(transaction=False)
-        queued_calls = 0
-        index = -1
-        async for payload in each(spec.subtasks):
-            index += 1
-            batch.append(subtask_message(spec.partitions, index, payload))
-            if len(batch) >= SUBMIT_BATCH:
-                await self.scripts.enqueue(streams, batch, client=pipe)
-                batch = []
-                queued_calls += 1
-                if queued_calls >= SUBMIT_PIPELINE:
-                    keep_lease(pipe, streams)
-                    await pipe.execute()
-                    queued_calls = 0
-        if batch:
-            await self.scripts.enqueue(streams, batch, client=pipe)
-        await pipe.execute()
-        return index + 1
 
     # -- reading --------------------------------------------------------------------------
 
@@ -195,44 +148,22 @@ class AsyncClient:
 
     async def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
-        names = sorted(text(n) for n in await self.redis.smembers(self.keys.queues))
-        out = []
-        for name in names:
-            try:
-                out.append(await AsyncQueue(self, name, DEFAULTS, revives=False).status())
-            except TaskNotFound:
-                await self.redis.srem(self.keys.queues, name)  # its record expired
-        return out
+        return await self._run(plan_queues(self.keys))
 
     async def tasks(
         self, *, limit: int | None = None, offset: int = 0, newest_first: bool = False
     ) -> list[TaskStatus]:
         """``Client.tasks``: a page of the task index, oldest first unless ``newest_first``."""
-        page = task_page(limit, offset)
-        if page is None:
-            return []
-        found: Any = await self.redis.zrange(self.keys.tasks, *page, desc=newest_first)
-        ids = [text(t) for t in found]
-        pipe = self.redis.pipeline(transaction=False)
-        for tid in ids:
-            pipe.hgetall(self.keys.task(tid).record)
-        return task_statuses(ids, await pipe.execute() if ids else [])
+        return await self._run(plan_tasks(self.keys, limit, offset, newest_first))
 
     async def task_count(self) -> int:
         """How many tasks the index lists (finished ones until they expire)."""
-        return int(await self.redis.zcard(self.keys.tasks))
+        return await self._run(plan_task_count(self.keys))
 
     async def workers(self) -> list[WorkerRecord]:
-        ids = [text(w) for w in await self.redis.zrange(self.keys.workers, 0, -1)]
-        pipe = self.redis.pipeline(transaction=False)
-        for wid in ids:
-            pipe.hgetall(self.keys.worker(wid))
-        return worker_records(await pipe.execute())
+        return await self._run(plan_workers(self.keys))
 
     async def drain_worker(self, worker_id: str) -> None:
         """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""
         await self.check_eviction()
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(self.keys.worker(worker_id), "drain", "1")
-        events.emit(pipe, self.keys, "drain_requested", worker=worker_id)
-        await pipe.execute()
+        await self._run(plan_drain_worker(self.keys, worker_id))

@@ -1,6 +1,6 @@
-"""``AsyncQueue`` and ``AsyncJob``: ``queueworks.queues.Queue`` and ``Job`` on
-``redis.asyncio``, name for name, with the same checks, job ids and decoding (the functions
-of ``queueworks.queues``).
+"""``AsyncQueue`` and ``AsyncJob``: ``queueworks.queue_handle.Queue`` and ``Job`` on
+``redis.asyncio``, name for name: they run the plans ``Queue`` and ``Job`` run
+(``queueworks.queue_plans``) with the asyncio runner.
 
 ``await q.enqueue(...)`` is one round trip, as the sync one. A call alone goes out at once
 (one ``XADD``); calls made while one is in flight on the same handle go out together after
@@ -23,39 +23,28 @@ from collections.abc import (
 from datetime import datetime
 from typing import Any, TypeVar
 
-import redis
-
-from queueworks import events
+from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
 from queueworks.models import JobStatus, QueueStatus
+from queueworks.plans import Plan
+from queueworks.queue_plans import (
+    QueueRef,
+    plan_job_cancel,
+    plan_job_status,
+    plan_open,
+    plan_queue_status,
+    plan_revive,
+    plan_send,
+)
 from queueworks.queues import (
-    CANCEL_TRIES,
-    CANCELLED_LAST,
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
     QueueSettings,
-    cancelled,
-    check_created,
-    enqueued,
     new_job,
-    new_queue,
-    opened_settings,
-    queue_created,
-    queue_reads,
-    queue_reopened,
-    queue_status,
-    read_status,
-    reopen_keys,
-    reopening,
-    status_reads,
-    tell_handlers,
-    xadd_now,
 )
-from queueworks.records import job_status
-from queueworks.scripts import NewJob
-from queueworks.tasks import TaskNotFound
-from queueworks.vanished import QueueGone, no_group, record_gone
+from queueworks.script_calls import NewJob
+from queueworks.vanished import QueueGone
 
 T = TypeVar("T")
 Jobs = (
@@ -73,13 +62,16 @@ class AsyncQueue:
     ) -> None:
         self.client, self.name, self.settings = client, name, settings
         self.revives = revives
-        self.keys = client.keys.task(name)
-        self._known: set[str] = set()  # handlers this handle has told the queue about
+        self.ref = QueueRef(client.keys, name, settings, revives)
+        self.keys = self.ref.qk
         self._path = HandlerPaths()
         self._writer = JobWriter(self._send)
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
+
+    async def _run(self, plan: Plan[T]) -> T:
+        return await arun(self.client.redis, self.client.scripts, plan)
 
     @property
     def task(self) -> AsyncTask:
@@ -115,74 +107,23 @@ class AsyncQueue:
             batches[-1].append(new_job(self._path(handler), payload, None, None))
             if len(batches[-1]) >= ENQUEUE_BATCH:
                 if len(batches) >= ENQUEUE_PIPELINE:
-                    ids += await self._send_many(batches)
+                    ids += await self._run(plan_send(self.ref, batches))
                     batches = []
                 batches.append([])
-        ids += await self._send_many(batches)
+        ids += await self._run(plan_send(self.ref, batches))
         return [AsyncJob(self, job_id) for job_id in ids]
 
     async def _send(self, jobs: Sequence[NewJob]) -> list[str]:
-        return await self._send_many([jobs])
-
-    async def _send_many(self, batches: Sequence[Sequence[NewJob]]) -> list[str]:
-        """One round trip (a batch that found the queue gone is sent again once the queue
-        is made again); the jobs' ids."""
-        batches = [b for b in batches if b]
-        if not batches:
-            return []
-        replies = await self._write(batches)
-        if any(reply is None for reply in replies):
-            await self._revive()
-            for i, reply in enumerate(replies):
-                if reply is None:
-                    replies[i] = await self.client.scripts.enqueue_jobs(
-                        self.keys, batches[i], time.time()
-                    )
-        return [job_id for reply in replies for job_id in enqueued(self.name, reply)]
-
-    async def _write(self, batches: Sequence[Sequence[NewJob]]) -> list[Any]:
-        """One round trip: a Lua call per batch (a lone job to run now: its XADD), and the
-        handlers the queue does not know from this handle yet; each batch's reply (nil: the
-        queue's stream is gone, nothing written)."""
-        r, scripts, now = self.client.redis, self.client.scripts, time.time()
-        new = {job.handler for batch in batches for job in batch} - self._known
-        if not new and len(batches) == 1:
-            if len(batches[0]) == 1 and batches[0][0].at is None:  # a lone job to run now
-                entry = await r.execute_command(*xadd_now(self.keys, batches[0][0], now))
-                return [None if entry is None else [entry]]
-            return [await scripts.enqueue_jobs(self.keys, batches[0], now)]
-        pipe = r.pipeline(transaction=False)
-        if new:
-            tell_handlers(pipe, self.client.keys, self.keys, sorted(new))
-        calls = [await scripts.enqueue_jobs(self.keys, b, now, client=pipe) for b in batches]
-        replies = await pipe.execute()
-        if calls[0] is pipe:  # queued on it (a cluster pipeline ran them at once: see ``Call``)
-            calls = replies[len(replies) - len(batches) :]
-        self._known |= new
-        return list(calls)
+        return await self._run(plan_send(self.ref, [jobs]))
 
     async def _revive(self) -> None:
         """``Queue._revive``: the queue made again with this handle's settings."""
-        r = self.client.redis
-        if record_gone(self.name, await r.hget(self.keys.record, "state"), self.revives):
-            await open_queue(self.client, self.name, self.settings.given())
-        pipe = r.pipeline(transaction=False)
-        pipe.xgroup_create(self.keys.stream, self.keys.group, id="0", mkstream=True)
-        if self._known:
-            tell_handlers(pipe, self.client.keys, self.keys, sorted(self._known))
-        check_created(await pipe.execute(raise_on_error=False))
+        await self._run(plan_revive(self.ref))
 
     # -- reading --------------------------------------------------------------------------
 
     async def status(self) -> QueueStatus:
-        try:
-            task = await self.task.status()
-        except TaskNotFound:
-            await self._revive()
-            task = await self.task.status()
-        pipe = self.client.redis.pipeline(transaction=False)
-        queue_reads(pipe, self.keys)
-        return queue_status(task, await pipe.execute(raise_on_error=False), time.time())
+        return await self._run(plan_queue_status(self.ref))
 
 
 async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
@@ -272,22 +213,7 @@ class AsyncJob:
         return f"AsyncJob({self.queue.name!r}, {self.id!r})"
 
     async def status(self) -> JobStatus:
-        replies = await self._status_reads()
-        if any(no_group(reply) for reply in replies):  # the queue's stream or group is gone
-            await self.queue._revive()
-            replies = await self._status_reads()
-        qk = self.queue.keys
-        raw, pending, where = read_status(qk, self.id, replies)
-        if where:
-            stream, entry = where
-            r = self.queue.client.redis
-            pending = await r.xpending_range(stream, qk.group, entry, entry, 1)
-        return job_status(self.queue.name, self.id, raw, pending, time.time())
-
-    async def _status_reads(self) -> list[Any]:
-        pipe = self.queue.client.redis.pipeline(transaction=False)
-        status_reads(pipe, self.queue.keys, self.id)
-        return list(await pipe.execute(raise_on_error=False))
+        return await self.queue._run(plan_job_status(self.queue.ref, self.id))
 
     async def result(self, timeout: float | None = None) -> Any:
         """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
@@ -305,46 +231,14 @@ class AsyncJob:
 
     async def cancel(self) -> bool:
         """Cancel the job if it has not started; False if it has started or finished."""
-        q = self.queue
-        now, ttl = time.time(), int(q.settings.result_ttl)
-        try:
-            found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
-        except redis.ResponseError as exc:
-            if not no_group(exc):
-                raise
-            await q._revive()
-            found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl)
-        for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
-            if not isinstance(found, str):
-                break
-            found = await q.client.scripts.cancel_job(q.keys, self.id, now, ttl, aside=found)
-        if found == CANCELLED_LAST:
-            await events.emit_async(q.client.redis, q.client.keys, "handlers", task=q.name)
-        return cancelled(q.name, self.id, found)
+        return await self.queue._run(plan_job_cancel(self.queue.ref, self.id))
 
 
 async def open_queue(
     client: AsyncBackend, name: str, given: dict[str, Any], reopen: bool = False
 ) -> AsyncQueue:
     """Create the queue ``name`` with ``given`` settings (the rest default), or open it
-    (``queueworks.queues.open_queue``: the same checks, and ``reopen``)."""
-    r, tk = client.redis, client.keys.task(name)
-    raw: Any = await r.hmget(tk.record, ["spec", "state"])
-    if raw[0] is not None:
-        settings = opened_settings(name, raw, given, reopen)
-        if reopening(raw, reopen):
-            aside = await r.smembers(tk.aside)
-            created = await client.scripts.reopen_queue(tk, reopen_keys(tk, aside))
-            if created is not None:
-                pipe = r.pipeline(transaction=False)
-                queue_reopened(pipe, client.keys, name, created)
-                await pipe.execute()
-        return AsyncQueue(client, name, settings)
-    now = time.time()
-    settings, record = new_queue(name, given, now)
-    pipe = r.pipeline(transaction=False)
-    pipe.xgroup_create(tk.stream, tk.group, id="0", mkstream=True)
-    await client.scripts.record_task(tk, [tk.stream], record, client=pipe)
-    queue_created(pipe, client.keys, name, now)
-    check_created(await pipe.execute(raise_on_error=False))
+    (``queue_plans.plan_open``)."""
+    plan = plan_open(client.keys, name, given, reopen)
+    settings = await arun(client.redis, client.scripts, plan)
     return AsyncQueue(client, name, settings)

@@ -1,0 +1,234 @@
+"""``Queue`` and ``Job``: the sync handles of a queue and of one of its jobs
+(``queueworks.queues`` says what a queue is). Each method runs a plan of
+``queueworks.queue_plans`` (the ones ``AsyncQueue`` and ``AsyncJob`` run) with
+``queueworks.runner.run``; two strategies are this client's own: ``enqueue`` of a job to
+run now sends its ``XADD`` (``xadd_now``) itself, the hottest call of the client, and
+``enqueue_many`` builds the next pipeline while a thread sends the one before (``_Sender``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import datetime
+from functools import partial
+from typing import Any, TypeVar
+
+from queueworks import script_calls as calls
+from queueworks.connection import one_command, text
+from queueworks.models import JobStatus, QueueStatus
+from queueworks.plans import Plan, Trip
+from queueworks.queue_plans import (
+    QueueRef,
+    plan_job_cancel,
+    plan_job_result,
+    plan_job_status,
+    plan_open,
+    plan_queue_status,
+    plan_resend,
+    plan_revive,
+    plan_send,
+)
+from queueworks.queues import (
+    ENQUEUE_BATCH,
+    ENQUEUE_PIPELINE,
+    HandlerPaths,
+    QueueSettings,
+    enqueued,
+    new_job,
+    payload_json,
+    tell_handlers,
+    xadd_now,
+)
+from queueworks.runner import run, send_trip
+from queueworks.script_calls import EnqueueBatch
+from queueworks.tasks import Backend, Task
+
+T = TypeVar("T")
+
+
+class Queue:
+    """A handle to one queue: ``client.queue("emails")``. It carries the queue's settings:
+    if the queue is gone from Redis it creates it again with them (``queueworks.vanished``)
+    — unless ``revives`` is false (a listing's handle, which does not know them)."""
+
+    def __init__(
+        self, client: Backend, name: str, settings: QueueSettings, *, revives: bool = True
+    ) -> None:
+        self.client, self.name, self.settings = client, name, settings
+        self.revives = revives
+        self.ref = QueueRef(client.keys, name, settings, revives)
+        self.keys = self.ref.qk
+        self._path = HandlerPaths()
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    def _run(self, plan: Plan[T]) -> T:
+        return run(self.client.redis, self.client.scripts, plan)
+
+    @property
+    def task(self) -> Task:
+        """The queue as a task (``resize``, ``set_priority``, ``cancel`` stop it taking
+        nodes for good)."""
+        return Task(self.client, self.name)
+
+    def job(self, job_id: str) -> Job:
+        return Job(self, job_id)
+
+    # -- enqueueing -----------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        handler: str | Callable[..., Any],
+        payload: Any = None,
+        *,
+        delay: float | None = None,
+        at: datetime | float | None = None,
+    ) -> Job:
+        """Add one job: ``handler`` (``"module:function"`` or the function) runs on
+        ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
+        One round trip."""
+        job = new_job(self._path(handler), payload, delay, at)
+        if job.at is None and job.handler in self.ref.known:  # nothing written if it is gone
+            reply = one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
+            if reply is not None:
+                return Job(self, text(reply))
+        return Job(self, self._run(plan_send(self.ref, [[job]]))[0])
+
+    def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
+        """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
+        built while Redis runs the one before. A bad job raises ``ValueError`` there: the
+        batches sent before it are enqueued, the rest are not."""
+        r, scripts, ref = self.client.redis, self.client.scripts, self.ref
+        sender, trip = _Sender(), Trip()
+        batch, queued = EnqueueBatch(self.keys), 0
+        told: set[str] = set()  # handlers the trips tell the queue about
+        ids = Replies(self.name, lambda gone: self._run(plan_resend(ref, gone, told)))
+        try:
+            for handler, payload in jobs:
+                path = self._path(handler)
+                if path not in ref.known and path not in told:
+                    tell_handlers(trip, ref.keys, self.keys, [path])
+                    told.add(path)
+                batch.add(path, payload_json(payload))
+                if len(batch) >= ENQUEUE_BATCH:
+                    ids.add(trip.call(calls.enqueue_batch(batch, time.time())), batch)
+                    batch, queued = EnqueueBatch(self.keys), queued + 1
+                    if queued >= ENQUEUE_PIPELINE:
+                        ids.read(sender.wait())
+                        sender.send(partial(send_trip, r, scripts, trip))
+                        ids.sent()
+                        trip, queued = Trip(), 0
+            if len(batch):
+                ids.add(trip.call(calls.enqueue_batch(batch, time.time())), batch)
+            ids.read(sender.wait())
+            ids.sent()
+            ids.read(send_trip(r, scripts, trip) if len(trip) else [])
+            ref.known |= told
+        finally:
+            sender.close()
+        return [Job(self, job_id) for job_id in ids.ids]
+
+    def _revive(self) -> None:
+        """The queue is gone (or its stream): made again with this handle's settings."""
+        self._run(plan_revive(self.ref))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def status(self) -> QueueStatus:
+        return self._run(plan_queue_status(self.ref))
+
+
+class _Sender:
+    """``enqueue_many``'s round trips, sent one at a time on a thread of its own (started
+    at the first of them, so a call of one round trip starts none): Redis runs one batch
+    while the caller builds the next. ``wait`` returns the replies of the one sent (None if
+    none was), or raises what it raised."""
+
+    def __init__(self) -> None:
+        self.pool: ThreadPoolExecutor | None = None
+        self.inflight: Future[Any] | None = None
+
+    def send(self, trip: Callable[[], list[Any]]) -> None:
+        """Send a round trip (after a ``wait`` for the one before it)."""
+        assert self.inflight is None
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="qw-enqueue-many")
+        self.inflight = self.pool.submit(trip)
+
+    def wait(self) -> list[Any] | None:
+        inflight, self.inflight = self.inflight, None
+        return None if inflight is None else list(inflight.result())
+
+    def close(self) -> None:
+        """Let the round trip in flight finish (a job sent is enqueued), stop the thread,
+        and raise what that round trip raised, if nobody waited for it."""
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        self.wait()
+
+
+class Replies:
+    """The job ids of ``enqueue_many``'s Lua calls, in order. A call is read once its
+    round trip ran (its batch kept until then: two trips' worth at most); a call that
+    found the queue gone (nil) is sent again by ``resend``, which makes the queue again
+    first, before the next trip goes."""
+
+    def __init__(self, queue: str, resend: Callable[[EnqueueBatch], Any]) -> None:
+        self.queue, self.resend = queue, resend
+        self.ids: list[str] = []
+        self.building: list[tuple[int, EnqueueBatch]] = []  # on the trip being built
+        self.sending: list[tuple[int, EnqueueBatch]] = []  # on the trip sent
+
+    def add(self, position: int, batch: EnqueueBatch) -> None:
+        self.building.append((position, batch))
+
+    def sent(self) -> None:
+        self.sending, self.building = self.building, []
+
+    def read(self, replies: Sequence[Any] | None) -> None:
+        """The replies of the trip sent (None: there was none)."""
+        if replies is not None:
+            for position, batch in self.sending:
+                self.take(replies[position], batch)
+            self.sending = []
+
+    def take(self, reply: Any, batch: EnqueueBatch) -> None:
+        if reply is None:
+            reply = self.resend(batch)
+        self.ids += enqueued(self.queue, reply)
+
+
+class Job:
+    """A handle to one job of a queue."""
+
+    def __init__(self, queue: Queue, job_id: str) -> None:
+        self.queue, self.id = queue, job_id
+
+    @property
+    def key(self) -> str:
+        return self.queue.keys.job(self.id)
+
+    def __repr__(self) -> str:
+        return f"Job({self.queue.name!r}, {self.id!r})"
+
+    def status(self) -> JobStatus:
+        return self.queue._run(plan_job_status(self.queue.ref, self.id))
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
+        ``TimeoutError`` after ``timeout`` s."""
+        return self.queue._run(plan_job_result(self.queue.ref, self.id, timeout))
+
+    def cancel(self) -> bool:
+        """Cancel the job if it has not started; False if it has started or finished."""
+        return self.queue._run(plan_job_cancel(self.queue.ref, self.id))
+
+
+def open_queue(client: Backend, name: str, given: dict[str, Any], reopen: bool = False) -> Queue:
+    """Create the queue ``name`` with ``given`` settings (the rest default), or open it
+    (``queue_plans.plan_open``)."""
+    settings = run(client.redis, client.scripts, plan_open(client.keys, name, given, reopen))
+    return Queue(client, name, settings)

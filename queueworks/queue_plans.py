@@ -1,0 +1,237 @@
+"""A queue's operations, planned once (``queueworks.plans``) for ``Queue``/``Job`` and
+``AsyncQueue``/``AsyncJob``: open (create, open, reopen), status, enqueue, a job's status,
+result and cancel, and the revive of a queue that vanished under its handle
+(``queueworks.vanished``). What they send and how they read it: ``queueworks.queues``."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from queueworks import events
+from queueworks import script_calls as calls
+from queueworks.keys import Keys
+from queueworks.models import JobStatus, QueueStatus
+from queueworks.plans import Plan, Sleep, Trip, alone
+from queueworks.queues import (
+    CANCEL_TRIES,
+    CANCELLED_LAST,
+    DEFAULTS,
+    FIRST_PAUSE,
+    LAST_PAUSE,
+    QueueSettings,
+    cancelled,
+    check_created,
+    enqueued,
+    finished,
+    new_queue,
+    not_finished,
+    opened_settings,
+    queue_created,
+    queue_reads,
+    queue_reopened,
+    queue_status,
+    read_status,
+    reopen_keys,
+    reopening,
+    result_reads,
+    status_reads,
+    tell_handlers,
+    xadd_now,
+)
+from queueworks.records import job_status
+from queueworks.script_calls import EnqueueBatch, NewJob
+from queueworks.tasks import TaskNotFound, plan_status
+from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone
+
+
+class QueueRef:
+    """What a queue's handle (sync or asyncio) knows of its queue: its name and keys, the
+    settings it creates it again with (unless not ``revives``), and the handlers it has
+    told the queue about (``known``: the plans add to it)."""
+
+    def __init__(self, keys: Keys, name: str, settings: QueueSettings, revives: bool) -> None:
+        self.keys, self.name, self.settings, self.revives = keys, name, settings, revives
+        self.qk = keys.task(name)
+        self.known: set[str] = set()
+
+
+def plan_open(
+    keys: Keys, name: str, given: Mapping[str, Any], reopen: bool = False
+) -> Plan[QueueSettings]:
+    """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
+    its settings. ``ValueError`` if it exists with other settings than ``given``, or has
+    finished and is not to be reopened (``reopen``)."""
+    tk = keys.task(name)
+    trip = Trip()
+    trip.hmget(tk.record, ["spec", "state"])
+    raw = (yield trip)[0]
+    if raw[0] is not None:
+        settings = opened_settings(name, raw, given, reopen)
+        if reopening(raw, reopen):
+            trip = Trip()
+            trip.smembers(tk.aside)
+            aside = (yield trip)[0]
+            created = (yield alone(calls.reopen_queue(tk, reopen_keys(tk, aside))))[0]
+            if created is not None:
+                trip = Trip()
+                queue_reopened(trip, keys, name, created)
+                yield trip
+        return settings
+    now = time.time()
+    settings, record = new_queue(name, given, now)
+    trip = Trip(errors=True)
+    trip.xgroup_create(tk.stream, tk.group, id="0", mkstream=True)
+    trip.call(calls.record_task(tk, [tk.stream], record))
+    queue_created(trip, keys, name, now)
+    check_created((yield trip))
+    return settings
+
+
+def plan_revive(ref: QueueRef, also: Iterable[str] = ()) -> Plan[None]:
+    """The queue is gone (or its stream): make it again with the handle's settings, and
+    tell it the handlers the handle knows (and ``also``); ``QueueNotFound`` if it was
+    cancelled (or the handle may not: not ``revives``)."""
+    trip = Trip()
+    trip.hget(ref.qk.record, "state")
+    if record_gone(ref.name, (yield trip)[0], ref.revives):
+        yield from plan_open(ref.keys, ref.name, ref.settings.given())
+    trip = Trip(errors=True)
+    trip.xgroup_create(ref.qk.stream, ref.qk.group, id="0", mkstream=True)
+    if ref.known or also:
+        tell_handlers(trip, ref.keys, ref.qk, sorted({*ref.known, *also}))
+    check_created((yield trip))
+
+
+def plan_queue_status(ref: QueueRef) -> Plan[QueueStatus]:
+    try:
+        task = yield from plan_status(ref.keys, ref.qk)
+    except TaskNotFound:
+        yield from plan_revive(ref)
+        task = yield from plan_status(ref.keys, ref.qk)
+    trip = Trip(errors=True)
+    queue_reads(trip, ref.qk)
+    return queue_status(task, (yield trip), time.time())
+
+
+def plan_queues(keys: Keys) -> Plan[list[QueueStatus]]:
+    """Every queue that still exists, by name (one whose record expired leaves the set)."""
+    trip = Trip()
+    trip.smembers(keys.queues)
+    names = sorted(n.decode() if isinstance(n, bytes) else n for n in (yield trip)[0])
+    out = []
+    for name in names:
+        try:
+            out.append((yield from plan_queue_status(QueueRef(keys, name, DEFAULTS, False))))
+        except TaskNotFound:
+            trip = Trip()
+            trip.srem(keys.queues, name)  # its record expired
+            yield trip
+    return out
+
+
+def plan_send(ref: QueueRef, batches: Sequence[Sequence[NewJob]]) -> Plan[list[str]]:
+    """One round trip: a Lua call per batch (a lone job to run now: its ``XADD``), and the
+    handlers the queue does not know from this handle yet; a batch that found the queue
+    gone is sent again once the queue is made again. The jobs' ids."""
+    batches = [b for b in batches if b]
+    if not batches:
+        return []
+    now = time.time()
+    new = {job.handler for batch in batches for job in batch} - ref.known
+    trip = Trip()
+    if new:
+        tell_handlers(trip, ref.keys, ref.qk, sorted(new))
+    first = len(trip)
+    lone = not new and len(batches) == 1 and len(batches[0]) == 1 and batches[0][0].at is None
+    if lone:  # the entry is all of it: its id is the job's, or nil if the stream is gone
+        trip.execute_command(*xadd_now(ref.qk, batches[0][0], now))
+    else:
+        for batch in batches:
+            trip.call(calls.enqueue_jobs(ref.qk, batch, now))
+    replies = list((yield trip)[first:])
+    if lone:
+        replies = [None if replies[0] is None else [replies[0]]]
+    ref.known |= new
+    if any(reply is None for reply in replies):
+        yield from plan_revive(ref)
+        for i, reply in enumerate(replies):
+            if reply is None:
+                call = calls.enqueue_jobs(ref.qk, batches[i], time.time())
+                replies[i] = (yield alone(call))[0]
+    return [job_id for reply in replies for job_id in enqueued(ref.name, reply)]
+
+
+def plan_resend(ref: QueueRef, batch: EnqueueBatch, told: Iterable[str]) -> Plan[Any]:
+    """A batch of ``enqueue_many`` that found the queue gone, once it is made again (and
+    told ``told``, the handlers that batch's pipelines told it); the batch's reply."""
+    yield from plan_revive(ref, told)
+    return (yield alone(calls.enqueue_batch(batch, time.time())))[0]
+
+
+def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
+    trip = Trip(errors=True)
+    status_reads(trip, ref.qk, job_id)
+    replies = yield trip
+    if any(no_group(reply) for reply in replies):  # the queue's stream or group is gone
+        yield from plan_revive(ref)
+        trip = Trip(errors=True)
+        status_reads(trip, ref.qk, job_id)
+        replies = yield trip
+    raw, pending, where = read_status(ref.qk, job_id, replies)
+    if where:
+        stream, entry = where
+        trip = Trip()
+        trip.xpending_range(stream, ref.qk.group, entry, entry, 1)
+        pending = (yield trip)[0]
+    return job_status(ref.name, job_id, raw, pending, time.time())
+
+
+def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[Any]:
+    """The job's result once it is done, looked at at once, then after a pause growing by
+    half from ``FIRST_PAUSE`` to ``LAST_PAUSE``; ``JobFailed`` if it is dead or cancelled;
+    ``TimeoutError`` after ``timeout`` s."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause, checked = FIRST_PAUSE, time.monotonic()
+    while True:
+        check = time.monotonic() - checked >= QUEUE_CHECK_SECONDS
+        trip = Trip()
+        result_reads(trip, ref.qk, job_id, check)
+        replies = yield trip
+        try:
+            done = finished(ref.name, job_id, replies, check)
+        except QueueGone:
+            yield from plan_revive(ref)  # its entry runs once its group is there again
+            done = None
+        if done is not None:
+            return done[0]
+        if deadline is not None and time.monotonic() >= deadline:
+            raise not_finished(job_id, replies, timeout)
+        if check:
+            checked = time.monotonic()
+        yield Sleep(pause)
+        pause = min(LAST_PAUSE, pause * 1.5)
+
+
+def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
+    """Cancel the job if it has not started; False if it has started or finished."""
+    now, ttl = time.time(), int(ref.settings.result_ttl)
+    try:
+        found = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+    except redis.ResponseError as exc:
+        if not no_group(exc):
+            raise
+        yield from plan_revive(ref)
+        found = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+    for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
+        if not isinstance(found, str):
+            break
+        found = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl, aside=found)))[0]
+    if found == CANCELLED_LAST:
+        trip = Trip()
+        events.emit(trip, ref.keys, "handlers", task=ref.name)
+        yield trip
+    return cancelled(ref.name, job_id, found)
