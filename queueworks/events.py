@@ -25,11 +25,6 @@ def emit(r: Any, keys: Keys, kind: str, **fields: object) -> None:
     r.xadd(keys.events, event(kind, **fields), maxlen=EVENTS_MAXLEN, approximate=True)
 
 
-async def emit_async(r: Any, keys: Keys, kind: str, **fields: object) -> None:
-    """Append an event through a ``redis.asyncio`` client."""
-    await r.xadd(keys.events, event(kind, **fields), maxlen=EVENTS_MAXLEN, approximate=True)
-
-
 def latest_id(r: Connection, keys: Keys) -> str:
     """The id to read events after, so a reader sees only what comes next."""
     last: Any = r.xrevrange(keys.events, count=1)
