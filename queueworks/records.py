@@ -71,6 +71,17 @@ TASK_FIELDS = (
 )
 
 
+# Fields of the task record and of a task's history entries that a Lua script writes and
+# that are spelled like a job format's (``queueworks.jobrecords``): the scripts get these
+# from here too (``queueworks.scripts``), so none retypes a name a codec owns.
+LUA_NAMES = {
+    "TASK_FIELD_ERROR": "error",
+    "TASK_FIELD_REASON": "reason",
+    "HISTORY_WORKER": "worker",
+    "HISTORY_TS": "ts",
+}
+
+
 class BadRecord(ValueError):
     """A record in Redis that does not decode (another writer broke it); says why."""
 
