@@ -27,6 +27,7 @@ import redis
 
 from queueworks import events
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
+from queueworks.jobrecords import job_status
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.queues import (
     CANCEL_TRIES,
@@ -52,7 +53,6 @@ from queueworks.queues import (
     tell_handlers,
     xadd_now,
 )
-from queueworks.records import job_status
 from queueworks.scripts import NewJob
 from queueworks.tasks import TaskNotFound
 from queueworks.vanished import QueueGone, no_group, record_gone
