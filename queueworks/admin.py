@@ -26,6 +26,7 @@ from redis.commands.core import Script
 from queueworks import events
 from queueworks.client import Client, TaskNotFound
 from queueworks.connection import text
+from queueworks.jobrecords import DEAD_JOB, DEAD_PAYLOAD
 from queueworks.keys import check_task_id
 from queueworks.messages import partition_of
 from queueworks.models import StoredSpec, TaskState
@@ -76,7 +77,7 @@ class Admin:
             entry: Any = r.xrange(tk.dead, entry_id, entry_id)
             if not entry:
                 raise AdminError(f"dead letter {entry_id} of task {task_id}: missing entry")
-            found = _ordering_key(text(entry[0][1].get(b"payload")))
+            found = _ordering_key(text(entry[0][1].get(DEAD_PAYLOAD.encode())))
             if found is None:
                 raise AdminError(
                     f"dead letter {entry_id} of task {task_id}: its payload has no 'key', "
@@ -127,7 +128,7 @@ class Admin:
             raise AdminError(f"queue {queue} is {text(state)}: it takes no job back")
         if not found:
             raise AdminError(f"dead letter {entry_id} of queue {queue}: missing entry")
-        job = text(found[0][1].get(b"job") or b"")
+        job = text(found[0][1].get(DEAD_JOB.encode()) or b"")
         if not job:
             raise AdminError(f"dead letter {entry_id} of queue {queue}: it was no job (rejected)")
         if not _JOB_ID.match(job):

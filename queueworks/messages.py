@@ -13,6 +13,17 @@ import zlib
 from dataclasses import dataclass
 from typing import Any
 
+SUBTASK_INDEX = "i"
+SUBTASK_PAYLOAD = "p"
+SUBTASK_KEY = "k"
+# the names as the Lua scripts get them (``queueworks.scripts``), and as entries are read
+LUA_NAMES = {
+    "SUBTASK_INDEX": SUBTASK_INDEX,
+    "SUBTASK_PAYLOAD": SUBTASK_PAYLOAD,
+    "SUBTASK_KEY": SUBTASK_KEY,
+}
+_I, _P, _K = (name.encode() for name in (SUBTASK_INDEX, SUBTASK_PAYLOAD, SUBTASK_KEY))
+
 _dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
 
 
@@ -99,8 +110,8 @@ def decode_entry(entry_id: str, fields: dict[bytes, bytes]) -> Subtask:
     """Decode one stream entry; raise ``BadMessage`` for anything malformed."""
     if not fields:
         raise BadMessage("entry has no fields (payload gone: deleted or trimmed)")
-    raw_index = fields.get(b"i")
-    raw_payload = fields.get(b"p")
+    raw_index = fields.get(_I)
+    raw_payload = fields.get(_P)
     if raw_index is None or raw_payload is None:
         names = sorted(k.decode(errors="replace") for k in fields)
         raise BadMessage(f"entry must have fields 'i' and 'p', has {names}")
@@ -116,7 +127,7 @@ def decode_entry(entry_id: str, fields: dict[bytes, bytes]) -> Subtask:
         raise BadMessage(f"field 'p' is not valid JSON: {exc}") from None
     except NotJSON as exc:
         raise BadMessage(str(exc)) from None
-    raw_key = fields.get(b"k")
+    raw_key = fields.get(_K)
     key = raw_key.decode(errors="replace") if raw_key is not None else None
     return Subtask(entry_id, index, payload, key, text)
 

@@ -13,6 +13,7 @@ import redis
 
 from queueworks import events
 from queueworks import script_calls as calls
+from queueworks.jobrecords import job_status
 from queueworks.keys import Keys
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.plans import Plan, Sleep, Trip, alone
@@ -42,7 +43,6 @@ from queueworks.queues import (
     tell_handlers,
     xadd_now,
 )
-from queueworks.records import job_status
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import TaskNotFound, plan_status
 from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone

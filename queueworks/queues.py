@@ -27,6 +27,7 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import text
+from queueworks.jobrecords import RESULT_FIELDS, entry_fields, queued_entry, waiting_record
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import (
@@ -175,7 +176,6 @@ DEFAULTS = QueueSettings(1, None, 0, 3, 60.0, 24 * 3600.0, IDLE_AFTER, {})
 
 # -- what Queue/Job and AsyncQueue/AsyncJob share: no I/O, or commands queued on a pipeline --
 
-RESULT_FIELDS = ["s", "r", "reason", "err"]  # what ``result`` polls of a job's record
 CANCEL_TRIES = 2  # cancel_job calls after the first: a job moves at most once (set aside)
 CANCELLED_LAST = 2  # cancel_job: cancelled, the last job set aside of its handler
 FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from the first
@@ -252,8 +252,12 @@ def xadd_now(qk: TaskKeys, job: NewJob, now: float) -> tuple[str, ...]:
     entry's id is the job's). Nothing is written, and the reply is nil, if the queue's
     stream is gone."""
     return (
-        "XADD", qk.stream, "NOMKSTREAM", "*", "h", job.handler, "p", job.payload, "t", repr(now)
-    )  # fmt: skip
+        "XADD",
+        qk.stream,
+        "NOMKSTREAM",
+        "*",
+        *entry_fields(job.handler, job.payload, repr(now)),
+    )
 
 
 def status_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
@@ -280,10 +284,7 @@ def read_status(
     if raw:
         return raw, None, running_entry(qk, raw)
     if entry and entry[0]:
-        fields = entry[0][0][1]
-        waiting = {b"s": JobState.QUEUED.value.encode(), b"h": fields.get(b"h", b"")}
-        waiting[b"t"] = fields.get(b"t", b"")
-        return waiting, entry[1], None
+        return waiting_record(entry[0][0][1]), entry[1], None
     raise no_job(qk.task_id, job_id)
 
 
@@ -303,11 +304,11 @@ def running_entry(qk: TaskKeys, raw: Mapping[bytes, bytes]) -> tuple[str, bytes]
     """The stream and entry of a queued job with a record (delayed, requeued, or set aside
     on its handler's stream), whose pending-list row says whether a member has read it (it
     runs); None for a job in any other state."""
-    entry = raw.get(b"e")
-    if raw.get(b"s") != JobState.QUEUED.value.encode() or not entry:
+    queued = queued_entry(raw)
+    if queued is None:
         return None
-    aside = raw.get(b"aside")
-    return (qk.aside_stream(aside.decode()) if aside else qk.stream), entry
+    entry, aside = queued
+    return (qk.aside_stream(aside) if aside else qk.stream), entry
 
 
 def finished(

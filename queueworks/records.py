@@ -1,7 +1,9 @@
 """The one codec of each Redis hash the parts share: the task record (``qw:task:{T}``) and
 the worker hash (``qw:worker:<W>``). Every reader and writer goes through it — the client,
 the dashboard, the controller, the workers, and the Lua scripts' callers (the states those
-scripts need come from ``models.ACTIVE_STATES`` through ``queueworks.scripts``).
+scripts need come from ``models.ACTIVE_STATES`` through ``queueworks.scripts``). A queue
+job's formats (its stream entry, its record, its dead letter) have their codecs in
+``queueworks.jobrecords``.
 
 Task record fields (all strings in Redis):
 
@@ -36,10 +38,7 @@ from typing import Any
 
 from redis.typing import EncodableT
 
-from queueworks.keys import PARKED
 from queueworks.models import (
-    JobState,
-    JobStatus,
     TaskSpec,
     TaskState,
     WorkerRecord,
@@ -69,6 +68,17 @@ TASK_FIELDS = (
     "rq_job",
     "want",
 )
+
+
+# Fields of the task record and of a task's history entries that a Lua script writes and
+# that are spelled like a job format's (``queueworks.jobrecords``): the scripts get these
+# from here too (``queueworks.scripts``), so none retypes a name a codec owns.
+LUA_NAMES = {
+    "TASK_FIELD_ERROR": "error",
+    "TASK_FIELD_REASON": "reason",
+    "HISTORY_WORKER": "worker",
+    "HISTORY_TS": "ts",
+}
 
 
 class BadRecord(ValueError):
@@ -186,53 +196,6 @@ def member_of(task_id: str, rank: int, epoch: int) -> Hash:
 def idle_worker() -> Hash:
     """The worker hash fields of a worker that left its node set."""
     return {"state": WorkerState.IDLE.value, "task": "", "rank": "", "epoch": "", "current": ""}
-
-
-# -- a queue's job record (qw:task:{Q}:job:<J>) ------------------------------------------------
-#
-# s   JobState (scheduled, queued, done, dead, cancelled; "running" is read off the stream's
-#     pending list: a queued job a member has read)
-# h   handler ("module:function")      e   its stream entry id, once on the stream
-# t   enqueued at (s)                  at  when a delayed job runs   p  its payload, until then
-# st  started at    ft  finished at    a  attempts    w  the worker that settled it
-# r   result JSON (done)    reason / err   why it died, and its traceback (dead)
-# aside  the handler whose aside stream its entry 'e' is on (a job set aside: no member that
-#     read it could run it)    why  why it waits there (shown while it is queued)
-
-
-def job_status(
-    queue: str, job_id: str, raw: Mapping[bytes, bytes], pending: Any, now: float
-) -> JobStatus:
-    """A job's status from its record and, for a queued job, its pending-list row (an
-    XPENDING range reply: empty if no member has read it yet)."""
-    f = {k.decode(): v.decode() for k, v in raw.items()}
-    state = JobState(f.get("s", JobState.QUEUED.value))
-    attempts, worker, started = _int(f.get("a")), f.get("w"), _float(f.get("st"))
-    if state == JobState.QUEUED and pending and _str(pending[0]["consumer"]) != PARKED:
-        row = pending[0]  # a member has it (a parked one waits to be taken over)
-        state, worker = JobState.RUNNING, _str(row["consumer"])
-        attempts = int(row["times_delivered"])
-        started = now - int(row["time_since_delivered"]) / 1000
-    error = reason = None
-    if state == JobState.QUEUED:
-        reason = f.get("why") or None
-    if state == JobState.DEAD:
-        lines = (f.get("err") or "").strip().splitlines()
-        error = f"{f.get('reason', 'dead')}: {lines[-1]}" if lines else f.get("reason", "dead")
-    return JobStatus(
-        id=job_id,
-        queue=queue,
-        handler=f.get("h", ""),
-        state=state,
-        attempts=attempts,
-        worker=worker,
-        enqueued_at=_float(f.get("t")) or 0.0,
-        run_at=_float(f.get("at")),
-        started_at=started,
-        finished_at=_float(f.get("ft")),
-        error=error,
-        reason=reason,
-    )
 
 
 def queue_counts(length: Any, running: int, rate: Any, now: float) -> tuple[int, dict[str, float]]:

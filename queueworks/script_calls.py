@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from queueworks.connection import text
 from queueworks.events import EVENTS_MAXLEN
+from queueworks.jobrecords import JobEntry
 from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES
@@ -118,25 +119,27 @@ class EnqueueBatch:
         return (len(self.args) - 1) // 4
 
 
-class JobRef(NamedTuple):
-    """What a settle writes of any job it settles: which job, and what its record keeps of
-    its entry."""
+class SettledJob(Protocol):
+    """What a settle writes of a job (the member's running job is one)."""
 
-    entry_id: str
-    job_id: str  # the entry's id, or the id the entry names ('j')
-    handler: str
-    enqueued: str  # the entry's 't' (as enqueued: s since the epoch)
-    named: str  # '1' if the entry names its job (it has had a record since), else ''
+    @property
+    def entry(self) -> JobEntry: ...  # which job, and what its record keeps of its entry
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def attempt(self) -> int: ...
+    @property
+    def outcome(self) -> str: ...  # its result JSON (done), or its error (dead)
+    @property
+    def reason(self) -> str: ...  # why it died (dead)
 
 
 @dataclass
 class JobBatch:
-    """What one member settles of a queue at once (``settle_jobs``)."""
+    """What one member settles of a queue at once (``settle_jobs``): its jobs as they are."""
 
-    ok: list[tuple[JobRef, float, int, str]] = field(default_factory=list)
-    # (job, started at, attempts, result JSON)
-    dead: list[tuple[JobRef, float, int, str, str, str]] = field(default_factory=list)
-    # (job, started at, attempts, reason, error, payload)
+    ok: list[SettledJob] = field(default_factory=list)
+    dead: list[SettledJob] = field(default_factory=list)
     rejected: list[tuple[str, str, str]] = field(default_factory=list)  # (entry, why, payload)
     buckets: dict[str, float] = field(default_factory=dict)  # latency histogram additions
 
@@ -368,14 +371,16 @@ def settle_jobs(
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
     keys = [*_settle_keys(tk, aside)]
     prefix = tk.job_prefix
-    for ref, started, attempts, result in batch.ok:
-        keys.append(prefix + ref.job_id)
-        argv += (ref.entry_id, repr(started), attempts, result, ref.handler)
-        argv += (ref.enqueued, ref.named)
-    for ref, started, attempts, reason, error, payload in batch.dead:
-        keys.append(prefix + ref.job_id)
-        argv += (ref.entry_id, repr(started), attempts, reason, error, ref.job_id, payload)
-        argv += (ref.handler, ref.enqueued, ref.named)
+    for job in batch.ok:
+        e = job.entry
+        keys.append(prefix + e.job_id)
+        argv += (e.entry_id, repr(job.started_at), job.attempt, job.outcome, e.handler)
+        argv += (e.enqueued, "1" if e.named else "")
+    for job in batch.dead:
+        e = job.entry
+        keys.append(prefix + e.job_id)
+        argv += (e.entry_id, repr(job.started_at), job.attempt, job.reason, job.outcome)
+        argv += (e.job_id, e.payload, e.handler, e.enqueued, "1" if e.named else "")
     for entry_id, why, payload in batch.rejected:
         argv += (entry_id, why, payload)
     for bucket, amount in batch.buckets.items():

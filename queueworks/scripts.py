@@ -23,6 +23,7 @@ from redis.cluster import ClusterPipeline
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
+from queueworks import jobrecords, messages, records
 from queueworks import script_calls as calls
 from queueworks.models import JobState, TaskState
 from queueworks.script_calls import (  # re-exported: the workers' and tests' names
@@ -35,10 +36,10 @@ from queueworks.script_calls import (  # re-exported: the workers' and tests' na
     DeadEntry,
     EnqueueBatch,
     JobBatch,
-    JobRef,
     Joined,
     NewJob,
     Settled,
+    SettledJob,
     fields_of,
     job_ids,
 )
@@ -57,12 +58,12 @@ __all__ = [
     "DeadEntry",
     "EnqueueBatch",
     "JobBatch",
-    "JobRef",
     "Joined",
     "NewJob",
     "Queued",
     "Scripts",
     "Settled",
+    "SettledJob",
     "fields_of",
     "job_ids",
 ]
@@ -71,9 +72,11 @@ P = ParamSpec("P")
 T = TypeVar("T")
 
 # Constants a script writes, given to it from Python when it is loaded (``${NAME}`` in
-# its source), never retyped there.
+# its source), never retyped there: the states, and the field names of the formats the
+# scripts read and write, from the codec that owns each.
 _CONSTANTS = {state.name: state.value for state in JobState}
 _CONSTANTS |= {f"TASK_{state.name}": state.value for state in TaskState}
+_CONSTANTS |= jobrecords.LUA_NAMES | messages.LUA_NAMES | records.LUA_NAMES
 
 
 @cache

@@ -10,6 +10,15 @@ from typing import Any, Protocol, TypeVar
 from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import Connection, text
+from queueworks.jobrecords import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_INDEX,
+    DEAD_PAYLOAD,
+    DEAD_REASON,
+    DEAD_WORKER,
+    decode_dead_letter,
+)
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import from_json
 from queueworks.models import DeadLetter, NodeInfo, TaskState, TaskStatus
@@ -35,11 +44,6 @@ class Backend(Protocol):
 
     def check_eviction(self) -> None:
         """Before a write: ``EvictingRedis`` if the server may evict (once per client)."""
-
-
-def _f(raw: Mapping[bytes, bytes], name: str) -> str | None:
-    v = raw.get(name.encode())
-    return v.decode() if v is not None else None
 
 
 class Task:
@@ -196,15 +200,16 @@ def still_running(status: TaskStatus, timeout: float | None) -> TimeoutError:
 
 def dead_letter(entry_id: bytes, raw: Mapping[bytes, bytes]) -> DeadLetter:
     """One entry of a task's dead-letter stream."""
-    index = _f(raw, "index")
+    f = decode_dead_letter(raw)
+    index = f[DEAD_INDEX]
     return DeadLetter(
         id=entry_id.decode(),
         index=int(index) if index else None,
-        reason=_f(raw, "reason") or "",
-        error=_f(raw, "error") or "",
-        attempts=int(_f(raw, "attempts") or 0),
-        payload=_f(raw, "payload"),
-        worker=_f(raw, "worker"),
+        reason=f[DEAD_REASON] or "",
+        error=f[DEAD_ERROR] or "",
+        attempts=int(f[DEAD_ATTEMPTS] or 0),
+        payload=f[DEAD_PAYLOAD],
+        worker=f[DEAD_WORKER],
     )
 
 

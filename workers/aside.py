@@ -30,11 +30,11 @@ from redis.exceptions import ResponseError
 
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, text
+from queueworks.jobrecords import JobEntry, starts_before
 from queueworks.models import parse_handler_path
-from queueworks.scripts import JobRef
 
 from .loop import Run
-from .work import Entries, Gone, Work, in_stream_order, starts_before
+from .work import Entries, Gone, Work, in_stream_order
 
 LOOK_SECONDS = 0.25  # a member looks at the aside set this often (with a membership check)
 
@@ -106,7 +106,7 @@ class Aside:
 
     # -- setting a job aside ------------------------------------------------------------------
 
-    def set_aside(self, work: Work, job: JobRef, refusal: Exception) -> str | int:
+    def set_aside(self, work: Work, job: JobEntry, refusal: Exception) -> str | int:
         """Move a job read from the queue's stream to its handler's aside stream: the new
         entry's id; 0 if the entry is no longer ours; -1 if it names no waiting job."""
         run = self.run

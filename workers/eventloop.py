@@ -49,7 +49,8 @@ class LoopHung(Suspended):
 class Call:
     """One handler call to run: ``fn(*args)``; ``key`` orders calls (partitioned tasks: one
     call per key at a time); ``item`` is the caller's, given back with the outcome
-    (``value`` or ``error``). The rest is the event loop's, for a coroutine."""
+    (``value`` or ``error``). The rest is the event loop's, for a coroutine. A queue's job
+    is one (``workers.running_job.RunningJob``): the call is the job, no wrapper."""
 
     item: Any
     label: int | str
@@ -58,7 +59,7 @@ class Call:
     key: str | None = None
     value: Any = None
     error: BaseException | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: Any = None  # the caller's, beside ``item`` (a subtask's decoded entry)
     started: float = 0.0
     timeout: float = 0.0
     deadline: float = 0.0  # moves on while the loop is blocked by another call

@@ -14,27 +14,16 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from queueworks import events
+from queueworks.jobrecords import entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
-from queueworks.scripts import JobBatch, JobRef
+from queueworks.scripts import JobBatch
 
 from .ledger import Attempts
+from .running_job import RunningJob
 from .work import Gone, Work
 
 LATENCY_SPAN = 3650 * 86400.0  # s: an enqueue -> start time beyond ten years is no sample
-
-
-def job_of(work: Work, errors: str = "replace") -> JobRef | None:
-    """Which job an entry holds (its own id, or the id it names); None for an entry that
-    holds no job (no handler or payload). ``errors``: how its fields are decoded
-    (``"strict"``: ``UnicodeDecodeError`` for bytes that are no UTF-8)."""
-    f = work.fields
-    path, named = f.get(b"h"), f.get(b"j")
-    if not path or b"p" not in f:
-        return None
-    job_id = named.decode(errors=errors) if named else work.entry_id
-    handler, enqueued = path.decode(errors=errors), f.get(b"t", b"").decode(errors=errors)
-    return JobRef(work.entry_id, job_id, handler, enqueued, "1" if named else "")
 
 
 def bucket_of(seconds: float) -> str:
@@ -63,9 +52,12 @@ class JobLedger(Attempts):
             found = self.asides[stream] = JobBatch()
         return found
 
-    def succeeded(self, work: Work, job: JobRef, started: float, body: str) -> None:
-        batch = self.batch if work.stream == self.stream else self._batch(work.stream)
-        batch.ok.append((job, started, work.attempt, body))
+    def succeeded(self, job: RunningJob, body: str) -> None:
+        """A job's handler returned ``body`` (JSON): settled done at the next flush."""
+        job.outcome = body
+        stream = job.work.stream
+        batch = self.batch if stream == self.stream else self._batch(stream)
+        batch.ok.append(job)
 
     def latency(self, seconds: float) -> None:
         """A job started ``seconds`` after it was enqueued (or became due); no sample if
@@ -78,38 +70,36 @@ class JobLedger(Attempts):
         buckets["sum"] = buckets.get("sum", 0.0) + max(0.0, seconds)
         buckets["count"] = buckets.get("count", 0.0) + 1
 
-    def bury(
-        self, work: Work, job: JobRef, started: float, reason: str, error: str, payload: str
-    ) -> None:
+    def bury(self, job: RunningJob, reason: str, error: str) -> None:
         """Dead-letter a job at the next flush."""
-        entry = (job, started, work.attempt, reason, error[-8000:], payload)
-        self._batch(work.stream).dead.append(entry)
-        self.log.warning("job_dead", job=job.job_id, reason=reason, attempts=work.attempt)
+        job.reason, job.outcome = reason, error[-8000:]
+        work = job.work
+        self._batch(work.stream).dead.append(job)
+        self.log.warning("job_dead", job=job.label, reason=reason, attempts=work.attempt)
 
     def reject(self, work: Work, why: str) -> None:
         """An entry that is no job of this queue: settled apart, never counted as a job."""
-        entry = (work.entry_id, why, safe_text(work.fields.get(b"p")))
+        entry = (work.entry_id, why, safe_text(entry_payload(work.fields)))
         self._batch(work.stream).rejected.append(entry)
         self.log.warning("entry_rejected", entry=work.entry_id, why=why)
 
-    def failed(
-        self, work: Work, job: JobRef, started: float, exc: BaseException, payload: str
-    ) -> Work | None:
+    def failed(self, job: RunningJob, exc: BaseException) -> Work | None:
         """A handler raised: dead after ``max_attempts``, else the retry (charged)."""
         tb = "".join(traceback.format_exception(exc))
+        work = job.work
         if work.attempt >= self.spec.max_attempts:
-            self.bury(work, job, started, f"failed {work.attempt} times", tb, payload)
+            self.bury(job, f"failed {work.attempt} times", tb)
             return None
-        self.log.info("job_retry", job=job.job_id, attempt=work.attempt, error=repr(exc))
+        self.log.info("job_retry", job=job.label, attempt=work.attempt, error=repr(exc))
         return self.retry(work)
 
     def exhausted(self, work: Work, why: str) -> None:
-        job = job_of(work)
-        if job is None:
+        entry = entry_job(work.entry_id, work.fields)
+        if entry is None:
             self.reject(work, f"exceeded max_attempts: {why}")
             return
-        payload = safe_text(work.fields.get(b"p"))
-        self.bury(work, job, time.time(), "exceeded max_attempts", why, payload)
+        entry = entry._replace(payload=safe_text(entry_payload(work.fields)))
+        self.bury(RunningJob.unrun(work, entry, time.time()), "exceeded max_attempts", why)
 
     def bury_gone(self, stream: str, gone: Sequence[Gone]) -> None:
         for entry_id, deliveries in gone:

@@ -17,7 +17,7 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import Connection
 from queueworks.keys import Keys, TaskKeys
-from queueworks.messages import safe_text
+from queueworks.messages import SUBTASK_PAYLOAD, safe_text
 from queueworks.models import StoredSpec
 from queueworks.scripts import DeadEntry, Scripts
 
@@ -135,7 +135,7 @@ class Ledger(Attempts):
     ) -> None:
         """Dead-letter ``work`` at the next flush (rejected there if it is no subtask)."""
         if payload is None:
-            payload = safe_text(work.fields.get(b"p"))
+            payload = safe_text(work.fields.get(SUBTASK_PAYLOAD.encode()))
         entry = DeadEntry(work.entry_id, index, reason, error[-8000:], work.attempt, payload)
         self.dead.setdefault(work.stream, []).append(entry)
         self.log.warning("dead_lettered", index=index, reason=reason, attempts=work.attempt)

@@ -63,7 +63,7 @@ class Run(Protocol):
     def refuse(self, exc: HandlerRefused) -> None:
         """Record that this worker cannot run the task's handler; the controller does not
         give it the task again. The loop then raises ``Leave``. (A queue never refuses: a
-        job it cannot run is set aside or dead, ``workers.queues``.)"""
+        job it cannot run is set aside or dead, ``workers.queue_loop``.)"""
 
     def hand_back(self, streams: Sequence[str]) -> None:
         """Park what we hold in ``streams``; it leaves ``held``."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .loop import ModeLoop, Run
-from .queues import QueueLoop
+from .queue_loop import QueueLoop
 from .steps import StepLoop
 from .subtasks import SubtaskLoop
 

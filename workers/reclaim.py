@@ -21,10 +21,11 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from queueworks.connection import Connection, text
+from queueworks.jobrecords import starts_before
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.scripts import Claimed, Scripts
 
-from .work import Gone, Work, starts_before
+from .work import Gone, Work
 
 RECLAIM_BATCH = 500  # XPENDING/XCLAIM batch: large batches stall the server
 

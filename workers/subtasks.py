@@ -243,10 +243,10 @@ class SubtaskLoop:
         args: tuple[Any, ...] = (sub.payload,)
         if self.handler.takes_ctx:
             args = (sub.payload, self._context(sub, work.attempt))
-        return Call(work, sub.index, self.handler.fn, args, key=sub.key, extra={"sub": sub})
+        return Call(work, sub.index, self.handler.fn, args, key=sub.key, extra=sub)
 
     def record(self, call: Call) -> None:
-        work, sub, ledger = call.item, call.extra["sub"], self.ledger
+        work, sub, ledger = call.item, call.extra, self.ledger
         if call.error is None:
             try:
                 body = to_json(call.value, "result")

@@ -31,13 +31,6 @@ class Work:
             return None
 
 
-def starts_before(fields: Fields) -> int:
-    """The starts a queue's job had before it was set aside (its aside entry's ``a``;
-    ``workers.aside``); 0 for any other entry."""
-    raw = fields.get(b"a")
-    return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 6 else 0
-
-
 class Leave(Exception):
     """Stop working on this task (revoked, finished, stopping); the text says why."""
 

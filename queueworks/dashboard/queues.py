@@ -32,6 +32,17 @@ from queueworks.dashboard.views import (
     QueueDetail,
     QueueSummary,
 )
+from queueworks.jobrecords import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_HANDLER,
+    DEAD_JOB,
+    DEAD_PAYLOAD,
+    DEAD_REASON,
+    DEAD_TS,
+    DEAD_WORKER,
+    decode_dead_letter,
+)
 from queueworks.keys import check_task_id
 from queueworks.records import TASK_FIELDS, latency_histogram, queue_counts, task_fields
 
@@ -73,21 +84,18 @@ def _pending_count(reply: Any) -> int:
 
 
 def dead_letter(entry_id: bytes, raw: dict[bytes, bytes]) -> JobDeadLetter:
-    def f(name: str) -> str | None:
-        value = raw.get(name.encode())
-        return value.decode(errors="replace") if value else None
-
-    attempts, ts = f("attempts"), f("ts")
+    f = {k: v or None for k, v in decode_dead_letter(raw, errors="replace").items()}
+    attempts = f[DEAD_ATTEMPTS]
     return JobDeadLetter(
         id=entry_id.decode(errors="replace"),
-        job=f("job"),
-        handler=f("handler"),
-        reason=f("reason") or "",
-        error=redact_url(f("error") or ""),
+        job=f[DEAD_JOB],
+        handler=f[DEAD_HANDLER],
+        reason=f[DEAD_REASON] or "",
+        error=redact_url(f[DEAD_ERROR] or ""),
         attempts=int(attempts) if attempts and attempts.isdigit() else None,
-        payload=f("payload"),
-        worker=f("worker"),
-        ts=_number(ts),
+        payload=f[DEAD_PAYLOAD],
+        worker=f[DEAD_WORKER],
+        ts=_number(f[DEAD_TS]),
     )
 
 

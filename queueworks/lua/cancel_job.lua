@@ -17,13 +17,13 @@ local function unread(entry)
 end
 
 local function cancelled()
-  redis.call('HSET', KEYS[3], 's', '${CANCELLED}', 'ft', ARGV[3])
-  redis.call('HDEL', KEYS[3], 'p', 'why')
+  redis.call('HSET', KEYS[3], '${JOB_STATE}', '${CANCELLED}', '${JOB_FINISHED}', ARGV[3])
+  redis.call('HDEL', KEYS[3], '${JOB_PAYLOAD}', '${JOB_WHY}')
   redis.call('EXPIRE', KEYS[3], ARGV[4])
   return 1
 end
 
-local f = redis.call('HMGET', KEYS[3], 's', 'e', 'aside')
+local f = redis.call('HMGET', KEYS[3], '${JOB_STATE}', '${JOB_ENTRY}', '${JOB_ASIDE}')
 local state, entry, aside = f[1], f[2], f[3] or ''
 if state == '${QUEUED}' and aside ~= ARGV[5] then
   return aside  -- it waits elsewhere: call again with that stream
@@ -45,9 +45,11 @@ if not state then  -- waiting on the stream with no record, finished and expired
   end
   redis.call('XDEL', KEYS[1], ARGV[2])
   local flat = found[1][2]
-  for i = 1, #flat, 2 do
-    if flat[i] == 'h' or flat[i] == 't' then
-      redis.call('HSET', KEYS[3], flat[i], flat[i + 1])
+  for i = 1, #flat, 2 do  -- the record keeps the entry's handler and enqueue time
+    if flat[i] == '${ENTRY_HANDLER}' then
+      redis.call('HSET', KEYS[3], '${JOB_HANDLER}', flat[i + 1])
+    elseif flat[i] == '${ENTRY_ENQUEUED}' then
+      redis.call('HSET', KEYS[3], '${JOB_ENQUEUED}', flat[i + 1])
     end
   end
   return cancelled()

@@ -18,6 +18,6 @@ end
 local epoch = redis.call('INCR', KEYS[3])
 redis.call('HSET', KEYS[1], 'epoch', epoch)
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', 1000, '*',
-  'epoch', epoch, 'cause', ARGV[3], 'worker', ARGV[1], 'ts', ARGV[2],
+  'epoch', epoch, 'cause', ARGV[3], '${HISTORY_WORKER}', ARGV[1], '${HISTORY_TS}', ARGV[2],
   'size', redis.call('ZCARD', KEYS[2]))
 return epoch

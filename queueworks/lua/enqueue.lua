@@ -9,9 +9,11 @@ for j = 0, n - 1 do
   local stream = KEYS[tonumber(ARGV[base])]
   local key = ARGV[base + 3]
   if key == '' then
-    redis.call('XADD', stream, '*', 'i', ARGV[base + 1], 'p', ARGV[base + 2])
+    redis.call('XADD', stream, '*', '${SUBTASK_INDEX}', ARGV[base + 1],
+      '${SUBTASK_PAYLOAD}', ARGV[base + 2])
   else
-    redis.call('XADD', stream, '*', 'i', ARGV[base + 1], 'p', ARGV[base + 2], 'k', key)
+    redis.call('XADD', stream, '*', '${SUBTASK_INDEX}', ARGV[base + 1],
+      '${SUBTASK_PAYLOAD}', ARGV[base + 2], '${SUBTASK_KEY}', key)
   end
 end
 return n

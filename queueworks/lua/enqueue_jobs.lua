@@ -16,11 +16,12 @@ local record = 3
 for b = 2, #ARGV, 4 do
   local id, handler, payload, at = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   if at == '' then
-    id = redis.call('XADD', KEYS[1], '*', 'h', handler, 'p', payload, 't', now)
+    id = redis.call('XADD', KEYS[1], '*', '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', payload,
+      '${ENTRY_ENQUEUED}', now)
   else
     redis.call('ZADD', KEYS[2], at, id)
-    redis.call('HSET', KEYS[record], 's', '${SCHEDULED}', 'h', handler, 'p', payload,
-      't', now, 'at', at)
+    redis.call('HSET', KEYS[record], '${JOB_STATE}', '${SCHEDULED}', '${JOB_HANDLER}', handler,
+      '${JOB_PAYLOAD}', payload, '${JOB_ENQUEUED}', now, '${JOB_RUN_AT}', at)
     record = record + 1
   end
   ids[#ids + 1] = id

@@ -20,7 +20,7 @@ redis.call('SET', KEYS[4], ARGV[3], 'PX', ARGV[2])
 redis.call('HSET', KEYS[1], 'epoch', epoch)
 local roster = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
 redis.call('XADD', KEYS[5], 'MAXLEN', '~', 1000, '*',
-  'epoch', epoch, 'cause', 'join', 'worker', ARGV[1], 'ts', ARGV[3],
+  'epoch', epoch, 'cause', 'join', '${HISTORY_WORKER}', ARGV[1], '${HISTORY_TS}', ARGV[3],
   'size', #roster / 2)
 local entries = {}
 local count = tonumber(ARGV[6] or '0')

@@ -7,12 +7,13 @@ local moved = 0
 for j = 1, #ARGV do
   if redis.call('ZREM', KEYS[2], ARGV[j]) == 1 then
     local job = KEYS[2 + j]
-    local f = redis.call('HMGET', job, 'h', 'p', 'at')
+    local f = redis.call('HMGET', job, '${JOB_HANDLER}', '${JOB_PAYLOAD}', '${JOB_RUN_AT}')
     if f[1] and f[2] then
       -- 't' is when it became due: what its enqueue -> start latency is measured from
-      local eid = redis.call('XADD', KEYS[1], '*', 'j', ARGV[j], 'h', f[1], 'p', f[2], 't', f[3])
-      redis.call('HSET', job, 's', '${QUEUED}', 'e', eid)
-      redis.call('HDEL', job, 'p')
+      local eid = redis.call('XADD', KEYS[1], '*', '${ENTRY_JOB}', ARGV[j], '${ENTRY_HANDLER}', f[1],
+        '${ENTRY_PAYLOAD}', f[2], '${ENTRY_ENQUEUED}', f[3])
+      redis.call('HSET', job, '${JOB_STATE}', '${QUEUED}', '${JOB_ENTRY}', eid)
+      redis.call('HDEL', job, '${JOB_PAYLOAD}')
       moved = moved + 1
     end
   end

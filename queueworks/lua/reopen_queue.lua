@@ -10,7 +10,7 @@ if not state or string.find(',' .. ARGV[1] .. ',', ',' .. state .. ',', 1, true)
   return false
 end
 redis.call('HSET', KEYS[1], 'state', '${TASK_QUEUED}')
-redis.call('HDEL', KEYS[1], 'finished_at', 'error', 'reason')
+redis.call('HDEL', KEYS[1], 'finished_at', '${TASK_FIELD_ERROR}', '${TASK_FIELD_REASON}')
 redis.call('DEL', KEYS[2])
 for i = 1, #KEYS do
   redis.call('PERSIST', KEYS[i])

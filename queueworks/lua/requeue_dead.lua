@@ -30,14 +30,14 @@ local flat = found[1][2]
 for i = 1, #flat, 2 do
   fields[flat[i]] = flat[i + 1]
 end
-if fields['reason'] == 'rejected' then
+if fields['${DEAD_REASON}'] == 'rejected' then
   return {0, 'rejected entry: it was not a subtask of this task'}
 end
-local index = fields['index']
+local index = fields['${DEAD_INDEX}']
 if index == nil or index == '' then
   return {0, 'index unknown'}
 end
-local payload = fields['payload']
+local payload = fields['${DEAD_PAYLOAD}']
 if payload == nil or payload == '' then
   return {0, 'payload missing'}
 end
@@ -46,9 +46,10 @@ if redis.call('EXISTS', KEYS[3]) == 0 then
 end
 local new_id
 if ARGV[3] == '' then
-  new_id = redis.call('XADD', KEYS[3], '*', 'i', index, 'p', payload)
+  new_id = redis.call('XADD', KEYS[3], '*', '${SUBTASK_INDEX}', index, '${SUBTASK_PAYLOAD}', payload)
 else
-  new_id = redis.call('XADD', KEYS[3], '*', 'i', index, 'p', payload, 'k', ARGV[3])
+  new_id = redis.call('XADD', KEYS[3], '*', '${SUBTASK_INDEX}', index, '${SUBTASK_PAYLOAD}', payload,
+    '${SUBTASK_KEY}', ARGV[3])
 end
 redis.call('XDEL', KEYS[2], ARGV[1])
 redis.call('SETBIT', KEYS[4], tonumber(index), 0)

@@ -13,23 +13,26 @@ local flat = found[1][2]
 for i = 1, #flat, 2 do
   f[flat[i]] = flat[i + 1]
 end
-if f['reason'] == 'rejected' or (f['job'] or '') == '' then
+if f['${DEAD_REASON}'] == 'rejected' or (f['${DEAD_JOB}'] or '') == '' then
   return {0, 'rejected entry: it was no job of this queue'}
 end
-if (f['payload'] or '') == '' then
+if (f['${DEAD_PAYLOAD}'] or '') == '' then
   return {0, 'payload missing'}
 end
-local state = redis.call('HGET', KEYS[4], 's')
+local state = redis.call('HGET', KEYS[4], '${JOB_STATE}')
 if state and state ~= '${DEAD}' then
   return {0, 'job ' .. state}
 end
-local eid = redis.call('XADD', KEYS[1], '*', 'j', f['job'], 'h', f['handler'] or '',
-  'p', f['payload'], 't', ARGV[2])
-redis.call('HSET', KEYS[4], 's', '${QUEUED}', 'h', f['handler'] or '', 'e', eid, 't', ARGV[2])
-redis.call('HDEL', KEYS[4], 'reason', 'err', 'st', 'ft', 'a', 'w', 'r', 'aside', 'why')
+local handler = f['${DEAD_HANDLER}'] or ''
+local eid = redis.call('XADD', KEYS[1], '*', '${ENTRY_JOB}', f['${DEAD_JOB}'],
+  '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', f['${DEAD_PAYLOAD}'], '${ENTRY_ENQUEUED}', ARGV[2])
+redis.call('HSET', KEYS[4], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', handler,
+  '${JOB_ENTRY}', eid, '${JOB_ENQUEUED}', ARGV[2])
+redis.call('HDEL', KEYS[4], '${JOB_REASON}', '${JOB_ERROR}', '${JOB_STARTED}', '${JOB_FINISHED}',
+  '${JOB_ATTEMPTS}', '${JOB_WORKER}', '${JOB_RESULT}', '${JOB_ASIDE}', '${JOB_WHY}')
 redis.call('PERSIST', KEYS[4])
 redis.call('XDEL', KEYS[3], ARGV[1])
 if tonumber(redis.call('HGET', KEYS[2], 'dead') or '0') > 0 then
   redis.call('HINCRBY', KEYS[2], 'dead', -1)
 end
-return {1, eid, f['job']}
+return {1, eid, f['${DEAD_JOB}']}

@@ -25,22 +25,24 @@ local flat = found[1][2]
 for i = 1, #flat, 2 do
   f[flat[i]] = flat[i + 1]
 end
-local named = f['j'] ~= nil and f['j'] ~= ''
-if named and redis.call('HGET', KEYS[4], 's') ~= '${QUEUED}' then
+local named = f['${ENTRY_JOB}'] ~= nil and f['${ENTRY_JOB}'] ~= ''
+if named and redis.call('HGET', KEYS[4], '${JOB_STATE}') ~= '${QUEUED}' then
   return {-1}  -- no record, or one of a job that is not waiting: a stray
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then
   redis.call('XGROUP', 'CREATE', KEYS[2], ARGV[1], '0', 'MKSTREAM')
 end
-local job = named and f['j'] or ARGV[2]
-local t = f['t'] or ''
-local eid = redis.call('XADD', KEYS[2], '*', 'j', job, 'h', ARGV[4], 'p', f['p'] or 'null',
-  't', t, 'a', ARGV[6])
+local job = named and f['${ENTRY_JOB}'] or ARGV[2]
+local t = f['${ENTRY_ENQUEUED}'] or ''
+local eid = redis.call('XADD', KEYS[2], '*', '${ENTRY_JOB}', job, '${ENTRY_HANDLER}', ARGV[4],
+  '${ENTRY_PAYLOAD}', f['${ENTRY_PAYLOAD}'] or 'null', '${ENTRY_ENQUEUED}', t,
+  '${ENTRY_STARTS}', ARGV[6])
 if named then
-  redis.call('HSET', KEYS[4], 's', '${QUEUED}', 'e', eid, 'aside', ARGV[4], 'why', ARGV[5])
+  redis.call('HSET', KEYS[4], '${JOB_STATE}', '${QUEUED}', '${JOB_ENTRY}', eid,
+    '${JOB_ASIDE}', ARGV[4], '${JOB_WHY}', ARGV[5])
 else
-  redis.call('HSET', KEYS[4], 's', '${QUEUED}', 'h', ARGV[4], 't', t, 'e', eid,
-    'aside', ARGV[4], 'why', ARGV[5])
+  redis.call('HSET', KEYS[4], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', ARGV[4],
+    '${JOB_ENQUEUED}', t, '${JOB_ENTRY}', eid, '${JOB_ASIDE}', ARGV[4], '${JOB_WHY}', ARGV[5])
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])

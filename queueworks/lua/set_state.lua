@@ -21,6 +21,6 @@ if not active(ARGV[1]) then
   redis.call('HSET', KEYS[1], 'finished_at', ARGV[2])
 end
 if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[1], 'error', ARGV[3])
+  redis.call('HSET', KEYS[1], '${TASK_FIELD_ERROR}', ARGV[3])
 end
 return 1

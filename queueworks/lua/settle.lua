@@ -49,8 +49,9 @@ local function refuse(index)
 end
 
 local function reject(entry, error, attempts, payload)
-  redis.call('XADD', KEYS[4], '*', 'entry', entry, 'index', '', 'reason', 'rejected',
-    'error', error, 'attempts', attempts, 'payload', payload, 'worker', ARGV[3], 'ts', ARGV[2])
+  redis.call('XADD', KEYS[4], '*', '${DEAD_ENTRY}', entry, '${DEAD_INDEX}', '',
+    '${DEAD_REASON}', 'rejected', '${DEAD_ERROR}', error, '${DEAD_ATTEMPTS}', attempts,
+    '${DEAD_PAYLOAD}', payload, '${DEAD_WORKER}', ARGV[3], '${DEAD_TS}', ARGV[2])
 end
 
 local ok, dead, rejected = 0, 0, 0
@@ -86,9 +87,10 @@ for _ = 1, n_dead do
       reject(ARGV[at], detail, ARGV[at + 4], ARGV[at + 5])
       rejected = rejected + 1
     else
-      call('XADD', KEYS[4], '*', 'entry', ARGV[at], 'index', ARGV[at + 1],
-        'reason', ARGV[at + 2], 'error', ARGV[at + 3], 'attempts', ARGV[at + 4],
-        'payload', ARGV[at + 5], 'worker', ARGV[3], 'ts', ARGV[2])
+      call('XADD', KEYS[4], '*', '${DEAD_ENTRY}', ARGV[at], '${DEAD_INDEX}', ARGV[at + 1],
+        '${DEAD_REASON}', ARGV[at + 2], '${DEAD_ERROR}', ARGV[at + 3],
+        '${DEAD_ATTEMPTS}', ARGV[at + 4], '${DEAD_PAYLOAD}', ARGV[at + 5],
+        '${DEAD_WORKER}', ARGV[3], '${DEAD_TS}', ARGV[2])
       dead = dead + 1
     end
   end
@@ -105,7 +107,7 @@ local finished, final = 0, ''
 local max_dead = tonumber(redis.call('HGET', KEYS[2], 'max_dead') or '-1')
 if max_dead >= 0 and dead_total > max_dead then
   redis.call('HSET', KEYS[2], 'state', 'failed', 'finished_at', ARGV[2],
-    'error', 'more than ' .. max_dead .. ' subtasks dead-lettered')
+    '${TASK_FIELD_ERROR}', 'more than ' .. max_dead .. ' subtasks dead-lettered')
   finished, final = 1, 'failed'
 elseif done_total + dead_total >= total then
   redis.call('HSET', KEYS[2], 'state', 'completed', 'finished_at', ARGV[2])

@@ -30,9 +30,9 @@ local at, key = 10, 7
 local acked = {}  -- entries this call acked: deleted together, at the end
 
 local function reject(entry, why, payload)
-  call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'entry', entry, 'job', '',
-    'reason', 'rejected', 'error', why, 'attempts', '', 'payload', payload,
-    'worker', worker, 'ts', now)
+  call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', '${DEAD_ENTRY}', entry, '${DEAD_JOB}', '',
+    '${DEAD_REASON}', 'rejected', '${DEAD_ERROR}', why, '${DEAD_ATTEMPTS}', '',
+    '${DEAD_PAYLOAD}', payload, '${DEAD_WORKER}', worker, '${DEAD_TS}', now)
   rejected = rejected + 1
 end
 
@@ -42,7 +42,7 @@ local function record(job, named, handler, enqueued, ...)
   if named == '1' then
     call('HSET', job, ...)
   else
-    call('HSET', job, 'h', handler, 't', enqueued, ...)
+    call('HSET', job, '${JOB_HANDLER}', handler, '${JOB_ENQUEUED}', enqueued, ...)
   end
   call('EXPIRE', job, ttl)
 end
@@ -54,8 +54,9 @@ for _ = 1, n_ok do
     if named == '1' and call('EXISTS', job) == 0 then
       reject(ARGV[at], 'no such job in this queue; its result was discarded', '')
     else
-      record(job, named, ARGV[at + 4], ARGV[at + 5], 's', '${DONE}', 'r', ARGV[at + 3],
-        'st', ARGV[at + 1], 'ft', now, 'a', ARGV[at + 2], 'w', worker)
+      record(job, named, ARGV[at + 4], ARGV[at + 5], '${JOB_STATE}', '${DONE}',
+        '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
+        '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
       ok = ok + 1
     end
   end
@@ -68,11 +69,13 @@ for _ = 1, n_dead do
     if named == '1' and call('EXISTS', job) == 0 then
       reject(ARGV[at], 'no such job in this queue; ' .. ARGV[at + 3], ARGV[at + 6])
     else
-      record(job, named, ARGV[at + 7], ARGV[at + 8], 's', '${DEAD}', 'reason', ARGV[at + 3],
-        'err', ARGV[at + 4], 'st', ARGV[at + 1], 'ft', now, 'a', ARGV[at + 2], 'w', worker)
-      call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'entry', ARGV[at], 'job', ARGV[at + 5],
-        'reason', ARGV[at + 3], 'error', ARGV[at + 4], 'attempts', ARGV[at + 2],
-        'payload', ARGV[at + 6], 'handler', ARGV[at + 7], 'worker', worker, 'ts', now)
+      record(job, named, ARGV[at + 7], ARGV[at + 8], '${JOB_STATE}', '${DEAD}',
+        '${JOB_REASON}', ARGV[at + 3], '${JOB_ERROR}', ARGV[at + 4], '${JOB_STARTED}', ARGV[at + 1],
+        '${JOB_FINISHED}', now, '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
+      call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', '${DEAD_ENTRY}', ARGV[at],
+        '${DEAD_JOB}', ARGV[at + 5], '${DEAD_REASON}', ARGV[at + 3], '${DEAD_ERROR}', ARGV[at + 4],
+        '${DEAD_ATTEMPTS}', ARGV[at + 2], '${DEAD_PAYLOAD}', ARGV[at + 6],
+        '${DEAD_HANDLER}', ARGV[at + 7], '${DEAD_WORKER}', worker, '${DEAD_TS}', now)
       dead = dead + 1
     end
   end

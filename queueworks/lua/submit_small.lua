@@ -34,9 +34,11 @@ at = at + 1
 for _ = 1, m do
   local stream = KEYS[2 + tonumber(ARGV[at])]
   if ARGV[at + 3] == '' then
-    redis.call('XADD', stream, '*', 'i', ARGV[at + 1], 'p', ARGV[at + 2])
+    redis.call('XADD', stream, '*', '${SUBTASK_INDEX}', ARGV[at + 1],
+      '${SUBTASK_PAYLOAD}', ARGV[at + 2])
   else
-    redis.call('XADD', stream, '*', 'i', ARGV[at + 1], 'p', ARGV[at + 2], 'k', ARGV[at + 3])
+    redis.call('XADD', stream, '*', '${SUBTASK_INDEX}', ARGV[at + 1],
+      '${SUBTASK_PAYLOAD}', ARGV[at + 2], '${SUBTASK_KEY}', ARGV[at + 3])
   end
   at = at + 4
 end

@@ -59,10 +59,11 @@ while marked < limit and from < total do
     break
   end
   redis.call('SETBIT', KEYS[2], i, 1)
-  redis.call('XADD', KEYS[3], '*', 'entry', '', 'index', i, 'reason', 'lost',
-    'error', 'no stream entry was left for this subtask: it was deleted or trimmed '
+  redis.call('XADD', KEYS[3], '*', '${DEAD_ENTRY}', '', '${DEAD_INDEX}', i,
+    '${DEAD_REASON}', 'lost',
+    '${DEAD_ERROR}', 'no stream entry was left for this subtask: it was deleted or trimmed '
       .. 'from the stream before it was settled',
-    'attempts', 0, 'payload', '', 'worker', ARGV[3], 'ts', ARGV[2])
+    '${DEAD_ATTEMPTS}', 0, '${DEAD_PAYLOAD}', '', '${DEAD_WORKER}', ARGV[3], '${DEAD_TS}', ARGV[2])
   marked = marked + 1
   from = i + 1
 end

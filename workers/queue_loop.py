@@ -17,28 +17,27 @@ after ``idle_after`` seconds in which no job finished.
 from __future__ import annotations
 
 import contextlib
-import re
 import time
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
 from queueworks import events
 from queueworks.connection import text
 from queueworks.context import JobContext, Suspended
+from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
 from queueworks.queues import stored_idle_after
-from queueworks.scripts import JobRef
 from queueworks.signals import ColdStop
 
 from .aside import Aside, Reply
 from .concurrent import Concurrently
 from .handlers import Handler, HandlerRefused, resolve
 from .inflight import Call, InFlight, is_async
-from .jobledger import JobLedger, job_of
+from .jobledger import JobLedger
 from .loop import Run
+from .running_job import RunningJob
 from .work import Entries, Work
 
 BLOCK_MS = 100  # a member waits this long on the stream per read, then looks around
@@ -49,23 +48,7 @@ SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for 
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once
 DUE_BATCH = 100
-_JOB_ID = re.compile(rb"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # ids an entry may name
-
-
-@dataclass(frozen=True)
-class Job:
-    """One job as it is about to run: its entry, which job it is, handler and arguments."""
-
-    work: Work
-    ref: JobRef
-    handler: Handler
-    args: tuple[Any, ...]
-    raw: str  # its payload as enqueued (for a dead letter)
-    started: float
-
-    @property
-    def id(self) -> str:
-        return self.ref.job_id
+_PAYLOAD_FIELD = f"field '{ENTRY_PAYLOAD}'"
 
 
 class QueueLoop:
@@ -224,34 +207,30 @@ class QueueLoop:
             spent = (time.monotonic() - started) / ran
             self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
 
-    def _decoded(self, work: Work) -> Job | None:
-        """The job an entry holds; None if it was dealt with at once (no job of ours:
-        rejected; a handler that cannot be imported: dead; one this worker may not run:
-        set aside)."""
-        ledger, f = self.ledger, work.fields
-        named, path, raw_payload = f.get(b"j"), f.get(b"h"), f.get(b"p")
-        if (named is not None and not _JOB_ID.match(named)) or not path or raw_payload is None:
-            ledger.reject(work, f"malformed entry: fields {sorted(k.decode() for k in f)}")
-            return None
-        body_text = raw_payload.decode(errors="replace")
+    def _decoded(self, work: Work) -> RunningJob | None:
+        """The job an entry holds, ready to run; None if it was dealt with at once (no job
+        of ours: rejected; a handler that cannot be imported: dead; one this worker may not
+        run: set aside)."""
+        ledger = self.ledger
         try:
-            payload = from_json(body_text, "field 'p'")
-            ref = job_of(work, errors="strict")
-            assert ref is not None  # it has a handler and a payload
-            handler = self._handler(ref.handler)
-        except (NotJSON, UnicodeDecodeError) as exc:
+            entry = decode_entry(work.entry_id, work.fields)
+            payload = from_json(entry.payload, _PAYLOAD_FIELD)
+        except BadEntry as exc:
+            ledger.reject(work, str(exc))
+            return None
+        except NotJSON as exc:
             ledger.reject(work, f"malformed entry: {exc}")
             return None
-        jid, enqueued = ref.job_id, ref.enqueued
+        handler = self._handler(entry.handler)
         if isinstance(handler, HandlerRefused):
-            self._refused(work, ref, handler, body_text)
+            self._refused(work, entry, handler)
             return None
         started = time.time()
-        if work.attempt == 1 and enqueued:
+        if work.attempt == 1 and entry.enqueued:
             with contextlib.suppress(ValueError):  # a time that is no number: no sample
-                ledger.latency(started - float(enqueued))
-        args = (payload, self._context(jid, work)) if handler.takes_ctx else (payload,)
-        return Job(work, ref, handler, args, body_text, started)
+                ledger.latency(started - float(entry.enqueued))
+        args = (payload, self._context(entry.job_id, work)) if handler.takes_ctx else (payload,)
+        return RunningJob(work, entry, handler.fn, args, started)
 
     def _run_one(self, work: Work) -> bool:
         """Run one job and record its outcome; False if the batch should stop here (a
@@ -263,12 +242,12 @@ class QueueLoop:
         # settle at least every FLUSH_SECONDS of a batch (not counting the wait for its read)
         if time.monotonic() > max(self.ledger.last_flush, self.batch_at) + FLUSH_SECONDS:
             self.ledger.flush()
-        fn = job.handler.fn
+        fn = job.fn
         try:
             if is_async(fn):
-                value = run.aio.run(job.id, fn, job.args, run.spec.subtask_timeout)
+                value = run.aio.run(job.label, fn, job.args, run.spec.subtask_timeout)
             else:
-                value = run.watchdog.call(job.id, fn, *job.args)
+                value = run.watchdog.call(job.label, fn, *job.args)
         except ColdStop:
             self.ledger.interrupted.add(work.entry_id)  # it started: it stays ours, charged
             raise
@@ -276,14 +255,14 @@ class QueueLoop:
             return self._outcome(job, None, exc)
         return self._outcome(job, value, None)
 
-    def _outcome(self, job: Job, value: Any, error: BaseException | None) -> bool:
+    def _outcome(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
         """Record how a job's call ended; False if it waits again first in ``held``."""
-        run, ledger, work = self.run, self.ledger, job.work
+        run, ledger = self.run, self.ledger
         if isinstance(error, Suspended):  # runs again after the re-rank, same attempt
-            run.held.appendleft(work)
+            run.held.appendleft(job.work)
             return False
         if error is not None:
-            retry = ledger.failed(work, job.ref, job.started, error, job.raw)
+            retry = ledger.failed(job, error)
             if retry is None:
                 return True
             run.held.appendleft(retry)
@@ -291,9 +270,9 @@ class QueueLoop:
         try:
             body = to_json(value, "result")
         except NotJSON as exc:
-            ledger.bury(work, job.ref, job.started, "result is not JSON", str(exc), job.raw)
+            ledger.bury(job, "result is not JSON", str(exc))
             return True
-        ledger.succeeded(work, job.ref, job.started, body)
+        ledger.succeeded(job, body)
         return True
 
     # -- many in flight (--concurrency > 1): workers.concurrent.Items -----------------------
@@ -308,13 +287,10 @@ class QueueLoop:
         return None  # a queue's jobs have no order among them
 
     def call_for(self, work: Work) -> Call | None:
-        job = self._decoded(work)
-        if job is None:
-            return None
-        return Call(work, job.id, job.handler.fn, job.args, extra={"job": job})
+        return self._decoded(work)  # the running job is its own call
 
     def record(self, call: Call) -> None:
-        self._outcome(call.extra["job"], call.value, call.error)
+        self._outcome(cast(RunningJob, call), call.value, call.error)
 
     def tick(self) -> None:
         self.duties.tick()
@@ -357,15 +333,15 @@ class QueueLoop:
         found = self._handler(path)
         return not (isinstance(found, HandlerRefused) and found.kind == NOT_ALLOWED)
 
-    def _refused(self, work: Work, ref: JobRef, exc: HandlerRefused, payload: str) -> None:
+    def _refused(self, work: Work, entry: JobEntry, exc: HandlerRefused) -> None:
         """A job whose handler this member cannot run: set aside if it may not (another
         member may), else (it cannot be imported, is no handler) dead at once, with the
         reason: it would fail the same way on every attempt."""
         ledger = self.ledger
         if exc.kind != NOT_ALLOWED:
-            ledger.bury(work, ref, time.time(), str(exc), str(exc), payload)
+            ledger.bury(RunningJob.unrun(work, entry, time.time()), str(exc), str(exc))
         elif work.stream == self.run.tk.stream:
-            moved = self.aside.set_aside(work, ref, exc)
+            moved = self.aside.set_aside(work, entry, exc)
             if moved == -1:
                 ledger.reject(work, "no such job in this queue (set aside)")
         # (an aside stream's job: read only by members that may run it)

@@ -1,0 +1,298 @@
+"""The codecs of a queue's job, one per format it has in Redis: its stream ENTRY, its
+RECORD (``qw:task:{Q}:job:<J>``) and its DEAD LETTER (``qw:task:{Q}:dead``, a format the
+subtasks' dead letters share). Each format's field names are named here once; Python reads
+and writes them through the functions below, and the Lua scripts get them from here
+(``LUA_NAMES``, substituted as ``${NAME}`` by ``queueworks.scripts``), never retyped.
+
+The record and the dead letter are written by Lua alone (``settle_jobs.lua``, ``settle.lua``,
+``sweep_lost.lua``, ``enqueue_jobs.lua``, ``promote_due.lua``, ``set_aside.lua``,
+``cancel_job.lua``, ``requeue_job.lua``); Python decodes them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+from queueworks.keys import PARKED
+from queueworks.models import JobState, JobStatus
+
+# -- the entry -------------------------------------------------------------------------------
+
+ENTRY_JOB = "j"
+ENTRY_HANDLER = "h"
+ENTRY_PAYLOAD = "p"
+ENTRY_ENQUEUED = "t"
+ENTRY_STARTS = "a"
+
+_J, _H, _P, _T, _A = (n.encode() for n in "jhpta")
+JOB_ID = re.compile(rb"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # ids an entry may name
+
+
+class JobEntry(NamedTuple):
+    """A job's stream entry, decoded (``decode_entry``).
+
+    =====  ==========================================================================
+    ``h``  handler (``module:function``)
+    ``p``  payload JSON
+    ``t``  enqueued at (s since the epoch; a delayed job's: when it became due)
+    ``j``  the job's id, when it is not the entry's own (a delayed, requeued or set
+           aside job: it has had a record since it was enqueued)
+    ``a``  an aside entry's only: the starts the job had before it was set aside
+    =====  ==========================================================================
+    """
+
+    entry_id: str
+    job_id: str  # the entry's id, or the id it names ('j')
+    handler: str
+    payload: str  # JSON, as enqueued
+    enqueued: str  # 't', as written
+    named: bool  # the entry names its job ('j')
+
+
+class BadEntry(ValueError):
+    """An entry that holds no job of the queue; the text is the reason it is rejected."""
+
+
+def entry_fields(handler: str, payload: str, enqueued: str) -> tuple[str, ...]:
+    """A job to run now's entry, as ``XADD`` field/value arguments (``enqueue_jobs.lua``
+    writes the same)."""
+    return (ENTRY_HANDLER, handler, ENTRY_PAYLOAD, payload, ENTRY_ENQUEUED, enqueued)
+
+
+def decode_entry(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry:
+    """The job an entry holds; ``BadEntry`` for an entry without a handler or a payload,
+    naming a job id that cannot be one, or whose names are not UTF-8."""
+    named, path, raw_payload = fields.get(_J), fields.get(_H), fields.get(_P)
+    if (named is not None and not JOB_ID.match(named)) or not path or raw_payload is None:
+        raise BadEntry(f"malformed entry: fields {sorted(k.decode() for k in fields)}")
+    try:
+        handler, enqueued = path.decode(), fields.get(_T, b"").decode()
+        job_id = named.decode() if named else entry_id
+    except UnicodeDecodeError as exc:
+        raise BadEntry(f"malformed entry: {exc}") from None
+    payload = raw_payload.decode(errors="replace")
+    return JobEntry(entry_id, job_id, handler, payload, enqueued, bool(named))
+
+
+def entry_job(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry | None:
+    """``decode_entry`` that never raises (bytes that are no UTF-8 replaced): None for an
+    entry with no handler or payload (it holds no job)."""
+    path, named = fields.get(_H), fields.get(_J)
+    if not path or _P not in fields:
+        return None
+    return JobEntry(
+        entry_id,
+        named.decode(errors="replace") if named else entry_id,
+        path.decode(errors="replace"),
+        fields[_P].decode(errors="replace"),
+        fields.get(_T, b"").decode(errors="replace"),
+        bool(named),
+    )
+
+
+def entry_payload(fields: Mapping[bytes, bytes]) -> bytes | None:
+    """An entry's payload as stored, for a dead letter of an entry that is no job."""
+    return fields.get(_P)
+
+
+def starts_before(fields: Mapping[bytes, bytes]) -> int:
+    """The starts a job had before it was set aside (its aside entry's ``a``); 0 for any
+    other entry."""
+    raw = fields.get(_A)
+    return int(raw) if raw is not None and raw.isdigit() and len(raw) <= 6 else 0
+
+
+# -- the record ------------------------------------------------------------------------------
+
+JOB_STATE = "s"
+JOB_HANDLER = "h"
+JOB_ENTRY = "e"
+JOB_ENQUEUED = "t"
+JOB_RUN_AT = "at"
+JOB_PAYLOAD = "p"
+JOB_STARTED = "st"
+JOB_FINISHED = "ft"
+JOB_ATTEMPTS = "a"
+JOB_WORKER = "w"
+JOB_RESULT = "r"
+JOB_REASON = "reason"
+JOB_ERROR = "err"
+JOB_ASIDE = "aside"
+JOB_WHY = "why"
+
+RESULT_FIELDS = [JOB_STATE, JOB_RESULT, JOB_REASON, JOB_ERROR]  # what a result poll reads
+
+
+def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
+    """A job's record (an HGETALL reply) as text, by field name.
+
+    ==========  ================================================================================
+    ``s``       ``JobState``: scheduled, queued, done, dead, cancelled ("running" is read off the
+                stream's pending list: a queued job a member has read)
+    ``h``       handler (``module:function``)
+    ``e``       its stream entry's id, once on the stream (a delayed, requeued or aside job)
+    ``t``       enqueued at (s)
+    ``at``      when a delayed job runs
+    ``p``       a delayed job's payload, until it is due
+    ``st``      started at          ``ft``  finished at
+    ``a``       attempts            ``w``   the worker that settled it
+    ``r``       result JSON (done)
+    ``reason``  why it died (dead)  ``err`` its traceback (dead)
+    ``aside``   the handler whose aside stream its entry ``e`` is on (set aside: no member that
+                read it could run it)
+    ``why``     why it waits there (shown while it is queued)
+    ==========  ================================================================================
+
+    A job to run now has no record until it settles or is cancelled: its entry is all of
+    it (``waiting_record`` says what it reads as).
+    """
+    return {k.decode(): v.decode() for k, v in raw.items()}
+
+
+def waiting_record(fields: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
+    """What the record of a job that waits as its entry alone (no record yet) reads as."""
+    return {
+        JOB_STATE.encode(): JobState.QUEUED.value.encode(),
+        JOB_HANDLER.encode(): fields.get(_H, b""),
+        JOB_ENQUEUED.encode(): fields.get(_T, b""),
+    }
+
+
+def queued_entry(raw: Mapping[bytes, bytes]) -> tuple[bytes, str] | None:
+    """A queued job's entry id and the handler whose aside stream it is on ('' = the
+    queue's own), from its record; None if it is not queued with an entry."""
+    entry = raw.get(JOB_ENTRY.encode())
+    if raw.get(JOB_STATE.encode()) != JobState.QUEUED.value.encode() or not entry:
+        return None
+    return entry, (raw.get(JOB_ASIDE.encode()) or b"").decode()
+
+
+def _text(raw: Any) -> str | None:
+    if raw is None:
+        return None
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
+def _int(raw: str | None) -> int:
+    return int(raw) if raw else 0
+
+
+def _float(raw: str | None) -> float | None:
+    return float(raw) if raw else None
+
+
+def job_status(
+    queue: str, job_id: str, raw: Mapping[bytes, bytes], pending: Any, now: float
+) -> JobStatus:
+    """A job's status from its record and, for a queued job, its pending-list row (an
+    XPENDING range reply: empty if no member has read it yet)."""
+    f = decode_record(raw)
+    state = JobState(f.get(JOB_STATE, JobState.QUEUED.value))
+    attempts, worker = _int(f.get(JOB_ATTEMPTS)), f.get(JOB_WORKER)
+    started = _float(f.get(JOB_STARTED))
+    if state == JobState.QUEUED and pending and _text(pending[0]["consumer"]) != PARKED:
+        row = pending[0]  # a member has it (a parked one waits to be taken over)
+        state, worker = JobState.RUNNING, _text(row["consumer"])
+        attempts = int(row["times_delivered"])
+        started = now - int(row["time_since_delivered"]) / 1000
+    error = reason = None
+    if state == JobState.QUEUED:
+        reason = f.get(JOB_WHY) or None
+    if state == JobState.DEAD:
+        died = f.get(JOB_REASON, "dead")
+        lines = (f.get(JOB_ERROR) or "").strip().splitlines()
+        error = f"{died}: {lines[-1]}" if lines else died
+    return JobStatus(
+        id=job_id,
+        queue=queue,
+        handler=f.get(JOB_HANDLER, ""),
+        state=state,
+        attempts=attempts,
+        worker=worker,
+        enqueued_at=_float(f.get(JOB_ENQUEUED)) or 0.0,
+        run_at=_float(f.get(JOB_RUN_AT)),
+        started_at=started,
+        finished_at=_float(f.get(JOB_FINISHED)),
+        error=error,
+        reason=reason,
+    )
+
+
+# -- the dead letter -------------------------------------------------------------------------
+
+DEAD_ENTRY = "entry"
+DEAD_JOB = "job"
+DEAD_INDEX = "index"
+DEAD_REASON = "reason"
+DEAD_ERROR = "error"
+DEAD_ATTEMPTS = "attempts"
+DEAD_PAYLOAD = "payload"
+DEAD_HANDLER = "handler"
+DEAD_WORKER = "worker"
+DEAD_TS = "ts"
+
+DEAD_FIELDS = (
+    DEAD_ENTRY,
+    DEAD_JOB,
+    DEAD_INDEX,
+    DEAD_REASON,
+    DEAD_ERROR,
+    DEAD_ATTEMPTS,
+    DEAD_PAYLOAD,
+    DEAD_HANDLER,
+    DEAD_WORKER,
+    DEAD_TS,
+)
+
+
+def decode_dead_letter(raw: Mapping[bytes, bytes], errors: str = "strict") -> dict[str, str | None]:
+    """One entry of a dead-letter stream, by field name: its text, None where it is missing.
+    ``errors``: how bytes that are no UTF-8 are decoded (``"strict"``: ``UnicodeDecodeError``).
+
+    ============  ==============================================================================
+    ``entry``     the stream entry it was ('' for a subtask swept as lost)
+    ``job``       a queue's: the job's id ('' for an entry that was no job: ``rejected``)
+    ``index``     a task's: the subtask's index ('' if the entry had none)
+    ``reason``    why it died; ``rejected`` for an entry that was no job or subtask
+    ``error``     the traceback, or what was wrong with the entry
+    ``attempts``  the starts it had
+    ``payload``   its payload JSON, as enqueued (to requeue it)
+    ``handler``   a queue's: the job's handler
+    ``worker``    the worker that dead-lettered it
+    ``ts``        when (s)
+    ============  ==============================================================================
+    """
+    out: dict[str, str | None] = {}
+    for name in DEAD_FIELDS:
+        value = raw.get(name.encode())
+        out[name] = None if value is None else value.decode(errors=errors)
+    return out
+
+
+# -- names the Lua scripts get -----------------------------------------------------------------
+
+LUA_NAMES = {
+    "ENTRY_JOB": ENTRY_JOB,
+    "ENTRY_HANDLER": ENTRY_HANDLER,
+    "ENTRY_PAYLOAD": ENTRY_PAYLOAD,
+    "ENTRY_ENQUEUED": ENTRY_ENQUEUED,
+    "ENTRY_STARTS": ENTRY_STARTS,
+    "JOB_STATE": JOB_STATE,
+    "JOB_HANDLER": JOB_HANDLER,
+    "JOB_ENTRY": JOB_ENTRY,
+    "JOB_ENQUEUED": JOB_ENQUEUED,
+    "JOB_RUN_AT": JOB_RUN_AT,
+    "JOB_PAYLOAD": JOB_PAYLOAD,
+    "JOB_STARTED": JOB_STARTED,
+    "JOB_FINISHED": JOB_FINISHED,
+    "JOB_ATTEMPTS": JOB_ATTEMPTS,
+    "JOB_WORKER": JOB_WORKER,
+    "JOB_RESULT": JOB_RESULT,
+    "JOB_REASON": JOB_REASON,
+    "JOB_ERROR": JOB_ERROR,
+    "JOB_ASIDE": JOB_ASIDE,
+    "JOB_WHY": JOB_WHY,
+    **{f"DEAD_{name.upper()}": name for name in DEAD_FIELDS},
+}
