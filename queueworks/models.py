@@ -7,6 +7,7 @@ Hot-path messages (subtask entries, results) are decoded by small hand-written f
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
@@ -162,12 +163,25 @@ class TaskSpec(_Model):
 
 class StoredSpec(TaskSpec):
     """A spec read back from Redis: subtasks are not part of it. Its options are not
-    refused (an older version stored NaN as null): their readers fall back to defaults."""
+    refused (an older version stored NaN as null): their readers fall back to defaults. A
+    NaN or infinity in them (written by hand: JSON's ``Infinity``) reads as the null that
+    storing it would write, so a spec reads back as it is stored."""
 
     @field_validator("options")
     @classmethod
     def _options(cls, v: dict[str, Any]) -> dict[str, Any]:
-        return v
+        return {k: finite_or_none(item) for k, item in v.items()}
+
+
+def finite_or_none(value: Any) -> Any:
+    """``value`` with every NaN or infinity in it (dicts and lists) replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite_or_none(v) for v in value]
+    return value
 
 
 @dataclass(frozen=True)

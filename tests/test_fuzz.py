@@ -161,6 +161,7 @@ spec_objects = st.fixed_dictionaries(
 @example(b'{"name":"n","handler":"m:f","subtask_timeout":1e300}')
 @example(b'{"name":"n","handler":"m:f","options":' + _deep("list") + b"}")
 @example(b'{"name":"n","handler":"m:__import__"}')
+@example(b'{"name":"n","handler":"m:f","options":{"":Infinity,"q":[NaN,{"x":-Infinity}]}}')
 def test_stored_spec_decodes_or_raises_validation_error(raw: bytes) -> None:
     try:
         spec = StoredSpec.model_validate_json(raw)
