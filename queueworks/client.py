@@ -6,7 +6,7 @@ import itertools
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Unpack
 
 from redis.cluster import RedisCluster
 
@@ -17,12 +17,12 @@ from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.logs import get_logger
 from queueworks.messages import NotJSON, partition_of, to_json
 from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
-from queueworks.queues import DEFAULTS, UNSET, Queue, Unset, open_queue
+from queueworks.queue_settings import DEFAULTS, QueueOptions, check_queue_settings
+from queueworks.queues import UNSET, Queue, open_queue
 from queueworks.records import BadRecord, new_task, worker_record
 from queueworks.scripts import Scripts
 from queueworks.tasks import Task, TaskNotFound, task_page, task_statuses
 from queueworks.topology import queue_replication_wait
-from queueworks.validate import check_queue_settings
 
 if TYPE_CHECKING:
     from queueworks.aio.tasks import AsyncTask
@@ -256,20 +256,7 @@ class Client:
 
     # -- queues ---------------------------------------------------------------------------
 
-    def queue(
-        self,
-        name: str,
-        *,
-        min_nodes: int | Unset = UNSET,
-        max_nodes: int | Unset | None = UNSET,
-        priority: int | Unset = UNSET,
-        max_attempts: int | Unset = UNSET,
-        job_timeout: float | Unset = UNSET,
-        result_ttl: float | Unset = UNSET,
-        idle_after: float | Unset = UNSET,
-        node_selector: dict[str, str] | Unset = UNSET,
-        reopen: bool = False,
-    ) -> Queue:
+    def queue(self, name: str, *, reopen: bool = False, **settings: Unpack[QueueOptions]) -> Queue:
         """Create the queue ``name`` or open it (idempotent). Settings not given are the
         queue's own (or the defaults, when it is created: ``min_nodes=1``, no
         ``max_nodes``, ``priority=0``, ``max_attempts=3``, ``job_timeout=60`` s,
@@ -278,16 +265,7 @@ class Client:
         (or failed) takes no jobs: opening it is a ``ValueError``, unless ``reopen=True``,
         which makes it open again (queued, then running), with its settings, counts and
         jobs as they were."""
-        given = given_settings(
-            min_nodes=min_nodes,
-            max_nodes=max_nodes,
-            priority=priority,
-            max_attempts=max_attempts,
-            job_timeout=job_timeout,
-            result_ttl=result_ttl,
-            idle_after=idle_after,
-            node_selector=node_selector,
-        )
+        given = given_settings(**settings)
         name = check_task_id(name, "queue name")
         self.check_eviction()
         return open_queue(self, name, given, reopen)

@@ -29,7 +29,7 @@ from queueworks.connection import text
 from queueworks.context import JobContext, Suspended
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
-from queueworks.queues import stored_idle_after
+from queueworks.queue_settings import stored_idle_after
 from queueworks.scripts import JobRef
 from queueworks.signals import ColdStop
 

@@ -9,7 +9,7 @@ Lua scripts and what each is called with (``AsyncScripts`` runs the calls of
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Unpack
 
 from queueworks import events
 from queueworks.aio.connection import AsyncConnection, connect_async
@@ -34,7 +34,7 @@ from queueworks.connection import text
 from queueworks.eviction import CLIENT_OVERRIDE, judge, read_policies_async
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
-from queueworks.queues import DEFAULTS, UNSET, Unset
+from queueworks.queue_settings import DEFAULTS, QueueOptions
 from queueworks.records import new_task
 from queueworks.scripts import AsyncScripts
 from queueworks.tasks import TaskNotFound, task_page, task_statuses
@@ -162,33 +162,13 @@ class AsyncClient:
     # -- queues ---------------------------------------------------------------------------
 
     async def queue(
-        self,
-        name: str,
-        *,
-        min_nodes: int | Unset = UNSET,
-        max_nodes: int | Unset | None = UNSET,
-        priority: int | Unset = UNSET,
-        max_attempts: int | Unset = UNSET,
-        job_timeout: float | Unset = UNSET,
-        result_ttl: float | Unset = UNSET,
-        idle_after: float | Unset = UNSET,
-        node_selector: dict[str, str] | Unset = UNSET,
-        reopen: bool = False,
+        self, name: str, *, reopen: bool = False, **settings: Unpack[QueueOptions]
     ) -> AsyncQueue:
         """Create the queue ``name`` or open it (idempotent), as ``Client.queue``: a
         coroutine, since opening reads the queue (and creating writes it), so a settings
         conflict is a ``ValueError`` here, at once; ``reopen=True`` reopens a cancelled
         (or failed) queue."""
-        given = given_settings(
-            min_nodes=min_nodes,
-            max_nodes=max_nodes,
-            priority=priority,
-            max_attempts=max_attempts,
-            job_timeout=job_timeout,
-            result_ttl=result_ttl,
-            idle_after=idle_after,
-            node_selector=node_selector,
-        )
+        given = given_settings(**settings)
         name = check_task_id(name, "queue name")
         await self.check_eviction()
         return await open_queue(self, name, given, reopen)

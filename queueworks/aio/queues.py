@@ -28,13 +28,13 @@ import redis
 from queueworks import events
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
 from queueworks.models import JobStatus, QueueStatus
+from queueworks.queue_settings import QueueSettings
 from queueworks.queues import (
     CANCEL_TRIES,
     CANCELLED_LAST,
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
-    QueueSettings,
     cancelled,
     check_created,
     enqueued,
