@@ -30,6 +30,7 @@ from queueworks.validate import (
 )
 
 SETTING = "queue_setting"  # the key of a field's ``Setting`` in its metadata
+_MISSING: Any = object()
 
 
 @dataclass(frozen=True)
@@ -80,9 +81,11 @@ class Setting:
             return check_number(self.name, value, self.low, self.high, above_low=self.above_low)
         return check_labels(self.name, value)
 
-    def stored_in(self, spec: TaskSpec | Mapping[str, Any]) -> Any:
+    def stored_in(self, spec: TaskSpec | Mapping[str, Any], missing: Any = _MISSING) -> Any:
         """The value kept in a spec (a ``TaskSpec``, or one read as a dict), as it is
-        there; a missing one: ``default``."""
+        there; a missing one: ``missing`` if given, else ``default``."""
+        if missing is _MISSING:
+            missing = self.default
         value: Any = spec
         for part in self.path:
             if isinstance(value, Mapping):
@@ -92,11 +95,8 @@ class Setting:
             else:
                 value = _MISSING
             if value is _MISSING:
-                return self.default
+                return missing
         return value
-
-
-_MISSING = object()
 
 
 def about(kind: type, help: str, **more: Any) -> dict[str, Setting]:
