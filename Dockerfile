@@ -34,7 +34,7 @@ COPY wheels ./wheels
 # and an empty queueworks, in a layer that a change to the sources or docs leaves cached.
 RUN set -eu; \
     touch README.md; \
-    mkdir -p queueworks/aio queueworks/dashboard queueworks/torch workers controller; \
+    mkdir -p queueworks/aio queueworks/commands queueworks/dashboard queueworks/torch workers controller; \
     spec="."; \
     if [ -n "${EXTRAS}" ]; then spec=".[${EXTRAS}]"; fi; \
     case ",${EXTRAS}," in \

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from redis.cluster import RedisCluster
 
@@ -21,7 +21,8 @@ from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
 from queueworks.queue_handle import Queue, open_queue
 from queueworks.queue_plans import plan_queues
-from queueworks.queues import UNSET, Unset
+from queueworks.queue_settings import QueueOptions, check_queue_settings
+from queueworks.queues import UNSET
 from queueworks.records import BadRecord
 from queueworks.runner import run
 from queueworks.scripts import Scripts
@@ -37,7 +38,6 @@ from queueworks.submit import (
     sync_subtasks,
 )
 from queueworks.tasks import Task, TaskNotFound
-from queueworks.validate import check_queue_settings
 
 __all__ = [
     "SUBMIT_BATCH",
@@ -138,20 +138,7 @@ class Client:
 
     # -- queues ---------------------------------------------------------------------------
 
-    def queue(
-        self,
-        name: str,
-        *,
-        min_nodes: int | Unset = UNSET,
-        max_nodes: int | Unset | None = UNSET,
-        priority: int | Unset = UNSET,
-        max_attempts: int | Unset = UNSET,
-        job_timeout: float | Unset = UNSET,
-        result_ttl: float | Unset = UNSET,
-        idle_after: float | Unset = UNSET,
-        node_selector: dict[str, str] | Unset = UNSET,
-        reopen: bool = False,
-    ) -> Queue:
+    def queue(self, name: str, *, reopen: bool = False, **settings: Unpack[QueueOptions]) -> Queue:
         """Create the queue ``name`` or open it (idempotent). Settings not given are the
         queue's own (or the defaults, when it is created: ``min_nodes=1``, no
         ``max_nodes``, ``priority=0``, ``max_attempts=3``, ``job_timeout=60`` s,
@@ -160,16 +147,7 @@ class Client:
         (or failed) takes no jobs: opening it is a ``ValueError``, unless ``reopen=True``,
         which makes it open again (queued, then running), with its settings, counts and
         jobs as they were."""
-        given = given_settings(
-            min_nodes=min_nodes,
-            max_nodes=max_nodes,
-            priority=priority,
-            max_attempts=max_attempts,
-            job_timeout=job_timeout,
-            result_ttl=result_ttl,
-            idle_after=idle_after,
-            node_selector=node_selector,
-        )
+        given = given_settings(**settings)
         name = check_task_id(name, "queue name")
         self.check_eviction()
         return open_queue(self, name, given, reopen)

@@ -30,11 +30,11 @@ from queueworks.queue_plans import (
     plan_revive,
     plan_send,
 )
+from queueworks.queue_settings import QueueSettings
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
-    QueueSettings,
     enqueued,
     new_job,
     payload_json,

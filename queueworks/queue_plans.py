@@ -17,13 +17,12 @@ from queueworks.jobrecords import job_status
 from queueworks.keys import Keys
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.plans import Plan, Sleep, Trip, alone
+from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.queues import (
     CANCEL_TRIES,
     CANCELLED_LAST,
-    DEFAULTS,
     FIRST_PAUSE,
     LAST_PAUSE,
-    QueueSettings,
     cancelled,
     check_created,
     enqueued,

@@ -19,7 +19,6 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
 from datetime import datetime
 from enum import Enum
 from types import FunctionType
@@ -34,14 +33,14 @@ from queueworks.models import (
     JobState,
     QueueStatus,
     StoredSpec,
-    TaskSpec,
     TaskState,
     TaskStatus,
     parse_handler_path,
 )
+from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.records import Hash, new_task, queue_counts
 from queueworks.scripts import NewJob, job_ids
-from queueworks.validate import check_idle_after, run_at
+from queueworks.validate import run_at
 from queueworks.vanished import (
     QueueGone,
     lost,
@@ -113,65 +112,6 @@ def payload_json(payload: Any) -> str:
 def new_job_id() -> str:
     """A delayed job's id (a job to run now has its stream entry's)."""
     return os.urandom(10).hex()
-
-
-@dataclass(frozen=True)
-class QueueSettings:
-    min_nodes: int
-    max_nodes: int | None
-    priority: int
-    max_attempts: int
-    job_timeout: float
-    result_ttl: float
-    idle_after: float
-    node_selector: dict[str, str]
-
-    def spec(self, name: str) -> TaskSpec:
-        return TaskSpec(
-            name=name,
-            mode="queue",
-            min_nodes=self.min_nodes,
-            max_nodes=self.max_nodes,
-            priority=self.priority,
-            max_attempts=self.max_attempts,
-            subtask_timeout=self.job_timeout,
-            result_ttl=self.result_ttl,
-            node_selector=self.node_selector,
-            options={"queue": {"idle_after": self.idle_after}},
-        )
-
-    @classmethod
-    def of(cls, spec: TaskSpec) -> QueueSettings:
-        return cls(
-            min_nodes=spec.min_nodes,
-            max_nodes=spec.max_nodes,
-            priority=spec.priority,
-            max_attempts=spec.max_attempts,
-            job_timeout=spec.subtask_timeout,
-            result_ttl=spec.result_ttl,
-            idle_after=stored_idle_after(spec.options)[0],
-            node_selector=dict(spec.node_selector),
-        )
-
-    def given(self) -> dict[str, Any]:
-        """All of them, as ``Client.queue`` is given settings."""
-        return asdict(self)
-
-
-def stored_idle_after(options: Mapping[str, Any]) -> tuple[float, str | None]:
-    """A stored queue's ``idle_after``, and what was wrong with it if it is the default
-    instead (an older version stored NaN or infinity as null)."""
-    queue = options.get("queue")
-    if not isinstance(queue, Mapping) or "idle_after" not in queue:
-        return IDLE_AFTER, None
-    try:
-        return check_idle_after(queue["idle_after"]), None
-    except ValueError as exc:
-        return IDLE_AFTER, str(exc)
-
-
-IDLE_AFTER = 30.0  # s without a job before a queue asks for min_nodes only
-DEFAULTS = QueueSettings(1, None, 0, 3, 60.0, 24 * 3600.0, IDLE_AFTER, {})
 
 
 # -- what Queue/Job and AsyncQueue/AsyncJob share: no I/O, or commands queued on a pipeline --

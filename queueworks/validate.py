@@ -133,31 +133,6 @@ def check_idle_after(value: Any) -> float:
     return check_number("idle_after", value, 0.0, MAX_TTL)
 
 
-def check_queue_settings(given: dict[str, Any]) -> dict[str, Any]:
-    """The settings a caller gave ``Client.queue`` (any of them), checked one by one, the
-    error naming the setting as the caller wrote it."""
-    out = dict(given)
-    for name, value in given.items():
-        if name in ("min_nodes", "max_nodes"):
-            if value is not None or name == "min_nodes":
-                out[name] = check_int(name, value, 1, MAX_NODES)
-        elif name == "priority":
-            out[name] = check_priority(value)
-        elif name == "max_attempts":
-            out[name] = check_int(name, value, 1, MAX_ATTEMPTS)
-        elif name == "job_timeout":
-            out[name] = check_number(name, value, 0.0, MAX_TIMEOUT, above_low=True)
-        elif name == "result_ttl":
-            out[name] = check_number(name, value, 0.0, MAX_TTL, above_low=True)
-        elif name == "idle_after":
-            out[name] = check_idle_after(value)
-        elif name == "node_selector":
-            out[name] = check_labels(name, value)
-    if "min_nodes" in out and out.get("max_nodes") is not None:
-        check_resize(out["min_nodes"], out["max_nodes"])
-    return out
-
-
 def run_at(delay: Any, at: Any, now: float) -> float:
     """When a job given ``delay`` (s from now) or ``at`` (a datetime or Unix time) runs:
     ``delay`` within ``0 .. MAX_TTL``, ``at`` no later than ``now + MAX_TTL``."""

@@ -28,6 +28,7 @@ import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.cli import main
+from queueworks.queue_settings import QueueSettings
 from queueworks.redis_server import RedisServer, free_port
 from queueworks.settings import Settings
 from tests.conftest import ROOT, Cluster, wait_for
@@ -400,6 +401,19 @@ def test_redis_command_on_a_port_in_use_is_one_line(closed_url: str) -> None:
     one_line_error(res, 1, f"port {port} on 127.0.0.1 is in use", "--port")
 
 
+def test_enqueue_creates_its_queue_with_every_setting_given(
+    redis_url: str, prefix: str, client: Client
+) -> None:
+    """Every queue setting has its option (``QueueSettings`` declares them)."""
+    args = ["enqueue", "sel", "tests.handlers:double", "--min-nodes", "2", "--max-nodes", "3"]
+    args += ["--priority", "5", "--max-attempts", "4", "--job-timeout", "1.5"]
+    args += ["--result-ttl", "60", "--idle-after", "0", "--node-selector", "gpu=yes"]
+    res = cli([*args, "--node-selector", "zone=a=b"], redis_url, prefix)
+    assert res.returncode == 0, res.stderr
+    settings = QueueSettings(2, 3, 5, 4, 1.5, 60.0, 0.0, {"gpu": "yes", "zone": "a=b"})
+    assert client.queue("sel").settings == settings
+
+
 # -- every number and name is checked where it enters ---------------------------------------
 
 DEEP = "[" * 200 + "]" * 200
@@ -417,6 +431,9 @@ DEEP = "[" * 200 + "]" * 200
         (["enqueue", "q", "tests.handlers:double", "--job-timeout", "nan"], "--job-timeout"),
         (["enqueue", "q", "tests.handlers:double", "--priority", "9" * 12], "--priority"),
         (["enqueue", "q", "tests.handlers:double", "--min-nodes", "0"], "--min-nodes"),
+        (["enqueue", "q", "tests.handlers:double", "--result-ttl", "0"], "--result-ttl"),
+        (["enqueue", "q", "tests.handlers:double", "--idle-after", "nan"], "--idle-after"),
+        (["enqueue", "q", "tests.handlers:double", "--node-selector", "gpu"], "--node-selector"),
         (["enqueue", "q", "tests.handlers:double", "--json", DEEP], "nested deeper than 100"),
         (["submit", "m:f", "--count", "1", "--wait", "--timeout", "-1"], "--timeout"),
         (["submit", "m:f", "--count", "-1"], "--count"),

@@ -37,7 +37,7 @@ from queueworks import (
 from queueworks.keys import Keys
 from queueworks.messages import MAX_DEPTH
 from queueworks.models import StoredSpec
-from queueworks.queues import QueueSettings
+from queueworks.queue_settings import QueueSettings
 from queueworks.redis_server import RedisServer, free_port
 from tests.conftest import ROOT, Cluster, wait_for
 from tests.test_asyncio_client import run

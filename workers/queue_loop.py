@@ -28,7 +28,7 @@ from queueworks.context import JobContext, Suspended
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
-from queueworks.queues import stored_idle_after
+from queueworks.queue_settings import stored_idle_after
 from queueworks.signals import ColdStop
 
 from .aside import Aside, Reply

@@ -9,7 +9,7 @@ differs, and why: docs/asyncio.md.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
@@ -30,7 +30,7 @@ from queueworks.keys import Keys, check_task_id
 from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
 from queueworks.queue_plans import plan_queues
-from queueworks.queues import UNSET, Unset
+from queueworks.queue_settings import QueueOptions
 from queueworks.scripts import AsyncScripts
 from queueworks.submit import check_replicated, plan_submit, submit_task_id
 
@@ -115,33 +115,13 @@ class AsyncClient:
     # -- queues ---------------------------------------------------------------------------
 
     async def queue(
-        self,
-        name: str,
-        *,
-        min_nodes: int | Unset = UNSET,
-        max_nodes: int | Unset | None = UNSET,
-        priority: int | Unset = UNSET,
-        max_attempts: int | Unset = UNSET,
-        job_timeout: float | Unset = UNSET,
-        result_ttl: float | Unset = UNSET,
-        idle_after: float | Unset = UNSET,
-        node_selector: dict[str, str] | Unset = UNSET,
-        reopen: bool = False,
+        self, name: str, *, reopen: bool = False, **settings: Unpack[QueueOptions]
     ) -> AsyncQueue:
         """Create the queue ``name`` or open it (idempotent), as ``Client.queue``: a
         coroutine, since opening reads the queue (and creating writes it), so a settings
         conflict is a ``ValueError`` here, at once; ``reopen=True`` reopens a cancelled
         (or failed) queue."""
-        given = given_settings(
-            min_nodes=min_nodes,
-            max_nodes=max_nodes,
-            priority=priority,
-            max_attempts=max_attempts,
-            job_timeout=job_timeout,
-            result_ttl=result_ttl,
-            idle_after=idle_after,
-            node_selector=node_selector,
-        )
+        given = given_settings(**settings)
         name = check_task_id(name, "queue name")
         await self.check_eviction()
         return await open_queue(self, name, given, reopen)

@@ -36,11 +36,11 @@ from queueworks.queue_plans import (
     plan_revive,
     plan_send,
 )
+from queueworks.queue_settings import QueueSettings
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
-    QueueSettings,
     new_job,
 )
 from queueworks.script_calls import NewJob

@@ -26,6 +26,7 @@ from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, local_path, s
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import json_response
 from queueworks.keys import check_task_id, check_worker_id
+from queueworks.queue_settings import SETTINGS
 
 MAX_BODY = 64 * 1024
 
@@ -43,16 +44,21 @@ def _task(d: Dashboard, params: dict[str, str]) -> Any:
     return task
 
 
-def _int(form: dict[str, Any], name: str, *, optional: bool = False) -> int | None:
+def _setting(form: dict[str, Any], name: str) -> Any:
+    """Queue setting ``name`` (``QueueSettings``) from a form: required unless the setting
+    may be None (then "" is None); an integer one must be an integer. Its bounds are
+    checked by the action that takes it."""
+    declared = SETTINGS[name]
     raw = form.get(name)
     if raw is None or raw == "":
-        if optional:
+        if declared.optional:
             return None
         raise ActionError(f"{name} is required")
+    what = "an integer" if declared.kind is int else "a number"
     try:
-        return int(raw)
+        return declared.kind(raw)
     except (TypeError, ValueError):
-        raise ActionError(f"{name} must be an integer, got {raw!r}") from None
+        raise ActionError(f"{name} must be {what}, got {raw!r}") from None
 
 
 def cancel(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
@@ -64,17 +70,14 @@ def cancel(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[s
 
 def priority(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
     task = _task(d, params)
-    value = _int(form, "priority")
-    assert value is not None
+    value = _setting(form, "priority")
     task.set_priority(value)
     return {"priority": value, "message": f"Priority set to {value}."}
 
 
 def resize(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
     task = _task(d, params)
-    low = _int(form, "min_nodes")
-    high = _int(form, "max_nodes", optional=True)
-    assert low is not None
+    low, high = _setting(form, "min_nodes"), _setting(form, "max_nodes")
     task.resize(low, high)
     shown = "unbounded" if high is None else str(high)
     return {

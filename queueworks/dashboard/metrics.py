@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueworks.dashboard.queues import QueueReader
+from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.dashboard.reader import Reader, history_entry, task_counts
 from queueworks.dashboard.views import QueueSummary, TaskSummary, WorkerView
 

@@ -16,7 +16,7 @@ from queueworks.admin import Admin
 from queueworks.client import Client
 from queueworks.connection import redact_url
 from queueworks.dashboard.metrics import Metrics
-from queueworks.dashboard.queues import QueueReader
+from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.dashboard.reader import Reader
 from queueworks.dashboard.security import Guard, request_host
 from queueworks.dashboard.throughput import Throughput

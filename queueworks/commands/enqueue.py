@@ -18,19 +18,18 @@ from typing import TYPE_CHECKING, Any
 import click
 import pydantic
 
-from queueworks.cli_errors import EXIT_UNFINISHED, BadInput, validation_text
-from queueworks.cli_options import (
-    ATTEMPTS,
-    NODES,
-    PRIORITY,
+from queueworks.commands.errors import EXIT_UNFINISHED, BadInput, validation_text
+from queueworks.commands.options import (
     client_for,
     common,
     option,
+    queue_setting_options,
     seconds,
     settings_from_flags,
     task_id_param,
 )
-from queueworks.validate import MAX_TIMEOUT, MAX_TTL
+from queueworks.queue_settings import SETTINGS
+from queueworks.validate import MAX_TTL
 
 if TYPE_CHECKING:
     from queueworks.queue_handle import Queue
@@ -51,8 +50,8 @@ def wait_for_job(
     queue: Queue, job_id: str, timeout: float | None, say: Callable[[str], None]
 ) -> Outcome | None:
     """Wait for job ``job_id`` of ``queue`` to finish; None if ``timeout`` s passed first."""
-    from queueworks.dead import last_line
-    from queueworks.info import ControllerWatch
+    from queueworks.commands.dead import last_line
+    from queueworks.commands.info import ControllerWatch
     from queueworks.queues import JobFailed
 
     job = queue.job(job_id)
@@ -76,10 +75,6 @@ def wait_for_job(
             said = reason
         if deadline is not None and time.monotonic() >= deadline:
             return None
-
-
-def _queue_setting(flag: str, help: str, default: str, **kwargs: Any) -> Callable[[Any], Any]:
-    return option(flag, help=help, show_default=f"the queue's own; {default} if new", **kwargs)
 
 
 @click.command(short_help="Enqueue one job on a queue; print its id.")
@@ -118,16 +113,7 @@ def _queue_setting(flag: str, help: str, default: str, **kwargs: Any) -> Callabl
     show_default=True,
     help="open the queue again if it was cancelled (else such a queue takes no job)",
 )
-@_queue_setting("--min-nodes", "fewest workers the queue runs on", "1", type=NODES)
-@_queue_setting("--max-nodes", "most workers the queue runs on", "no limit", type=NODES)
-@_queue_setting("--priority", "higher runs first and may take nodes from lower", "0", type=PRIORITY)
-@_queue_setting("--max-attempts", "runs of a failing job before it is dead", "3", type=ATTEMPTS)
-@_queue_setting(
-    "--job-timeout",
-    "seconds a job may run before it is interrupted (a failed attempt)",
-    "60",
-    type=seconds(0, MAX_TIMEOUT, above=True),
-)
+@queue_setting_options
 def enqueue(
     queue: str,
     handler: str,
@@ -147,8 +133,7 @@ def enqueue(
     from queueworks.messages import NotJSON, from_json, to_json
     from queueworks.models import parse_handler_path
 
-    names = ("min_nodes", "max_nodes", "priority", "max_attempts", "job_timeout")
-    given = {k: v for k in names if (v := flags.pop(k)) is not None}
+    given = {k: v for k in SETTINGS if (v := flags.pop(k)) is not None}
     settings = settings_from_flags(**flags)
     try:
         parse_handler_path(handler)

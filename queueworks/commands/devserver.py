@@ -16,8 +16,8 @@ from pathlib import Path
 
 import click
 
-from queueworks.cli_errors import CliError
-from queueworks.cli_options import option
+from queueworks.commands.errors import CliError
+from queueworks.commands.options import option
 from queueworks.redis_server import RedisServer
 
 DEFAULT_PORT = 6379  # the port of the default URL, redis://localhost:6379/0

@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from queueworks.cli_errors import META_PREFIX, META_URL, BadInput
+from queueworks.commands.errors import META_PREFIX, META_URL, BadInput
 from queueworks.logs import configure
+from queueworks.queue_settings import SETTINGS, Setting
 from queueworks.settings import Settings
 from queueworks.validate import MAX_ATTEMPTS, MAX_NODES, MAX_PRIORITY
 
@@ -161,3 +162,45 @@ def task_id_param(ctx: click.Context, param: click.Parameter, value: str) -> str
         return check_task_id(value)
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+
+
+def key_values(items: tuple[str, ...], flag: str, what: str) -> dict[str, str]:
+    """``k=v`` items of a repeated option as a dict (a later key wins)."""
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"{what} {item!r} must be key=value", param_hint=flag)
+        labels[key] = value
+    return labels
+
+
+def setting_type(s: Setting) -> click.ParamType[Any]:
+    """The click type of a queue setting, from its declared kind and bounds."""
+    if s.kind is int:
+        return click.IntRange(int(s.low), int(s.high))
+    if s.kind is float:
+        return seconds(s.low, s.high, above=s.above_low)
+    return click.STRING  # a k=v label of a dict setting, repeated
+
+
+def _labels_given(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """A dict setting's ``k=v`` items as a dict; none given: None (not given)."""
+    return key_values(value, param.opts[0], "label") if value else None
+
+
+def queue_setting_options(f: Any) -> Any:
+    """An option for every queue setting (``QueueSettings``): its flag, type and help
+    from the declaration; not given (None) unless given, so that the queue's own stays."""
+    for s in reversed(SETTINGS.values()):
+        more: dict[str, Any] = {"type": setting_type(s)}
+        if s.kind is dict:
+            more.update(multiple=True, metavar="KEY=VALUE", callback=_labels_given)
+        f = option(
+            s.flag,
+            s.name,
+            help=s.help,
+            show_default=f"the queue's own; {s.shown_default} if new",
+            **more,
+        )(f)
+    return f

@@ -5,10 +5,15 @@ A queue is a task (mode "queue"), but it is listed with the queues, not among th
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable
+from typing import Any
+
+import click
 
 from queueworks.client import Client
+from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
 from queueworks.models import NodeInfo, QueueStatus, TaskState
 from queueworks.tasks import Backend
 
@@ -137,3 +142,61 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
             f" processed={w.processed} labels={labels} heartbeat {beat}"
         )
     return "\n".join(lines)
+
+
+@click.command(short_help="Tasks, queues (backlog, node sets) and workers.")
+@common
+@option("--watch", is_flag=True, help="redraw every --interval seconds until Ctrl-C (or SIGTERM)")
+@option(
+    "--interval",
+    type=seconds(0, 3600, above=True),
+    default=1.0,
+    show_default=True,
+    help="seconds between redraws",
+)
+@option("--json", "as_json", is_flag=True, help="machine-readable output")
+@option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=100,
+    show_default=True,
+    help="how many of the newest tasks to show",
+)
+@option(
+    "--offset",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="skip this many of the newest tasks first",
+)
+def info(
+    watch: bool, interval: float, as_json: bool, limit: int, offset: int, **flags: Any
+) -> None:
+    """Tasks (the newest, a page at a time: state, progress, node set with ranks), queues
+    (backlog, rate, node set) and workers, like `rq info`."""
+    settings = settings_from_flags(**flags)
+    client = client_for(settings)
+    if not watch:
+        click.echo(render(client, as_json=as_json, limit=limit, offset=offset))
+        return
+    _end_watch_on_signals()
+    try:
+        while True:
+            text = render(client, as_json=as_json, limit=limit, offset=offset)
+            click.clear()
+            click.echo(text)
+            time.sleep(interval)
+    except KeyboardInterrupt:  # Ctrl-C, SIGINT or SIGTERM, wherever the redraw was
+        return
+
+
+def _end_watch_on_signals() -> None:
+    """SIGINT and SIGTERM end ``info --watch`` (exit 0). Set here, not left to Python: a
+    process started with SIGINT ignored (``cmd &`` in a script) keeps it ignored, and the
+    watch would redraw forever."""
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)

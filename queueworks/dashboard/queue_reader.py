@@ -44,9 +44,11 @@ from queueworks.jobrecords import (
     decode_dead_letter,
 )
 from queueworks.keys import check_task_id
+from queueworks.queue_settings import SETTINGS, Setting
 from queueworks.records import TASK_FIELDS, latency_histogram, queue_counts, task_fields
 
 INF = float("inf")
+RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
 _EMPTY = [None] * len(TASK_FIELDS)
 
 
@@ -225,17 +227,11 @@ class QueueReader:
         )
         spec = _loads(spec_raw) if spec_raw else {}
         spec = spec if isinstance(spec, dict) else {}
-        options = spec.get("options")
-        queue_options = options.get("queue") if isinstance(options, dict) else None
         buckets, seconds = latency_histogram(latency)
         dead_shown, dead_next = dead_page(dead)
         return QueueDetail(
             queue=queue,
-            max_attempts=_spec_number(spec, "max_attempts", int),
-            job_timeout=_spec_number(spec, "subtask_timeout", float),
-            result_ttl=_spec_number(spec, "result_ttl", float),
-            idle_after=_spec_number(queue_options or {}, "idle_after", float) or None,
-            node_selector=_str_dict(spec.get("node_selector")),
+            **shown_settings(spec),
             handlers=sorted(text(h) for h in handlers or ()),
             nodes=self.client.task(name).nodes(),
             rebalances=rebalances(_history(hist)),
@@ -263,14 +259,22 @@ def _is_queue(spec: Any) -> bool:
     return isinstance(value, dict) and value.get("mode") == "queue"
 
 
-def _spec_number(spec: dict[str, Any], name: str, kind: type[int] | type[float]) -> Any:
-    value = spec.get(name)
+def shown_settings(spec: dict[str, Any]) -> dict[str, Any]:
+    """The settings a queue page shows from its stored spec (``QueueSettings``'s, but the
+    ones the queue's record holds: ``RECORD_SETTINGS``), as well as they can be read: a
+    missing or wrong number is 0, an ``idle_after`` of 0 is not shown (None)."""
+    shown = {
+        s.name: _shown(s, s.stored_in(spec, missing=None))
+        for s in SETTINGS.values()
+        if s.name not in RECORD_SETTINGS
+    }
+    shown["idle_after"] = shown["idle_after"] or None
+    return shown
+
+
+def _shown(setting: Setting, value: Any) -> Any:
+    if setting.kind is dict:
+        return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
     if isinstance(value, int | float) and not isinstance(value, bool):
-        return kind(value)
-    return kind(0)
-
-
-def _str_dict(value: Any) -> dict[str, str]:
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): str(v) for k, v in value.items()}
+        return setting.kind(value)
+    return setting.kind(0)

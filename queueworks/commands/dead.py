@@ -11,10 +11,20 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from typing import Any
+
+import click
 
 from queueworks.admin import Admin
 from queueworks.client import Client, Task
-from queueworks.info import ControllerWatch
+from queueworks.commands.info import ControllerWatch
+from queueworks.commands.options import (
+    client_for,
+    common,
+    option,
+    settings_from_flags,
+    task_id_param,
+)
 from queueworks.models import DeadLetter, TaskState, TaskStatus
 
 FIRST_REASONS = 3  # distinct reasons that `submit --wait` prints
@@ -125,3 +135,50 @@ def requeue_all(client: Client, task_id: str, letters: list[DeadLetter]) -> str:
         reopened = admin.requeue_dead(task_id, d.id).reopened or reopened
     tail = "; the task is active again" if reopened else ""
     return f"requeued {len(letters)} dead letter(s) of task {task_id}{tail}"
+
+
+@click.command(short_help="List (or requeue) a task's dead letters.")
+@common
+@click.argument("task_id", metavar="TASK", callback=task_id_param)
+@option("--json", "as_json", is_flag=True, help="machine-readable output")
+@option(
+    "--index",
+    "indexes",
+    type=click.IntRange(min=0),
+    multiple=True,
+    help="only the dead letters of this subtask index (repeat)",
+    show_default="all",
+)
+@option(
+    "--limit",
+    type=click.IntRange(min=1),
+    default=1000,
+    show_default=True,
+    help="read at most N dead letters",
+)
+@option(
+    "--requeue",
+    is_flag=True,
+    help="put the listed dead letters back on the task's stream (reopens a completed task)",
+)
+def dead(
+    task_id: str,
+    as_json: bool,
+    indexes: tuple[int, ...],
+    limit: int,
+    requeue: bool,
+    **flags: Any,
+) -> None:
+    """List the dead letters of TASK: index, attempts, reason, last error line.
+
+    With --requeue, each listed one goes back on the task's stream with its index and
+    payload and the dead count goes down (a completed task becomes active again)."""
+    settings = settings_from_flags(**flags)
+    client = client_for(settings)
+    task = client.task(task_id)
+    status = task.status(with_nodes=False)  # TaskNotFound: one line
+    letters = [d for d in task.dead_letters(count=limit) if not indexes or d.index in indexes]
+    queue = bool(client.redis.sismember(client.keys.queues, task_id))
+    click.echo(render(status, letters, as_json=as_json, queue=queue))
+    if requeue:
+        click.echo(requeue_all(client, task_id, letters), err=as_json)

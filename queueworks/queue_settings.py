@@ -1,0 +1,243 @@
+"""A queue's settings, declared once.
+
+``QueueSettings`` is the one place a queue setting is spelled: each field carries its
+default and a ``Setting`` (its bounds, its help text, where the queue's ``TaskSpec`` stores
+it). Everything else is derived from it: the defaults (``DEFAULTS``), the check of what a
+caller gives ``Client.queue`` (``check_queue_settings``), the ``TaskSpec`` a queue is
+stored as and back (``QueueSettings.spec`` / ``.of``), the ``queueworks enqueue`` options
+(``queueworks.commands.options.queue_setting_options``) and what the dashboard reads and
+takes from a form. ``QueueOptions``, the keyword arguments of ``Client.queue`` and
+``AsyncClient.queue``, must name the same fields (a unit test holds them together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, TypedDict
+
+from queueworks.models import TaskSpec
+from queueworks.validate import (
+    MAX_ATTEMPTS,
+    MAX_NODES,
+    MAX_PRIORITY,
+    MAX_TIMEOUT,
+    MAX_TTL,
+    check_int,
+    check_labels,
+    check_number,
+    check_resize,
+)
+
+SETTING = "queue_setting"  # the key of a field's ``Setting`` in its metadata
+_MISSING: Any = object()
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one queue setting is besides its name and default: a ``kind`` (``int``,
+    ``float`` or ``dict``: labels, strings to strings) within ``low .. high`` (``above_low``:
+    ``low`` itself excluded), None allowed if ``optional``; where the queue's spec keeps it
+    (``stored``: a ``TaskSpec`` field, or a dotted path into it); the help text."""
+
+    kind: type
+    help: str
+    low: float = 0
+    high: float = 0
+    above_low: bool = False
+    optional: bool = False
+    stored: str = ""
+    name: str = ""
+    default: Any = None
+
+    @property
+    def flag(self) -> str:
+        """The command line's option: ``--min-nodes`` for ``min_nodes``."""
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """Where the spec keeps it: ``("subtask_timeout",)``, ``("options", "queue", ...)``."""
+        return tuple((self.stored or self.name).split("."))
+
+    @property
+    def shown_default(self) -> str:
+        """The default, as a person reads it: ``60``, ``no limit``, ``none``."""
+        if self.default is None:
+            return "no limit"
+        if isinstance(self.default, dict):
+            return ", ".join(f"{k}={v}" for k, v in self.default.items()) or "none"
+        if isinstance(self.default, float):
+            return f"{self.default:g}"
+        return str(self.default)
+
+    def check(self, value: Any) -> Any:
+        """``value`` as this setting, or a ``ValueError`` naming the setting."""
+        if value is None and self.optional:
+            return None
+        if self.kind is int:
+            return check_int(self.name, value, int(self.low), int(self.high))
+        if self.kind is float:
+            return check_number(self.name, value, self.low, self.high, above_low=self.above_low)
+        return check_labels(self.name, value)
+
+    def stored_in(self, spec: TaskSpec | Mapping[str, Any], missing: Any = _MISSING) -> Any:
+        """The value kept in a spec (a ``TaskSpec``, or one read as a dict), as it is
+        there; a missing one: ``missing`` if given, else ``default``."""
+        if missing is _MISSING:
+            missing = self.default
+        value: Any = spec
+        for part in self.path:
+            if isinstance(value, Mapping):
+                value = value.get(part, _MISSING)
+            elif isinstance(value, TaskSpec):
+                value = getattr(value, part, _MISSING)
+            else:
+                value = _MISSING
+            if value is _MISSING:
+                return missing
+        return value
+
+
+def about(kind: type, help: str, **more: Any) -> dict[str, Setting]:
+    """A ``QueueSettings`` field's metadata: its ``Setting``."""
+    return {SETTING: Setting(kind, help, **more)}
+
+
+IDLE_AFTER = 30.0  # s without a job before a queue asks for min_nodes only
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    """A queue's settings; the defaults are a new queue's."""
+
+    min_nodes: int = field(
+        default=1,
+        metadata=about(int, "fewest workers the queue runs on", low=1, high=MAX_NODES),
+    )
+    max_nodes: int | None = field(
+        default=None,
+        metadata=about(int, "most workers the queue runs on", low=1, high=MAX_NODES, optional=True),
+    )
+    priority: int = field(
+        default=0,
+        metadata=about(
+            int,
+            "higher runs first and may take nodes from lower",
+            low=-MAX_PRIORITY,
+            high=MAX_PRIORITY,
+        ),
+    )
+    max_attempts: int = field(
+        default=3,
+        metadata=about(int, "runs of a failing job before it is dead", low=1, high=MAX_ATTEMPTS),
+    )
+    job_timeout: float = field(
+        default=60.0,
+        metadata=about(
+            float,
+            "seconds a job may run before it is interrupted (a failed attempt)",
+            high=MAX_TIMEOUT,
+            above_low=True,
+            stored="subtask_timeout",
+        ),
+    )
+    result_ttl: float = field(
+        default=24 * 3600.0,
+        metadata=about(
+            float,
+            "seconds a finished job's result (or error) is kept",
+            high=MAX_TTL,
+            above_low=True,
+        ),
+    )
+    idle_after: float = field(
+        default=IDLE_AFTER,
+        metadata=about(
+            float,
+            "seconds without a job before the queue asks for no more than min_nodes workers",
+            high=MAX_TTL,
+            stored="options.queue.idle_after",
+        ),
+    )
+    node_selector: dict[str, str] = field(
+        default_factory=dict,
+        metadata=about(dict, "k=v label a worker must have to run the queue's jobs (repeat)"),
+    )
+
+    def spec(self, name: str) -> TaskSpec:
+        """The queue's ``TaskSpec`` (mode ``queue``), each setting where ``Setting.stored``
+        says."""
+        spec: dict[str, Any] = {"name": name, "mode": "queue"}
+        for s in SETTINGS.values():
+            *outer, last = s.path
+            place = spec
+            for part in outer:
+                place = place.setdefault(part, {})
+            place[last] = getattr(self, s.name)
+        return TaskSpec(**spec)
+
+    @classmethod
+    def of(cls, spec: TaskSpec) -> QueueSettings:
+        """The settings of a stored queue's spec. One kept inside the spec's ``options``
+        that is missing or wrong (an older version stored NaN or infinity as null) is the
+        default (``stored_setting`` says what was wrong)."""
+        return cls(**{s.name: stored_setting(s, spec)[0] for s in SETTINGS.values()})
+
+    def given(self) -> dict[str, Any]:
+        """All of them, as ``Client.queue`` is given settings."""
+        return asdict(self)
+
+
+class QueueOptions(TypedDict, total=False):
+    """The keyword arguments ``Client.queue`` takes for settings: ``QueueSettings``'s
+    fields, with their types (any left out: the queue's own, or the default)."""
+
+    min_nodes: int
+    max_nodes: int | None
+    priority: int
+    max_attempts: int
+    job_timeout: float
+    result_ttl: float
+    idle_after: float
+    node_selector: dict[str, str]
+
+
+DEFAULTS = QueueSettings()
+SETTINGS: dict[str, Setting] = {  # by name, in the order they are declared
+    f.name: replace(f.metadata[SETTING], name=f.name, default=getattr(DEFAULTS, f.name))
+    for f in fields(QueueSettings)
+}
+
+
+def stored_setting(setting: Setting, spec: TaskSpec | Mapping[str, Any]) -> tuple[Any, str | None]:
+    """A setting of a stored queue's spec (a dict), and what was wrong with it if it is
+    the default instead. Only a setting kept inside ``options`` can be wrong: ``TaskSpec``
+    checked the others as it was read."""
+    value = setting.stored_in(spec)
+    if len(setting.path) == 1:
+        return (dict(value) if isinstance(value, dict) else value), None
+    try:
+        return setting.check(value), None
+    except ValueError as exc:
+        return setting.default, str(exc)
+
+
+def stored_idle_after(options: Mapping[str, Any]) -> tuple[float, str | None]:
+    """A stored queue's ``idle_after``, and what was wrong with it if it is the default
+    instead (an older version stored NaN or infinity as null)."""
+    value, wrong = stored_setting(SETTINGS["idle_after"], {"options": options})
+    return float(value), wrong
+
+
+def check_queue_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a caller gave ``Client.queue`` (any of them), checked one by one in
+    the order they are declared, the error naming the setting as the caller wrote it;
+    a ``TypeError`` for a name that is no setting."""
+    for name in given:
+        if name not in SETTINGS:
+            raise TypeError(f"queue() got an unexpected keyword argument {name!r}")
+    out = {name: s.check(given[name]) for name, s in SETTINGS.items() if name in given}
+    if "min_nodes" in out and out.get("max_nodes") is not None:
+        check_resize(out["min_nodes"], out["max_nodes"])
+    return out
