@@ -96,6 +96,10 @@ def need_module(name: str, install: str, *, needs: tuple[str, ...] = ()) -> Modu
     return importlib.import_module(name)
 
 
+# Examples per property test (hypothesis): enough to find what the suite's tests have found
+# so far in every run; QUEUEWORKS_EXAMPLES=1000 searches deeper (minutes more).
+EXAMPLES = int(os.environ.get("QUEUEWORKS_EXAMPLES", "100"))
+
 KINDS = ("unit", "integration", "system")
 REDIS_FIXTURES = {"redis_url", "r", "client"}
 # Most tests wait (heartbeat TTLs, processes starting, Redis restarts), so the suite runs

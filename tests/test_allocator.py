@@ -9,10 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queueworks.controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, matches
+from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.unit
 
-PROPS = settings(max_examples=300, deadline=None)
+PROPS = settings(max_examples=EXAMPLES, deadline=None)
 
 
 def task(

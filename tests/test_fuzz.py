@@ -36,15 +36,15 @@ from queueworks.messages import BadMessage, decode_entry, to_json
 from queueworks.models import StoredSpec, WorkerRecord, parse_handler_path
 from queueworks.records import worker_record
 from queueworks.workers.handlers import HandlerRefused, resolve
-from tests.conftest import Cluster, wait_for
+from tests.conftest import EXAMPLES, Cluster, wait_for
 
 FUZZ = settings(
-    max_examples=300,
+    max_examples=EXAMPLES,
     deadline=None,
     database=None,  # no .hypothesis/ directory in the repo
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-REDIS_FUZZ = settings(FUZZ, max_examples=120)
+REDIS_FUZZ = settings(FUZZ, max_examples=max(10, EXAMPLES * 2 // 5))
 
 DEEP = 100_000  # nesting that makes the stdlib's JSON decoder raise RecursionError
 
