@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.common import private_redis
 from queueworks import AsyncClient, Client
-from queueworks.aio.queues import AsyncJob, AsyncQueue
+from queueworks.aio.queue_handle import AsyncJob, AsyncQueue
 from queueworks.queues import (
     FIRST_PAUSE,
     LAST_PAUSE,

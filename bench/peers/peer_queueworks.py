@@ -27,7 +27,7 @@ from pathlib import Path
 from bench.common import Procs
 from bench.peers.harness import Peer, produce
 from queueworks import AsyncClient, Client, Task, TaskNotFound, TaskSpec
-from queueworks.aio.queues import AsyncQueue
+from queueworks.aio.queue_handle import AsyncQueue
 from queueworks.queue_handle import Job
 
 NOOP = "queueworks.examples:noop"

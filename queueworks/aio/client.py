@@ -14,7 +14,7 @@ from typing import Any, TypeVar, Unpack
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from queueworks.aio.connection import AsyncConnection, connect_async
-from queueworks.aio.queues import AsyncQueue, open_queue
+from queueworks.aio.queue_handle import AsyncQueue, open_queue
 from queueworks.aio.results import ResultWatcher
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncTask
