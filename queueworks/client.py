@@ -24,13 +24,13 @@ from queueworks.queue_plans import plan_queues
 from queueworks.queue_settings import QueueOptions, check_queue_settings
 from queueworks.queues import UNSET
 from queueworks.records import BadRecord
+from queueworks.replication import NotReplicated
 from queueworks.runner import run
 from queueworks.scripts import Scripts
 from queueworks.submit import (
     SUBMIT_BATCH,
     SUBMIT_LEASE_MS,
     SUBMIT_PIPELINE,
-    NotReplicated,
     SubmitError,
     check_replicated,
     plan_submit,

@@ -29,8 +29,9 @@ from queueworks.queue_plans import (
     plan_resend,
     plan_revive,
     plan_send,
+    plan_write,
 )
-from queueworks.queue_settings import QueueSettings
+from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
@@ -41,6 +42,7 @@ from queueworks.queues import (
     tell_handlers,
     xadd_now,
 )
+from queueworks.replication import Replicas, jobs_not_replicated
 from queueworks.runner import run, send_trip
 from queueworks.script_calls import EnqueueBatch
 from queueworks.tasks import Backend, Task
@@ -86,28 +88,56 @@ class Queue:
         *,
         delay: float | None = None,
         at: datetime | float | None = None,
+        wait_replicas: int | None = None,
+        wait_timeout: float | None = None,
     ) -> Job:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
-        One round trip."""
+        One round trip. ``wait_replicas=n`` (default: the queue's setting): return only
+        once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
+        round trip); else ``NotReplicated`` (the job is queued on the primary)."""
         job = new_job(self._path(handler), payload, delay, at)
+        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+        if wait.replicas:
+            ids, acked = self._run(plan_write(self.ref, [[job]], wait))
+            return self._replicated([Job(self, ids[0])], acked, wait)[0]
         if job.at is None and job.handler in self.ref.known:  # nothing written if it is gone
             reply = one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
             if reply is not None:
                 return Job(self, text(reply))
         return Job(self, self._run(plan_send(self.ref, [[job]]))[0])
 
-    def enqueue_many(self, jobs: Iterable[tuple[str | Callable[..., Any], Any]]) -> list[Job]:
+    def _replicated(self, jobs: list[Job], acked: int | None, wait: Replicas) -> list[Job]:
+        error = jobs_not_replicated(self.name, jobs, acked, wait)
+        if error is not None:
+            raise error
+        return jobs
+
+    def enqueue_many(
+        self,
+        jobs: Iterable[tuple[str | Callable[..., Any], Any]],
+        *,
+        wait_replicas: int | None = None,
+        wait_timeout: float | None = None,
+    ) -> list[Job]:
         """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
         built while Redis runs the one before. A bad job raises ``ValueError`` there: the
-        batches sent before it are enqueued, the rest are not."""
+        batches sent before it are enqueued, the rest are not. ``wait_replicas`` as for
+        ``enqueue``: one WAIT, after the last batch (it covers the ones before it);
+        ``NotReplicated`` names every job written."""
         r, scripts, ref = self.client.redis, self.client.scripts, self.ref
+        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         sender, trip = _Sender(), Trip()
         batch, queued = EnqueueBatch(self.keys), 0
         told: set[str] = set()  # handlers the trips tell the queue about
-        ids = Replies(self.name, lambda gone: self._run(plan_resend(ref, gone, told)))
+        ids = Replies(self.name, lambda gone: self._run(plan_resend(ref, gone, told, wait)))
         try:
             for handler, payload in jobs:
+                if queued >= ENQUEUE_PIPELINE:  # sent once more follows: the last trip waits
+                    ids.read(sender.wait())
+                    sender.send(partial(send_trip, r, scripts, trip))
+                    ids.sent()
+                    trip, queued = Trip(), 0
                 path = self._path(handler)
                 if path not in ref.known and path not in told:
                     tell_handlers(trip, ref.keys, self.keys, [path])
@@ -116,20 +146,16 @@ class Queue:
                 if len(batch) >= ENQUEUE_BATCH:
                     ids.add(trip.call(calls.enqueue_batch(batch, time.time())), batch)
                     batch, queued = EnqueueBatch(self.keys), queued + 1
-                    if queued >= ENQUEUE_PIPELINE:
-                        ids.read(sender.wait())
-                        sender.send(partial(send_trip, r, scripts, trip))
-                        ids.sent()
-                        trip, queued = Trip(), 0
             if len(batch):
                 ids.add(trip.call(calls.enqueue_batch(batch, time.time())), batch)
             ids.read(sender.wait())
             ids.sent()
-            ids.read(send_trip(r, scripts, trip) if len(trip) else [])
+            waited = wait.add(trip, [self.keys.stream]) if len(trip) else None
+            ids.read(send_trip(r, scripts, trip) if len(trip) else [], waited)
             ref.known |= told
         finally:
             sender.close()
-        return [Job(self, job_id) for job_id in ids.ids]
+        return self._replicated([Job(self, job_id) for job_id in ids.ids], ids.acked, wait)
 
     def _revive(self) -> None:
         """The queue is gone (or its stream): made again with this handle's settings."""
@@ -179,6 +205,7 @@ class Replies:
     def __init__(self, queue: str, resend: Callable[[EnqueueBatch], Any]) -> None:
         self.queue, self.resend = queue, resend
         self.ids: list[str] = []
+        self.acked: int | None = None  # the fewest replicas a WAIT saw (None: none asked)
         self.building: list[tuple[int, EnqueueBatch]] = []  # on the trip being built
         self.sending: list[tuple[int, EnqueueBatch]] = []  # on the trip sent
 
@@ -188,17 +215,25 @@ class Replies:
     def sent(self) -> None:
         self.sending, self.building = self.building, []
 
-    def read(self, replies: Sequence[Any] | None) -> None:
-        """The replies of the trip sent (None: there was none)."""
+    def read(self, replies: Sequence[Any] | None, waited: int | None = None) -> None:
+        """The replies of the trip sent (None: there was none); ``waited``: the position
+        of its WAIT's reply, if it had one."""
         if replies is not None:
+            if waited is not None:
+                self.saw(int(replies[waited]))
             for position, batch in self.sending:
                 self.take(replies[position], batch)
             self.sending = []
 
     def take(self, reply: Any, batch: EnqueueBatch) -> None:
         if reply is None:
-            reply = self.resend(batch)
+            reply, acked = self.resend(batch)
+            if acked is not None:
+                self.saw(acked)
         self.ids += enqueued(self.queue, reply)
+
+    def saw(self, acked: int) -> None:
+        self.acked = acked if self.acked is None else min(self.acked, acked)
 
 
 class Job:

@@ -42,6 +42,7 @@ from queueworks.queues import (
     tell_handlers,
     xadd_now,
 )
+from queueworks.replication import NO_WAIT, Replicas
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import TaskNotFound, plan_status
 from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone
@@ -133,12 +134,22 @@ def plan_queues(keys: Keys) -> Plan[list[QueueStatus]]:
 
 
 def plan_send(ref: QueueRef, batches: Sequence[Sequence[NewJob]]) -> Plan[list[str]]:
+    """``plan_write`` without waiting for replicas: the jobs' ids."""
+    ids, _ = yield from plan_write(ref, batches, NO_WAIT)
+    return ids
+
+
+def plan_write(
+    ref: QueueRef, batches: Sequence[Sequence[NewJob]], wait: Replicas
+) -> Plan[tuple[list[str], int | None]]:
     """One round trip: a Lua call per batch (a lone job to run now: its ``XADD``), and the
-    handlers the queue does not know from this handle yet; a batch that found the queue
-    gone is sent again once the queue is made again. The jobs' ids."""
+    handlers the queue does not know from this handle yet, then ``wait``'s WAIT (none for
+    0 replicas); a batch that found the queue gone is sent again once the queue is made
+    again (with a WAIT of its own). The jobs' ids, and how many replicas acknowledged
+    them (None: not asked)."""
     batches = [b for b in batches if b]
     if not batches:
-        return []
+        return [], None
     now = time.time()
     new = {job.handler for batch in batches for job in batch} - ref.known
     trip = Trip()
@@ -151,24 +162,40 @@ def plan_send(ref: QueueRef, batches: Sequence[Sequence[NewJob]]) -> Plan[list[s
     else:
         for batch in batches:
             trip.call(calls.enqueue_jobs(ref.qk, batch, now))
-    replies = list((yield trip)[first:])
+    waited = wait.add(trip, [ref.qk.stream])
+    sent = list((yield trip))
+    acked = None if waited is None else int(sent[waited])
+    replies = sent[first : len(sent) if waited is None else waited]
     if lone:
         replies = [None if replies[0] is None else [replies[0]]]
     ref.known |= new
     if any(reply is None for reply in replies):
         yield from plan_revive(ref)
-        for i, reply in enumerate(replies):
-            if reply is None:
-                call = calls.enqueue_jobs(ref.qk, batches[i], time.time())
-                replies[i] = (yield alone(call))[0]
-    return [job_id for reply in replies for job_id in enqueued(ref.name, reply)]
+        gone = [i for i, reply in enumerate(replies) if reply is None]
+        trip = Trip()
+        for i in gone:
+            trip.call(calls.enqueue_jobs(ref.qk, batches[i], time.time()))
+        waited = wait.add(trip, [ref.qk.stream])
+        sent = list((yield trip))
+        for i, reply in zip(gone, sent, strict=False):
+            replies[i] = reply
+        if waited is not None:
+            acked = min(int(sent[waited]), acked if acked is not None else int(sent[waited]))
+    return [job_id for reply in replies for job_id in enqueued(ref.name, reply)], acked
 
 
-def plan_resend(ref: QueueRef, batch: EnqueueBatch, told: Iterable[str]) -> Plan[Any]:
+def plan_resend(
+    ref: QueueRef, batch: EnqueueBatch, told: Iterable[str], wait: Replicas = NO_WAIT
+) -> Plan[tuple[Any, int | None]]:
     """A batch of ``enqueue_many`` that found the queue gone, once it is made again (and
-    told ``told``, the handlers that batch's pipelines told it); the batch's reply."""
+    told ``told``, the handlers that batch's pipelines told it), with ``wait``'s WAIT; the
+    batch's reply, and how many replicas acknowledged it (None: not asked)."""
     yield from plan_revive(ref, told)
-    return (yield alone(calls.enqueue_batch(batch, time.time())))[0]
+    trip = Trip()
+    trip.call(calls.enqueue_batch(batch, time.time()))
+    waited = wait.add(trip, [ref.qk.stream])
+    replies = yield trip
+    return replies[0], None if waited is None else int(replies[waited])
 
 
 def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypedDict
 
 from queueworks.models import TaskSpec
+from queueworks.replication import Replicas, check_wait
 from queueworks.validate import (
     MAX_ATTEMPTS,
     MAX_NODES,
@@ -104,6 +105,7 @@ def about(kind: type, help: str, **more: Any) -> dict[str, Setting]:
     return {SETTING: Setting(kind, help, **more)}
 
 
+MAX_WAIT_REPLICAS = 100  # replicas an enqueue may wait for
 IDLE_AFTER = 30.0  # s without a job before a queue asks for min_nodes only
 
 
@@ -164,6 +166,25 @@ class QueueSettings:
         default_factory=dict,
         metadata=about(dict, "k=v label a worker must have to run the queue's jobs (repeat)"),
     )
+    wait_replicas: int = field(
+        default=0,
+        metadata=about(
+            int,
+            "replicas that must hold a job before enqueue returns (WAIT; 0: do not wait)",
+            high=MAX_WAIT_REPLICAS,
+            stored="options.queue.wait_replicas",
+        ),
+    )
+    wait_timeout: float = field(
+        default=1.0,
+        metadata=about(
+            float,
+            "seconds an enqueue waits for wait_replicas before it raises NotReplicated",
+            high=MAX_TIMEOUT,
+            above_low=True,
+            stored="options.queue.wait_timeout",
+        ),
+    )
 
     def spec(self, name: str) -> TaskSpec:
         """The queue's ``TaskSpec`` (mode ``queue``), each setting where ``Setting.stored``
@@ -201,6 +222,8 @@ class QueueOptions(TypedDict, total=False):
     result_ttl: float
     idle_after: float
     node_selector: dict[str, str]
+    wait_replicas: int
+    wait_timeout: float
 
 
 DEFAULTS = QueueSettings()
@@ -241,3 +264,12 @@ def check_queue_settings(given: Mapping[str, Any]) -> dict[str, Any]:
     if "min_nodes" in out and out.get("max_nodes") is not None:
         check_resize(out["min_nodes"], out["max_nodes"])
     return out
+
+
+def queue_wait(settings: QueueSettings, replicas: int | None, timeout: float | None) -> Replicas:
+    """What one enqueue waits for: the replicas and timeout given, else the queue's."""
+    return check_wait(
+        settings.wait_replicas if replicas is None else replicas,
+        settings.wait_timeout if timeout is None else timeout,
+        "enqueue",
+    )

@@ -23,6 +23,7 @@ from queueworks.messages import NotJSON, partition_of, to_json
 from queueworks.models import TaskSpec
 from queueworks.plans import Chunk, Plan, Step, Trip, alone
 from queueworks.records import new_task
+from queueworks.replication import NotReplicated
 
 if TYPE_CHECKING:
     from queueworks.aio.tasks import AsyncTask
@@ -39,18 +40,6 @@ Message = tuple[int, int, str, str]  # (stream number, index, payload JSON, key)
 
 class SubmitError(ValueError):
     """A task that cannot be submitted; the message names the field or subtask."""
-
-
-class NotReplicated(RuntimeError):
-    """``submit(wait_replicas=n)``: the task was written to the primary, but fewer than ``n``
-    replicas acknowledged it in time; a failover now could lose it. ``task`` is its handle."""
-
-    def __init__(self, task: Task | AsyncTask, acked: int, wanted: int, timeout: float) -> None:
-        super().__init__(
-            f"task {task.id} is written but only {acked} of {wanted} replica(s) acknowledged "
-            f"it within {timeout} s: a failover now could lose it"
-        )
-        self.task, self.acked, self.wanted = task, acked, wanted
 
 
 def plan_submit(

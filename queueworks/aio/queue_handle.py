@@ -21,7 +21,7 @@ from collections.abc import (
     Sequence,
 )
 from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
@@ -35,14 +35,16 @@ from queueworks.queue_plans import (
     plan_queue_status,
     plan_revive,
     plan_send,
+    plan_write,
 )
-from queueworks.queue_settings import QueueSettings
+from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
     new_job,
 )
+from queueworks.replication import NO_WAIT, NotReplicated, Replicas, jobs_not_replicated
 from queueworks.script_calls import NewJob
 from queueworks.vanished import QueueGone
 
@@ -65,7 +67,7 @@ class AsyncQueue:
         self.ref = QueueRef(client.keys, name, settings, revives)
         self.keys = self.ref.qk
         self._path = HandlerPaths()
-        self._writer = JobWriter(self._send)
+        self._writer = JobWriter(self._write)
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
@@ -91,30 +93,55 @@ class AsyncQueue:
         *,
         delay: float | None = None,
         at: datetime | float | None = None,
+        wait_replicas: int | None = None,
+        wait_timeout: float | None = None,
     ) -> AsyncJob:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
-        One round trip (shared with the enqueues of this handle in flight with it)."""
+        One round trip (shared with the enqueues of this handle in flight with it).
+        ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
+        trip share one WAIT (the most replicas and the longest timeout any asks for)."""
         job = new_job(self._path(handler), payload, delay, at)
-        return AsyncJob(self, await self._writer.write(job))
+        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+        return AsyncJob(self, await self._writer.write(job, wait))
 
-    async def enqueue_many(self, jobs: Jobs) -> list[AsyncJob]:
+    async def enqueue_many(
+        self, jobs: Jobs, *, wait_replicas: int | None = None, wait_timeout: float | None = None
+    ) -> list[AsyncJob]:
         """Add many ``(handler, payload)`` jobs (an iterable or an async iterable), in
-        batches, pipelined."""
+        batches, pipelined. ``wait_replicas`` as for ``Queue.enqueue_many``: one WAIT,
+        after the last batch."""
+        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         ids: list[str] = []
         batches: list[list[NewJob]] = [[]]
         async for handler, payload in each(jobs):
-            batches[-1].append(new_job(self._path(handler), payload, None, None))
             if len(batches[-1]) >= ENQUEUE_BATCH:
-                if len(batches) >= ENQUEUE_PIPELINE:
+                if len(batches) >= ENQUEUE_PIPELINE:  # sent once more follows
                     ids += await self._run(plan_send(self.ref, batches))
                     batches = []
                 batches.append([])
-        ids += await self._run(plan_send(self.ref, batches))
-        return [AsyncJob(self, job_id) for job_id in ids]
+            batches[-1].append(new_job(self._path(handler), payload, None, None))
+        last, acked = await self._run(plan_write(self.ref, batches, wait))
+        handles = [AsyncJob(self, job_id) for job_id in ids + last]
+        error = jobs_not_replicated(self.name, handles, acked, wait)
+        if error is not None:
+            raise error
+        return handles
 
-    async def _send(self, jobs: Sequence[NewJob]) -> list[str]:
-        return await self._run(plan_send(self.ref, [jobs]))
+    async def _write(
+        self, jobs: Sequence[NewJob], waits: Sequence[Replicas]
+    ) -> list[str | NotReplicated]:
+        """``JobWriter``'s round trip: one WAIT for them all (the strongest asked for);
+        each job's id, or the error that names it if too few replicas acknowledged it."""
+        wait = strongest(waits)
+        if not wait.replicas:
+            return list(await self._run(plan_send(self.ref, [jobs])))
+        ids, acked = await self._run(plan_write(self.ref, [jobs], wait))
+        out: list[str | NotReplicated] = []
+        for job_id, asked in zip(ids, waits, strict=True):
+            error = jobs_not_replicated(self.name, [AsyncJob(self, job_id)], acked, asked)
+            out.append(job_id if error is None else error)
+        return out
 
     async def _revive(self) -> None:
         """``Queue._revive``: the queue made again with this handle's settings."""
@@ -136,33 +163,51 @@ async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
             yield item
 
 
+def strongest(waits: Sequence[Replicas]) -> Replicas:
+    """One WAIT for enqueues gathered together: the most replicas, the longest timeout."""
+    asking = [w for w in waits if w.replicas]
+    if not asking:
+        return NO_WAIT
+    return Replicas(max(w.replicas for w in asking), max(w.timeout for w in asking))
+
+
+Outcome: TypeAlias = "str | Exception"  # a job's id, or the error its call raises
+
+
 class JobWriter:
     """Writes the jobs of concurrent ``enqueue`` calls together. A call that finds no round
     trip in flight sends its job at once, itself; calls that come while one is in flight
     wait, and go together in the next (up to ``ENQUEUE_BATCH`` jobs each), sent by a task
-    of the writer's. One round trip is in flight at a time.
+    of the writer's. One round trip is in flight at a time. ``send`` is given the jobs and
+    the replicas each waits for, and gives each job's id or the error its call raises.
 
     A failed round trip fails every call whose job it carried, with its error (the jobs
     may have been written or not, as for any failed write). A call cancelled before its
     round trip left is not written; one cancelled after may be."""
 
-    def __init__(self, send: Callable[[Sequence[NewJob]], Awaitable[list[str]]]) -> None:
+    def __init__(
+        self,
+        send: Callable[[Sequence[NewJob], Sequence[Replicas]], Awaitable[Sequence[Outcome]]],
+    ) -> None:
         self._send = send
         self._busy = False  # a round trip is in flight
-        self._waiting: list[tuple[NewJob, asyncio.Future[str]]] = []
+        self._waiting: list[tuple[NewJob, Replicas, asyncio.Future[str]]] = []
         self._flusher: asyncio.Task[None] | None = None
 
-    async def write(self, job: NewJob) -> str:
-        """Write ``job``; its id."""
+    async def write(self, job: NewJob, wait: Replicas = NO_WAIT) -> str:
+        """Write ``job`` (``wait``: the replicas it waits for); its id."""
         if not self._busy:
             self._busy = True
             try:
-                return (await self._send([job]))[0]
+                outcome = (await self._send([job], [wait]))[0]
             finally:
                 self._busy = False
                 self._kick()
+            if isinstance(outcome, Exception):
+                raise outcome
+            return outcome
         done: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        self._waiting.append((job, done))
+        self._waiting.append((job, wait, done))
         return await done
 
     def _kick(self) -> None:
@@ -176,30 +221,34 @@ class JobWriter:
             while self._waiting:
                 taken = self._waiting[:ENQUEUE_BATCH]
                 del self._waiting[:ENQUEUE_BATCH]
-                batch = [(job, done) for job, done in taken if not done.done()]
+                batch = [(job, wait, done) for job, wait, done in taken if not done.done()]
                 if batch:
                     await self._round_trip(batch)
         finally:
             self._busy, self._flusher = False, None
-            for _, done in self._waiting:  # only if this task itself was cancelled
+            for _, _, done in self._waiting:  # only if this task itself was cancelled
                 done.cancel()
             self._waiting.clear()
 
-    async def _round_trip(self, batch: list[tuple[NewJob, asyncio.Future[str]]]) -> None:
+    async def _round_trip(self, batch: list[tuple[NewJob, Replicas, asyncio.Future[str]]]) -> None:
         try:
-            ids = await self._send([job for job, _ in batch])
+            outcomes = await self._send([job for job, _, _ in batch], [w for _, w, _ in batch])
         except Exception as exc:
-            for _, done in batch:
+            for _, _, done in batch:
                 if not done.done():
                     done.set_exception(exc)
         except BaseException:
-            for _, done in batch:
+            for _, _, done in batch:
                 done.cancel()
             raise
         else:
-            for (_, done), job_id in zip(batch, ids, strict=True):
-                if not done.done():
-                    done.set_result(job_id)
+            for (_, _, done), outcome in zip(batch, outcomes, strict=True):
+                if done.done():
+                    continue
+                if isinstance(outcome, Exception):
+                    done.set_exception(outcome)
+                else:
+                    done.set_result(outcome)
 
 
 class AsyncJob:

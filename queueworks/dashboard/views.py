@@ -185,6 +185,8 @@ class QueueDetail(_View):
     result_ttl: float
     idle_after: float | None
     node_selector: dict[str, str]
+    wait_replicas: int = 0
+    wait_timeout: float = 1.0
     handlers: list[str]
     nodes: list[NodeInfo]
     rebalances: list[Rebalance]

@@ -1,0 +1,92 @@
+"""Waiting for replicas: what ``submit(wait_replicas=n)`` and a queue's ``wait_replicas``
+ask of Redis, and ``NotReplicated``, raised when fewer replicas acknowledged in time.
+
+A write is acknowledged by the primary before its replicas have it: a failover in that
+window loses it. ``WAIT n timeout`` after the write, in the same round trip
+(``queueworks.plans.Trip.wait_replicas``), says how many replicas hold it; with ``n`` of
+them the write survives the loss of the primary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from queueworks.plans import Trip
+
+
+class Replicas(NamedTuple):
+    """``wait_replicas`` and ``wait_timeout`` (s) of one write: no WAIT for 0 replicas."""
+
+    replicas: int
+    timeout: float
+
+    @property
+    def timeout_ms(self) -> int:
+        return max(1, int(self.timeout * 1000))
+
+    def add(self, trip: Trip, keys: Sequence[str]) -> int | None:
+        """The WAIT after ``trip``'s writes (on every primary holding one of ``keys``);
+        its reply's position, None for 0 replicas."""
+        if not self.replicas:
+            return None
+        return trip.wait_replicas(self.replicas, self.timeout_ms, keys)
+
+
+NO_WAIT = Replicas(0, 1.0)
+
+
+def check_wait(replicas: int, timeout: float, what: str) -> Replicas:
+    """``wait_replicas`` and ``wait_timeout`` given to ``what``, checked."""
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+        raise ValueError(f"{what}: need wait_replicas >= 0, got {replicas!r}")
+    if not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"{what}: need wait_timeout > 0, got {timeout!r}")
+    return Replicas(replicas, float(timeout))
+
+
+class NotReplicated(RuntimeError):
+    """Written to the primary, but fewer than ``wanted`` replicas acknowledged it within
+    ``timeout`` s: a failover now could lose it. For ``submit(wait_replicas=n)``: ``task``
+    is the task's handle. For a queue's enqueue: ``jobs`` are the handles of the jobs
+    written (queued on the primary), ``job_ids`` their ids; ``task`` is None."""
+
+    def __init__(
+        self,
+        task: Any = None,
+        acked: int = 0,
+        wanted: int = 0,
+        timeout: float = 0.0,
+        *,
+        jobs: Sequence[Any] = (),
+        queue: str | None = None,
+    ) -> None:
+        self.task, self.acked, self.wanted, self.timeout = task, acked, wanted, timeout
+        self.jobs = list(jobs)
+        self.job_ids: list[str] = [job.id for job in self.jobs]
+        self.queue = queue
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        if self.task is not None or not self.jobs:
+            what, it = f"task {getattr(self.task, 'id', None)}", "it"
+        elif len(self.job_ids) == 1:
+            what, it = f"job {self.job_ids[0]} of queue {self.queue}", "it"
+        else:
+            shown = ", ".join(self.job_ids[:5]) + (", ..." if len(self.job_ids) > 5 else "")
+            what = f"{len(self.job_ids)} jobs of queue {self.queue} ({shown})"
+            it = "them"
+        verb = "is" if it == "it" else "are"
+        return (
+            f"{what} {verb} written but only {self.acked} of {self.wanted} replica(s) "
+            f"acknowledged {it} within {self.timeout} s: a failover now could lose {it}"
+        )
+
+
+def jobs_not_replicated(
+    queue: str, jobs: Sequence[Any], acked: int | None, wait: Replicas
+) -> NotReplicated | None:
+    """The error for ``jobs`` of ``queue`` if fewer than ``wait.replicas`` acknowledged."""
+    if acked is None or acked >= wait.replicas:
+        return None
+    return NotReplicated(None, acked, wait.replicas, wait.timeout, jobs=jobs, queue=queue)
