@@ -36,6 +36,10 @@ key                                type          meaning
                                                  once empty
 ``qw:task:{Q}:latency``            hash          a queue's enqueue -> start histogram (buckets)
 ``qw:task:{Q}:rate``               hash          a queue's jobs finished per second (60 s)
+``qw:task:{Q}:synced``             string + TTL  a queue with ``wait_replicas``: set (1 s) by a
+                                                 result-waiter that saw a job finish, a write
+                                                 of its own that its WAIT then covers (and the
+                                                 settle it read, replicated before it)
 ``qw:task:{T}:steps``              hash          step mode: each step's shards and decision
 ``qw:task:{T}:rdzv``               string + TTL  step mode: the leader's c10d store address
 ``qw:task:{T}:checkpoint``         string        step mode: the last checkpoint (if in Redis)
@@ -136,6 +140,10 @@ class TaskKeys:
     @property
     def history(self) -> str:
         return f"{self._base}:history"
+
+    @property
+    def synced(self) -> str:
+        return f"{self._base}:synced"
 
     @property
     def steps(self) -> str:

@@ -23,6 +23,7 @@ from queueworks.queues import (
     CANCELLED_LAST,
     FIRST_PAUSE,
     LAST_PAUSE,
+    JobFailed,
     cancelled,
     check_created,
     enqueued,
@@ -42,7 +43,7 @@ from queueworks.queues import (
     tell_handlers,
     xadd_now,
 )
-from queueworks.replication import NO_WAIT, Replicas
+from queueworks.replication import NO_WAIT, Replicas, barrier
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import TaskNotFound, plan_status
 from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone
@@ -219,7 +220,8 @@ def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
 def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[Any]:
     """The job's result once it is done, looked at at once, then after a pause growing by
     half from ``FIRST_PAUSE`` to ``LAST_PAUSE``; ``JobFailed`` if it is dead or cancelled;
-    ``TimeoutError`` after ``timeout`` s."""
+    ``TimeoutError`` after ``timeout`` s. On a queue with ``wait_replicas``, an outcome
+    counts once its settle is on that many replicas (``plan_outcome_replicated``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause, checked = FIRST_PAUSE, time.monotonic()
     while True:
@@ -227,19 +229,38 @@ def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[A
         trip = Trip()
         result_reads(trip, ref.qk, job_id, check)
         replies = yield trip
+        failed: JobFailed | None = None
         try:
             done = finished(ref.name, job_id, replies, check)
         except QueueGone:
             yield from plan_revive(ref)  # its entry runs once its group is there again
             done = None
-        if done is not None:
-            return done[0]
+        except JobFailed as exc:
+            failed, done = exc, None
+        if (done is not None or failed) and (yield from plan_outcome_replicated(ref)):
+            if failed is not None:
+                raise failed
+            return done[0] if done is not None else None
         if deadline is not None and time.monotonic() >= deadline:
             raise not_finished(job_id, replies, timeout)
         if check:
             checked = time.monotonic()
         yield Sleep(pause)
         pause = min(LAST_PAUSE, pause * 1.5)
+
+
+def plan_outcome_replicated(ref: QueueRef) -> Plan[bool]:
+    """Whether an outcome just read is on the queue's ``wait_replicas`` replicas (True at
+    once, and nothing sent, for 0). WAIT covers only its connection's writes: a write of
+    its own (``synced``, 1 s) goes first; it follows the settle read in the primary's
+    replication stream, so replicas that acknowledged it hold the settle too."""
+    wait = Replicas(ref.settings.wait_replicas, ref.settings.wait_timeout)
+    if not wait.replicas:
+        return True
+    trip = Trip()
+    barrier(trip, ref.qk)
+    at = wait.add(trip, [ref.qk.synced])
+    return int((yield trip)[at or 0]) >= wait.replicas
 
 
 def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from queueworks.keys import TaskKeys
 from queueworks.plans import Trip
 
 
@@ -34,6 +35,13 @@ class Replicas(NamedTuple):
 
 
 NO_WAIT = Replicas(0, 1.0)
+SYNCED_MS = 1000  # how long a result-waiter's barrier key lives
+
+
+def barrier(pipe: Any, qk: TaskKeys) -> None:
+    """Queue on ``pipe`` a result-waiter's write of its own in the queue's slot (its key
+    expires within a second): a WAIT after it covers every write replicated before it."""
+    pipe.set(qk.synced, "1", px=SYNCED_MS)
 
 
 def check_wait(replicas: int, timeout: float, what: str) -> Replicas:

@@ -22,6 +22,7 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState, TaskStatus
+from queueworks.client import NotReplicated
 from queueworks.connection import UNAVAILABLE, connect, redact_url
 from tests.cluster_fixtures import LocalSentinel, executions
 from tests.conftest import Cluster
@@ -147,3 +148,73 @@ def test_sentinel_urls(sentinel: LocalSentinel) -> None:
     assert "Zz9secret" not in str(bad.value) and "service" in str(bad.value)
     with pytest.raises(redis.ConnectionError, match="nosuch"):
         connect(f"redis+sentinel://{hosts}/nosuch/0").ping()
+
+
+def held_output(primary: Any) -> int:
+    """Bytes the primary holds for its replica, not yet written to the replica's socket."""
+    rows: Any = primary.client_list(_type="replica")
+    return max((int(row.get("omem", 0)) for row in rows), default=0)
+
+
+def hold_back(primary: Any, key: str) -> None:
+    """With the replica stopped: write to the primary until its socket buffers are full
+    and the primary holds replication output itself (what a SIGKILL then loses)."""
+    pad = b"x" * (1 << 20)
+    for _ in range(512):
+        primary.set(key, pad)
+        if held_output(primary) >= 4 << 20:
+            return
+    raise AssertionError("the primary never held output back for its replica")
+
+
+@pytest.mark.integration
+@pytest.mark.slow(25)
+def test_wait_replicas_keeps_every_acknowledged_job_through_a_failover(
+    sentinel: LocalSentinel, prefix: str
+) -> None:
+    """A replica held back (SIGSTOPped, the primary's buffers to it full) while jobs are
+    enqueued, then the primary SIGKILLed and the replica promoted: every job a
+    ``wait_replicas=1`` enqueue returned is there; the ones it could not replicate raised
+    ``NotReplicated``; without it, jobs whose enqueue returned are lost (``-s`` shows how
+    many)."""
+    old = sentinel.primary()
+    replica = next(s for s in sentinel.servers if s is not old)
+    client = Client.from_url(sentinel.url, prefix=prefix)
+    try:
+        plain, durable = client.queue("plain"), client.queue("durable", wait_replicas=1)
+        before = [plain.enqueue("m:f", {"i": i}).id for i in range(10)]
+        kept = [durable.enqueue("m:f", {"i": i}).id for i in range(10)]  # WAIT covers both
+        kept += [job.id for job in durable.enqueue_many(("m:f", i) for i in range(600))]
+
+        replica.pause()  # SIGSTOP: it takes nothing more from the primary
+        with old.client() as primary:
+            hold_back(primary, f"{prefix}:pad")
+        acknowledged = [plain.enqueue("m:f", {"held": i}).id for i in range(20)]
+        acknowledged += [job.id for job in plain.enqueue_many(("m:f", i) for i in range(600))]
+        with pytest.raises(NotReplicated) as one:
+            durable.enqueue("m:f", {"held": 1}, wait_timeout=0.2)
+        with pytest.raises(NotReplicated) as many:
+            durable.enqueue_many((("m:f", i) for i in range(600)), wait_timeout=0.2)
+        assert (one.value.acked, many.value.acked, len(many.value.jobs)) == (0, 0, 600)
+
+        old.kill()  # SIGKILL: what it held for the replica dies with it
+        replica.resume()
+        new = sentinel.wait_failover(old.port, 30)
+        assert new is replica
+        with new.client() as c:
+            durable_ids = {i.decode() for i, _ in c.xrange(durable.keys.stream)}
+            plain_ids = {i.decode() for i, _ in c.xrange(plain.keys.stream)}
+        refused = [one.value.job_ids[0], *many.value.job_ids]
+        lost = [i for i in acknowledged if i not in plain_ids]
+        print(
+            f"failover with a lagging replica: wait_replicas=1 kept {len(kept)} of "
+            f"{len(kept)} jobs it returned ({sum(i not in durable_ids for i in refused)} of "
+            f"{len(refused)} it refused with NotReplicated were lost); without it "
+            f"{len(lost)} of {len(acknowledged)} acknowledged jobs were lost"
+        )
+        assert set(kept) <= durable_ids, "a job whose replicated enqueue returned was lost"
+        assert set(before) <= plain_ids
+        assert lost, "the window should lose acknowledged jobs without wait_replicas"
+    finally:
+        replica.resume()
+        client.close()

@@ -269,11 +269,13 @@ class AsyncJob:
         ``TimeoutError`` after ``timeout`` s. Polled as ``Job.result`` polls, together with
         the client's other calls (``ResultWatcher``)."""
         watcher = self.queue.client.results
+        settings = self.queue.settings
+        wait = Replicas(settings.wait_replicas, settings.wait_timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         left = timeout
         while True:
             try:
-                return await watcher.result(self.queue.name, self.queue.keys, self.id, left)
+                return await watcher.result(self.queue.name, self.queue.keys, self.id, left, wait)
             except QueueGone:
                 await self.queue._revive()  # its entry runs once its group is there again
             left = None if deadline is None else max(0.0, deadline - time.monotonic())

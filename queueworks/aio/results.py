@@ -8,7 +8,9 @@ but the jobs due for a look are read together, one pipeline per tick: a call's n
 is put on a grid of a quarter of its pause, so calls that started at different times share
 their ticks (a lone call: looks within 25 % of the sync schedule).
 What a call gets is what the sync one would: the result, ``JobFailed``, ``LookupError``, or
-``TimeoutError`` after a look past its deadline.
+``TimeoutError`` after a look past its deadline. On a queue with ``wait_replicas``, an
+outcome counts once it is on that many replicas (``queue_plans.plan_outcome_replicated``):
+the calls that saw one in a tick share one more round trip, their barriers and a WAIT.
 """
 
 from __future__ import annotations
@@ -23,8 +25,20 @@ from typing import Any
 
 from queueworks.aio.connection import AsyncConnection
 from queueworks.keys import TaskKeys
-from queueworks.queues import FIRST_PAUSE, LAST_PAUSE, finished, not_finished, result_reads
+from queueworks.queues import (
+    FIRST_PAUSE,
+    LAST_PAUSE,
+    JobFailed,
+    finished,
+    not_finished,
+    result_reads,
+)
+from queueworks.replication import NO_WAIT, Replicas, barrier
+from queueworks.topology import queue_replication_wait
 from queueworks.vanished import QUEUE_CHECK_SECONDS
+
+Outcome = tuple[Any, Exception | None]  # a call's result, or the error it raises
+Held = list[tuple["_Wait", list[Any], Outcome]]  # outcomes read, to replicate first
 
 
 @dataclass(eq=False)
@@ -36,6 +50,7 @@ class _Wait:
     timeout: float | None
     done: asyncio.Future[Any]
     checked: float  # when its queue's record was last looked at (or the wait began)
+    replicas: Replicas = NO_WAIT  # what its outcome waits for
     pause: float = FIRST_PAUSE
     check: bool = False  # this look reads whether the queue's record is there
 
@@ -51,12 +66,20 @@ class ResultWatcher:
         self._runner: asyncio.Task[None] | None = None
         self._alarm: asyncio.Future[None] | None = None
 
-    async def result(self, queue: str, keys: TaskKeys, job_id: str, timeout: float | None) -> Any:
-        """The job's result (see ``Job.result``); its first look is at once."""
+    async def result(
+        self,
+        queue: str,
+        keys: TaskKeys,
+        job_id: str,
+        timeout: float | None,
+        replicas: Replicas = NO_WAIT,
+    ) -> Any:
+        """The job's result (see ``Job.result``); its first look is at once. ``replicas``:
+        the queue's ``wait_replicas`` and ``wait_timeout``."""
         now = time.monotonic()
         deadline = None if timeout is None else now + timeout
         done = asyncio.get_running_loop().create_future()
-        wait = _Wait(queue, keys, job_id, deadline, timeout, done, now)
+        wait = _Wait(queue, keys, job_id, deadline, timeout, done, now, replicas)
         heapq.heappush(self._due, (now, next(self._order), wait))
         if self._runner is None:
             self._runner = asyncio.create_task(self._run())
@@ -100,19 +123,68 @@ class ResultWatcher:
                 _settle(wait.done, exc=exc)
             return
         now, start = time.monotonic(), 0
+        held: Held = []
         for wait, end in zip(due, ends, strict=True):
-            self._read(wait, replies[start:end], now)
+            self._read(wait, replies[start:end], now, held)
             start = end
+        if held:
+            await self._replicate(held)
 
-    def _read(self, wait: _Wait, reply: list[Any], now: float) -> None:
+    async def _replicate(self, held: Held) -> None:
+        """One round trip: each queue's barrier, then one WAIT for the most replicas any
+        asks for; an outcome counts if enough acknowledged, else its call looks again."""
+        wait_for = max((w.replicas for w, _, _ in held), key=lambda r: (r.replicas, r.timeout))
+        pipe = self._redis.pipeline(transaction=False)
+        synced = sorted({w.keys.synced: w.keys for w, _, _ in held}.items())
+        for _, keys in synced:
+            barrier(pipe, keys)
+        start = len(pipe)
+        queue_replication_wait(
+            pipe, self._redis, [k for k, _ in synced], wait_for.replicas, wait_for.timeout_ms
+        )
+        try:
+            replies = await pipe.execute()
+            acked = min(int(a) for a in replies[start:])
+        except Exception as exc:
+            for wait, _, _ in held:
+                _settle(wait.done, exc=exc)
+            return
+        now = time.monotonic()
+        for wait, reply, (value, error) in held:
+            if acked >= wait.replicas.replicas:
+                _settle(wait.done, value=value, exc=error)
+            else:
+                self._again(wait, reply, now)
+
+    def _read(
+        self,
+        wait: _Wait,
+        reply: list[Any],
+        now: float,
+        held: Held,
+    ) -> None:
         try:
             done = finished(wait.queue, wait.job_id, reply, wait.check)
-        except Exception as exc:  # JobFailed, LookupError, QueueGone, a result that is no JSON
+        except JobFailed as exc:
+            if wait.replicas.replicas:
+                held.append((wait, reply, (None, exc)))
+            else:
+                _settle(wait.done, exc=exc)
+            return
+        except Exception as exc:  # LookupError, QueueGone, a result that is no JSON
             _settle(wait.done, exc=exc)
             return
         if done is not None:
-            _settle(wait.done, value=done[0])
-        elif wait.deadline is not None and now >= wait.deadline:
+            if wait.replicas.replicas:
+                held.append((wait, reply, (done[0], None)))
+            else:
+                _settle(wait.done, value=done[0])
+        else:
+            self._again(wait, reply, now)
+
+    def _again(self, wait: _Wait, reply: list[Any], now: float) -> None:
+        """Not finished (or not replicated yet): a look later, or ``TimeoutError``."""
+        if wait.deadline is not None and now >= wait.deadline:
             _settle(wait.done, exc=not_finished(wait.job_id, reply, wait.timeout))
         else:
             grid = wait.pause / 4
