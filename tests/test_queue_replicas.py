@@ -19,6 +19,7 @@ import redis
 
 from queueworks import AsyncClient, Client
 from queueworks.client import NotReplicated
+from queueworks.jobrecords import JOB_RESULT, JOB_STATE
 from queueworks.redis_server import RedisServer
 
 pytestmark = pytest.mark.integration
@@ -143,8 +144,46 @@ def test_a_replica_that_keeps_up_acknowledges(server: RedisServer, prefix: str) 
                 assert rc.xlen(q.keys.stream) == 1 + len(jobs)
             with pytest.raises(NotReplicated, match="only 1 of 2 replica"):
                 q.enqueue("m:f", wait_replicas=2, wait_timeout=0.1)
+            c.redis.hset(q.keys.job(job.id), mapping={JOB_STATE: "done", JOB_RESULT: "7"})
+            assert job.result(timeout=5) == 7  # its settle is on the replica
     except redis.RedisError:
         print(replica.logfile.read_text()[-2000:])
         raise
     finally:
         replica.close()
+
+
+def finish_by_hand(c: Client, q: Any, job_id: str, result: str) -> None:
+    """The job's record as a worker's settle leaves it (done, with its result)."""
+    c.redis.hset(q.keys.job(job_id), mapping={JOB_STATE: "done", JOB_RESULT: result})
+
+
+def test_a_result_counts_once_its_settle_is_replicated(server: RedisServer, prefix: str) -> None:
+    """No replica here: a job of a ``wait_replicas`` queue that is done is not reported
+    done (its settle could still be lost); on a queue without it, it is, with no WAIT."""
+    with Client.from_url(server.url, prefix=prefix) as c:
+        plain = c.queue("plain")
+        durable = c.queue("durable", wait_replicas=1, wait_timeout=0.1)
+        pj = plain.enqueue("m:f")
+        dj = durable.enqueue("m:f", wait_replicas=0)
+        finish_by_hand(c, plain, pj.id, "42")
+        finish_by_hand(c, durable, dj.id, "43")
+        assert pj.result(timeout=1) == 42
+        assert waits(server) == 0
+        with pytest.raises(TimeoutError):
+            dj.result(timeout=0.3)
+        assert waits(server) >= 1
+
+        async def main() -> None:
+            async with AsyncClient.from_url(server.url, prefix=prefix) as ac:
+                aplain, adurable = await ac.queue("plain"), await ac.queue("durable")
+                assert await aplain.job(pj.id).result(timeout=1) == 42
+                with pytest.raises(TimeoutError):
+                    await adurable.job(dj.id).result(timeout=0.3)
+
+        before = waits(server)
+        try:
+            asyncio.run(main())
+        finally:
+            gc.collect()
+        assert waits(server) > before
