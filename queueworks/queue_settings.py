@@ -39,7 +39,9 @@ class Setting:
     """What one queue setting is besides its name and default: a ``kind`` (``int``,
     ``float`` or ``dict``: labels, strings to strings) within ``low .. high`` (``above_low``:
     ``low`` itself excluded), None allowed if ``optional``; where the queue's spec keeps it
-    (``stored``: a ``TaskSpec`` field, or a dotted path into it); the help text."""
+    (``stored``: a ``TaskSpec`` field, or a dotted path into it), only when it is not the
+    default if ``sparse`` (a setting added later: the specs of queues that do not use it
+    stay as they were); the help text."""
 
     kind: type
     help: str
@@ -48,6 +50,7 @@ class Setting:
     above_low: bool = False
     optional: bool = False
     stored: str = ""
+    sparse: bool = False
     name: str = ""
     default: Any = None
 
@@ -173,6 +176,7 @@ class QueueSettings:
             "replicas that must hold a job before enqueue returns (WAIT; 0: do not wait)",
             high=MAX_WAIT_REPLICAS,
             stored="options.queue.wait_replicas",
+            sparse=True,
         ),
     )
     wait_timeout: float = field(
@@ -183,6 +187,7 @@ class QueueSettings:
             high=MAX_TIMEOUT,
             above_low=True,
             stored="options.queue.wait_timeout",
+            sparse=True,
         ),
     )
 
@@ -191,6 +196,8 @@ class QueueSettings:
         says."""
         spec: dict[str, Any] = {"name": name, "mode": "queue"}
         for s in SETTINGS.values():
+            if s.sparse and getattr(self, s.name) == s.default:
+                continue
             *outer, last = s.path
             place = spec
             for part in outer:

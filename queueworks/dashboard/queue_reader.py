@@ -264,7 +264,7 @@ def shown_settings(spec: dict[str, Any]) -> dict[str, Any]:
     ones the queue's record holds: ``RECORD_SETTINGS``), as well as they can be read: a
     missing or wrong number is 0, an ``idle_after`` of 0 is not shown (None)."""
     shown = {
-        s.name: _shown(s, s.stored_in(spec, missing=None))
+        s.name: _shown(s, s.stored_in(spec, missing=s.default if s.sparse else None))
         for s in SETTINGS.values()
         if s.name not in RECORD_SETTINGS
     }
