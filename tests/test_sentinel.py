@@ -179,6 +179,10 @@ def test_wait_replicas_keeps_every_acknowledged_job_through_a_failover(
     many)."""
     old = sentinel.primary()
     replica = next(s for s in sentinel.servers if s is not old)
+    with replica.client() as rc:  # online (its first sync may wait for a diskless delay)
+        wait_until(
+            lambda: rc.info("replication").get("master_link_status") == "up", 30, "a replica"
+        )
     client = Client.from_url(sentinel.url, prefix=prefix)
     try:
         plain, durable = client.queue("plain"), client.queue("durable", wait_replicas=1)
