@@ -226,6 +226,20 @@ def test_wait_for_replicas_reports_what_is_not_replicated(cclient: Client, tmp_p
     assert cclient.submit(spec(5, tmp_path / "log"), wait_replicas=0).status().total == 5
 
 
+@pytest.mark.integration
+def test_a_queue_waits_for_replicas_on_its_own_primary(cclient: Client) -> None:
+    """No replicas here: a queue's ``wait_replicas`` WAITs on its stream's primary, then
+    says so, naming the jobs; they are queued all the same."""
+    q = cclient.queue("durable", wait_replicas=1, wait_timeout=0.2)
+    with pytest.raises(NotReplicated) as one:
+        q.enqueue("m:f", {"x": 1})
+    with pytest.raises(NotReplicated) as many:
+        q.enqueue_many(("m:f", i) for i in range(700))
+    assert (one.value.acked, one.value.wanted, len(many.value.jobs)) == (0, 1, 700)
+    assert q.status().backlog == 701
+    assert q.enqueue("m:f", wait_replicas=0).status().state == "queued"
+
+
 @pytest.mark.system
 def test_churn_on_cluster(cc: Cluster, cclient: Client, rc: RedisCluster, tmp_path: Path) -> None:
     """SIGKILL two members and start two new workers while a task runs, then SIGTERM one:
