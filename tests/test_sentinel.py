@@ -7,11 +7,17 @@ every result right. Replication is asynchronous, so what the old primary had not
 is lost: acks and results written in that window, and the results still in the workers'
 hands. Those subtasks run again; the test reports how many (``-s`` shows the line).
 
-Budget: ~20 s.
+A queue's ``wait_replicas``: a failover with the replica held back (SIGSTOPped, the primary
+buffering what it owes it) keeps every job whose replicated enqueue returned and loses the
+plain queue's acknowledged ones; and results through a worker on a replicated queue.
+
+Budget: ~45 s.
 """
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -21,7 +27,7 @@ from typing import Any, TypeVar
 import pytest
 import redis
 
-from queueworks import Client, TaskSpec, TaskState, TaskStatus
+from queueworks import AsyncClient, Client, TaskSpec, TaskState, TaskStatus
 from queueworks.client import NotReplicated
 from queueworks.connection import UNAVAILABLE, connect, redact_url
 from tests.cluster_fixtures import LocalSentinel, executions
@@ -222,3 +228,41 @@ def test_wait_replicas_keeps_every_acknowledged_job_through_a_failover(
     finally:
         replica.resume()
         client.close()
+
+
+@pytest.mark.system
+def test_results_of_a_replicated_queue_through_a_worker(
+    sentinel: LocalSentinel, prefix: str, tmp_path: Path
+) -> None:
+    """A ``wait_replicas=1`` queue with a replica that keeps up, run by a real worker:
+    enqueues return, results come (each after its settle is on the replica), sync and
+    async alike."""
+    procs = Cluster(sentinel.url, prefix, tmp_path)
+    client = Client.from_url(sentinel.url, prefix=prefix)
+    try:
+        procs.controller()
+        procs.worker()
+        procs.wait_workers(client.redis, 1)
+        q = client.queue("durable", wait_replicas=1, wait_timeout=10.0)
+        jobs = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(5)]
+        jobs += q.enqueue_many(("tests.handlers:double", {"x": i}) for i in range(5, 50))
+        assert [job.result(timeout=60) for job in jobs] == [2 * i for i in range(50)]
+
+        async def gathered() -> list[Any]:
+            async with AsyncClient.from_url(sentinel.url, prefix=prefix) as ac:
+                aq = await ac.queue("durable")
+                ajobs = await asyncio.gather(
+                    *(aq.enqueue("tests.handlers:double", {"x": i}) for i in range(20))
+                )
+                return list(await asyncio.gather(*(j.result(timeout=60) for j in ajobs)))
+
+        try:
+            assert asyncio.run(gathered()) == [2 * i for i in range(20)]
+        finally:
+            gc.collect()
+    except BaseException:
+        print(procs.logs())
+        raise
+    finally:
+        client.close()
+        procs.close()
