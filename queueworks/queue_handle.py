@@ -97,10 +97,11 @@ class Queue:
         once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
         round trip); else ``NotReplicated`` (the job is queued on the primary)."""
         job = new_job(self._path(handler), payload, delay, at)
-        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
-        if wait.replicas:
-            ids, acked = self._run(plan_write(self.ref, [[job]], wait))
-            return self._replicated([Job(self, ids[0])], acked, wait)[0]
+        if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
+            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+            if wait.replicas:
+                ids, acked = self._run(plan_write(self.ref, [[job]], wait))
+                return self._replicated([Job(self, ids[0])], acked, wait)[0]
         if job.at is None and job.handler in self.ref.known:  # nothing written if it is gone
             reply = one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
             if reply is not None:

@@ -102,7 +102,9 @@ class AsyncQueue:
         ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
         trip share one WAIT (the most replicas and the longest timeout any asks for)."""
         job = new_job(self._path(handler), payload, delay, at)
-        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+        wait = NO_WAIT
+        if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
+            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         return AsyncJob(self, await self._writer.write(job, wait))
 
     async def enqueue_many(
