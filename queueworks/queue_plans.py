@@ -181,7 +181,8 @@ def plan_write(
         for i, reply in zip(gone, sent, strict=False):
             replies[i] = reply
         if waited is not None:
-            acked = min(int(sent[waited]), acked if acked is not None else int(sent[waited]))
+            again = int(sent[waited])
+            acked = again if acked is None else min(acked, again)
     return [job_id for reply in replies for job_id in enqueued(ref.name, reply)], acked
 
 
@@ -237,7 +238,7 @@ def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[A
             done = None
         except JobFailed as exc:
             failed, done = exc, None
-        if (done is not None or failed) and (yield from plan_outcome_replicated(ref)):
+        if (done is not None or failed is not None) and (yield from plan_outcome_replicated(ref)):
             if failed is not None:
                 raise failed
             return done[0] if done is not None else None
