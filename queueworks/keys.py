@@ -8,8 +8,8 @@ key                                type          meaning
 =================================  ============  =================================================
 ``qw:task:{T}``                    hash          task record: spec JSON, state, total, done,
                                                  dead, epoch, priority, min/max nodes, times
-``qw:task:{T}:stream``             stream        subtask messages for any member; group ``T``
-``qw:task:{T}:p:<k>``              stream        partition k of a partitioned task; group ``T``
+``qw:task:{T}:stream``             stream        subtask messages for any member; group ``workers``
+``qw:task:{T}:p:<k>``              stream        partition k of a partitioned task (same group)
 ``qw:task:{T}:members``            zset          member worker ids, score = join sequence (= epoch
                                                  at join); ascending order = rank
 ``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task
@@ -72,6 +72,7 @@ from queueworks.validate import check_name, check_prefix
 from queueworks.validate import check_worker_id as check_worker_id
 
 PARKED = "_parked"  # the consumer of every group that holds entries handed back by a leave
+GROUP = "workers"  # the consumer group of every task stream: one read covers many queues
 
 
 def check_task_id(task_id: str, what: str = "task id") -> str:
@@ -191,8 +192,9 @@ class TaskKeys:
 
     @property
     def group(self) -> str:
-        """The consumer group of every stream of this task is named by the task id."""
-        return self.task_id
+        """The consumer group of every stream of this task: one name for every task, so one
+        ``XREADGROUP`` covers the streams of many queues (a worker serves them together)."""
+        return GROUP
 
     def streams(self, partitions: int) -> list[str]:
         """The subtask streams: one, or one per partition."""

@@ -445,7 +445,7 @@ def submit_small(
     """A small task in one atomic step (``submit_small.lua``): 1 if written, 0 if its id
     exists. ``publish`` = (queue, index, events, event fields) on one server, where the
     script also queues, indexes and announces it; None on a cluster."""
-    args: list[Any] = [len(streams), tk.group, repr(score), len(record)]
+    args: list[Any] = [len(streams), tk.group, repr(score), tk.task_id, len(record)]
     for name, value in record.items():
         args += (name, value)
     args.append(len(batch))

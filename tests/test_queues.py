@@ -317,3 +317,22 @@ def test_opening_a_queue_is_idempotent_and_checks_settings(client: Client) -> No
         q.enqueue(lambda p: p, {})
     with pytest.raises(ValueError, match="payload is not JSON"):
         q.enqueue("tests.handlers:double", {"x": {1, 2}})
+
+
+@pytest.mark.system
+def test_a_queue_whose_stream_has_the_group_of_an_older_version_is_served(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """Older versions named a task's consumer group after the task; a worker of this one
+    gives the stream the shared group when it joins, and every job runs (those an old
+    worker had read too: they were never settled)."""
+    q = client.queue("old-groups")
+    jobs = q.enqueue_many(("tests.handlers:double", {"x": i}) for i in range(20))
+    tk = keys.task("old-groups")
+    r.xgroup_destroy(tk.stream, tk.group)
+    r.xgroup_create(tk.stream, "old-groups", id="0")
+    r.xreadgroup("old-groups", "old-worker", {tk.stream: ">"}, count=5)
+    cluster.controller()
+    cluster.worker()
+    assert results_of(jobs) == [2 * i for i in range(20)]
+    assert tk.group in {g["name"].decode() for g in r.xinfo_groups(tk.stream)}

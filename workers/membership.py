@@ -33,6 +33,16 @@ HISTORY_MAXLEN = 1000
 Before = Callable[[Any], Callable[[list[Any]], None]]
 
 
+def upgrade_groups(pipe: Any, streams: Sequence[str], group: str) -> None:
+    """Give ``streams`` the consumer group if they lack it (its replies are ignored: an
+    existing group, or no stream, is an error reply). A stream written by a version whose
+    group was named after its task has none: the new group starts at the beginning, so
+    whatever is still in the stream is read again (a queue's stream holds only jobs not yet
+    settled; a task's settled subtasks are counted once, whoever runs them again)."""
+    for stream in streams:
+        pipe.xgroup_create(stream, group, id="0")
+
+
 class Membership:
     def __init__(
         self,
@@ -54,17 +64,22 @@ class Membership:
         self._changed_at: float | None = None  # when the membership last changed (time)
 
     def join(
-        self, before: Before | None = None, read: tuple[str, int] | None = None
+        self,
+        before: Before | None = None,
+        read: tuple[str, int] | None = None,
+        streams: Sequence[str] = (),
     ) -> Joined | None:
         """Add us to the node set (a new epoch): the roster at that epoch, and with
         ``read`` (stream, count) up to count new entries of that stream read as the new
         member; None if the task is missing or finished. ``before`` puts reads on the
         join's pipeline, ahead of it (one round trip for all), and returns what reads their
-        replies; that is only called if we joined."""
+        replies; that is only called if we joined. ``streams``: the task's streams, given
+        the consumer group if they lack it (see ``upgrade_groups``)."""
         self.state.suspend.clear()
         self.state.fenced = False
         now, sent = time.time(), time.monotonic()
         pipe = self.r.pipeline(transaction=False)
+        upgrade_groups(pipe, streams, self.tk.group)
         read_before = before(pipe) if before is not None else None
         stream, count = read if read is not None else (None, 0)
         call = calls.join(self.tk, self.me, self.ttl_ms, now, stream=stream, count=count)

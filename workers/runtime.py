@@ -153,7 +153,7 @@ class TaskRun:
 
         count = self.reads_at_join.join_read() if self.reads_at_join is not None else 0
         read = (self.tk.stream, count) if count > 0 and not self.spec.partitions else None
-        joined = self.membership.join(before, read)
+        joined = self.membership.join(before, read, self.streams)
         if joined is None:
             return False
         fresh = [Work(self.tk.stream, eid.decode(), fields, 1) for eid, fields in joined.entries]

@@ -8,7 +8,7 @@
 -- A cancelled or failed task is never reopened.
 -- KEYS[1] task record   KEYS[2] dead-letter stream   KEYS[3] target subtask stream
 -- KEYS[4] settled bitmap   KEYS[5..] every other key of the task (PERSIST when reopened)
--- ARGV[1] dead-letter entry id   ARGV[2] consumer group (the task id)
+-- ARGV[1] dead-letter entry id   ARGV[2] consumer group
 -- ARGV[3] ordering key ("" = none)   ARGV[4] now (s)   ARGV[5] the active states, comma-separated
 -- returns {1, new entry id, reopened 0|1, created_at, index} on success, or
 --         {0, reason} when nothing was changed: 'missing task', 'missing entry',

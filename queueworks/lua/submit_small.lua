@@ -6,8 +6,8 @@
 -- stay: the group reads them too, and settling rejects what is no subtask of the task.
 -- KEYS[1] record   KEYS[2] epoch   KEYS[3..2+P] the subtask streams
 --   then, on one server: KEYS[3+P] queue   KEYS[4+P] task index   KEYS[5+P] events
--- ARGV[1] P   ARGV[2] group   ARGV[3] created_at (the queue and index score)
--- ARGV[4] n record fields, then field, value pairs
+-- ARGV[1] P   ARGV[2] group   ARGV[3] created_at (the queue and index score)   ARGV[4] task id
+-- ARGV[5] n record fields, then field, value pairs
 -- then m subtasks, then m quadruples: stream number (1-based), index, payload JSON, key ("" = none)
 -- then (one server) events maxlen, n event fields, then field, value pairs
 -- returns 1, or 0 when a task with this id exists (nothing written)
@@ -22,7 +22,7 @@ for i = 3, 2 + p do
   end
   redis.call('PERSIST', KEYS[i])
 end
-local at = 4
+local at = 5
 local n = tonumber(ARGV[at])
 local record = {}
 for i = 1, 2 * n do
@@ -45,7 +45,7 @@ end
 redis.call('HSET', KEYS[1], unpack(record))
 redis.call('SET', KEYS[2], 0, 'NX')
 if #KEYS > 2 + p then
-  local tid = ARGV[2]
+  local tid = ARGV[4]
   redis.call('ZADD', KEYS[3 + p], ARGV[3], tid)
   redis.call('ZADD', KEYS[4 + p], ARGV[3], tid)
   local maxlen, fields = ARGV[at], {}
