@@ -32,7 +32,7 @@ key                                type          meaning
 ``qw:task:{Q}:aside``              set           the handlers whose jobs a queue set aside (a
                                                  member read them and may not run them)
 ``qw:task:{Q}:aside:<H>``          stream        the jobs of handler H set aside: read (group
-                                                 ``Q``) by members that may run H; deleted
+                                                 ``workers``) by members that may run H; deleted
                                                  once empty
 ``qw:task:{Q}:latency``            hash          a queue's enqueue -> start histogram (buckets)
 ``qw:task:{Q}:rate``               hash          a queue's jobs finished per second (60 s)
