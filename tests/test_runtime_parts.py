@@ -34,8 +34,9 @@ class Member:
         r, keys = client.redis, client.keys
         self.r, self.tk = r, keys.task(task_id)
         self.scripts = Scripts(r)
-        self.state = NodeState(name, started_at=time.time())
-        self.state.assign = task_id
+        self.node = NodeState(name, started_at=time.time())
+        self.node.assign = task_id
+        self.state = self.node.seat(task_id)
         raw: Any = r.hget(self.tk.record, "spec")
         self.spec = StoredSpec.model_validate_json(raw)
         self.membership = Membership(r, self.scripts, self.tk, keys, self.state, ttl=ttl, log=LOG)

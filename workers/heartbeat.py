@@ -29,24 +29,47 @@ from queueworks.scripts import Scripts
 
 @dataclass
 class NodeState:
-    """What the heartbeat, the watcher and the runtime share (plain attributes, one writer
-    each; the events are the handshakes)."""
+    """What the heartbeat, the watcher and the runs share, worker-wide (plain attributes, one
+    writer each; the events are the handshakes). Each membership has its ``Seat``."""
 
     worker_id: str
     started_at: float = 0.0  # when this worker process started (its record says so too)
-    task_id: str | None = None  # the task we are a member of (runtime writes)
-    role_epoch: int = 0  # the epoch our current role is from (runtime writes)
-    successor: str | None = None  # the member we check (heartbeat writes)
     assign: str = ""  # latest assignment seen (heartbeat writes)
-    epoch_seen: int = 0  # latest epoch seen (heartbeat / watcher write)
-    fenced: bool = False  # our member heartbeat was gone: we were pruned
-    leaving: bool = False  # the member is leaving its node set (runtime writes)
     stopping: bool = False
     processed: int = 0  # subtasks settled by this process (runtime writes)
     reported: int = 0  # of ``processed``, what the worker record has been told
     wake: threading.Event = field(default_factory=threading.Event)
-    suspend: threading.Event = field(default_factory=threading.Event)
+    seats: dict[str, Seat] = field(default_factory=dict)  # task id -> our seat in its set
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def seat(self, task_id: str, *, queue: bool = False) -> Seat:
+        """Our seat in ``task_id``'s node set (made on first use; a run drops it at its end)."""
+        found = self.seats.get(task_id)
+        if found is None:
+            found = self.seats[task_id] = Seat(self, task_id, queue=queue)
+        return found
+
+    def drop(self, seat: Seat) -> None:
+        if self.seats.get(seat.key) is seat:
+            del self.seats[seat.key]
+
+    def members(self) -> list[Seat]:
+        """The seats we hold now (joined, not left)."""
+        return [seat for seat in list(self.seats.values()) if seat.task_id is not None]
+
+    def member(self) -> bool:
+        """A member of some node set, not leaving it."""
+        return any(not seat.leaving for seat in self.members())
+
+    def suspend_all(self) -> None:
+        for seat in list(self.seats.values()):
+            seat.suspend.set()
+        self.wake.set()
+
+    def forget(self) -> None:
+        """Redis went away: no seat is known to be held any more."""
+        for seat in list(self.seats.values()):
+            seat.task_id = None
 
     def unreported(self) -> int:
         """Subtasks settled since the last report (a heartbeat tick's, or a leave's),
@@ -60,19 +83,85 @@ class NodeState:
         with self._lock:
             self.reported -= n
 
+    def observe_assign(self, assign: str) -> None:
+        """The controller's word: a task's seat whose task it is no longer is suspended (to
+        leave); a queue's seats, when a task is given (the task takes the worker whole)."""
+        self.assign = assign
+        for seat in list(self.seats.values()):
+            if seat.queue:
+                if assign and seat.task_id is not None:
+                    seat.revoke()
+            elif seat.task_id is not None and assign != seat.key:
+                seat.suspend.set()
+        self.wake.set()
+
+
+class Seat:
+    """This worker's membership of one node set (a task's, or a queue's): what its run,
+    the heartbeat and the watcher share about it. The worker-wide fields read through to
+    the process's ``NodeState``, so a run calls its seat its ``state``."""
+
+    def __init__(self, node: NodeState, key: str, *, queue: bool = False) -> None:
+        self.node, self.key, self.queue = node, key, queue
+        self.task_id: str | None = None  # ``key`` while a member (the membership writes)
+        self.role_epoch = 0  # the epoch our current role is from (runtime writes)
+        self.epoch_seen = 0  # latest epoch seen (heartbeat / watcher write)
+        self.successor: str | None = None  # the member we check (heartbeat writes)
+        self.roster_at: int | None = None  # the epoch of the roster ``successor`` is from
+        self.fenced = False  # our member heartbeat was gone: we were pruned
+        self.leaving = False  # the member is leaving its node set (runtime writes)
+        self.revoked = False  # a queue's seat told to leave (the worker has other work)
+        self.suspend = threading.Event()
+
+    @property
+    def worker_id(self) -> str:
+        return self.node.worker_id
+
+    @property
+    def started_at(self) -> float:
+        return self.node.started_at
+
+    @property
+    def wake(self) -> threading.Event:
+        return self.node.wake
+
+    @property
+    def stopping(self) -> bool:
+        return self.node.stopping
+
+    @stopping.setter
+    def stopping(self, value: bool) -> None:
+        self.node.stopping = value
+
+    @property
+    def processed(self) -> int:
+        return self.node.processed
+
+    @processed.setter
+    def processed(self, value: int) -> None:
+        self.node.processed = value
+
+    @property
+    def assign(self) -> str:
+        """The assignment as this seat reads it: a task's is the controller's word; a
+        queue's seat is its own (its key until revoked)."""
+        if self.queue:
+            return "" if self.revoked else self.key
+        return self.node.assign
+
+    def revoke(self) -> None:
+        """Leave at the next safe point (a queue's seat: the worker has other work)."""
+        self.revoked = True
+        self.suspend.set()
+        self.node.wake.set()
+
     def observe_epoch(self, epoch: int) -> None:
         """A newer epoch than our role's means: suspend at the next safe point."""
         if epoch > self.epoch_seen:
             self.epoch_seen = epoch
         if self.task_id is not None and epoch > self.role_epoch:
             self.suspend.set()
-            self.wake.set()
-
-    def observe_assign(self, assign: str) -> None:
-        self.assign = assign
-        if self.task_id is not None and assign != self.task_id:
-            self.suspend.set()
-        self.wake.set()
+            self.node.wake.set()
 
 
 EXPIRY_SLACK = 0.005  # s after a heartbeat key runs out before we look for it
@@ -100,7 +189,6 @@ class Heartbeat(threading.Thread):
         self._log = log
         self._halt = threading.Event()
         self._poke = threading.Event()
-        self._roster_at: tuple[str, int] | None = None
         self._check_at: float | None = None  # an extra tick when the successor's beat ends
         self.pruned = 0
         self.policy: PolicyWatch | None = None  # Redis's maxmemory-policy, read now and then
@@ -134,7 +222,7 @@ class Heartbeat(threading.Thread):
     def tick(self) -> None:
         s, k = self.state, self._keys
         now = time.time()
-        task_id, successor = s.task_id, s.successor
+        seats = [(seat, seat.key, seat.successor) for seat in s.members()]
         pipe = self._r.pipeline(transaction=False)
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
@@ -146,7 +234,7 @@ class Heartbeat(threading.Thread):
         pipe.hincrby(k.worker(s.worker_id), "processed", delta)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
-        if task_id is not None:
+        for _, task_id, successor in seats:
             tk = k.task(task_id)
             pipe.set(tk.heartbeat(s.worker_id), repr(now), px=self.ttl_ms, xx=True)
             pipe.get(tk.epoch)
@@ -166,50 +254,67 @@ class Heartbeat(threading.Thread):
         if drain and not s.stopping:  # an operator asked for a graceful leave
             self._log.info("draining")
             s.stopping = True
-            s.suspend.set()
-            s.wake.set()
-        if task_id is None or task_id != s.task_id:
-            return
-        if not replies[6]:
-            s.fenced = True
-            s.suspend.set()
-            s.wake.set()
-        epoch = int(replies[7] or 0)
-        s.observe_epoch(epoch)
-        if successor is not None:
-            left_ms = int(replies[8])
-            if left_ms == -2 and self.prune(task_id, successor):
+            s.suspend_all()
+        at = 6
+        for seat, task_id, successor in seats:
+            mine, epoch_reply = replies[at], replies[at + 1]
+            left_ms = int(replies[at + 2]) if successor is not None else None
+            at += 3 if successor is not None else 2
+            if seat.task_id != task_id:
+                continue  # it left meanwhile
+            self._seat_tick(seat, task_id, bool(mine), int(epoch_reply or 0), successor, left_ms)
+
+    def _seat_tick(
+        self,
+        seat: Seat,
+        task_id: str,
+        mine: bool,
+        epoch: int,
+        successor: str | None,
+        left_ms: int | None,
+    ) -> None:
+        if not mine:
+            seat.fenced = True
+            seat.suspend.set()
+            seat.wake.set()
+        seat.observe_epoch(epoch)
+        if successor is not None and left_ms is not None:
+            if left_ms == -2 and self.prune(seat, successor):
                 return
             if 0 <= left_ms < self.interval * 1000:  # look again the moment it runs out
-                self._check_at = time.monotonic() + left_ms / 1000 + EXPIRY_SLACK
-        if self._roster_at != (task_id, epoch):
-            self._follow(task_id)
+                check_at = time.monotonic() + left_ms / 1000 + EXPIRY_SLACK
+                self._check_at = (
+                    check_at if self._check_at is None else min(self._check_at, check_at)
+                )
+        if seat.roster_at != epoch:
+            self._follow(seat, task_id)
 
-    def follow(self, task_id: str, roster: Roster) -> bool:
-        """The member's roster of ``task_id`` (its join's): whom to check from now on,
+    def follow(self, seat: Seat, roster: Roster) -> bool:
+        """The member's roster of its task (its join's): whom to check from now on,
         without reading it again. True if there is a successor to check."""
-        self._roster_at = (task_id, roster.epoch)
-        self.state.successor = roster.successor(self.state.worker_id)
-        return self.state.successor is not None
+        seat.roster_at = roster.epoch
+        seat.successor = roster.successor(seat.worker_id)
+        return seat.successor is not None
 
-    def _follow(self, task_id: str) -> None:
+    def _follow(self, seat: Seat, task_id: str) -> None:
         """Re-read the roster after a change, to know which member to check next."""
         roster = read_roster(self._r, self._keys.task(task_id))
-        self._roster_at = (task_id, roster.epoch)
-        self.state.successor = roster.successor(self.state.worker_id)
+        seat.roster_at = roster.epoch
+        seat.successor = roster.successor(seat.worker_id)
 
-    def prune(self, task_id: str, member: str) -> bool:
+    def prune(self, seat: Seat, member: str) -> bool:
         """Remove a member whose heartbeat is gone (idempotent: one epoch bump in total)."""
+        task_id = seat.key
         tk = self._keys.task(task_id)
         epoch = self._scripts.depart(tk, member, time.time(), "dead", only_if_dead=True)
         if epoch:
             self.pruned += 1
-            self._log.info("member_pruned", member=member, epoch=epoch)
+            self._log.info("member_pruned", member=member, epoch=epoch, task_id=task_id)
             events.emit(
                 self._r, self._keys, "member_lost", task=task_id, worker=member, epoch=epoch
             )
-            self.state.observe_epoch(epoch)
-            self._follow(task_id)
+            seat.observe_epoch(epoch)
+            self._follow(seat, task_id)
             self.poke()  # check the new successor at once: several may have died together
         return bool(epoch)
 

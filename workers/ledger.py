@@ -21,7 +21,7 @@ from queueworks.messages import SUBTASK_PAYLOAD, safe_text
 from queueworks.models import StoredSpec
 from queueworks.scripts import DeadEntry, Scripts
 
-from .heartbeat import NodeState
+from .heartbeat import Seat
 from .work import Gone, Work
 
 Succeeded = list[tuple[str, int, str]]  # (entry id, index, result JSON) of one stream
@@ -37,7 +37,7 @@ class Attempts:
         tk: TaskKeys,
         keys: Keys,
         spec: StoredSpec,
-        state: NodeState,
+        state: Seat,
         log: Any,
     ) -> None:
         self.r, self.scripts, self.tk, self.keys, self.spec = r, scripts, tk, keys, spec

@@ -16,7 +16,7 @@ from queueworks.models import StoredSpec
 from queueworks.scripts import Scripts
 
 from .handlers import Handler, HandlerRefused
-from .heartbeat import NodeState
+from .heartbeat import Seat
 from .inflight import EventLoop
 from .ledger import Attempts
 from .membership import Membership
@@ -34,7 +34,7 @@ class Run(Protocol):
     keys: Keys
     me: str
     log: Any
-    state: NodeState
+    state: Seat  # this membership's (the worker-wide fields read through)
     watchdog: Watchdog
     spec: StoredSpec
     handler: Handler | None  # the task's handler (None for a queue: each job names its own)

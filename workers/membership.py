@@ -3,7 +3,7 @@ role the sorted member list gives, the partition barrier, the epoch fence, leave
 
 Writes go through the Lua scripts (``join.lua``, ``depart.lua``); a join returns the roster
 at its epoch, so the joiner takes its role without reading it again; later the roster is
-read with the latest history entry, in one MULTI. ``NodeState`` is what the heartbeat and
+read with the latest history entry, in one MULTI. ``Seat`` is what the heartbeat and
 the watcher share with the member: they flag a new epoch (``suspend``) or a prune
 (``fenced``); the member acts on it at its next safe point.
 """
@@ -25,7 +25,7 @@ from queueworks.models import Role
 from queueworks.records import idle_worker, member_of
 from queueworks.scripts import Joined, Queued, Scripts, fields_of
 
-from .heartbeat import NodeState
+from .heartbeat import Seat
 
 HISTORY_MAXLEN = 1000
 
@@ -50,7 +50,7 @@ class Membership:
         scripts: Scripts,
         tk: TaskKeys,
         keys: Keys,
-        state: NodeState,
+        state: Seat,
         *,
         ttl: float,
         log: Any,
@@ -230,7 +230,7 @@ class Membership:
         call = calls.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
         departing = Queued(self.scripts, call, pipe)
         pipe.hset(self.keys.worker(self.me), mapping=idle_worker())
-        done = self.state.unreported()  # what this run settled, in the record now
+        done = self.state.node.unreported()  # what this run settled, in the record now
         pipe.hincrby(self.keys.worker(self.me), "processed", done)
         pruned = self.state.fenced
         if not pruned:
@@ -238,7 +238,7 @@ class Membership:
         try:
             replies = pipe.execute(raise_on_error=False)
         except BaseException:
-            self.state.unreport(done)
+            self.state.node.unreport(done)
             raise
         epoch = departing.reply(replies)
         for reply in replies:

@@ -27,7 +27,7 @@ from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_err
 from queueworks.scripts import Scripts
 
 from .handlers import Handler, HandlerRefused, resolve
-from .heartbeat import Heartbeat, NodeState
+from .heartbeat import Heartbeat, NodeState, Seat
 from .inflight import EventLoop
 from .ledger import Attempts
 from .loop import ReadsAtJoin
@@ -62,10 +62,11 @@ class WorkerParts:
 class TaskRun:
     """The life of one worker in one task's node set."""
 
-    def __init__(self, parts: WorkerParts, task_id: str) -> None:
+    def __init__(self, parts: WorkerParts, task_id: str, *, queue: bool = False) -> None:
         self.parts = parts
         self.r, self.scripts, self.keys = parts.r, parts.scripts, parts.keys
-        self.state, self.watchdog, self.batch_size = parts.state, parts.watchdog, parts.batch_size
+        self.state: Seat = parts.state.seat(task_id, queue=queue)
+        self.watchdog, self.batch_size = parts.watchdog, parts.batch_size
         self.allow, self.concurrency, self.aio = parts.allow, parts.concurrency, parts.aio
         self.tk = parts.keys.task(task_id)
         self.me = parts.state.worker_id
@@ -82,6 +83,12 @@ class TaskRun:
     def run(self) -> str:
         """Work on the task until the run ends; returns why ("finished", "revoked",
         "stopping", "missing", "refused")."""
+        try:
+            return self._run()
+        finally:
+            self.parts.state.drop(self.state)
+
+    def _run(self) -> str:
         raw_spec = self.r.hget(self.tk.record, "spec")
         if raw_spec is None:
             return "missing"
@@ -162,7 +169,7 @@ class TaskRun:
         self.rerank(joined.roster, looked)  # it watches the membership from now on
         self.fresh = set()
         # The heartbeat checks our successor from now on; with one, at once (it may be dead).
-        if self.parts.heartbeat.follow(self.tk.task_id, joined.roster):
+        if self.parts.heartbeat.follow(self.state, joined.roster):
             self.parts.heartbeat.poke()
         return True
 
@@ -175,7 +182,7 @@ class TaskRun:
             if not self.ledger.ended:  # (a finished task's leftovers are nobody's work)
                 self.hand_back(self.streams)
                 self.ledger.flush()  # dead letters for entries found gone
-            self.parts.watch(None, False, False)  # our own leave is no news either
+            self.parts.watch(self.tk.task_id, False, False)  # our own leave is no news either
             self.membership.leave(self.ledger.announce)  # (the task's end, if held back)
         except UNAVAILABLE as exc:
             self.state.task_id = None

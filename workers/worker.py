@@ -86,7 +86,8 @@ class Worker:
         )
         self.parts.aio.on_hung = self._loop_hung
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
-        self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) of our task
+        self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) watched now
+        self._wanted: dict[str, set[tuple[str, bool]]] = {}  # task -> what its seat wants
         self._done_tasks: set[str] = set()
         self._refused: dict[str, float] = {}  # task -> when we last refused it (monotonic)
 
@@ -95,8 +96,7 @@ class Worker:
     def stop(self) -> None:
         """Warm stop: finish or abort the current step at a safe point, leave, exit."""
         self.state.stopping = True
-        self.state.suspend.set()
-        self.state.wake.set()
+        self.state.suspend_all()
 
     def _loop_hung(self) -> None:
         """The event loop stayed blocked past the hard limit (``workers.eventloop``): leave
@@ -189,8 +189,7 @@ class Worker:
     # -- notifications --------------------------------------------------------------------
 
     def _on_assign(self, key: str, event: str) -> None:
-        s = self.state
-        if s.task_id is not None and not s.leaving:  # a member: the heartbeat reads it now
+        if self.state.member():  # a member: the heartbeat reads it now
             self.heartbeat.poke()
         self.state.wake.set()  # an idle worker reads it itself
 
@@ -202,15 +201,22 @@ class Worker:
             self.heartbeat.poke()
 
     def _watch_task(self, task_id: str | None, epoch: bool = True, heartbeats: bool = True) -> None:
-        """Notifications of the task we are a member of (None: of none): its ``epoch`` (a
-        member joins or leaves), and its members' heartbeats (one ran out: prune it)."""
-        want: set[tuple[str, bool]] = set()
-        if task_id is not None:
+        """Notifications of a task we are a member of (None: of none at all): its ``epoch``
+        (a member joins or leaves), and its members' heartbeats (one ran out: prune it)."""
+        if task_id is None:
+            self._wanted.clear()
+        else:
             tk = self.keys.task(task_id)
+            mine: set[tuple[str, bool]] = set()
             if epoch:
-                want.add((tk.epoch, False))
+                mine.add((tk.epoch, False))
             if heartbeats:
-                want.add((tk.heartbeat_prefix + "*", True))
+                mine.add((tk.heartbeat_prefix + "*", True))
+            if mine:
+                self._wanted[task_id] = mine
+            else:
+                self._wanted.pop(task_id, None)
+        want: set[tuple[str, bool]] = set().union(*self._wanted.values())
         for key, pattern in self._watched - want:
             self.watcher.unwatch(key, pattern=pattern)
         for key, pattern in want - self._watched:
@@ -250,7 +256,7 @@ class Worker:
                 self._watch_task(None)
                 backoff = 0.05
             except UNAVAILABLE as exc:
-                self.state.task_id = None
+                self.state.forget()
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
