@@ -35,6 +35,7 @@ from queueworks.commands.options import (
     common,
     key_values,
     option,
+    queue_names,
     setting,
     settings_from_flags,
 )
@@ -79,6 +80,15 @@ for command in (submit, enqueue, info, dead, health, dashboard, redis_command):
     help="module prefix handlers may come from (repeat); none given: every handler refused",
 )
 @option("--label", multiple=True, help="k=v label, matched by a task's node_selector (repeat)")
+@option(
+    "--queues",
+    envvar=ENV + "QUEUES",
+    show_envvar=True,
+    metavar="A,B",
+    callback=queue_names,
+    help="serve only these queues (comma-separated)",
+    show_default="every queue this worker may serve",
+)
 @setting("--heartbeat-interval", "heartbeat_interval", "seconds between heartbeats", type=float)
 @setting(
     "--heartbeat-ttl",
@@ -112,6 +122,7 @@ def worker(
     name: str | None,
     allow: tuple[str, ...],
     label: tuple[str, ...],
+    queues: list[str] | None,
     id_file: str | None,
     **flags: Any,
 ) -> None:
@@ -131,7 +142,7 @@ def worker(
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
     try:
-        w = Worker(settings, worker_id=name, allow=list(allow), labels=labels)
+        w = Worker(settings, worker_id=name, allow=list(allow), labels=labels, queues=queues)
     except ValueError as exc:  # the URL or the worker id
         raise BadInput(str(exc)) from None
     if id_file:

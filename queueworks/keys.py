@@ -50,7 +50,8 @@ key                                type          meaning
                                                  (the controller drops them from the index then)
 ``qw:queues``                      set           the names of every queue (a queue is a task)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
-``qw:worker:<W>``                  hash          host, pid, labels, state, task, rank, current
+``qw:worker:<W>``                  hash          host, pid, labels, queues, member_of, state,
+                                                 task, rank, current (``records``)
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
 ``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``

@@ -29,13 +29,20 @@ Task record fields (all strings in Redis):
 ``rq_job``         the RQ job that submitted it (``queueworks.rq``), if any
 ``want``           a queue's demand: the most nodes it asks for now ("" or absent: max_nodes)
 =================  ===========================================================================
+
+Worker hash fields: ``record`` (the ``WorkerRecord`` as JSON: what the worker was started
+with, ``labels``, ``allow`` and ``queues`` among it), ``member_of`` (a JSON list: the queues
+it is a member of now; absent in older hashes: none), and what it is doing now: ``state``,
+``task``, ``rank``, ``epoch``, ``current``, ``processed``, ``last_heartbeat``, ``drain``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pydantic import TypeAdapter
 from redis.typing import EncodableT
 
 from queueworks.models import (
@@ -79,6 +86,10 @@ LUA_NAMES = {
     "HISTORY_WORKER": "worker",
     "HISTORY_TS": "ts",
 }
+
+
+MEMBER_OF = "member_of"  # the worker hash field of the queues a worker is a member of
+_NAMES = TypeAdapter(list[str])
 
 
 class BadRecord(ValueError):
@@ -162,8 +173,11 @@ def worker_record(raw: Mapping[bytes, bytes]) -> WorkerRecord:
         if "record" not in data:
             raise ValueError("no 'record' field")
         beat = data.get("last_heartbeat")
-        return WorkerRecord.model_validate_json(data["record"]).model_copy(
+        record = WorkerRecord.model_validate_json(data["record"])
+        member_of = data.get(MEMBER_OF)
+        return record.model_copy(
             update={
+                "member_of": _NAMES.validate_json(member_of) if member_of else record.member_of,
                 "state": WorkerState(data.get("state", "idle")),
                 "task": data.get("task") or None,
                 "rank": int(data["rank"]) if data.get("rank") else None,
@@ -180,12 +194,18 @@ def worker_record(raw: Mapping[bytes, bytes]) -> WorkerRecord:
 def registered_worker(record: WorkerRecord, now: float) -> Hash:
     """The worker hash a worker writes when it (re)registers in the pool."""
     return {
-        "record": record.model_dump_json(),
+        "record": record.model_dump_json(exclude={"member_of"}),
+        **queue_memberships(record.member_of),
         "state": WorkerState.IDLE.value,
         "task": "",
         "processed": 0,
         "last_heartbeat": repr(now),
     }
+
+
+def queue_memberships(queues: Iterable[str]) -> Hash:
+    """The worker hash field that says which queues a worker is a member of now."""
+    return {MEMBER_OF: json.dumps(sorted(set(queues)))}
 
 
 def member_of(task_id: str, rank: int, epoch: int) -> Hash:

@@ -13,6 +13,7 @@ import math
 import numbers
 import operator
 import re
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -42,6 +43,13 @@ def check_name(value: Any, what: str = "task id") -> str:
     """A task id or queue name (``what`` names it in the error)."""
     rule = "1 to 64 letters, digits, '_', '.' or '-', the first a letter or digit"
     return _name(value, what, _NAME, f"^{NAME_PATTERN}$", rule)
+
+
+def check_names(values: Iterable[Any], what: str) -> list[str]:
+    """A list of names (each as ``check_name`` checks it), each once, in their order."""
+    if isinstance(values, str | bytes):
+        raise ValueError(f"{what}s must be a list of names, not one string: {values!r}")
+    return list(dict.fromkeys(check_name(v, what) for v in values))
 
 
 def check_prefix(value: Any) -> str:

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -28,22 +29,32 @@ import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.cli import main
+from queueworks.keys import Keys
+from queueworks.models import WorkerRecord
 from queueworks.queue_settings import QueueSettings
+from queueworks.records import queue_memberships, registered_worker
 from queueworks.redis_server import RedisServer, free_port
 from queueworks.settings import Settings
 from tests.conftest import ROOT, Cluster, wait_for
 
 pytestmark = pytest.mark.system
 
-PREFIX_ENV = ("QUEUEWORKS_REDIS_URL", "QUEUEWORKS_PREFIX", "QUEUEWORKS_DEBUG")
+PREFIX_ENV = ("QUEUEWORKS_REDIS_URL", "QUEUEWORKS_PREFIX", "QUEUEWORKS_DEBUG", "QUEUEWORKS_QUEUES")
 
 
 def cli(
-    args: Sequence[str], url: str, prefix: str = "qw", *, code: str | None = None
+    args: Sequence[str],
+    url: str,
+    prefix: str = "qw",
+    *,
+    code: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m queueworks ARGS`` (or ``python -c CODE ARGS``) against ``url``."""
+    """``python -m queueworks ARGS`` (or ``python -c CODE ARGS``) against ``url``, with
+    ``env`` added to the environment."""
+    given = env or {}
     env = {k: v for k, v in os.environ.items() if k not in PREFIX_ENV}
-    env.update({"QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": prefix})
+    env.update({"QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": prefix, **given})
     entry = ["-c", code] if code else ["-m", "queueworks"]
     return subprocess.run(
         [sys.executable, *entry, *args],
@@ -453,6 +464,55 @@ def test_bad_numbers_and_names_are_usage_errors(
     """Exit 2, one line naming the option (or the setting, or the name), nothing written."""
     one_line_error(cli(args, redis_url, prefix), 2, piece)
     assert list(r.scan_iter(match=f"{prefix}:*")) == []
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "bad"),
+    [
+        (["--queues", "mails,bad name"], {}, "'bad name'"),
+        (["--queues", "mails,,reports"], {}, "''"),
+        ([], {"QUEUEWORKS_QUEUES": "mails,-x"}, "'-x'"),
+    ],
+    ids=["flag", "empty", "variable"],
+)
+def test_a_bad_queue_name_in_queues_is_a_usage_error(
+    redis_url: str, prefix: str, r: redis.Redis, args: list[str], env: dict[str, str], bad: str
+) -> None:
+    """Exit 2, one line naming --queues and the name it refuses; the worker never starts."""
+    res = cli(["worker", "--allow", "x", *args], redis_url, prefix, env=env)
+    one_line_error(res, 2, "--queues", f"queue name {bad} must match")
+    assert list(r.scan_iter(match=f"{prefix}:*")) == []
+
+
+def test_info_shows_each_workers_queues_and_memberships(
+    cluster: Cluster, redis_url: str, prefix: str, r: redis.Redis
+) -> None:
+    """A worker's --queues (flag or variable) reaches its record; `info` shows it and the
+    queues it is a member of (which the worker writes as it joins and leaves them)."""
+    keys = Keys(prefix)
+    cluster.worker("w-flag", extra=["--queues", "mails, reports,mails"])
+    cluster.worker("w-env", env={"QUEUEWORKS_QUEUES": "gpu-jobs"})
+    record = WorkerRecord(id="w-any", host="h", pid=1, started_at=time.time())
+    r.hset(keys.worker("w-any"), mapping=registered_worker(record, time.time()))
+    r.zadd(keys.workers, {"w-any": time.time()})
+    cluster.wait_workers(r, 3)
+    r.hset(keys.worker("w-flag"), mapping=queue_memberships(["reports", "mails"]))
+
+    lines = {
+        line.split()[0]: line
+        for line in cli(["info"], redis_url, prefix).stdout.splitlines()
+        if line.startswith("  w-")
+    }
+    assert " queues=mails,reports member_of=mails,reports " in lines["w-flag"], lines
+    assert " queues=gpu-jobs member_of=- " in lines["w-env"], lines
+    assert " queues=* member_of=- " in lines["w-any"], lines
+    shown = json.loads(cli(["info", "--json"], redis_url, prefix).stdout)["workers"]
+    by_id = {w["id"]: (w["queues"], w["member_of"]) for w in shown}
+    assert by_id == {
+        "w-flag": (["mails", "reports"], ["mails", "reports"]),
+        "w-env": (["gpu-jobs"], []),
+        "w-any": (None, []),
+    }
 
 
 def test_commands_say_when_no_controller_runs_and_count_a_queues_dead(

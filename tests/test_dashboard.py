@@ -35,6 +35,8 @@ from queueworks.dashboard.pages import chart
 from queueworks.dashboard.throughput import Throughput
 from queueworks.keys import Keys
 from queueworks.messages import partition_of
+from queueworks.models import WorkerRecord
+from queueworks.records import MEMBER_OF, registered_worker
 from queueworks.redis_server import RedisServer, free_port
 from tests.conftest import ROOT, Cluster, wait_for
 
@@ -677,6 +679,70 @@ def test_drain_a_worker_from_the_dashboard(
     assert got.status_code == 200 and got.json()["draining"] == "w-drain"
     assert proc.p.wait(20) == 0
     assert web.get("/api/workers").json()["workers"] == []
+
+
+def plant_worker(
+    r: redis.Redis, keys: Keys, record: WorkerRecord, *, alive: bool = True, old: bool = False
+) -> None:
+    """A worker hash as ``Worker._register`` writes it (``old``: as a version before
+    ``queues`` and ``member_of`` wrote it), in the pool; ``alive``: its heartbeat is on."""
+    now = time.time()
+    mapping = registered_worker(record, now)
+    if old:
+        del mapping[MEMBER_OF]
+        mapping["record"] = record.model_dump_json(exclude={"queues", "member_of"})
+    r.hset(keys.worker(record.id), mapping=mapping)
+    r.zadd(keys.workers, {record.id: now})
+    if alive:
+        r.set(keys.worker_heartbeat(record.id), repr(now))
+
+
+@pytest.mark.integration
+def test_workers_show_their_queue_filter_and_memberships(
+    r: redis.Redis, keys: Keys, web: httpx.Client
+) -> None:
+    """A worker's ``--queues`` and the queues it is a member of, on the workers page, in
+    ``/api/workers`` and in ``/metrics`` (live workers only); an older record reads as
+    serving every queue and a member of none."""
+    base = {"host": "h", "pid": 1, "started_at": time.time()}
+    some = WorkerRecord(id="w-some", queues=["mails", "gpu-jobs"], member_of=["mails"], **base)
+    plant_worker(r, keys, some)
+    plant_worker(r, keys, WorkerRecord(id="w-any", member_of=["reports", "mails"], **base))
+    plant_worker(r, keys, WorkerRecord(id="w-lost", member_of=["mails"], **base), alive=False)
+    plant_worker(r, keys, WorkerRecord(id="w-old", **base), old=True)
+    odd = 'q"\\\n<b>'  # no writer stores such a name: still one label value, whole
+    plant_worker(r, keys, WorkerRecord(id="w-odd", member_of=[odd], **base))
+
+    by_id = {w["id"]: w for w in web.get("/api/workers").json()["workers"]}
+    assert sorted(by_id) == ["w-any", "w-lost", "w-odd", "w-old", "w-some"]
+    assert (by_id["w-some"]["queues"], by_id["w-some"]["member_of"]) == (
+        ["mails", "gpu-jobs"],
+        ["mails"],
+    )
+    assert (by_id["w-any"]["queues"], by_id["w-any"]["member_of"]) == (None, ["mails", "reports"])
+    assert (by_id["w-old"]["queues"], by_id["w-old"]["member_of"]) == (None, [])
+
+    page = web.get("/workers").text
+    rows = dict(re.findall(r'<tr data-worker="([^"]+)">(.*?)</tr>', page, re.S))
+    member = re.compile(r'<a href="/queues/([^"]+)"><code>')
+    assert member.findall(rows["w-some"]) == ["mails"]
+    assert member.findall(rows["w-any"]) == ["mails", "reports"]
+    assert member.findall(rows["w-old"]) == []
+    assert member.findall(rows["w-odd"]) == ["q%22%5C%0A%3Cb%3E"]
+    assert "<code>q&#34;\\\n&lt;b&gt;</code>" in rows["w-odd"]
+    assert "<code>gpu-jobs</code>" in rows["w-some"] and "every queue" not in rows["w-some"]
+    assert "every queue" in rows["w-any"] and "every queue" in rows["w-old"]
+
+    text = web.get("/metrics").text
+    assert "# TYPE queueworks_worker_member gauge" in text
+    m = metric_values(text)
+    members = {k: v for k, v in m.items() if k[0] == "queueworks_worker_member"}
+    assert members == {
+        ("queueworks_worker_member", (("queue", "mails"), ("worker", "w-some"))): 1,
+        ("queueworks_worker_member", (("queue", "mails"), ("worker", "w-any"))): 1,
+        ("queueworks_worker_member", (("queue", "reports"), ("worker", "w-any"))): 1,
+        ("queueworks_worker_member", (("queue", odd), ("worker", "w-odd"))): 1,
+    }
 
 
 # -- queueworks info --watch ----------------------------------------------------------------

@@ -199,19 +199,22 @@ def plant(client: Client, r: redis.Redis, keys: Keys) -> dict[str, str]:
     r.zadd(keys.tasks, {bad_task: now})
     r.zadd(keys.queue, {bad_task: now})
 
-    # a worker with a hostile id, host, labels, allow list, task and current item
+    # a worker with a hostile id, host, labels, allow list, queues, memberships, task and
+    # current item
     record = {
         "id": worker,
         "host": h("host"),
         "pid": 4711,
         "labels": {h("label-key"): h("label-value")},
         "allow": [h("allow")],
+        "queues": [h("queues")],
         "started_at": now,
     }
     r.hset(
         keys.worker(worker),
         mapping={
             "record": json.dumps(record),
+            "member_of": json.dumps([h("member-of")]),
             "state": "assigned",
             "task": h("worker-task"),
             "current": h("current"),
@@ -308,6 +311,8 @@ def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, 
             "label-key",
             "label-value",
             "allow",
+            "queues",
+            "member-of",
             "worker-task",
             "current",
         ],

@@ -178,7 +178,16 @@ def test_stored_spec_decodes_or_raises_validation_error(raw: bytes) -> None:
 
 # -- records and streams other readers decode ----------------------------------------------
 
-WORKER_FIELDS = [b"record", b"state", b"task", b"rank", b"epoch", b"current", b"processed"]
+WORKER_FIELDS = [
+    b"record",
+    b"member_of",
+    b"state",
+    b"task",
+    b"rank",
+    b"epoch",
+    b"current",
+    b"processed",
+]
 good_record = WorkerRecord(id="w", host="h", pid=1, started_at=1.0).model_dump_json().encode()
 
 
@@ -198,6 +207,8 @@ def worker_hashes(draw: st.DrawFn) -> dict[bytes, bytes]:
 @example({b"record": good_record, b"state": b"sleeping"})
 @example({b"record": good_record, b"rank": b"x"})
 @example({b"record": b"\xff"})
+@example({b"record": good_record, b"member_of": b'["q", 1]'})
+@example({b"record": good_record, b"member_of": b"[" * 100_000})
 def test_worker_record_decodes_or_raises_value_error(raw: dict[bytes, bytes]) -> None:
     rec = _check_reader(lambda: worker_record(raw))
     assert rec is None or isinstance(rec, WorkerRecord)

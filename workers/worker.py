@@ -24,6 +24,7 @@ from queueworks.process import freeze_heap
 from queueworks.records import registered_worker
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
+from queueworks.validate import check_names
 
 from .heartbeat import Heartbeat, NodeState
 from .runtime import TaskRun, WorkerParts
@@ -47,11 +48,14 @@ class Worker:
         worker_id: str | None = None,
         allow: list[str] | None = None,
         labels: dict[str, str] | None = None,
+        queues: list[str] | None = None,
     ) -> None:
         self.settings = settings
         self.id = check_worker_id(worker_id or default_worker_id())
         self.allow = list(allow or [])
         self.labels = dict(labels or {})
+        # the only queues it may serve (its --queues); None: any
+        self.queues = None if queues is None else check_names(queues, "queue name")
         self.keys = Keys(settings.prefix)
         self.log = get_logger(worker_id=self.id)
         self.r = connect_settings(settings)
@@ -139,6 +143,7 @@ class Worker:
             pid=os.getpid(),
             labels=self.labels,
             allow=self.allow,
+            queues=self.queues,
             started_at=self.state.started_at,
         )
         while True:

@@ -136,10 +136,12 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
     for w in workers:
         beat = f"{now - w.last_heartbeat:.1f}s ago" if w.last_heartbeat else "-"
         labels = ",".join(f"{k}={v}" for k, v in w.labels.items()) or "-"
+        serves = "*" if w.queues is None else ",".join(w.queues) or "-"
         rank = w.rank if w.rank is not None else "-"
         lines.append(
             f"  {w.id:<32} {w.state.value:<8} task={w.task or '-'} rank={rank}"
-            f" processed={w.processed} labels={labels} heartbeat {beat}"
+            f" processed={w.processed} labels={labels} queues={serves}"
+            f" member_of={','.join(w.member_of) or '-'} heartbeat {beat}"
         )
     return "\n".join(lines)
 

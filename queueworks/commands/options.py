@@ -16,7 +16,7 @@ from queueworks.commands.errors import META_PREFIX, META_URL, BadInput
 from queueworks.logs import configure
 from queueworks.queue_settings import SETTINGS, Setting
 from queueworks.settings import Settings
-from queueworks.validate import MAX_ATTEMPTS, MAX_NODES, MAX_PRIORITY
+from queueworks.validate import MAX_ATTEMPTS, MAX_NODES, MAX_PRIORITY, check_names
 
 if TYPE_CHECKING:
     from queueworks.client import Client
@@ -160,6 +160,17 @@ def task_id_param(ctx: click.Context, param: click.Parameter, value: str) -> str
 
     try:
         return check_task_id(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def queue_names(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
+    """``--queues a,b`` as a list of queue names (each checked as ``check_task_id`` checks
+    it); not given: None (every queue)."""
+    if value is None:
+        return None
+    try:
+        return check_names([name.strip() for name in value.split(",")], "queue name")
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
 

@@ -1,10 +1,11 @@
 """``/metrics`` in the Prometheus text format (0.0.4), written without a client library.
 
 Gauges are read from Redis on every scrape (tasks by state, subtasks done / dead per task,
-backlog = unread + pending per active task, workers by state). Rebalances and the two
-histograms come from the tasks' history streams: each scrape reads only the entries written
-since the previous one (per task, by stream id), so they are counters of what this dashboard
-process has seen, as Prometheus expects of counters (they restart with the process).
+backlog = unread + pending per active task, workers by state, the queues each live worker is
+a member of). Rebalances and the two histograms come from the tasks' history streams: each
+scrape reads only the entries written since the previous one (per task, by stream id), so
+they are counters of what this dashboard process has seen, as Prometheus expects of
+counters (they restart with the process).
 
 Queues are not counted as tasks: they have families of their own (``queueworks_queue_*``:
 backlog, scheduled, running, jobs by outcome, nodes, and the enqueue -> start histogram that
@@ -145,9 +146,7 @@ class Metrics:
         fam("queueworks_task_epoch", "gauge", "Membership epoch of a task.")
         for t in tasks:
             out.append(f'queueworks_task_epoch{{task="{_label(t.id)}"}} {t.epoch}')
-        fam("queueworks_workers", "gauge", "Workers in the pool, by state.")
-        for state, n in self.reader.worker_counts(workers).items():
-            out.append(f'queueworks_workers{{state="{state}"}} {n}')
+        out += worker_lines(workers, self.reader.worker_counts(workers))
         fam("queueworks_controller_leader", "gauge", "1 when a controller holds the lease.")
         out.append(f"queueworks_controller_leader {1 if self.reader.leader() else 0}")
         fam("queueworks_rebalances_total", "counter", "Rebalances recorded by rank-0 members.")
@@ -167,6 +166,23 @@ class Metrics:
         )
         out += self.reclaim.lines("queueworks_reclaim_latency_seconds")
         return out
+
+
+def worker_lines(workers: Sequence[WorkerView], counts: dict[str, int]) -> list[str]:
+    """Workers by state, and the queues each live worker is a member of."""
+    out: list[str] = []
+    fam = _Family(out)
+    fam("queueworks_workers", "gauge", "Workers in the pool, by state.")
+    for state, n in counts.items():
+        out.append(f'queueworks_workers{{state="{state}"}} {n}')
+    fam("queueworks_worker_member", "gauge", "1 for each queue a live worker is a member of.")
+    for w in workers:
+        if w.alive:
+            for q in w.member_of:
+                out.append(
+                    f'queueworks_worker_member{{worker="{_label(w.id)}",queue="{_label(q)}"}} 1'
+                )
+    return out
 
 
 Latency = dict[str, tuple[list[tuple[float, int]], float]]
