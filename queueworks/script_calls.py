@@ -231,7 +231,13 @@ class Joined:
     entries: list[tuple[bytes, dict[bytes, bytes]]] = field(default_factory=list)
 
 
+class NodeSetFull(Exception):
+    """A join found the node set at its bound (a queue's ``max_nodes``)."""
+
+
 def _joined(reply: Any) -> Joined | None:
+    if int(reply[0]) == -2:
+        raise NodeSetFull
     if int(reply[0]) < 0:
         return None
     epoch, flat, entries = reply
@@ -247,6 +253,7 @@ def join(
     *,
     stream: str | None = None,
     count: int = 0,
+    most: int | None = None,
 ) -> Call[Joined | None]:
     """Join the node set: the roster at the new epoch (the joiner in it) and, with
     ``stream`` and ``count``, up to ``count`` new entries of it read as the new member;
@@ -256,6 +263,10 @@ def join(
     if stream is not None and count > 0:
         keys.append(stream)
         args += (tk.group, count)
+    elif most:
+        args += (tk.group, 0)
+    if most:
+        args.append(most)
     return Call("join", keys, args, _joined)
 
 

@@ -68,13 +68,15 @@ class Membership:
         before: Before | None = None,
         read: tuple[str, int] | None = None,
         streams: Sequence[str] = (),
+        most: int | None = None,
     ) -> Joined | None:
         """Add us to the node set (a new epoch): the roster at that epoch, and with
         ``read`` (stream, count) up to count new entries of that stream read as the new
         member; None if the task is missing or finished. ``before`` puts reads on the
         join's pipeline, ahead of it (one round trip for all), and returns what reads their
         replies; that is only called if we joined. ``streams``: the task's streams, given
-        the consumer group if they lack it (see ``upgrade_groups``)."""
+        the consumer group if they lack it (see ``upgrade_groups``); ``most``: the node set's
+        bound (``NodeSetFull`` is raised if it holds that many without us)."""
         self.state.suspend.clear()
         self.state.fenced = False
         now, sent = time.time(), time.monotonic()
@@ -82,7 +84,7 @@ class Membership:
         upgrade_groups(pipe, streams, self.tk.group)
         read_before = before(pipe) if before is not None else None
         stream, count = read if read is not None else (None, 0)
-        call = calls.join(self.tk, self.me, self.ttl_ms, now, stream=stream, count=count)
+        call = calls.join(self.tk, self.me, self.ttl_ms, now, stream=stream, count=count, most=most)
         joining = Queued(self.scripts, call, pipe)
         replies = pipe.execute(raise_on_error=False)
         joined = joining.reply(replies)

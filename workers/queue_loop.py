@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Callable
 from typing import Any, cast
 
 from redis.exceptions import ResponseError
@@ -80,7 +81,7 @@ class QueueLoop:
             run.check()
             self.tick()
             if run.held:
-                self._run_held()
+                self.run_held()
                 continue
             reply = self._read()
             if reply:
@@ -99,21 +100,40 @@ class QueueLoop:
         in one round trip. The ``XREADGROUP`` reply, or None."""
         run = self.run
         now = time.monotonic()
-        settle, block_ms = self._settle_now(now)
+        settle, block_ms = self.settle_now(now)
         check = now - self.checked_at >= self.check_every
         group, me = run.tk.group, run.me
-        count = count or self._read_count()
+        count = count or self.read_count()
         wait = block_ms if block else None
         streams = self.aside.read
         if not settle and not check:  # the read alone: no pipeline to build
             try:
                 alone: Any = run.r.xreadgroup(group, me, streams, count=count, block=wait)
             except ResponseError as exc:
-                self._read_failed(exc)
+                self.read_failed(exc)
                 return None
             return alone or None
-        look = check and self.aside.look_due(now)
         pipe = run.r.pipeline(transaction=False)
+        looked = self.put_looks(pipe, now, settle)
+        pipe.xreadgroup(group, me, streams, count=count, block=wait)
+        *replies, read = pipe.execute(raise_on_error=False)
+        looked(replies)
+        if isinstance(read, Exception):
+            self.read_failed(read)
+            return None
+        return read or None
+
+    def check_due(self, now: float) -> bool:
+        return now - self.checked_at >= self.check_every
+
+    def put_looks(self, pipe: Any, now: float, settle: bool) -> Callable[[list[Any]], None]:
+        """Put on ``pipe`` what this member's next read carries besides the read: the settle
+        of what ran (``settle``), and when due the membership check and the look at the
+        aside set. Returns what takes their replies (the pipe's, all of them)."""
+        run = self.run
+        check = self.check_due(now)
+        look = check and self.aside.look_due(now)
+        start = len(pipe)
         if settle:
             self.ledger.flush_into(pipe)
         base = len(pipe)
@@ -122,24 +142,23 @@ class QueueLoop:
             pipe.get(run.tk.epoch)
         if look:
             self.aside.look_on(pipe)
-        pipe.xreadgroup(group, me, streams, count=count, block=wait)
-        replies = pipe.execute(raise_on_error=False)
-        self.ledger.settled(replies[:base])
-        *replies, read = replies[base:]
-        for reply in replies[:2] if check else ():
-            if isinstance(reply, Exception):
-                raise reply
-        if check:  # a change suspends us: what was read stays ours, run after the re-rank
-            self.checked_at = now
-            run.membership.fence(replies[0], replies[1])
-        if look:
-            self.aside.looked(replies[-1], now)
-        if isinstance(read, Exception):
-            self._read_failed(read)
-            return None
-        return read or None
 
-    def _read_failed(self, error: Exception) -> None:
+        def looked(replies: list[Any]) -> None:
+            self.ledger.settled(replies[start:base])
+            if check:
+                member, epoch = replies[base], replies[base + 1]
+                for reply in (member, epoch):
+                    if isinstance(reply, Exception):
+                        raise reply
+                # a change suspends us: what was read stays ours, run after the re-rank
+                self.checked_at = now
+                run.membership.fence(member, epoch)
+            if look:
+                self.aside.looked(replies[base + 2 if check else base], now)
+
+        return looked
+
+    def read_failed(self, error: Exception) -> None:
         """A read that covered aside streams failed: one was emptied and deleted meanwhile
         (read the queue's stream alone until the next look); else the error is raised."""
         if len(self.aside.read) > 1 and isinstance(error, ResponseError):
@@ -147,7 +166,7 @@ class QueueLoop:
             return
         raise error
 
-    def _settle_now(self, now: float) -> tuple[bool, int]:
+    def settle_now(self, now: float) -> tuple[bool, int]:
         """Whether this read carries the settle of what ran, and how long it blocks (ms).
         A settle waits while the last one is less than ``SETTLE_SECONDS`` old, and the read
         blocks no longer than that: jobs that come one by one but close together are
@@ -161,7 +180,7 @@ class QueueLoop:
             return True, block
         return False, max(1, min(block, int(wait * 1000) + 1))
 
-    def _read_count(self) -> int:
+    def read_count(self) -> int:
         if self.avg_seconds <= 0:
             return 1
         return max(1, min(self.run.batch_size, int(TARGET_BATCH_SECONDS / self.avg_seconds)))
@@ -171,7 +190,7 @@ class QueueLoop:
     def _run_fresh(self, reply: Reply) -> None:
         if self.aside.streams:  # what came may be of aside streams: all of it in hand
             self.run.held.extend(self.aside.works(reply))
-            self._run_held()
+            self.run_held()
             return
         entries: Entries = reply[0][1]
         run = self.run
@@ -189,7 +208,7 @@ class QueueLoop:
             ran += 1
         self._ran(ran, started)
 
-    def _run_held(self) -> None:
+    def run_held(self) -> None:
         run = self.run
         s = run.state
         ran, started = 0, time.monotonic()
@@ -203,9 +222,23 @@ class QueueLoop:
         self._ran(ran, started)
 
     def _ran(self, ran: int, started: float) -> None:
+        self.ran_for(ran, time.monotonic() - started)
+
+    def ran_for(self, ran: int, spent: float) -> None:
+        """``ran`` jobs took ``spent`` seconds: how long a job takes, on average (what a
+        read's count follows)."""
         if ran:
-            spent = (time.monotonic() - started) / ran
-            self.avg_seconds = spent if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + spent)
+            each = spent / ran
+            self.avg_seconds = each if self.avg_seconds == 0 else 0.5 * (self.avg_seconds + each)
+
+    def run_fresh_one(self, work: Work) -> bool:
+        """Run one entry just read (a worker serving many queues runs them in turn); False
+        if this queue's batch stops here (it and what follows wait in ``held``)."""
+        s = self.run.state
+        if s.suspend.is_set() or s.stopping or s.fenced:
+            self.run.held.append(work)
+            return False
+        return self._run_one(work)
 
     def _decoded(self, work: Work) -> RunningJob | None:
         """The job an entry holds, ready to run; None if it was dealt with at once (no job

@@ -24,13 +24,14 @@ from queueworks.connection import UNAVAILABLE, Connection, text
 from queueworks.keys import Keys
 from queueworks.membership import Roster
 from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_error
+from queueworks.script_calls import NodeSetFull
 from queueworks.scripts import Scripts
 
 from .handlers import Handler, HandlerRefused, resolve
 from .heartbeat import Heartbeat, NodeState, Seat
 from .inflight import EventLoop
 from .ledger import Attempts
-from .loop import ReadsAtJoin
+from .loop import ModeLoop, ReadsAtJoin
 from .membership import Membership
 from .modes import MODES
 from .reclaim import Consumers, Reclaim
@@ -84,11 +85,23 @@ class TaskRun:
         """Work on the task until the run ends; returns why ("finished", "revoked",
         "stopping", "missing", "refused")."""
         try:
-            return self._run()
+            opened = self.open()
+            if isinstance(opened, str):
+                return opened
+            reason = "error"  # unless the loop says why it ends (anything else propagates)
+            try:
+                opened.serve()
+            except Leave as why:
+                reason = str(why)
+            finally:
+                self.close(opened, reason)
+            return reason
         finally:
-            self.parts.state.drop(self.state)
+            self.end()
 
-    def _run(self) -> str:
+    def open(self) -> ModeLoop | str:
+        """Read the spec, make the mode loop, join: the loop to serve, or why the run ends
+        before it starts ("missing", "finished", "refused")."""
         raw_spec = self.r.hget(self.tk.record, "spec")
         if raw_spec is None:
             return "missing"
@@ -98,8 +111,7 @@ class TaskRun:
             self._spec_invalid(exc)
             return "finished"
         self.streams = self.tk.streams(self.spec.partitions)
-        self.watchdog.use(self.spec.subtask_timeout, self.log)
-        self.aio.use(self.log)
+        self.use()
         r, scripts, tk, keys, state = self.r, self.scripts, self.tk, self.keys, self.state
         self.membership = Membership(r, scripts, tk, keys, state, ttl=self.parts.ttl, log=self.log)
         self.reclaim = Reclaim(r, scripts, tk, self.me)
@@ -113,17 +125,29 @@ class TaskRun:
             return "refused"
         self.ledger = loop.ledger
         self.reads_at_join = loop if isinstance(loop, ReadsAtJoin) else None
-        if not self._join():
-            return "finished"
-        reason = "error"  # unless the loop says why it ends (anything else propagates)
         try:
-            loop.serve()
-        except Leave as why:
-            reason = str(why)
-        finally:
+            if not self._join():
+                return "finished"
+        except NodeSetFull:
+            return "full"
+        return loop
+
+    def use(self) -> None:
+        """The process-wide parts follow this run from now on: the watchdog's limits and
+        the event loop's logger (a worker serving many queues switches between runs)."""
+        self.watchdog.use(self.spec.subtask_timeout, self.log)
+        self.aio.use(self.log)
+
+    def close(self, loop: ModeLoop, reason: str) -> None:
+        """The loop ended (``reason``): it cleans up, we leave the node set."""
+        try:
             loop.close(reason)
+        finally:
             self._leave()
-        return reason
+
+    def end(self) -> None:
+        """The run is over: its seat goes."""
+        self.parts.state.drop(self.state)
 
     def _spec_invalid(self, exc: ValidationError) -> None:
         """A task record nobody can run (another writer broke it): fail the task, so the
@@ -160,7 +184,8 @@ class TaskRun:
 
         count = self.reads_at_join.join_read() if self.reads_at_join is not None else 0
         read = (self.tk.stream, count) if count > 0 and not self.spec.partitions else None
-        joined = self.membership.join(before, read, self.streams)
+        most = self.spec.max_nodes if self.state.queue else None  # (a task's: the controller's)
+        joined = self.membership.join(before, read, self.streams, most)
         if joined is None:
             return False
         fresh = [Work(self.tk.stream, eid.decode(), fields, 1) for eid, fields in joined.entries]

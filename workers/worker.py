@@ -27,6 +27,8 @@ from queueworks.settings import Settings
 from queueworks.validate import check_names
 
 from .heartbeat import Heartbeat, NodeState
+from .queue_scout import Scout
+from .queue_set import QueueSet
 from .runtime import TaskRun, WorkerParts
 from .watchdog import EXIT_HUNG, Watchdog
 from .watcher import Watcher
@@ -89,6 +91,8 @@ class Worker:
             watch=self._watch_task,
         )
         self.parts.aio.on_hung = self._loop_hung
+        scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)
+        self.queue_set = QueueSet(self.parts, scout)
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
         self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) watched now
         self._wanted: dict[str, set[tuple[str, bool]]] = {}  # task -> what its seat wants
@@ -247,7 +251,12 @@ class Worker:
                 self.state.assign = task_id
                 if task_id in self._done_tasks and self._reopened(task_id):
                     self._done_tasks.discard(task_id)  # a requeued dead letter reopened it
-                if not task_id or task_id in self._done_tasks or self._refusing(task_id):
+                if not task_id:  # no task: serve every queue we may, until one comes
+                    self.queue_set.serve()
+                    self._watch_task(None)
+                    backoff = 0.05
+                    continue
+                if task_id in self._done_tasks or self._refusing(task_id):
                     self.state.wake.wait(self.settings.heartbeat_interval)
                     self.state.wake.clear()
                     continue

@@ -5,13 +5,20 @@
 -- ARGV[1] worker id W   ARGV[2] heartbeat TTL (ms)   ARGV[3] now (s, float)
 -- ARGV[4] the active states, comma-separated   ARGV[5] group   ARGV[6] how many entries of
 --   KEYS[6] to read as W (XREADGROUP ... >; 0 or absent: none)
--- returns {-1} when the task is missing or finished (nothing is written or read), else
+-- ARGV[7] (optional) the most members the node set may have (0 or absent: no bound)
+-- returns {-1} when the task is missing or finished, {-2} when the node set is full
+--   (nothing is written or read), else
 --   {the new epoch, {member, score, ...}: the roster at that epoch (ZRANGE WITHSCORES), so
 --   the joiner takes its role without reading it again, {{id, {field, value, ...}}, ...}:
 --   the entries read}
 local state = redis.call('HGET', KEYS[1], 'state')
 if not (state and string.find(',' .. ARGV[4] .. ',', ',' .. state .. ',', 1, true)) then
   return {-1}
+end
+local most = tonumber(ARGV[7] or '0')
+if most > 0 and not redis.call('ZSCORE', KEYS[2], ARGV[1])
+    and redis.call('ZCARD', KEYS[2]) >= most then
+  return {-2}
 end
 redis.call('ZREM', KEYS[2], ARGV[1])
 local epoch = redis.call('INCR', KEYS[3])

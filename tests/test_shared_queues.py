@@ -1,0 +1,138 @@
+"""Workers shared by queues: one worker is a member of every queue it may serve and serves
+them all from one loop; a task takes workers whole. Real Redis, real processes."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from queueworks import Client
+from queueworks.keys import Keys
+from tests.conftest import Cluster, wait_for
+
+
+def results_of(jobs: list[Any], timeout: float = 60.0) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    return [j.result(timeout=max(0.1, deadline - time.monotonic())) for j in jobs]
+
+
+def members_of(client: Client, name: str) -> list[str]:
+    return sorted(n.worker for n in client.task(name).status().nodes)
+
+
+@pytest.mark.system
+def test_one_worker_serves_three_queues_at_once(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    queues = [client.queue(f"q{i}") for i in range(3)]
+    w = cluster.worker("solo")
+    wait_for(lambda: all(members_of(client, q.name) == ["solo"] for q in queues), 30, "members")
+    started = time.monotonic()
+    jobs = [
+        j
+        for q in queues
+        for j in q.enqueue_many(("tests.handlers:double", {"x": i}) for i in range(100))
+    ]
+    assert results_of(jobs, 30) == [2 * i for _ in queues for i in range(100)]
+    elapsed = time.monotonic() - started
+    assert elapsed < 20, elapsed
+    record = client.workers()[0]
+    assert record.member_of == ["q0", "q1", "q2"]
+    assert w.alive()
+
+
+@pytest.mark.system
+def test_concurrency_spans_every_queue_of_a_worker(cluster: Cluster, client: Client) -> None:
+    """--concurrency 16: 8 half-second I/O jobs in each of two queues run at once."""
+    queues = [client.queue("io-a"), client.queue("io-b")]
+    cluster.worker("wide", extra=["--concurrency", "16"])
+    wait_for(lambda: all(members_of(client, q.name) == ["wide"] for q in queues), 30, "members")
+    started = time.monotonic()
+    jobs = [
+        q.enqueue("tests.handlers:async_sleep", {"seconds": 0.5}) for q in queues for _ in range(8)
+    ]
+    assert results_of(jobs, 30) == [0.5] * 16
+    assert time.monotonic() - started < 4.0  # one at a time: 8 s
+
+
+@pytest.mark.system
+def test_queues_flag_allow_and_selector_decide_which_queues_a_worker_serves(
+    cluster: Cluster, client: Client
+) -> None:
+    named = client.queue("named")
+    other = client.queue("other")
+    gpu = client.queue("gpu", node_selector={"gpu": "1"})
+    foreign = client.queue("foreign")
+    foreign.enqueue("elsewhere.jobs:run", {})  # a handler no worker here may run
+    cluster.worker("narrow", extra=["--queues", "named,gpu"])
+    cluster.worker("plain")
+    wait_for(lambda: members_of(client, "other") == ["plain"], 30, "plain joins other")
+    wait_for(lambda: members_of(client, "named") == ["narrow", "plain"], 30, "both join named")
+    assert members_of(client, "gpu") == []  # neither has the label
+    assert members_of(client, "foreign") == []  # nobody's --allow covers its handler
+    job = other.enqueue("tests.handlers:double", {"x": 4})
+    assert job.result(timeout=20) == 8
+    assert named.enqueue("tests.handlers:double", {"x": 5}).result(timeout=20) == 10
+    assert gpu.status().backlog == 0 and foreign.status().backlog == 1
+    records = {w.id: w for w in client.workers()}
+    assert records["narrow"].queues == ["named", "gpu"] or sorted(
+        records["narrow"].queues or []
+    ) == ["gpu", "named"]
+    assert records["narrow"].member_of == ["named"]
+    assert records["plain"].member_of == ["named", "other"]
+
+
+@pytest.mark.system
+def test_max_nodes_caps_a_queues_members(cluster: Cluster, client: Client) -> None:
+    capped = client.queue("capped", max_nodes=1)
+    free = client.queue("free")
+    cluster.worker("a")
+    cluster.worker("b")
+    wait_for(lambda: members_of(client, "free") == ["a", "b"], 30, "both join free")
+    assert len(members_of(client, "capped")) == 1
+    jobs = capped.enqueue_many(("tests.handlers:double", {"x": i}) for i in range(50))
+    assert results_of(jobs) == [2 * i for i in range(50)]
+    assert len(members_of(client, "capped")) == 1
+
+
+@pytest.mark.system
+def test_a_worker_killed_mid_job_loses_nothing_in_any_of_its_queues(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """Two workers serve two queues; one is SIGKILLed while jobs of both run: every job
+    finishes, each counted once, and the survivor serves both queues."""
+    queues = [client.queue("k1"), client.queue("k2")]
+    victim = cluster.worker("victim")
+    cluster.worker("survivor")
+    wait_for(
+        lambda: all(members_of(client, q.name) == ["survivor", "victim"] for q in queues),
+        30,
+        "both members of both",
+    )
+    log = f"{prefix}:test:log"
+    jobs = [
+        q.enqueue("tests.handlers:job_logged", {"x": i, "log": log, "seconds": 0.05})
+        for i in range(40)
+        for q in queues
+    ]
+    wait_for(lambda: r.llen(log) >= 10, 30, "jobs running")
+    victim.kill()
+    assert results_of(jobs) == [2 * i for i in range(40) for _ in queues]
+    for q in queues:
+        status = q.status()
+        assert (status.done, status.dead) == (40, 0)
+    wait_for(lambda: all(members_of(client, q.name) == ["survivor"] for q in queues), 20, "pruned")
+
+
+@pytest.mark.system
+def test_sigterm_leaves_every_queue_at_once(cluster: Cluster, client: Client) -> None:
+    queues = [client.queue(f"t{i}") for i in range(3)]
+    leaving = cluster.worker("leaving")
+    cluster.worker("staying")
+    wait_for(lambda: all(len(members_of(client, q.name)) == 2 for q in queues), 30, "members")
+    assert leaving.terminate() == 0
+    # a leave, not a prune: no heartbeat TTL to wait out
+    wait_for(lambda: all(members_of(client, q.name) == ["staying"] for q in queues), 2, "left")

@@ -1,0 +1,383 @@
+"""A worker's queues: it is a member of every queue it may serve, at once, and serves them
+all from one loop.
+
+Each queue is a membership of its own (``TaskRun`` with a ``QueueLoop``: join, role, reclaim,
+attempts, dead letters, leave, exactly as for one queue); this loop drives them together.
+One round: every queue's safe point (a new epoch re-ranks that queue alone), the jobs each
+holds (retries, reclaimed ones), then one read. The read is one ``XREADGROUP`` over every
+queue's streams (they share the group name), with each queue's settle and, when due, its
+membership check on the same pipeline: one round trip, however many queues. ``COUNT``
+applies per stream, so a deep backlog in one queue does not crowd out another's jobs; what
+comes is run round robin, one job of each queue in turn (fairness is per queue, not per
+priority). On a Redis Cluster the streams live on different slots: each queue is read on its
+own (not blocking) on one pipeline, and an empty round waits a little.
+
+Which queues: every queue ``Scout`` finds that this worker may serve. The loop ends when the
+controller gives the worker a task (a task takes it whole: it leaves every queue first) or
+the worker stops.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from queueworks.connection import text
+from queueworks.keys import GROUP
+from queueworks.records import queue_memberships
+from queueworks.signals import ColdStop
+
+from .inflight import Call, InFlight
+from .queue_loop import QueueLoop
+from .queue_scout import Scout
+from .runtime import TaskRun, WorkerParts
+from .work import Leave, Work
+
+SCOUT_SECONDS = 0.5  # how often the worker looks for queues to join or leave
+CLUSTER_WAIT = 0.01  # s an empty round waits on a cluster (no read there blocks)
+REJOIN_SECONDS = 1.0  # a queue that turned us away (full, finished) is not tried sooner
+
+
+@dataclass
+class Member:
+    """One queue this worker is a member of: its run and its loop."""
+
+    run: TaskRun
+    loop: QueueLoop
+
+    @property
+    def name(self) -> str:
+        return self.run.tk.task_id
+
+
+class QueueSet:
+    def __init__(self, parts: WorkerParts, scout: Scout) -> None:
+        self.parts, self.scout = parts, scout
+        self.r, self.me, self.log = parts.r, parts.state.worker_id, parts.log
+        self.members: dict[str, Member] = {}
+        self.turned_away: dict[str, float] = {}  # queue -> when it last did (monotonic)
+        self.scouted_at = float("-inf")
+        self.published: list[str] | None = None  # the memberships the worker record shows
+        self.turn = 0  # who goes first this round (round robin)
+        self.cluster = hasattr(parts.r, "get_node_from_key")
+        self.flight: Flight | None = None  # with --concurrency > 1
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def serve(self) -> str:
+        """Serve the queues until the worker has other work ("assigned") or stops
+        ("stopping"); every membership is left on the way out."""
+        state = self.parts.state
+        flight = InFlight.of(self.parts)
+        self.flight = Flight(self, flight) if flight is not None else None
+        try:
+            while not state.stopping and not state.assign:
+                self._scout()
+                if not self.members:
+                    state.wake.wait(SCOUT_SECONDS)
+                    state.wake.clear()
+                    continue
+                if self.flight is not None:
+                    self.flight.turn()
+                else:
+                    self._round()
+        except ColdStop:  # what runs now has started: it stays ours, charged when reclaimed
+            if self.flight is not None:
+                self.flight.interrupted()
+            raise
+        finally:
+            if self.flight is not None:
+                self.flight.close()
+            for name in list(self.members):
+                self._close(name, "stopping" if state.stopping else "revoked")
+            self._publish()
+        return "stopping" if state.stopping else "assigned"
+
+    def _round(self) -> None:
+        for member in self._ordered():
+            self._safe_point(member)
+        held = [m for m in self._ordered() if m.run.held]
+        for member in held:
+            member.run.use()
+            member.loop.run_held()
+        if held or not self.members:
+            return
+        self._read_and_run()
+
+    def _ordered(self) -> list[Member]:
+        members = list(self.members.values())
+        if not members:
+            return members
+        k = self.turn % len(members)
+        return members[k:] + members[:k]
+
+    def _safe_point(self, member: Member) -> None:
+        """The queue's safe point and its duties; a queue whose run ends here is left."""
+        member.run.use()
+        try:
+            member.run.check()
+            member.loop.tick()
+        except Leave as why:
+            self._close(member.name, str(why))
+
+    # -- reading --------------------------------------------------------------------------
+
+    def _read_and_run(self) -> None:
+        read, owner = self.read(block=True)
+        if read:
+            self._run(read, owner)
+
+    def read(self, count: int | None = None, *, block: bool) -> tuple[Any, dict[str, Member]]:
+        """One read over every queue's streams (``count`` each, or what each queue's jobs
+        call for; waiting if ``block``), carrying each queue's settle and checks when due:
+        the reply and which member each stream is of."""
+        now = time.monotonic()
+        members = self._ordered()
+        self.turn += 1
+        plans = [(m, *m.loop.settle_now(now)) for m in members]
+        wait = min(block_ms for _, _, block_ms in plans) if block else None
+        count = count or min(m.loop.read_count() for m in members)
+        streams: dict[Any, Any] = {}
+        owner: dict[str, Member] = {}
+        for m in members:
+            streams.update(m.loop.aside.read)
+            owner.update(dict.fromkeys(m.loop.aside.read, m))
+        due = [(m, settle) for m, settle, _ in plans if settle or m.loop.check_due(now)]
+        if self.cluster:
+            return self._read_cluster(members, due, now, count), owner
+        if not due:
+            return self._xreadgroup(self.r, streams, count, wait), owner
+        pipe = self.r.pipeline(transaction=False)
+        looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
+        pipe.xreadgroup(GROUP, self.me, streams, count=count, block=wait)
+        *replies, read = pipe.execute(raise_on_error=False)
+        for looked in looks:
+            looked(replies)
+        if isinstance(read, Exception):
+            self._read_failed(read, members)
+            return None, owner
+        return read, owner
+
+    def _xreadgroup(self, conn: Any, streams: dict[Any, Any], count: int, block: int | None) -> Any:
+        try:
+            return conn.xreadgroup(GROUP, self.me, streams, count=count, block=block)
+        except ResponseError as exc:
+            self._read_failed(exc, list(self.members.values()))
+            return None
+
+    def _read_cluster(
+        self, members: list[Member], due: list[tuple[Member, bool]], now: float, count: int
+    ) -> Any:
+        """Each queue's streams on their own, on one cluster pipeline, none blocking."""
+        pipe = self.r.pipeline(transaction=False)
+        looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
+        at = len(pipe)
+        for m in members:
+            pipe.xreadgroup(GROUP, self.me, m.loop.aside.read, count=count)
+        replies = pipe.execute(raise_on_error=False)
+        for looked in looks:
+            looked(replies)
+        read: list[Any] = []
+        for m, reply in zip(members, replies[at:], strict=True):
+            if isinstance(reply, Exception):
+                m.loop.read_failed(reply)
+            elif reply:
+                read += reply
+        if not read:
+            self.parts.state.wake.wait(CLUSTER_WAIT)
+            self.parts.state.wake.clear()
+        return read
+
+    def _read_failed(self, error: Exception, members: list[Member]) -> None:
+        """A read over many queues failed: an aside stream was emptied and deleted
+        meanwhile (each queue reads its own stream alone until its next look); else the
+        error is raised."""
+        if not isinstance(error, ResponseError) or not any(
+            len(m.loop.aside.read) > 1 for m in members
+        ):
+            raise error
+        for m in members:
+            if len(m.loop.aside.read) > 1:
+                m.loop.aside.lost(time.monotonic())
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _run(self, read: Any, owner: dict[str, Member]) -> None:
+        """What a read brought, one job of each queue in turn."""
+        queues: dict[str, list[Work]] = {}
+        for raw_stream, entries in read:
+            stream = text(raw_stream)
+            member = owner.get(stream)
+            if member is None or member.name not in self.members:
+                continue  # (left meanwhile: its entries stay pending, reclaimed by others)
+            works = member.loop.aside.works([[raw_stream, entries]])
+            if stream != member.run.tk.stream:  # an aside stream's: run as held ones
+                member.run.held.extend(works)
+                continue
+            queues.setdefault(member.name, []).extend(works)
+        lanes = [(self.members[name], works) for name, works in queues.items()]
+        spent = {m.name: 0.0 for m, _ in lanes}
+        ran = dict.fromkeys(spent, 0)
+        while lanes:
+            still = []
+            for member, works in lanes:
+                work = works.pop(0)
+                member.run.use()
+                started = time.monotonic()
+                member.loop.batch_at = started
+                if not member.loop.run_fresh_one(work):
+                    member.run.held.extend(works)
+                    continue
+                spent[member.name] += time.monotonic() - started
+                ran[member.name] += 1
+                if works:
+                    still.append((member, works))
+            lanes = still
+        for name, n in ran.items():
+            if n and name in self.members:
+                self.members[name].loop.ran_for(n, spent[name])
+
+    # -- joining and leaving ----------------------------------------------------------------
+
+    def _scout(self) -> None:
+        if time.monotonic() - self.scouted_at < SCOUT_SECONDS:
+            return
+        self.scouted_at = time.monotonic()
+        wanted = self.scout.eligible()
+        for name in list(self.members):
+            if name not in wanted:
+                self.members[name].run.state.revoke()
+                self._close(name, "revoked")
+        now = time.monotonic()
+        for name in wanted:
+            if name in self.members or now - self.turned_away.get(name, -1e9) < REJOIN_SECONDS:
+                continue
+            self._open(name)
+        self._publish()
+
+    def _open(self, name: str) -> None:
+        run = TaskRun(self.parts, name, queue=True)
+        opened = run.open()
+        if isinstance(opened, str) or not isinstance(opened, QueueLoop):
+            run.end()
+            self.turned_away[name] = time.monotonic()
+            if not isinstance(opened, str):  # no queue after all (its mode): leave it
+                run.close(opened, "revoked")
+            return
+        self.members[name] = Member(run, opened)
+        self.turned_away.pop(name, None)
+
+    def _close(self, name: str, reason: str) -> None:
+        member = self.members.get(name)
+        if member is None:
+            return
+        if self.flight is not None:
+            self.flight.drain()  # a run never leaves with its jobs still running
+        del self.members[name]
+        member.run.use()
+        try:
+            member.run.close(member.loop, reason)
+        finally:
+            member.run.end()
+        self.log.info("queue_left", queue=name, reason=reason)
+        if reason in ("finished", "revoked"):
+            self.turned_away[name] = time.monotonic()
+        self._publish()
+
+    def _publish(self) -> None:
+        """The worker record shows the queues we are a member of (when that changes)."""
+        names = sorted(self.members)
+        if names == self.published:
+            return
+        self.r.hset(self.parts.keys.worker(self.me), mapping=queue_memberships(names))
+        self.published = names
+
+
+WAIT_SECONDS = 0.02  # how long a turn waits for a call to finish before looking around
+FLUSH_SECONDS = 0.05  # settle at least this often while calls run
+
+
+class Flight:
+    """``--concurrency N`` over all of a worker's queues: up to N jobs in flight at once,
+    whichever queues they are of (``workers.concurrent`` does the same for one run). Jobs
+    start round robin over the queues that hold some; before any queue's membership
+    change is acted on, the member waits for what is in flight (a re-rank never hands back
+    a job that runs here)."""
+
+    def __init__(self, queues: QueueSet, flight: InFlight) -> None:
+        self.queues, self.flight = queues, flight
+        self.owners: dict[int, Member] = {}  # id(call) -> the queue it is of
+
+    def turn(self) -> None:
+        queues, flight = self.queues, self.flight
+        if flight.running and (
+            queues.parts.state.stopping or any(map(_changing, queues.members.values()))
+        ):
+            self.drain()
+        for member in queues._ordered():
+            queues._safe_point(member)
+        self._record(flight.collect(0))
+        self._start_held()
+        held = sum(len(m.run.held) for m in queues.members.values())
+        if flight.free and held < flight.free and queues.members:
+            read, owner = queues.read(flight.free, block=not flight.running and not held)
+            for raw_stream, entries in read or ():
+                of = owner.get(text(raw_stream))
+                if of is not None and of.name in queues.members:
+                    of.run.held.extend(of.loop.aside.works([[raw_stream, entries]]))
+            self._start_held()
+        if flight.running:
+            self._record(flight.collect(WAIT_SECONDS))
+        for member in queues.members.values():
+            if time.monotonic() > member.loop.ledger.last_flush + FLUSH_SECONDS:
+                member.loop.ledger.flush()
+
+    def _start_held(self) -> None:
+        """Start what the queues hold, one job of each in turn, while there is room."""
+        flight = self.flight
+        lanes: deque[Member] = deque(m for m in self.queues._ordered() if m.run.held)
+        while lanes and flight.free:
+            member = lanes.popleft()
+            started = member.loop.ledger.start(member.run.held.popleft())
+            if member.run.held:
+                lanes.append(member)
+            if started is None:
+                continue
+            member.run.use()
+            call = member.loop.call_for(started)
+            if call is not None:
+                self.owners[id(call)] = member
+                flight.start(call, member.run.spec.subtask_timeout)
+        flight.launch()
+
+    def _record(self, calls: list[Call]) -> None:
+        for call in calls:
+            member = self.owners.pop(id(call))
+            member.loop.record(call)
+
+    def drain(self) -> None:
+        """Start nothing more; wait for everything in flight and record it."""
+        while self.flight.running:
+            self._record(self.flight.collect(0.05))
+        for member in self.queues.members.values():
+            member.loop.ledger.flush()
+
+    def interrupted(self) -> None:
+        """A cold stop: what runs has started; it stays ours, charged when reclaimed."""
+        for key, call in self.flight.running.items():
+            member = self.owners.get(key)
+            if member is not None:
+                member.loop.ledger.interrupted.add(call.item.entry_id)
+
+    def close(self) -> None:
+        self.flight.close()
+
+
+def _changing(member: Member) -> bool:
+    """The queue's membership is about to change (or its run to end): drain first."""
+    s = member.run.state
+    return s.suspend.is_set() or s.stopping or s.fenced or member.loop.ledger.ended
