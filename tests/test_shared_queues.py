@@ -88,7 +88,7 @@ def test_queues_flag_allow_and_selector_decide_which_queues_a_worker_serves(
 @pytest.mark.system
 def test_max_nodes_caps_a_queues_members(cluster: Cluster, client: Client) -> None:
     capped = client.queue("capped", max_nodes=1)
-    free = client.queue("free")
+    client.queue("free")
     cluster.worker("a")
     cluster.worker("b")
     wait_for(lambda: members_of(client, "free") == ["a", "b"], 30, "both join free")
