@@ -9,9 +9,8 @@ not run (outside its ``--allow`` prefixes) is set aside to wait alone for a memb
 that fails, no such function, not a plain function) is dead at once, the reason naming the
 handler and the error. The member goes on serving the queue either way; it never refuses it.
 
-The leader also moves due delayed jobs onto the stream, and says how many nodes the queue
-wants (``want`` in its record): as many as it may have while jobs wait unread, ``min_nodes``
-after ``idle_after`` seconds in which no job finished.
+The leader also moves due delayed jobs onto the stream. A worker serves many queues at once
+from one loop (``workers.queue_set``): this loop's parts are its steps.
 """
 
 from __future__ import annotations
@@ -23,28 +22,24 @@ from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
-from queueworks import events
 from queueworks.connection import text
 from queueworks.context import JobContext, Suspended
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
-from queueworks.queue_settings import stored_idle_after
 from queueworks.signals import ColdStop
 
-from .aside import Aside, Reply
-from .concurrent import Concurrently
+from .aside import Aside
 from .handlers import Handler, HandlerRefused, resolve
-from .inflight import Call, InFlight, is_async
+from .inflight import Call, is_async
 from .jobledger import JobLedger
 from .loop import Run
 from .running_job import RunningJob
-from .work import Entries, Work
+from .work import Leave, Work
 
 BLOCK_MS = 100  # a member waits this long on the stream per read, then looks around
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, this often
-DEMAND_SECONDS = 1.0  # the leader reconsiders how many nodes the queue wants
 SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once
@@ -60,68 +55,24 @@ class QueueLoop:
         for path in sorted(text(h) for h in run.r.smembers(run.tk.handlers)):
             self._handler(path)  # imported once, before the first job
         self.aside = Aside(run, self._reads_aside)
-        idle_after, wrong = stored_idle_after(run.spec.options)
-        if wrong:  # written by an older version, or by hand: never a crash
-            run.log.warning(
-                "queue_setting_ignored", setting="idle_after", error=wrong, used=idle_after
-            )
-        self.duties = LeaderDuties(run, self.aside, idle_after)
+        self.duties = LeaderDuties(run)
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
         self.avg_seconds = 0.0
-        self.flight = InFlight.of(run)
+
         self.batch_at = 0.0  # when the batch running now began (a read returned it)
 
     def serve(self) -> None:
-        run = self.run
-        if self.flight is not None:
-            timeout = run.spec.subtask_timeout
-            Concurrently(run, self.ledger, self, self.flight, timeout).serve()
-        while True:
-            run.check()
-            self.tick()
-            if run.held:
-                self.run_held()
-                continue
-            reply = self._read()
-            if reply:
-                self._run_fresh(reply)
+        """A queue is served with the worker's other queues (``workers.queue_set``), never
+        through a run of its own: a queue's id in ``assign`` (an older controller's word) is
+        no work for this run."""
+        raise Leave("revoked")
 
     def close(self, reason: str) -> None:
         """Park what it holds of aside streams (the run hands back the queue's stream's)."""
         self.aside.hand_back()
 
     # -- reading --------------------------------------------------------------------------
-
-    def _read(self, count: int | None = None, block: bool = True) -> Reply | None:
-        """Wait on the stream (and the aside streams this member reads) for new jobs (not
-        if ``block`` is false), with the settle of what ran before and (at least every
-        ``check_every``) the membership check, and now and then a look at the aside set,
-        in one round trip. The ``XREADGROUP`` reply, or None."""
-        run = self.run
-        now = time.monotonic()
-        settle, block_ms = self.settle_now(now)
-        check = now - self.checked_at >= self.check_every
-        group, me = run.tk.group, run.me
-        count = count or self.read_count()
-        wait = block_ms if block else None
-        streams = self.aside.read
-        if not settle and not check:  # the read alone: no pipeline to build
-            try:
-                alone: Any = run.r.xreadgroup(group, me, streams, count=count, block=wait)
-            except ResponseError as exc:
-                self.read_failed(exc)
-                return None
-            return alone or None
-        pipe = run.r.pipeline(transaction=False)
-        looked = self.put_looks(pipe, now, settle)
-        pipe.xreadgroup(group, me, streams, count=count, block=wait)
-        *replies, read = pipe.execute(raise_on_error=False)
-        looked(replies)
-        if isinstance(read, Exception):
-            self.read_failed(read)
-            return None
-        return read or None
 
     def check_due(self, now: float) -> bool:
         return now - self.checked_at >= self.check_every
@@ -186,27 +137,6 @@ class QueueLoop:
         return max(1, min(self.run.batch_size, int(TARGET_BATCH_SECONDS / self.avg_seconds)))
 
     # -- running --------------------------------------------------------------------------
-
-    def _run_fresh(self, reply: Reply) -> None:
-        if self.aside.streams:  # what came may be of aside streams: all of it in hand
-            self.run.held.extend(self.aside.works(reply))
-            self.run_held()
-            return
-        entries: Entries = reply[0][1]
-        run = self.run
-        s = run.state
-        ran, started = 0, time.monotonic()
-        self.batch_at = started
-        stream = run.tk.stream
-        for i, (raw_id, fields) in enumerate(entries):
-            if s.suspend.is_set() or s.stopping or s.fenced:
-                run.held.extend(Work(stream, e.decode(), f, 1) for e, f in entries[i:])
-                break
-            if not self._run_one(Work(stream, raw_id.decode(), fields, 1)):
-                run.held.extend(Work(stream, e.decode(), f, 1) for e, f in entries[i + 1 :])
-                break
-            ran += 1
-        self._ran(ran, started)
 
     def run_held(self) -> None:
         run = self.run
@@ -308,16 +238,7 @@ class QueueLoop:
         ledger.succeeded(job, body)
         return True
 
-    # -- many in flight (--concurrency > 1): workers.concurrent.Items -----------------------
-
-    def read(self, count: int, block: bool) -> list[Work] | None:
-        reply = self._read(count, block)
-        if not reply:
-            return None
-        return self.aside.works(reply)
-
-    def key_of(self, work: Work) -> str | None:
-        return None  # a queue's jobs have no order among them
+    # -- many in flight (--concurrency > 1): workers.queue_set.Flight ---------------------
 
     def call_for(self, work: Work) -> Call | None:
         return self._decoded(work)  # the running job is its own call
@@ -328,9 +249,6 @@ class QueueLoop:
     def tick(self) -> None:
         self.duties.tick()
         self.aside.tick()
-
-    def idle(self) -> None:
-        """The read waited on the stream already."""
 
     def _context(self, jid: str, work: Work) -> JobContext:
         run = self.run
@@ -382,16 +300,13 @@ class QueueLoop:
 
 class LeaderDuties:
     """What a queue's leader does besides running jobs, every ``DUTY_SECONDS`` (at once when
-    a delayed job is due): move due delayed jobs onto the stream, and every
-    ``DEMAND_SECONDS`` reconsider how many nodes the queue wants. Every member's own look
+    a delayed job is due): move due delayed jobs onto the stream. Every member's own look
     around (the queue cancelled? a wedged member's jobs?) rides on the same tick."""
 
-    def __init__(self, run: Run, aside: Aside, idle_after: float) -> None:
-        self.run, self.aside, self.idle_after = run, aside, idle_after
+    def __init__(self, run: Run) -> None:
+        self.run = run
         self.duties_at = 0.0
-        self.demand_at = 0.0
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
-        self.settled_seen: tuple[int, float] = (-1, time.monotonic())  # (done+dead, since)
 
     def tick(self) -> None:
         due = self.next_due is not None and time.time() >= self.next_due
@@ -406,7 +321,7 @@ class LeaderDuties:
 
     def _duties(self) -> None:
         """Every ``DUTY_SECONDS``: the run's look around (the queue cancelled? a wedged
-        member's jobs?); the leader moves due jobs and reconsiders the queue's demand."""
+        member's jobs?); the leader moves due jobs."""
         self.duties_at = time.monotonic()
         self.run.look_around()
         role = self.run.membership.role
@@ -414,9 +329,6 @@ class LeaderDuties:
             self.next_due = None
             return
         self._promote_due()
-        if time.monotonic() - self.demand_at >= DEMAND_SECONDS:
-            self.demand_at = time.monotonic()
-            self._demand()
 
     def _promote_due(self) -> None:
         run = self.run
@@ -430,34 +342,3 @@ class LeaderDuties:
             run.log.info("jobs_due", moved=moved)
             self.duties_at = 0.0  # more may be due: look again at once
         self.next_due = float(first[0][1]) if first and not due else None
-
-    def _demand(self) -> None:
-        """``want``: no bound while jobs wait unread; ``min_nodes`` once no job finished
-        for ``idle_after`` s; else unchanged. Written (with an event) only when it changes."""
-        run = self.run
-        pipe = run.r.pipeline(transaction=False)
-        pipe.xlen(run.tk.stream)
-        pipe.xpending(run.tk.stream, run.tk.group)
-        pipe.hmget(run.tk.record, ["done", "dead", "want", "min_nodes"])
-        self.aside.backlog_on(pipe)  # jobs set aside that no member reads wait too
-        length, pending, fields, *aside = pipe.execute(raise_on_error=False)
-        for reply in (length, pending, fields):
-            if isinstance(reply, Exception):
-                raise reply
-        done, dead, want, min_nodes = fields
-        backlog = int(length) - int(pending["pending"]) + self.aside.backlog(aside)
-        settled = int(done or 0) + int(dead or 0)
-        if settled != self.settled_seen[0] or backlog > 0:
-            self.settled_seen = (settled, time.monotonic())
-        idle = time.monotonic() - self.settled_seen[1] >= self.idle_after
-        new = text(want)
-        if backlog > 0:
-            new = ""  # as many as it may have
-        elif idle:
-            new = text(min_nodes) or "1"
-        if new != text(want):
-            pipe = run.r.pipeline(transaction=False)
-            pipe.hset(run.tk.record, "want", new)
-            events.emit(pipe, run.keys, "demand", task=run.tk.task_id, want=new or "max")
-            pipe.execute()
-            run.log.info("queue_demand", want=new or "max", backlog=backlog, idle=idle)
