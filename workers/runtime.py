@@ -108,7 +108,7 @@ class TaskRun:
         try:
             self.spec = StoredSpec.model_validate_json(raw_spec)
         except ValidationError as exc:
-            self._spec_invalid(exc)
+            _spec_invalid(self, exc)
             return "finished"
         self.streams = self.tk.streams(self.spec.partitions)
         self.use()
@@ -148,14 +148,6 @@ class TaskRun:
     def end(self) -> None:
         """The run is over: its seat goes."""
         self.parts.state.drop(self.state)
-
-    def _spec_invalid(self, exc: ValidationError) -> None:
-        """A task record nobody can run (another writer broke it): fail the task, so the
-        controller releases its nodes; this worker goes on with the next one."""
-        error = f"stored spec is invalid: {describe_error(exc)}"
-        if self.scripts.set_state(self.tk, TaskState.FAILED, time.time(), error):
-            events.emit(self.r, self.keys, "failed", task=self.tk.task_id, error=error)
-        self.log.error("spec_invalid", error=error)
 
     def refuse(self, exc: HandlerRefused) -> None:
         """This worker cannot run the task's handler: say so instead of joining (and
@@ -368,3 +360,12 @@ class TaskRun:
         ordered = in_stream_order(works)
         self.held.extendleft(reversed(ordered))
         return len(ordered)
+
+
+def _spec_invalid(run: TaskRun, exc: ValidationError) -> None:
+    """A task record nobody can run (another writer broke it): fail the task, so the
+    controller releases its nodes; this worker goes on with the next one."""
+    error = f"stored spec is invalid: {describe_error(exc)}"
+    if run.scripts.set_state(run.tk, TaskState.FAILED, time.time(), error):
+        events.emit(run.r, run.keys, "failed", task=run.tk.task_id, error=error)
+    run.log.error("spec_invalid", error=error)
