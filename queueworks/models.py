@@ -70,6 +70,7 @@ ACTIVE_STATES = (TaskState.QUEUED, TaskState.RUNNING, TaskState.WAITING)
 
 class WorkerState(StrEnum):
     IDLE = "idle"
+    SERVING = "serving"  # a member of queues (``member_of``), no task
     ASSIGNED = "assigned"
     LEAVING = "leaving"
 

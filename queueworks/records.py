@@ -204,8 +204,11 @@ def registered_worker(record: WorkerRecord, now: float) -> Hash:
 
 
 def queue_memberships(queues: Iterable[str]) -> Hash:
-    """The worker hash field that says which queues a worker is a member of now."""
-    return {MEMBER_OF: json.dumps(sorted(set(queues)))}
+    """The worker hash fields that say which queues a worker is a member of now (its
+    state: serving them, or idle)."""
+    names = sorted(set(queues))
+    state = WorkerState.SERVING if names else WorkerState.IDLE
+    return {MEMBER_OF: json.dumps(names), "state": state.value}
 
 
 def member_of(task_id: str, rank: int, epoch: int) -> Hash:

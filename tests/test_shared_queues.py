@@ -136,3 +136,16 @@ def test_sigterm_leaves_every_queue_at_once(cluster: Cluster, client: Client) ->
     assert leaving.terminate() == 0
     # a leave, not a prune: no heartbeat TTL to wait out
     wait_for(lambda: all(members_of(client, q.name) == ["staying"] for q in queues), 2, "left")
+
+
+@pytest.mark.system
+def test_the_worker_record_says_serving_with_its_queues(cluster: Cluster, client: Client) -> None:
+    client.queue("shown")
+    cluster.worker("shower")
+    wait_for(lambda: [w.member_of for w in client.workers()] == [["shown"]], 30, "member_of")
+    (record,) = client.workers()
+    assert record.state == "serving" and record.task is None
+    client.queue("shown").task.cancel()
+    wait_for(
+        lambda: [(w.state, w.member_of) for w in client.workers()] == [("idle", [])], 30, "idle"
+    )

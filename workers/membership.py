@@ -180,8 +180,9 @@ class Membership:
         role = self.role
         assert role is not None
         pipe = self.r.pipeline(transaction=False)
-        member = member_of(self.tk.task_id, role.rank, role.epoch)
-        pipe.hset(self.keys.worker(self.me), mapping=member)
+        if not self.state.queue:  # (a queue's seat: the worker's queue set says it)
+            member = member_of(self.tk.task_id, role.rank, role.epoch)
+            pipe.hset(self.keys.worker(self.me), mapping=member)
         if role.leader:
             now = time.time()
             since_change_ms = ""
@@ -231,7 +232,8 @@ class Membership:
             first(pipe)
         call = calls.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
         departing = Queued(self.scripts, call, pipe)
-        pipe.hset(self.keys.worker(self.me), mapping=idle_worker())
+        if not self.state.queue:
+            pipe.hset(self.keys.worker(self.me), mapping=idle_worker())
         done = self.state.node.unreported()  # what this run settled, in the record now
         pipe.hincrby(self.keys.worker(self.me), "processed", done)
         pruned = self.state.fenced

@@ -168,6 +168,7 @@ class Worker:
                     pipe, self.keys, "worker_joined", worker=self.id, labels=json.dumps(self.labels)
                 )
                 pipe.execute()
+                self.queue_set.published = None  # the record says none: say them again
                 return
             except UNAVAILABLE as exc:
                 if self.state.stopping:
