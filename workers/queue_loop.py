@@ -66,7 +66,7 @@ class QueueLoop:
         """A queue is served with the worker's other queues (``workers.queue_set``), never
         through a run of its own: a queue's id in ``assign`` (an older controller's word) is
         no work for this run."""
-        raise Leave("revoked")
+        raise Leave("queue")
 
     def close(self, reason: str) -> None:
         """Park what it holds of aside streams (the run hands back the queue's stream's)."""

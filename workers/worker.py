@@ -263,7 +263,7 @@ class Worker:
                     continue
                 outcome = TaskRun(self.parts, task_id).run()  # it watches its membership
                 self.log.info("task_run_ended", task_id=task_id, outcome=outcome)
-                if outcome in ("finished", "missing"):
+                if outcome in ("finished", "missing", "queue"):
                     self._done_tasks.add(task_id)
                     ended = True
                 elif outcome == "refused":
