@@ -253,6 +253,8 @@ class WorkerRecord(_Model):
     pid: int
     labels: dict[str, str] = Field(default_factory=dict)
     allow: list[str] = Field(default_factory=list)  # module prefixes it may run handlers from
+    queues: list[str] | None = None  # its --queues filter: the queues it may serve (None: any)
+    member_of: list[str] = Field(default_factory=list)  # the queues it is a member of now
     state: WorkerState = WorkerState.IDLE
     task: str | None = None
     rank: int | None = None
