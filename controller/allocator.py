@@ -1,22 +1,29 @@
 """Allocator: a pure function from the active tasks and live workers to a `Plan`.
 
-Tasks are ranked by (-priority, seq, id). One pass:
+Tasks are ranked by (-priority, seq, id). Queues are not allocated: workers join them on
+their own, and a queue's view lists its members as its nodes. The plan gives every live
+worker a task (never a queue) or nothing. One pass:
 
-1. Keep: each task keeps its live nodes that still match its selector, up to its cap
-   (highest worker ids dropped first). A worker listed by two tasks stays with the higher-ranked.
+0. Guard: each queue, in rank order, guards ``min_nodes`` of its live members that fit it,
+   preferring workers an earlier queue guards (so queues sharing workers guard the same
+   ones), then by worker id. ``guard(w)`` is the highest priority of the queues guarding w.
+   A task may *take* a worker w (a free one, or by preemption, in steps 2 and 4) only if
+   its priority is above ``guard(w)``; it keeps the nodes it holds whatever their guard.
+1. Keep: each task keeps its live nodes that still match its selector, up to ``max_nodes``
+   (highest worker ids dropped first). A worker listed by two tasks stays with the
+   higher-ranked.
 2. Reach min (gang), in rank order: a task below min_nodes takes free matching workers (by id);
    if they are not enough it preempts strictly lower-priority tasks: their surplus above
    min_nodes first, then whole tasks, lowest priority and youngest first. It preempts only if it
    then reaches min_nodes; otherwise it gets nothing and releases what it kept. If a task that
    kept nodes fails, its priority level is decided again with those nodes free from the start.
 3. Fairness: step 2 runs for every task before any task grows past min_nodes.
-4. Grow: in rank order, each task holding >= min_nodes grows toward its cap from free workers.
+4. Grow: in rank order, each task holding >= min_nodes grows toward ``max_nodes`` (no bound:
+   every live worker) from free workers.
 
-A task's *cap* is ``max_nodes`` (no bound: every live worker), lowered to ``want`` when the task
-says how many nodes it can use now (a queue's members write it from the backlog), but never
-below ``min_nodes``. A worker *fits* a task when it has every label of the task's selector, its
-`--allow` prefixes cover the task's handler (a queue's: one of the handlers its jobs name),
-and it has not refused the task.
+A worker *fits* a task when it has every label of the task's selector, its `--allow` prefixes
+cover the task's handler (a queue's: one of the handlers its jobs name), and it has not
+refused the task.
 
 Deterministic (everything is sorted) and stable: allocating again on the applied plan moves
 nothing. `TaskView.running` is informational; the state is derived from `nodes`.
@@ -24,17 +31,19 @@ nothing. `TaskView.running` is informational; the state is derived from `nodes`.
 The input is a `Snapshot` (tuples of views) or a `Board` (``controller.board``: the same views
 kept between passes, indexed); both give the same plan. On a board a pass costs
 O(workers + tasks holding nodes + classes of waiting tasks + tasks that start), whatever the
-backlog: a task without nodes belongs to a *class* (priority, selector, handler, refusals,
-min_nodes), and within a priority level the workers a class can reach (free, or held by lower
-priorities) only shrink as the level is decided, so once one task of a class fails to reach
-min_nodes every younger task of that class would fail too: the pass stops reading the class
-there. A task without nodes that gets none changes nothing for the others.
+backlog (plus the queues' members, when a queue or a worker changed): a task without nodes
+belongs to a *class* (priority, selector, handler, refusals, min_nodes), and within a
+priority level the workers a class can reach (free, or held by lower priorities, and
+guarded below that priority) only shrink as the level is decided, so once one task of a
+class fails to reach min_nodes every younger task of that class would fail too: the pass
+stops reading the class there. A task without nodes that gets none changes nothing for the
+others.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -64,13 +73,15 @@ __all__ = [
     "matches",
     "may_run",
     "rank",
+    "why_queue_waits",
     "why_waiting",
 ]
 
 
 @dataclass(frozen=True)
 class Plan:
-    """Every live worker id mapped to its task id, or None when idle."""
+    """Every live worker id mapped to its task id (never a queue's), or None when it has
+    none (free, or serving the queues it is a member of)."""
 
     assignment: Mapping[str, str | None]
     _nodes: Mapping[str, frozenset[str]] | None = field(default=None, repr=False, compare=False)
@@ -122,7 +133,7 @@ def allocate(source: Snapshot | Board) -> Plan:
 
 def _holders(source: Snapshot | Board) -> Sequence[TaskView]:
     if isinstance(source, Snapshot):
-        return sorted((t for t in source.tasks if t.nodes), key=rank)
+        return sorted((t for t in source.tasks if t.nodes and not t.queue), key=rank)
     return source.holders()
 
 
@@ -143,6 +154,7 @@ class _Pass:
         self.workers = board.workers
         self.ids = board.worker_ids()
         self._fit = board.fit
+        self.guards = board.guards()
         holders = board.holders()
         self.held: dict[str, list[str]] = {}
         if board.listed_twice():
@@ -163,19 +175,22 @@ class _Pass:
         return max(1, task.min_nodes)
 
     def _max(self, task: TaskView) -> int:
-        cap = len(self.workers) if task.max_nodes is None else task.max_nodes
-        if task.want is not None:
-            cap = min(cap, max(task.want, self._min(task)))
-        return cap
+        return len(self.workers) if task.max_nodes is None else task.max_nodes
+
+    def _takes(self, w: str, task: TaskView) -> bool:
+        """True if `task` may take worker `w`: it fits, and no queue guards it at the
+        task's priority or above."""
+        guard = self.guards.get(w)
+        return (guard is None or task.priority > guard) and self._fit(w, task)
 
     def _free_fits(self, task: TaskView, limit: int) -> list[str]:
-        """Up to `limit` free workers matching `task`, by id."""
+        """Up to `limit` free workers `task` may take, by id."""
         found: list[str] = []
         if not self.free or limit <= 0:
             return found
         small = 4 * len(self.free) <= len(self.ids)  # then sorting beats scanning every id
         for w in sorted(self.free) if small else self.ids:
-            if w in self.free and self._fit(w, task):
+            if w in self.free and self._takes(w, task):
                 found.append(w)
                 if len(found) == limit:
                     break
@@ -269,7 +284,7 @@ class _Pass:
                 for w in reversed(held):  # highest ids first
                     if len(picks) == need or room <= 0:
                         break
-                    if w not in taken and self._fit(w, task):
+                    if w not in taken and self._takes(w, task):
                         picks.append(w)
                         taken.add(w)
                         victims[j.id] = whole or victims.get(j.id, False)
@@ -285,8 +300,9 @@ class _Pass:
         return not mine
 
     def grow(self) -> None:
-        """Step 4: tasks at >= min_nodes grow toward their cap, in rank order. Free workers
-        only go in this step, so a fit that finds none free stops looking."""
+        """Step 4: tasks at >= min_nodes grow toward max_nodes, in rank order. Free workers
+        only go in this step, and a later task has no higher priority (a guard lets it take
+        no more), so a fit that finds none free stops looking."""
         none_free: set[FitKey] = set()
         for task in heapq.merge(self.listed, self.started, key=rank):
             mine = self.held.get(task.id)
@@ -312,22 +328,9 @@ def why_waiting(
     """Why ``task`` could not get its ``min_nodes``, in words for people, and whether it can
     never run here: every live worker that may run it refused it as unusable (its handler
     failed to import there). ``refusals``: worker -> its refusal of this task."""
-    live = list(workers)
-    if not live:
-        return "no live worker", False
-    fitting = [w for w in live if labelled(w, task)]
-    if not fitting:
-        wanted = ",".join(f"{k}={v}" for k, v in sorted(task.selector.items()))
-        return f"no live worker has the labels {wanted}", False
-    allowing = [w for w in fitting if may_run(w, task)]
-    if not allowing:
-        prefixes = sorted({p for w in fitting for p in (w.allow or ())})
-        names = handlers_of(task)
-        wanted = repr(names[0]) if len(names) == 1 else "any of " + ", ".join(map(repr, names))
-        return (
-            f"no live worker may run {wanted}: their --allow prefixes are "
-            f"{', '.join(prefixes) or 'none'}"
-        ), False
+    reason, allowing = _unfit(task, workers)
+    if reason:
+        return reason, False
     eligible = [w for w in allowing if w.id not in refusals]
     need = max(1, task.min_nodes)
     if len(eligible) >= need:
@@ -339,3 +342,40 @@ def why_waiting(
     # handlers are their own: one that cannot be imported is that job's dead letter)
     unusable = bool(task.handler) and all(refusals[w.id].kind == UNUSABLE for w in allowing)
     return f"every worker that may run it refused it ({told})", unusable
+
+
+def why_queue_waits(queue: TaskView, workers: Iterable[WorkerView], busy: Collection[str]) -> str:
+    """Why ``queue`` has no live member, in words for people (a queue never fails for
+    want of one). ``busy``: the workers running a task (they left their queues for it)."""
+    reason, allowing = _unfit(queue, workers)
+    if reason:
+        return reason
+    serving = [w for w in allowing if w.queues is None or queue.id in w.queues]
+    if not serving:
+        return "no live worker that may serve it lists it in its --queues"
+    idle = [w for w in serving if w.id not in busy]
+    if not idle:
+        return "every worker that may serve it is running a task"
+    return f"waiting for one of the {len(idle)} idle worker(s) that may serve it to join"
+
+
+def _unfit(task: TaskView, workers: Iterable[WorkerView]) -> tuple[str, list[WorkerView]]:
+    """Why no live worker fits ``task`` by its labels and ``--allow`` prefixes ("" if some
+    do), and the live workers that do."""
+    live = list(workers)
+    if not live:
+        return "no live worker", []
+    fitting = [w for w in live if labelled(w, task)]
+    if not fitting:
+        wanted = ",".join(f"{k}={v}" for k, v in sorted(task.selector.items()))
+        return f"no live worker has the labels {wanted}", []
+    allowing = [w for w in fitting if may_run(w, task)]
+    if not allowing:
+        prefixes = sorted({p for w in fitting for p in (w.allow or ())})
+        names = handlers_of(task)
+        wanted = repr(names[0]) if len(names) == 1 else "any of " + ", ".join(map(repr, names))
+        return (
+            f"no live worker may run {wanted}: their --allow prefixes are "
+            f"{', '.join(prefixes) or 'none'}"
+        ), []
+    return "", allowing

@@ -10,7 +10,9 @@ indexes make a pass cost what can change, not the backlog (see ``controller.allo
 - for each task that lists nodes, those that are live and fit it (what it may keep), and
   whether any worker is listed by two tasks;
 - a memo of which worker fits which task's fit (labels, allow prefixes, refusals): a cache
-  of ``matches``, dropped for a worker when its view changes. It never changes a result.
+  of ``matches``, dropped for a worker when its view changes. It never changes a result;
+- the queues, in rank order, apart from the tasks: they hold no nodes; their members guard
+  workers (``guards``, computed again only when a queue or a worker changes).
 
 ``Board.of(snapshot)`` builds one from a snapshot; a board updated view by view equals the
 board built from the same views at once (``tests/test_allocator.py`` checks it).
@@ -46,6 +48,8 @@ class Board:
         self._listing: dict[str, set[str]] = {}  # worker -> tasks that list it
         self._twice = 0  # workers listed by more than one task
         self._kept: dict[str, list[str]] = {}  # task -> its live, fitting nodes, sorted
+        self._queues: list[TaskView] = []  # by rank
+        self._guards: dict[str, int] | None = {}  # None: to compute again
         self.version = 0  # bumped on every change
 
     @classmethod
@@ -70,7 +74,10 @@ class Board:
         if old is not None:
             self._unindex(old)
         self.tasks[view.id] = view
-        if view.nodes:
+        if view.queue:
+            bisect.insort(self._queues, view, key=rank)
+            self._guards = None
+        elif view.nodes:
             bisect.insort(self._holders, view, key=rank)
             for w in view.nodes:
                 listing = self._listing.setdefault(w, set())
@@ -95,14 +102,20 @@ class Board:
             self._ids = None
         self._forget(view.id)
         self.workers[view.id] = view
+        self._guards = None
 
     def drop_worker(self, worker_id: str) -> None:
         if self.workers.pop(worker_id, None) is not None:
             self.version += 1
             self._ids = None
             self._forget(worker_id)
+            self._guards = None
 
     def _unindex(self, view: TaskView) -> None:
+        if view.queue:
+            _remove(self._queues, view, rank)
+            self._guards = None
+            return
         if view.nodes:
             _remove(self._holders, view, rank)
             self._kept.pop(view.id, None)
@@ -163,8 +176,22 @@ class Board:
         ]
 
     def waiting(self) -> int:
-        """How many tasks list no nodes."""
-        return len(self.tasks) - len(self._holders)
+        """How many tasks (not queues) list no nodes."""
+        return len(self.tasks) - len(self._holders) - len(self._queues)
+
+    def guards(self) -> dict[str, int]:
+        """Worker -> the highest priority of the queues guarding it (workers no queue
+        guards are not listed): each queue in rank order guards ``min_nodes`` of its live
+        members that fit it, those an earlier queue guards first, then by id."""
+        if self._guards is None:
+            guards: dict[str, int] = {}
+            for queue in self._queues:
+                live = [w for w in queue.nodes if w in self.workers and self.fit(w, queue)]
+                live.sort(key=lambda w: (w not in guards, w))
+                for w in live[: queue.min_nodes]:
+                    guards.setdefault(w, queue.priority)  # rank order: the highest first
+            self._guards = guards
+        return self._guards
 
     def fit(self, worker_id: str, task: TaskView) -> bool:
         """``matches(worker, task)``, remembered per (worker, fit of the task)."""

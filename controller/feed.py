@@ -31,7 +31,7 @@ from .tally import Tally
 NAMES: dict[str, tuple[bool, bool, bool]] = {
     "submitted": (True, False, True),
     "changed": (True, False, False),
-    "demand": (True, False, False),  # a queue's want
+    "demand": (False, False, False),  # a queue's want: no longer read (see the allocator)
     "handlers": (True, False, True),  # a queue's handlers changed (one named, set aside...)
     "reopened": (True, False, True),  # a finished queue opened again
     "cancelled": (True, False, False),

@@ -1,11 +1,11 @@
 """What the leading controller keeps of Redis between passes: the active tasks, the live
-workers and their assignments, and the allocator's `Board` built from them.
+workers, their assignments and queue memberships, and the allocator's `Board` built from them.
 
 Rows change only when a pass reads them again (the events named them, the backstop sweep
 came by) or when the pass's own writes succeed. Views are derived: a task's ``nodes`` are the
-live workers whose ``assign`` names it, its ``refused`` the live workers whose refusal is by
-their current process (a restarted worker may try again). A new leader builds a fresh mirror
-from a full read.
+live workers whose ``assign`` names it (a queue's: the live workers whose record says they
+are its members), its ``refused`` the live workers whose refusal is by their current process
+(a restarted worker may try again). A new leader builds a fresh mirror from a full read.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ class TaskRow:
     priority: int
     min_nodes: int
     max_nodes: int | None
-    want: int | None
     created_at: float
     selector: dict[str, str]
     handler: str
@@ -37,6 +36,7 @@ class TaskRow:
     refusals: dict[str, Refusal] = field(default_factory=dict)  # every one in its hash
     handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name
     aside: tuple[str, ...] = ()  # a queue's: the handlers of its jobs set aside
+    queue: bool = False  # its spec's mode is "queue"
 
 
 @dataclass
@@ -47,6 +47,8 @@ class WorkerRow:
     started_at: float | None
     assign: str  # the task id in its assign key, as in Redis ("" = idle)
     record: bytes | None = None  # its record as read (decoded again only when it changes)
+    queues: tuple[str, ...] | None = None  # its --queues filter (None: every queue)
+    member_of: frozenset[str] = frozenset()  # the queues its record says it is a member of
 
 
 class Mirror:
@@ -55,6 +57,7 @@ class Mirror:
         self.workers: dict[str, WorkerRow] = {}
         self.board = Board()
         self.nodes: dict[str, set[str]] = {}  # task id -> live workers whose assign names it
+        self.members: dict[str, set[str]] = {}  # queue id -> live workers that are members
         self.refusers: dict[str, set[str]] = {}  # worker -> tasks it has a refusal of
         self.pool = 0  # bumped whenever the live workers or their views change
 
@@ -93,6 +96,7 @@ class Mirror:
         row = self.tasks.get(task_id)
         if row is None:
             return
+        nodes = (self.members if row.queue else self.nodes).get(task_id, ())
         self.board.put_task(
             TaskView(
                 id=row.id,
@@ -101,12 +105,12 @@ class Mirror:
                 max_nodes=row.max_nodes,
                 seq=row.created_at,
                 selector=row.selector,
-                nodes=frozenset(self.nodes.get(task_id, ())),
+                nodes=frozenset(nodes),
                 running=row.state == TaskState.RUNNING,
                 handler=row.handler,
                 handlers=row.handlers,
                 refused=frozenset(self.refusals_of(task_id)),
-                want=row.want,
+                queue=row.queue,
             )
         )
 
@@ -115,10 +119,11 @@ class Mirror:
     def put_worker(self, row: WorkerRow) -> None:
         old = self.workers.get(row.id)
         self.workers[row.id] = row
-        view = WorkerView(row.id, row.labels, row.allow)
-        if old is None or (old.labels, old.allow, old.started_at) != (
+        view = WorkerView(row.id, row.labels, row.allow, row.queues)
+        if old is None or (old.labels, old.allow, old.queues, old.started_at) != (
             row.labels,
             row.allow,
+            row.queues,
             row.started_at,
         ):
             self.pool += 1
@@ -126,6 +131,7 @@ class Mirror:
             for tid in list(self.refusers.get(row.id, ())):
                 self._refresh(tid)
         self._move(row.id, old.assign if old else "", row.assign)
+        self._member(row.id, old.member_of if old else frozenset(), row.member_of)
 
     def drop_worker(self, worker_id: str) -> WorkerRow | None:
         row = self.workers.pop(worker_id, None)
@@ -134,6 +140,7 @@ class Mirror:
         self.pool += 1
         self.board.drop_worker(worker_id)
         self._move(worker_id, row.assign, "")
+        self._member(worker_id, row.member_of, frozenset())
         for tid in list(self.refusers.get(worker_id, ())):
             self._refresh(tid)
         return row
@@ -158,3 +165,14 @@ class Mirror:
         if new:
             self.nodes.setdefault(new, set()).add(worker_id)
             self._refresh(new)
+
+    def _member(self, worker_id: str, old: frozenset[str], new: frozenset[str]) -> None:
+        for qid in old - new:
+            held = self.members.get(qid, set())
+            held.discard(worker_id)
+            if not held:
+                self.members.pop(qid, None)
+            self._refresh(qid)
+        for qid in new - old:
+            self.members.setdefault(qid, set()).add(worker_id)
+            self._refresh(qid)

@@ -5,14 +5,18 @@ live workers; so it is computed once per such *kind* of task while the pool is u
 (``why_waiting`` is O(workers)), and compared with what the record says. A task is checked
 when a pass touches it (read again, or its node set changes); when the pool changes, every
 other task is checked again too, ``PER_PASS`` of them a pass, in rounds.
+
+A queue without a member says why (``why_queue_waits``): that also depends on which workers
+the plan gives a task, so it is computed each time (O(workers); there are few queues).
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Collection
 from typing import Any
 
-from .allocator import TaskView, WorkerView, why_waiting
+from .allocator import TaskView, WorkerView, why_queue_waits, why_waiting
 from .mirror import Mirror
 
 PER_PASS = 500  # tasks whose reason a pass checks because the pool changed
@@ -46,6 +50,11 @@ class Reasons:
             found = self._cache[key] = why_waiting(view, self._workers, refusals)
         self._checked[view.id] = mirror.pool
         return found
+
+    def explain_queue(self, mirror: Mirror, view: TaskView, busy: Collection[str]) -> str:
+        """``why_queue_waits`` for this queue; ``busy``: the workers the plan gives a task."""
+        self._checked[view.id] = mirror.pool
+        return why_queue_waits(view, mirror.board.workers.values(), busy)
 
     def forget(self, task_id: str) -> None:
         self._checked.pop(task_id, None)

@@ -247,11 +247,13 @@ class Reconciler:
                     writes.lost(read.id)
                 if known is not None:
                     touched.add(known.assign)
+                    touched.update(known.member_of)
                     m.drop_worker(read.id)
                     swept_n += f"w:{read.id}" in swept
                 continue
             if known is None or known.assign != row.assign:
                 touched.update((row.assign, known.assign if known else ""))
+            touched.update(row.member_of ^ (known.member_of if known else frozenset()))
             swept_n += f"w:{read.id}" in swept and differs(known, row)
             m.put_worker(row)
         touched.discard("")
@@ -304,10 +306,11 @@ class Reconciler:
 
     def _moves(self, plan: Plan, writes: Writes, touched: set[str]) -> None:
         """Write the assignments that change: those the plan changes, and those that name a
-        task the board does not hold (finished, unknown)."""
+        task the board does not hold (finished, unknown) or a queue (never assigned: its
+        members join it on their own)."""
         m = self.mirror
-        workers = m.workers
-        strays = [w for t, ws in m.nodes.items() if t not in m.board.tasks for w in ws]
+        workers, tasks = m.workers, m.board.tasks
+        strays = [w for t, ws in m.nodes.items() if t not in tasks or tasks[t].queue for w in ws]
         for wid in sorted({*plan.changed(), *strays}):
             task = plan.assignment.get(wid)
             if wid not in workers:
@@ -323,28 +326,43 @@ class Reconciler:
             row = self.mirror.tasks.get(tid)
             if row is None:
                 continue
-            size = len(plan.nodes_of(tid))
-            if size >= row.min_nodes and size > 0:
-                target = TaskState.RUNNING
-            elif row.state == TaskState.RUNNING:
-                target = TaskState.WAITING
-            else:
-                continue
-            if target != row.state:
+            nodes = self.mirror.board.tasks[tid].nodes if row.queue else plan.nodes_of(tid)
+            size = len(nodes)
+            target = next_state(row, size)
+            if target is not None and target != row.state:
                 writes.state(row, target, size, self.log)
 
     def _explain(self, plan: Plan, writes: Writes, tasks: set[str]) -> None:
         """Keep each task's ``reason`` true: why it has too few nodes (empty once it has
-        them); fail it when no live worker can ever run it."""
+        them), a queue's why it has no member; fail a task (never a queue) when no live
+        worker can ever run it."""
         m = self.mirror
+        busy: set[str] | None = None  # the workers the plan gives a task, once needed
         for tid in sorted(tasks):
             row = m.tasks.get(tid)
             if row is None:
                 continue
             reason, never = "", False
-            if len(plan.nodes_of(tid)) < max(1, row.min_nodes):
-                reason, never = self.reasons.explain(m, m.board.tasks[tid])
+            view = m.board.tasks[tid]
+            if row.queue:
+                if not view.nodes:
+                    if busy is None:
+                        busy = {w for w, t in plan.assignment.items() if t is not None}
+                    reason = self.reasons.explain_queue(m, view, busy)
+            elif len(plan.nodes_of(tid)) < max(1, row.min_nodes):
+                reason, never = self.reasons.explain(m, view)
             if never:
                 writes.fail(tid, f"no worker can run it: {reason}", "task_unrunnable", self.log)
             elif reason != row.reason:
                 writes.reason(row, reason)
+
+
+def next_state(row: TaskRow, size: int) -> TaskState | None:
+    """The state an active task moves to with ``size`` nodes (None: it stays as it is): a
+    task runs once it has ``min_nodes`` and waits if it loses them; a queue (``size``: its
+    live members) runs while it has one and waits while it has none."""
+    if row.queue:
+        return TaskState.RUNNING if size else TaskState.WAITING
+    if size >= row.min_nodes and size > 0:
+        return TaskState.RUNNING
+    return TaskState.WAITING if row.state == TaskState.RUNNING else None

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from queueworks.connection import text
@@ -45,10 +45,12 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
         spec: StoredSpec | None = StoredSpec.model_validate_json(read.spec)
         selector = dict(spec.node_selector) if spec else {}
         handler, ttl = (spec.handler, spec.result_ttl) if spec else ("", DEFAULT_TTL)
+        queue = spec is not None and spec.mode == "queue"
     elif known is not None:
         selector, handler, ttl = known.selector, known.handler, known.result_ttl
+        queue = known.queue
     else:
-        selector, handler, ttl = {}, "", DEFAULT_TTL
+        selector, handler, ttl, queue = {}, "", DEFAULT_TTL, False
     refusals = known.refusals if known is not None else {}
     if read.refused is not None:
         refusals = refusals_of(read.refused)
@@ -64,7 +66,6 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
         priority=record["priority"],
         min_nodes=record["min_nodes"],
         max_nodes=record["max_nodes"],
-        want=record["want"],
         created_at=record["created_at"],
         selector=selector,
         handler=handler,
@@ -74,6 +75,7 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
         refusals=refusals,
         handlers=handlers,
         aside=aside,
+        queue=queue,
     )
     return Finished(row, state) if state.finished else row
 
@@ -85,7 +87,7 @@ def finished_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> Fin
     created = 0.0
     with contextlib.suppress(ValueError):
         created = float(text(read.fields[_CREATED]) or 0)
-    row = TaskRow(read.id, state, 0, 1, None, None, created, {}, "", DEFAULT_TTL, 0)
+    row = TaskRow(read.id, state, 0, 1, None, created, {}, "", DEFAULT_TTL, 0)
     return Finished(row, state)
 
 
@@ -103,20 +105,25 @@ def refusals_of(raw: dict[bytes, bytes]) -> dict[str, Refusal]:
 def worker_row(read: WorkerRead, known: WorkerRow | None) -> WorkerRow:
     """A live worker as its record says; ``ValueError`` if the record does not decode."""
     if known is not None and known.record == read.record:
-        return WorkerRow(
-            read.id, known.labels, known.allow, known.started_at, read.assign, read.record
-        )
+        return replace(known, assign=read.assign)
     if read.record is None:
         return WorkerRow(read.id, {}, None, None, read.assign, None)
     rec = WorkerRecord.model_validate_json(read.record)
     return WorkerRow(
-        read.id, rec.labels, tuple(rec.allow), rec.started_at, read.assign, read.record
+        read.id,
+        rec.labels,
+        tuple(rec.allow),
+        rec.started_at,
+        read.assign,
+        read.record,
+        queues=None if rec.queues is None else tuple(rec.queues),
+        member_of=frozenset(rec.member_of),
     )
 
 
 def differs(a: Any, b: Any) -> bool:
     """True if two rows differ in what the allocator or the record says (not the reason)."""
     if isinstance(a, TaskRow) and isinstance(b, TaskRow):
-        fields = ("state", "priority", "min_nodes", "max_nodes", "want", "refusals", "handlers")
+        fields = ("state", "priority", "min_nodes", "max_nodes", "refusals", "handlers")
         return any(getattr(a, f) != getattr(b, f) for f in fields)
     return bool(a != b)

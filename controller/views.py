@@ -1,5 +1,8 @@
 """What the allocator sees: an active task, a live worker, a snapshot of both, and the rule
-of which worker fits which task (``controller.allocator`` says how they are used)."""
+of which worker fits which task (``controller.allocator`` says how they are used).
+
+A queue's view lists its members as ``nodes``: workers join queues on their own, the
+allocator only reads them (they guard workers against lower-priority tasks)."""
 
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ class TaskView:
     handler: str = ""  # "module:function"; "" = any worker may run it
     refused: frozenset[str] = frozenset()  # workers that said they cannot run its handler
     handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name (one must fit)
-    want: int | None = None  # nodes it can use now (None: as many as max_nodes allows)
+    queue: bool = False  # a queue: its nodes are its members, never given by the allocator
     _fit: FitKey = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -45,6 +48,7 @@ class WorkerView:
     id: str
     labels: Mapping[str, str] = field(default_factory=dict)
     allow: tuple[str, ...] | None = None  # its --allow prefixes; None = not known (any)
+    queues: tuple[str, ...] | None = None  # its --queues filter; None = every queue
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,9 @@
-"""The allocator as it was before the board (issue 19), kept as the oracle: the incremental
-allocator must give the very plan this straightforward one gives, on any snapshot.
+"""The allocator as it was before the board, kept as the oracle: the incremental allocator
+must give the very plan this straightforward one gives, on any snapshot.
 
-Only ``_max`` changed: it honours ``TaskView.want`` the way the allocator documents."""
+Changed since: queues are set apart and given nothing; their members guard workers
+(``guards``, the rule as the allocator states it), and a task takes (``_may_take``) only
+workers guarded below its priority."""
 
 from collections.abc import Iterable
 from types import MappingProxyType
@@ -23,6 +25,20 @@ def _rank(task: TaskView) -> tuple[int, float, str]:
     return (-task.priority, task.seq, task.id)
 
 
+def guards(snapshot: Snapshot) -> dict[str, int]:
+    """Worker -> the highest priority of the queues guarding it: each queue in rank order
+    guards min_nodes of its live members that fit it, those already guarded first, then by
+    worker id."""
+    live = {w.id: w for w in snapshot.workers}
+    out: dict[str, int] = {}
+    for queue in sorted((t for t in snapshot.tasks if t.queue), key=_rank):
+        members = sorted(w for w in queue.nodes if w in live and matches(live[w], queue))
+        first = [w for w in members if w in out] + [w for w in members if w not in out]
+        for w in first[: queue.min_nodes]:
+            out[w] = max(out.get(w, queue.priority), queue.priority)
+    return out
+
+
 def _current_tasks(tasks: Iterable[TaskView]) -> dict[str, str]:
     """Worker -> task listing it in `nodes`; the higher-ranked task wins a double listing."""
     current: dict[str, str] = {}
@@ -36,9 +52,10 @@ class _Pass:
     """Mutable state of one allocation: node sets in rank order and the free pool."""
 
     def __init__(self, snapshot: Snapshot) -> None:
-        self.order = sorted(snapshot.tasks, key=_rank)
-        if len({t.id for t in self.order}) != len(self.order):
+        if len({t.id for t in snapshot.tasks}) != len(snapshot.tasks):
             raise ValueError("duplicate task id in snapshot")
+        self.order = sorted((t for t in snapshot.tasks if not t.queue), key=_rank)
+        self.guards = guards(snapshot)
         self.workers = {w.id: w for w in snapshot.workers}
         self.ids = sorted(self.workers)
         current = _current_tasks(self.order)
@@ -57,23 +74,24 @@ class _Pass:
     def _fits(self, worker: str, task: TaskView) -> bool:
         return matches(self.workers[worker], task)
 
+    def _may_take(self, worker: str, task: TaskView) -> bool:
+        guard = self.guards.get(worker)
+        return self._fits(worker, task) and (guard is None or task.priority > guard)
+
     def _min(self, i: int) -> int:
         return max(1, self.order[i].min_nodes)
 
     def _max(self, task: TaskView) -> int:
-        cap = len(self.workers) if task.max_nodes is None else task.max_nodes
-        if task.want is not None:
-            cap = min(cap, max(task.want, task.min_nodes, 1))
-        return cap
+        return len(self.workers) if task.max_nodes is None else task.max_nodes
 
     def _free_fits(self, task: TaskView, limit: int) -> list[str]:
-        """Up to `limit` free workers matching `task`, by id."""
+        """Up to `limit` free workers `task` may take, by id."""
         found: list[str] = []
         if not self.free or limit <= 0:
             return found
         small = 4 * len(self.free) <= len(self.ids)  # then sorting beats scanning every id
         for w in sorted(self.free) if small else self.ids:
-            if w in self.free and self._fits(w, task):
+            if w in self.free and self._may_take(w, task):
                 found.append(w)
                 if len(found) == limit:
                     break
@@ -150,7 +168,7 @@ class _Pass:
                 for w in reversed(self.held[j]):  # highest ids first
                     if len(picks) == need or room <= 0:
                         break
-                    if w not in taken and self._fits(w, task):
+                    if w not in taken and self._may_take(w, task):
                         picks.append(w)
                         taken.add(w)
                         victims[j] = whole or victims.get(j, False)

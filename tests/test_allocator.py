@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from queueworks.controller.allocator import Plan, Snapshot, TaskView, WorkerView, allocate, matches
+from tests.allocator_oracle import guards
 from tests.conftest import EXAMPLES
 
 pytestmark = pytest.mark.unit
@@ -31,14 +32,24 @@ def task(
     )
 
 
+def queue(
+    id: str, priority: int, lo: int, *, seq: float = 0.0, members: Iterable[str] = ()
+) -> TaskView:
+    return TaskView(id, priority, lo, None, seq, nodes=frozenset(members), queue=True)
+
+
 def workers(*ids: str, **labels: str) -> tuple[WorkerView, ...]:
     return tuple(WorkerView(w, dict(labels)) for w in ids)
 
 
 def apply(snapshot: Snapshot, plan: Plan) -> Snapshot:
-    """The snapshot the controller sees once the plan is carried out."""
+    """The snapshot the controller sees once the plan is carried out (queues keep their
+    members: they are not the plan's)."""
     tasks = []
     for t in snapshot.tasks:
+        if t.queue:
+            tasks.append(t)
+            continue
         nodes = plan.nodes_of(t.id)
         tasks.append(replace(t, nodes=nodes, running=len(nodes) >= t.min_nodes))
     return Snapshot(tuple(tasks), snapshot.workers)
@@ -47,15 +58,26 @@ def apply(snapshot: Snapshot, plan: Plan) -> Snapshot:
 def kept(snapshot: Snapshot) -> dict[str, list[str]]:
     """Step 1 as the spec states it: live, matching, deduplicated by rank, capped at max."""
     owner: dict[str, str] = {}
-    for t in sorted(snapshot.tasks, key=lambda t: (-t.priority, t.seq, t.id)):
+    for t in sorted(tasks_of(snapshot), key=lambda t: (-t.priority, t.seq, t.id)):
         for w in sorted(t.nodes):
             owner.setdefault(w, t.id)
     live = {w.id: w for w in snapshot.workers}
     out = {}
-    for t in snapshot.tasks:
+    for t in tasks_of(snapshot):
         mine = sorted(w for w in t.nodes if owner[w] == t.id and w in live and matches(live[w], t))
         out[t.id] = mine[: t.max_nodes]
     return out
+
+
+def tasks_of(snapshot: Snapshot) -> list[TaskView]:
+    """The snapshot's tasks that are not queues."""
+    return [t for t in snapshot.tasks if not t.queue]
+
+
+def may_take(s: Snapshot, w: WorkerView, t: TaskView) -> bool:
+    """The worker fits the task and no queue guards it at the task's priority or above."""
+    guard = guards(s).get(w.id)
+    return matches(w, t) and (guard is None or t.priority > guard)
 
 
 # --- examples ---------------------------------------------------------------------------------
@@ -163,6 +185,76 @@ def test_corrupt_and_dead_nodes() -> None:
     assert plan.moves(s) == {"w1": "low"}
 
 
+def test_queues_are_given_no_workers_and_cap_none() -> None:
+    """A queue's members join it on their own: the plan gives it nothing, moves none of
+    them, and its max_nodes caps nothing (neither does what it says it wants: not read)."""
+    q = TaskView("q", 0, 1, 1, 0.0, nodes=frozenset({"w0", "w1", "w2"}), queue=True)
+    s = Snapshot((q,), workers("w0", "w1", "w2"))
+    plan = allocate(s)
+    assert plan.assignment == {"w0": None, "w1": None, "w2": None}
+    assert plan.nodes_of("q") == frozenset() and plan.moves(s) == {}
+    idle = queue("idle", 0, 1)  # no member: nothing to give it either
+    assert allocate(Snapshot((idle,), workers("w0"))).assignment == {"w0": None}
+
+
+def test_two_queues_sharing_workers_guard_the_same_worker() -> None:
+    ws = workers("w0", "w1", "w2")
+    a = queue("a", 2, 1, seq=1, members=["w1", "w2"])
+    b = queue("b", 1, 1, seq=2, members=["w0", "w1", "w2"])  # w0 by id, but a guards w1
+    assert guards(Snapshot((a, b), ws)) == {"w1": 2}
+    t = task("t", 1, 2, None)
+    assert allocate(Snapshot((a, b, t), ws)).nodes_of("t") == {"w0", "w2"}
+
+
+def test_a_guarded_worker_goes_only_to_a_higher_priority_task() -> None:
+    ws = workers("w0", "w1", "w2")
+    q = queue("q", 1, 1, members=["w0", "w1", "w2"])  # guards w0
+    for p in (0, 1):  # lower or equal priority: the others, never w0
+        plan = allocate(Snapshot((q, task("t", p, 1, None)), ws))
+        assert plan.nodes_of("t") == {"w1", "w2"}
+        gang = task("gang", p, 3, None)
+        assert allocate(Snapshot((q, gang), ws)).nodes_of("gang") == frozenset()
+    assert allocate(Snapshot((q, task("t", 2, 3, None)), ws)).nodes_of("t") == {"w0", "w1", "w2"}
+
+
+def test_a_guarded_worker_is_kept_and_preempted_only_from_above() -> None:
+    ws = workers("w0", "w1")
+    q = queue("q", 1, 1, members=["w0", "w1"])  # guards w0
+    low = task("low", 0, 1, None, nodes=["w0", "w1"])  # took them before the queue was there
+    s = Snapshot((q, low), ws)
+    assert allocate(s).moves(s) == {}  # keeping is unaffected
+    mid = task("mid", 1, 2, None)  # may not take w0, so it cannot reach 2: preempts nothing
+    assert allocate(Snapshot((q, low, mid), ws)).moves(s) == {}
+    high = task("high", 2, 2, None)
+    assert allocate(Snapshot((q, low, high), ws)).nodes_of("high") == {"w0", "w1"}
+
+
+def test_a_queue_guards_min_nodes_of_its_live_fitting_members() -> None:
+    ws = workers("w0", "w1", zone="a") + workers("w2", "w3", zone="b")
+    q = TaskView(
+        "q", 1, 2, None, 0.0, {"zone": "b"}, frozenset({"dead", "w1", "w2", "w3"}), queue=True
+    )
+    assert guards(Snapshot((q,), ws)) == {"w2": 1, "w3": 1}
+    t = task("t", 0, 1, None)
+    assert allocate(Snapshot((q, t), ws)).nodes_of("t") == {"w0", "w1"}
+
+
+def test_a_boards_guards_follow_its_queues_and_workers() -> None:
+    from queueworks.controller.board import Board
+
+    board = Board.of(Snapshot((queue("q", 1, 1, members=["w0", "w1"]),), workers("w0", "w1")))
+    assert board.guards() == {"w0": 1}
+    board.put_task(queue("q", 1, 1, members=["w1"]))  # w0 left it
+    assert board.guards() == {"w1": 1}
+    board.put_worker(WorkerView("w1", {"zone": "b"}))  # fits it still (it has no selector)
+    board.put_task(queue("r", 2, 1, members=["w0", "w1"]))
+    assert board.guards() == {"w0": 2, "w1": 1}
+    board.drop_worker("w0")
+    assert board.guards() == {"w1": 2}
+    board.drop_task("r")
+    assert board.guards() == {"w1": 1}
+
+
 # --- properties -------------------------------------------------------------------------------
 
 labels = st.dictionaries(st.sampled_from(["gpu", "zone"]), st.sampled_from(["0", "1"]))
@@ -173,7 +265,9 @@ selectors = st.dictionaries(
 
 @st.composite
 def _snapshots(draw: st.DrawFn, crowded: bool) -> Snapshot:
-    """0..16 workers and 0..8 tasks; `crowded` draws many of both, so preemption is common."""
+    """0..16 workers, 0..8 tasks and 0..3 queues (members among a few workers, dead ones
+    too);
+    `crowded` draws many workers and tasks, so preemption is common."""
     names = st.text("abcdefgh", min_size=1, max_size=2)
     ids = draw(st.lists(names, unique=True, min_size=6 if crowded else 0, max_size=16))
     live = tuple(WorkerView(w, draw(labels)) for w in ids)
@@ -198,6 +292,20 @@ def _snapshots(draw: st.DrawFn, crowded: bool) -> Snapshot:
                 running=draw(st.booleans()),
             )
         )
+    shared = listed[-6:]  # queues' members: from a few workers, so queues share them
+    for k in range(draw(st.integers(0, 3))):
+        tasks.append(
+            TaskView(
+                id=f"q{k}",
+                priority=draw(st.integers(0, 3)),
+                min_nodes=draw(st.integers(1, 3)),
+                max_nodes=draw(st.none() | st.integers(1, 3)),
+                seq=float(draw(st.integers(0, 5))),
+                selector=draw(selectors),
+                nodes=frozenset(draw(st.sets(st.sampled_from(shared), max_size=5))),
+                queue=True,
+            )
+        )
     return Snapshot(tuple(tasks), live)
 
 
@@ -213,32 +321,35 @@ def test_plan_is_valid(s: Snapshot) -> None:
     assert set(plan.assignment) == set(live)
     by_id = {t.id: t for t in s.tasks}
     assert {t for t in plan.assignment.values() if t is not None} <= set(by_id)
+    assert not any(plan.nodes_of(t.id) for t in s.tasks if t.queue)
     seen: set[str] = set()
-    for t in s.tasks:
+    for t in tasks_of(s):
         nodes = plan.nodes_of(t.id)
         assert not nodes & seen
         seen |= nodes
         assert all(matches(live[w], t) for w in nodes)
         assert not nodes or len(nodes) >= t.min_nodes
         assert t.max_nodes is None or len(nodes) <= t.max_nodes
-        # maximal: no idle worker fits a running task that is below its max
+        # maximal: no idle worker it may take fits a running task that is below its max
         if nodes and (t.max_nodes is None or len(nodes) < t.max_nodes):
             idle = [w for w, a in plan.assignment.items() if a is None]
-            assert not any(matches(live[w], t) for w in idle)
+            assert not any(may_take(s, live[w], t) for w in idle)
 
 
 @PROPS
 @given(snapshots())
 def test_priority_respected(s: Snapshot) -> None:
-    """A task left without nodes could not have reached min from idle or lower-priority nodes."""
+    """A task left without nodes could not have reached min from idle or lower-priority nodes
+    that no queue guards at its priority or above."""
     plan = allocate(s)
     prio = {t.id: t.priority for t in s.tasks}
-    for t in s.tasks:
+    for t in tasks_of(s):
         if not plan.nodes_of(t.id):
             usable = [
                 w
                 for w in s.workers
-                if matches(w, t) and ((a := plan.assignment[w.id]) is None or prio[a] < t.priority)
+                if may_take(s, w, t)
+                and ((a := plan.assignment[w.id]) is None or prio[a] < t.priority)
             ]
             assert len(usable) < t.min_nodes
 
@@ -252,10 +363,10 @@ def test_preemption_only_to_reach_min(s: Snapshot) -> None:
     before = kept(s)
     starters = [
         t
-        for t in s.tasks
+        for t in tasks_of(s)
         if len(before[t.id]) < t.min_nodes and len(plan.nodes_of(t.id)) >= t.min_nodes
     ]
-    for t in s.tasks:
+    for t in tasks_of(s):
         lost = set(before[t.id]) - plan.nodes_of(t.id)
         if len(before[t.id]) >= t.min_nodes and lost:
             assert any(p.priority > t.priority for p in starters)
@@ -290,7 +401,7 @@ def test_moves_are_the_difference(s: Snapshot) -> None:
     plan = allocate(s)
     moves = plan.moves(s)
     after = apply(s, plan)
-    ranked = sorted(s.tasks, key=lambda t: (-t.priority, t.seq, t.id))
+    ranked = sorted(tasks_of(s), key=lambda t: (-t.priority, t.seq, t.id))
     for w in plan.assignment:
         was = next((t.id for t in ranked if w in t.nodes), None)
         assert (w in moves) == (was != plan.assignment[w])
@@ -300,18 +411,6 @@ def test_moves_are_the_difference(s: Snapshot) -> None:
 # --- the board: the same plan as the straightforward allocator, built at once or view by view
 
 
-def test_want_caps_growth_but_never_below_min() -> None:
-    ws = workers("w0", "w1", "w2", "w3")
-    q = TaskView("q", 0, 1, None, 0.0, want=2)
-    assert len(allocate(Snapshot((q,), ws)).nodes_of("q")) == 2
-    q = replace(q, want=0)  # idle: shrinks toward min_nodes, not to nothing
-    s = Snapshot((replace(q, nodes=frozenset({"w0", "w1", "w2"})),), ws)
-    assert allocate(s).nodes_of("q") == {"w0"}
-    low = TaskView("low", 0, 1, None, 1.0)
-    s = Snapshot((replace(q, want=1), low), ws)
-    assert allocate(s).nodes_of("low") == {"w1", "w2", "w3"}  # what the queue does not want
-
-
 handlers = st.sampled_from(["", "app.jobs:a", "other.jobs:b"])
 allows = st.none() | st.sampled_from([("app",), ("other",), ("app", "other"), ()])
 
@@ -319,21 +418,19 @@ allows = st.none() | st.sampled_from([("app",), ("other",), ("app", "other"), ()
 @st.composite
 def _rich(draw: st.DrawFn) -> Snapshot:
     """Snapshots with every input the allocator reads: labels, allow prefixes, handlers,
-    refusals, want, and many alike waiting tasks (the classes the board skips)."""
+    refusals, queues and their guards, and many alike waiting tasks (the classes the board
+    skips)."""
     base = draw(_snapshots(crowded=draw(st.booleans())))
     ws = tuple(replace(w, allow=draw(allows)) for w in base.workers)
     ids = [w.id for w in ws]
     tasks = []
     for t in base.tasks:
+        if t.queue:  # its jobs name handlers; a member never refuses it
+            named = draw(st.lists(handlers.filter(bool), unique=True, max_size=2))
+            tasks.append(replace(t, handlers=tuple(sorted(named))))
+            continue
         refused = draw(st.sets(st.sampled_from(ids))) if ids and draw(st.booleans()) else set()
-        tasks.append(
-            replace(
-                t,
-                handler=draw(handlers),
-                refused=frozenset(refused),
-                want=draw(st.none() | st.integers(0, 5)),
-            )
-        )
+        tasks.append(replace(t, handler=draw(handlers), refused=frozenset(refused)))
     for k in range(draw(st.integers(0, 12))):  # a backlog of alike tasks, some never runnable
         tasks.append(
             TaskView(
@@ -352,9 +449,11 @@ def _rich(draw: st.DrawFn) -> Snapshot:
 @PROPS
 @given(_rich())
 def test_same_plan_as_the_oracle(s: Snapshot) -> None:
+    from queueworks.controller.board import Board
     from tests import allocator_oracle
 
     assert allocate(s) == allocator_oracle.allocate(s)
+    assert Board.of(s).guards() == guards(s)
 
 
 def _levels(board: Any) -> list[Any]:
@@ -372,6 +471,7 @@ def test_a_board_updated_view_by_view_plans_as_one_built_at_once(
     from queueworks.controller.board import Board
 
     board = Board.of(a)
+    allocate(board)  # fills what the board remembers (guards, kept nodes): updates keep it true
     steps: list[tuple[str, Any]] = [("drop_task", t.id) for t in a.tasks]
     steps += [("drop_worker", w.id) for w in a.workers]
     steps += [("put_task", t) for t in b.tasks] + [("put_worker", w) for w in b.workers]

@@ -174,31 +174,45 @@ def test_leader_failover(cluster: Cluster, client: Client, r: redis.Redis, keys:
     assert r.get(keys.leader).decode() != leader_id
 
 
-def test_a_tasks_want_caps_its_node_set_live(
+def stand_in(
+    r: redis.Redis, keys: Keys, wid: str, member_of: list[str], kind: str, queue: str
+) -> None:
+    """A live worker's keys, written by hand: its record says which queues it is a member
+    of (what a worker writes when it joins or leaves one), with an event naming it."""
+    from queueworks import events
+    from queueworks.models import WorkerRecord
+    from queueworks.records import registered_worker
+
+    now = time.time()
+    record = WorkerRecord(
+        id=wid, host="here", pid=1, allow=["tests"], started_at=now, member_of=member_of
+    )
+    r.hset(keys.worker(wid), mapping=registered_worker(record, now))
+    r.set(keys.worker_heartbeat(wid), repr(now), ex=60)
+    r.set(keys.assign(wid), "", nx=True)
+    r.zadd(keys.workers, {wid: now})
+    events.emit(r, keys, kind, worker=wid, task=queue)
+
+
+def test_a_queue_runs_while_it_has_a_member_which_it_guards(
     cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
 ) -> None:
-    """Issue 19 (for queues): a task's record says how many nodes it can use now (`want`,
-    written with a `changed` event naming it): the node set shrinks to it, never below
-    min_nodes, and grows back when it rises."""
-    from queueworks import events
-
+    """A queue is never assigned: it runs while a live worker is its member and waits,
+    saying why, while none is; its min_nodes guard its member from a task of no higher
+    priority, which gets that worker once it is no member."""
     cluster.controller()
-    for _ in range(3):
-        cluster.worker()
-    cluster.wait_workers(r, 3)
-    task = slow(client, 3000, 0.01, min_nodes=1)
-    wait_for(lambda: nodes(task) == 3, 10, "3 nodes")
-
-    def want(n: int) -> None:
-        r.hset(keys.task(task.id).record, "want", n)
-        events.emit(r, keys, "changed", task=task.id, want=n)
-
-    want(1)
-    wait_for(lambda: nodes(task) == 1, REACT, "shrunk to its want")
-    assert task.status().want == 1
-    want(0)  # idle: toward min_nodes, not below
-    time.sleep(0.5)
-    assert nodes(task) == 1
-    want(2)
-    wait_for(lambda: nodes(task) == 2, REACT, "grown to its want")
-    task.cancel()
+    client.queue("q", priority=1)
+    q = client.task("q")
+    wait_for(lambda: q.status().state == TaskState.WAITING, REACT, "a queue with no member")
+    assert q.status().reason == "no live worker"
+    stand_in(r, keys, "member", ["q"], "member_joined", "q")
+    wait_for(lambda: q.status().state == TaskState.RUNNING, REACT, "running with a member")
+    assert not q.status().reason
+    low = slow(client, 10, priority=1)
+    wait_for(lambda: "free worker" in (low.status().reason or ""), REACT, "low waits")
+    assert r.get(keys.assign("member")) == b""  # guarded: equal priority takes nothing
+    stand_in(r, keys, "member", [], "member_left", "q")
+    wait_for(lambda: r.get(keys.assign("member")) == low.id.encode(), REACT, "assigned")
+    wait_for(lambda: q.status().state == TaskState.WAITING, REACT, "waiting again")
+    assert q.status().reason == "every worker that may serve it is running a task"
+    low.cancel()
