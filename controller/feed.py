@@ -31,7 +31,8 @@ from .tally import Tally
 NAMES: dict[str, tuple[bool, bool, bool]] = {
     "submitted": (True, False, True),
     "changed": (True, False, False),
-    "demand": (False, False, False),  # a queue's want: no longer read (see the allocator)
+    "demand": (False, False, False),  # a queue's want (older workers): no longer read
+    "memberships": (False, True, False),  # the queues a worker is a member of changed
     "handlers": (True, False, True),  # a queue's handlers changed (one named, set aside...)
     "reopened": (True, False, True),  # a finished queue opened again
     "cancelled": (True, False, False),

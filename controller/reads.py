@@ -18,7 +18,7 @@ from typing import Any
 
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
-from queueworks.records import TASK_FIELDS
+from queueworks.records import MEMBER_OF, TASK_FIELDS
 
 from .tally import Tally
 
@@ -43,6 +43,7 @@ class WorkerRead:
     listed: bool  # qw:workers lists it
     assign: str
     record: bytes | None
+    member_of: bytes | None = None  # the queues it is a member of (JSON list), as it says
 
 
 def pages(ids: Sequence[str]) -> Iterator[Sequence[str]]:
@@ -125,14 +126,15 @@ def queue_workers(pipe: Any, keys: Keys, ids: Sequence[str]) -> None:
         pipe.exists(keys.worker_heartbeat(wid))
         pipe.zscore(keys.workers, wid)
         pipe.get(keys.assign(wid))
-        pipe.hget(keys.worker(wid), "record")
+        pipe.hmget(keys.worker(wid), ["record", MEMBER_OF])
 
 
 def parse_workers(ids: Sequence[str], replies: Iterator[Any]) -> list[WorkerRead]:
     out = []
     for wid in ids:
-        alive, score, assign, record = (next(replies) for _ in range(4))
-        out.append(WorkerRead(wid, bool(alive), score is not None, text(assign), record))
+        alive, score, assign, (record, member_of) = (next(replies) for _ in range(4))
+        read = WorkerRead(wid, bool(alive), score is not None, text(assign), record, member_of)
+        out.append(read)
     return out
 
 

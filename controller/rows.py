@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -104,8 +105,9 @@ def refusals_of(raw: dict[bytes, bytes]) -> dict[str, Refusal]:
 
 def worker_row(read: WorkerRead, known: WorkerRow | None) -> WorkerRow:
     """A live worker as its record says; ``ValueError`` if the record does not decode."""
+    member_of = memberships(read.member_of)
     if known is not None and known.record == read.record:
-        return replace(known, assign=read.assign)
+        return replace(known, assign=read.assign, member_of=member_of)
     if read.record is None:
         return WorkerRow(read.id, {}, None, None, read.assign, None)
     rec = WorkerRecord.model_validate_json(read.record)
@@ -117,8 +119,22 @@ def worker_row(read: WorkerRead, known: WorkerRow | None) -> WorkerRow:
         read.assign,
         read.record,
         queues=None if rec.queues is None else tuple(rec.queues),
-        member_of=frozenset(rec.member_of),
+        member_of=member_of,
     )
+
+
+def memberships(raw: bytes | None) -> frozenset[str]:
+    """The queues a worker's hash says it is a member of (none, if that does not decode:
+    the controller then sees no member there, and the worker says it again)."""
+    if not raw:
+        return frozenset()
+    try:
+        names = json.loads(raw)
+    except ValueError:
+        return frozenset()
+    if not isinstance(names, list):
+        return frozenset()
+    return frozenset(n for n in names if isinstance(n, str))
 
 
 def differs(a: Any, b: Any) -> bool:

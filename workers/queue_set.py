@@ -26,6 +26,7 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
+from queueworks import events
 from queueworks.connection import text
 from queueworks.keys import GROUP
 from queueworks.records import queue_memberships
@@ -293,7 +294,10 @@ class QueueSet:
         names = sorted(self.members)
         if names == self.published:
             return
-        self.r.hset(self.parts.keys.worker(self.me), mapping=queue_memberships(names))
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(self.parts.keys.worker(self.me), mapping=queue_memberships(names))
+        events.emit(pipe, self.parts.keys, "memberships", worker=self.me, queues=",".join(names))
+        pipe.execute()
         self.published = names
 
 
