@@ -142,7 +142,7 @@ class Client:
         """Create the queue ``name`` or open it (idempotent). Settings not given are the
         queue's own (or the defaults, when it is created: ``min_nodes=1``, no
         ``max_nodes``, ``priority=0``, ``max_attempts=3``, ``job_timeout=60`` s,
-        ``result_ttl`` a day, ``idle_after=30`` s); given ones must match an existing
+        ``result_ttl`` a day); given ones must match an existing
         queue's (``ValueError`` names the ones that do not). A queue that was cancelled
         (or failed) takes no jobs: opening it is a ``ValueError``, unless ``reopen=True``,
         which makes it open again (queued, then running), with its settings, counts and

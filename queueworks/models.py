@@ -32,7 +32,6 @@ from queueworks.validate import (
     MAX_TIMEOUT,
     MAX_TTL,
     check_finite_tree,
-    check_idle_after,
 )
 
 HANDLER_PATH = re.compile(
@@ -141,12 +140,8 @@ class TaskSpec(_Model):
     @field_validator("options")
     @classmethod
     def _options(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """No NaN or infinity in them (stored as JSON, they would read back as null); a
-        queue's ``idle_after`` in range."""
+        """No NaN or infinity in them (stored as JSON, they would read back as null)."""
         check_finite_tree("options", v)
-        queue = v.get("queue")
-        if isinstance(queue, dict) and "idle_after" in queue:
-            check_idle_after(queue["idle_after"])
         return v
 
     @model_validator(mode="after")
@@ -227,7 +222,7 @@ class TaskRecord(_Model):
     error: str | None = None
     reason: str | None = None  # why it has no (or too few) nodes while it waits; why it failed
     rq_job: str | None = None  # the RQ job that submitted it (queueworks.rq), if any
-    want: int | None = None  # nodes it can use now, if it says (a queue); None = max_nodes
+    want: int | None = None  # nodes it can use now, if its record says; None = max_nodes
 
     @property
     def finished(self) -> bool:
@@ -334,7 +329,6 @@ class QueueStatus(_Model):
     epoch: int
     min_nodes: int
     max_nodes: int | None
-    want: int | None = None  # how many nodes it asks for now (None: as many as max_nodes)
     priority: int
     rates: dict[str, float] = Field(default_factory=dict)  # jobs finished per s: "1s", ...
     reason: str | None = None

@@ -109,7 +109,6 @@ def about(kind: type, help: str, **more: Any) -> dict[str, Setting]:
 
 
 MAX_WAIT_REPLICAS = 100  # replicas an enqueue may wait for
-IDLE_AFTER = 30.0  # s without a job before a queue asks for min_nodes only
 
 
 @dataclass(frozen=True)
@@ -156,15 +155,6 @@ class QueueSettings:
             above_low=True,
         ),
     )
-    idle_after: float = field(
-        default=IDLE_AFTER,
-        metadata=about(
-            float,
-            "seconds without a job before the queue asks for no more than min_nodes workers",
-            high=MAX_TTL,
-            stored="options.queue.idle_after",
-        ),
-    )
     node_selector: dict[str, str] = field(
         default_factory=dict,
         metadata=about(dict, "k=v label a worker must have to run the queue's jobs (repeat)"),
@@ -208,9 +198,9 @@ class QueueSettings:
     @classmethod
     def of(cls, spec: TaskSpec) -> QueueSettings:
         """The settings of a stored queue's spec. One kept inside the spec's ``options``
-        that is missing or wrong (an older version stored NaN or infinity as null) is the
-        default (``stored_setting`` says what was wrong)."""
-        return cls(**{s.name: stored_setting(s, spec)[0] for s in SETTINGS.values()})
+        that is missing or wrong is the default; what else the options hold (an older
+        version's ``idle_after``) is not read."""
+        return cls(**{s.name: stored_setting(s, spec) for s in SETTINGS.values()})
 
     def given(self) -> dict[str, Any]:
         """All of them, as ``Client.queue`` is given settings."""
@@ -227,7 +217,6 @@ class QueueOptions(TypedDict, total=False):
     max_attempts: int
     job_timeout: float
     result_ttl: float
-    idle_after: float
     node_selector: dict[str, str]
     wait_replicas: int
     wait_timeout: float
@@ -240,24 +229,17 @@ SETTINGS: dict[str, Setting] = {  # by name, in the order they are declared
 }
 
 
-def stored_setting(setting: Setting, spec: TaskSpec | Mapping[str, Any]) -> tuple[Any, str | None]:
-    """A setting of a stored queue's spec (a dict), and what was wrong with it if it is
-    the default instead. Only a setting kept inside ``options`` can be wrong: ``TaskSpec``
-    checked the others as it was read."""
+def stored_setting(setting: Setting, spec: TaskSpec | Mapping[str, Any]) -> Any:
+    """A setting of a stored queue's spec (a dict), or its default if it is kept inside
+    ``options`` and is missing or wrong there (``TaskSpec`` checked the others as it was
+    read)."""
     value = setting.stored_in(spec)
     if len(setting.path) == 1:
-        return (dict(value) if isinstance(value, dict) else value), None
+        return dict(value) if isinstance(value, dict) else value
     try:
-        return setting.check(value), None
-    except ValueError as exc:
-        return setting.default, str(exc)
-
-
-def stored_idle_after(options: Mapping[str, Any]) -> tuple[float, str | None]:
-    """A stored queue's ``idle_after``, and what was wrong with it if it is the default
-    instead (an older version stored NaN or infinity as null)."""
-    value, wrong = stored_setting(SETTINGS["idle_after"], {"options": options})
-    return float(value), wrong
+        return setting.check(value)
+    except ValueError:
+        return setting.default
 
 
 def check_queue_settings(given: Mapping[str, Any]) -> dict[str, Any]:

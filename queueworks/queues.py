@@ -1,13 +1,13 @@
-"""Queues: jobs enqueued one at a time, on an elastic node set.
+"""Queues: jobs enqueued one at a time, served by every worker that may serve them.
 
 A queue is a long-lived task (``TaskSpec(mode="queue")``) whose stream stays open: a job is
 one stream entry naming its own handler. A job to run now is its entry alone until it
 settles (its id is the entry's), so enqueueing it is one ``XADD``; its record
 (``qw:task:{Q}:job:<id>``) is written when it settles (a delayed job has one from the start:
 it holds the payload until the job is due). The queue's members are already blocked on the
-stream, so a job starts in about one more round trip. The
-controller sizes the node set like any task's; the queue's leader asks for more nodes while
-jobs wait and for ``min_nodes`` after ``idle_after`` seconds without work. Reclaim,
+stream, so a job starts in about one more round trip. Its members are the workers that
+may serve it, which join it themselves (up to ``max_nodes``); the controller gives it no
+workers, and its ``min_nodes`` guards that many members against tasks. Reclaim,
 attempts, timeouts (``job_timeout``), dead letters and once-only accounting are the ones of
 subtasks. A settled job leaves the stream; its record (result or error) expires
 ``result_ttl`` after it finished.
@@ -150,7 +150,6 @@ def tell_handlers(pipe: Any, keys: Keys, qk: TaskKeys, handlers: Sequence[str]) 
 
 def queue_reads(pipe: Any, qk: TaskKeys) -> None:
     """Queue on ``pipe`` what ``queue_status`` reads beside the queue's task status."""
-    pipe.hget(qk.record, "want")
     pipe.xlen(qk.stream)
     pipe.xpending(qk.stream, qk.group)
     pipe.zcard(qk.scheduled)
@@ -160,7 +159,7 @@ def queue_reads(pipe: Any, qk: TaskKeys) -> None:
 def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueStatus:
     """A queue's status from its task's and the replies of ``queue_reads`` (errors as
     exceptions in them: a key of the wrong type counts nothing)."""
-    want, length, pending, scheduled, rate = replies
+    length, pending, scheduled, rate = replies
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
     return QueueStatus(
@@ -176,7 +175,6 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         epoch=task.epoch,
         min_nodes=task.min_nodes,
         max_nodes=task.max_nodes,
-        want=int(want) if want not in (None, b"") and not isinstance(want, Exception) else None,
         priority=task.priority,
         rates=rates,
         reason=task.reason,

@@ -23,11 +23,10 @@ Task record fields (all strings in Redis):
 ``error``          why it failed ("" or absent = none)
 ``reason``         why it waits without (enough) nodes, written by the controller (read back
                    as ``error`` once it failed: ``TaskStatus.reason`` says why, either way)
-``want``           how many nodes it can use now ("" or absent = as many as ``max_nodes``): a
-                   queue's members write it from the backlog and emit ``changed`` naming the
-                   task; the controller caps the node set there (never below ``min_nodes``)
+``want``           how many nodes it can use now ("" or absent = as many as ``max_nodes``):
+                   the controller caps the node set there (never below ``min_nodes``); a
+                   queue does not write it (its members are the workers that may serve it)
 ``rq_job``         the RQ job that submitted it (``queueworks.rq``), if any
-``want``           a queue's demand: the most nodes it asks for now ("" or absent: max_nodes)
 =================  ===========================================================================
 
 Worker hash fields: ``record`` (the ``WorkerRecord`` as JSON: what the worker was started

@@ -30,7 +30,7 @@ MAX_ATTEMPTS = 1000
 MAX_PARTITIONS = 4096
 MAX_COUNT = 2**53  # counts Lua compares (max_dead): exact as a double
 MAX_TIMEOUT = 7 * 86400.0  # s: subtask_timeout / job_timeout
-MAX_TTL = 3650 * 86400.0  # s: result_ttl, idle_after, a job's delay (ten years)
+MAX_TTL = 3650 * 86400.0  # s: result_ttl, a job's delay (ten years)
 
 
 def _name(value: Any, what: str, pattern: re.Pattern[str], shown: str, rule: str) -> str:
@@ -135,10 +135,6 @@ def check_resize(min_nodes: Any, max_nodes: Any) -> tuple[int, int | None]:
 
 def check_priority(priority: Any) -> int:
     return check_int("priority", priority, -MAX_PRIORITY, MAX_PRIORITY)
-
-
-def check_idle_after(value: Any) -> float:
-    return check_number("idle_after", value, 0.0, MAX_TTL)
 
 
 def run_at(delay: Any, at: Any, now: float) -> float:

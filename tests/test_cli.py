@@ -418,10 +418,10 @@ def test_enqueue_creates_its_queue_with_every_setting_given(
     """Every queue setting has its option (``QueueSettings`` declares them)."""
     args = ["enqueue", "sel", "tests.handlers:double", "--min-nodes", "2", "--max-nodes", "3"]
     args += ["--priority", "5", "--max-attempts", "4", "--job-timeout", "1.5"]
-    args += ["--result-ttl", "60", "--idle-after", "0", "--node-selector", "gpu=yes"]
+    args += ["--result-ttl", "60", "--wait-timeout", "2", "--node-selector", "gpu=yes"]
     res = cli([*args, "--node-selector", "zone=a=b"], redis_url, prefix)
     assert res.returncode == 0, res.stderr
-    settings = QueueSettings(2, 3, 5, 4, 1.5, 60.0, 0.0, {"gpu": "yes", "zone": "a=b"})
+    settings = QueueSettings(2, 3, 5, 4, 1.5, 60.0, {"gpu": "yes", "zone": "a=b"}, 0, 2.0)
     assert client.queue("sel").settings == settings
 
 
@@ -443,7 +443,8 @@ DEEP = "[" * 200 + "]" * 200
         (["enqueue", "q", "tests.handlers:double", "--priority", "9" * 12], "--priority"),
         (["enqueue", "q", "tests.handlers:double", "--min-nodes", "0"], "--min-nodes"),
         (["enqueue", "q", "tests.handlers:double", "--result-ttl", "0"], "--result-ttl"),
-        (["enqueue", "q", "tests.handlers:double", "--idle-after", "nan"], "--idle-after"),
+        (["enqueue", "q", "tests.handlers:double", "--wait-timeout", "nan"], "--wait-timeout"),
+        (["enqueue", "q", "tests.handlers:double", "--idle-after", "30"], "--idle-after"),
         (["enqueue", "q", "tests.handlers:double", "--node-selector", "gpu"], "--node-selector"),
         (["enqueue", "q", "tests.handlers:double", "--json", DEEP], "nested deeper than 100"),
         (["submit", "m:f", "--count", "1", "--wait", "--timeout", "-1"], "--timeout"),

@@ -25,7 +25,6 @@ from queueworks.queue_settings import (
     QueueOptions,
     QueueSettings,
     check_queue_settings,
-    stored_idle_after,
 )
 
 pytestmark = pytest.mark.unit
@@ -81,26 +80,27 @@ def test_the_enqueue_options_are_the_declared_ones() -> None:
 
 
 def test_defaults_and_spec_round_trip() -> None:
-    assert QueueSettings(1, None, 0, 3, 60.0, 24 * 3600.0, 30.0, {}) == DEFAULTS
+    assert QueueSettings(1, None, 0, 3, 60.0, 24 * 3600.0, {}) == DEFAULTS
     assert DEFAULTS.node_selector is not QueueSettings().node_selector
-    settings = QueueSettings(2, 5, 7, 4, 1.5, 60.0, 0.0, {"gpu": "a100"})
+    settings = QueueSettings(2, 5, 7, 4, 1.5, 60.0, {"gpu": "a100"})
     spec = settings.spec("q")
-    assert (spec.mode, spec.subtask_timeout, spec.options) == (
-        "queue",
-        1.5,
-        {"queue": {"idle_after": 0.0}},
-    )
+    assert (spec.mode, spec.subtask_timeout, spec.options) == ("queue", 1.5, {})
     stored = StoredSpec.model_validate_json(spec.model_dump_json(exclude={"subtasks"}))
     assert QueueSettings.of(stored) == settings
-    values = (2, 5, 7, 4, 1.5, 60.0, 0.0, {"gpu": "a100"}, 0, 1.0)
+    values = (2, 5, 7, 4, 1.5, 60.0, {"gpu": "a100"}, 0, 1.0)
     assert settings.given() == dict(zip(DECLARED, values, strict=True))
 
 
-def test_a_wrong_stored_idle_after_is_the_default_saying_why() -> None:
-    assert stored_idle_after({}) == (30.0, None)
-    assert stored_idle_after({"queue": {"idle_after": 5}}) == (5.0, None)
-    value, wrong = stored_idle_after({"queue": {"idle_after": None}})
-    assert value == 30.0 and wrong == "idle_after must be a number, got None"
+@pytest.mark.parametrize("idle_after", [30.0, 0, None, -1, "soon"])
+def test_an_older_specs_idle_after_is_not_read(idle_after: Any) -> None:
+    """A queue stored by an older version keeps ``idle_after`` in its options: the spec
+    reads back and its settings are the ones it has besides."""
+    spec = QueueSettings(priority=3, wait_replicas=1).spec("q").model_dump(mode="json")
+    spec["options"]["queue"]["idle_after"] = idle_after
+    stored = StoredSpec.model_validate(spec)
+    assert QueueSettings.of(stored) == QueueSettings(priority=3, wait_replicas=1)
+    shown = shown_settings(spec)
+    assert "idle_after" not in shown and shown["wait_replicas"] == 1
 
 
 @pytest.mark.parametrize(
@@ -112,7 +112,6 @@ def test_a_wrong_stored_idle_after_is_the_default_saying_why() -> None:
         ({"max_attempts": 1001}, "max_attempts must be between 1 and 1000, got 1001"),
         ({"job_timeout": 0}, "job_timeout must be > 0 and <= 604800, got 0"),
         ({"result_ttl": math.inf}, "result_ttl must be a finite number, got inf"),
-        ({"idle_after": -1}, r"idle_after must be >= 0 and <= 3.1536e\+08, got -1"),
         ({"node_selector": {"a": 1}}, "node_selector must be a dict of strings to strings"),
         ({"min_nodes": 3, "max_nodes": 2}, r"max_nodes \(2\) must be >= min_nodes \(3\)"),
     ],
@@ -131,3 +130,5 @@ def test_settings_are_checked_in_declared_order_and_unknown_ones_refused() -> No
     }
     with pytest.raises(TypeError, match="unexpected keyword argument 'min_node'"):
         check_queue_settings({"min_node": 1})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'idle_after'"):
+        check_queue_settings({"idle_after": 30.0})

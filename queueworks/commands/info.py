@@ -76,12 +76,11 @@ def _queues(queues: list[QueueStatus]) -> list[str]:
     width = max((len(q.name) for q in queues), default=0)
     for q in queues:
         bound = q.max_nodes if q.max_nodes else "-"
-        want = q.want if q.want is not None else "max"
         lines.append(
             f"  {q.name:<{width}}  {q.state.value:<9} p={q.priority:<3} backlog={q.backlog} "
             f"scheduled={q.scheduled} running={q.running} done={q.done} dead={q.dead} "
             f"rate(10s)={q.rates.get('10s', 0.0):g}/s "
-            f"nodes(now/min/max/want)={len(q.nodes)}/{q.min_nodes}/{bound}/{want} epoch={q.epoch}"
+            f"nodes(now/min/max)={len(q.nodes)}/{q.min_nodes}/{bound} epoch={q.epoch}"
         )
         if q.rejected:
             lines.append(f"      rejected {q.rejected} stream entries that were no job")

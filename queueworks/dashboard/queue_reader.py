@@ -184,7 +184,6 @@ class QueueReader:
             epoch=fields["epoch"],
             min_nodes=fields["min_nodes"],
             max_nodes=fields["max_nodes"],
-            want=None if finished else fields["want"],
             priority=fields["priority"],
             rates=rates,
             reason=None if finished else fields["reason"],
@@ -262,14 +261,12 @@ def _is_queue(spec: Any) -> bool:
 def shown_settings(spec: dict[str, Any]) -> dict[str, Any]:
     """The settings a queue page shows from its stored spec (``QueueSettings``'s, but the
     ones the queue's record holds: ``RECORD_SETTINGS``), as well as they can be read: a
-    missing or wrong number is 0, an ``idle_after`` of 0 is not shown (None)."""
-    shown = {
+    missing or wrong number is 0."""
+    return {
         s.name: _shown(s, s.stored_in(spec, missing=s.default if s.sparse else None))
         for s in SETTINGS.values()
         if s.name not in RECORD_SETTINGS
     }
-    shown["idle_after"] = shown["idle_after"] or None
-    return shown
 
 
 def _shown(setting: Setting, value: Any) -> Any:

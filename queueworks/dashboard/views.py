@@ -132,7 +132,7 @@ class Overview(_View):
 
 class QueueSummary(_View):
     """One row of the queue list (``nodes`` is the member count). A finished queue has no
-    live backlog, scheduled, running, want or reason: what it had not run is ``left``."""
+    live backlog, scheduled, running or reason: what it had not run is ``left``."""
 
     name: str
     state: TaskState
@@ -147,7 +147,6 @@ class QueueSummary(_View):
     epoch: int
     min_nodes: int
     max_nodes: int | None
-    want: int | None  # the most nodes it asks for now (None: as many as max_nodes)
     priority: int
     rates: dict[str, float]  # jobs finished per second over the last "1s", "10s", "60s"
     reason: str | None
@@ -183,7 +182,6 @@ class QueueDetail(_View):
     max_attempts: int
     job_timeout: float
     result_ttl: float
-    idle_after: float | None
     node_selector: dict[str, str]
     wait_replicas: int = 0
     wait_timeout: float = 1.0
