@@ -222,7 +222,6 @@ class TaskRecord(_Model):
     error: str | None = None
     reason: str | None = None  # why it has no (or too few) nodes while it waits; why it failed
     rq_job: str | None = None  # the RQ job that submitted it (queueworks.rq), if any
-    want: int | None = None  # nodes it can use now, if its record says; None = max_nodes
 
     @property
     def finished(self) -> bool:

@@ -23,9 +23,6 @@ Task record fields (all strings in Redis):
 ``error``          why it failed ("" or absent = none)
 ``reason``         why it waits without (enough) nodes, written by the controller (read back
                    as ``error`` once it failed: ``TaskStatus.reason`` says why, either way)
-``want``           how many nodes it can use now ("" or absent = as many as ``max_nodes``):
-                   the controller caps the node set there (never below ``min_nodes``); a
-                   queue does not write it (its members are the workers that may serve it)
 ``rq_job``         the RQ job that submitted it (``queueworks.rq``), if any
 =================  ===========================================================================
 
@@ -72,7 +69,6 @@ TASK_FIELDS = (
     "error",
     "reason",
     "rq_job",
-    "want",
 )
 
 
@@ -161,7 +157,6 @@ def task_fields(task_id: str, raw: Mapping[Any, Any] | Sequence[Any]) -> dict[st
         "error": error,
         "reason": error if failed else _str(f["reason"]) or None,
         "rq_job": _str(f["rq_job"]) or None,
-        "want": int(want) if (want := _str(f["want"])) else None,
     }
 
 
