@@ -32,7 +32,7 @@ from queueworks.cli import main
 from queueworks.keys import Keys
 from queueworks.models import WorkerRecord
 from queueworks.queue_settings import QueueSettings
-from queueworks.records import queue_memberships, registered_worker
+from queueworks.records import registered_worker
 from queueworks.redis_server import RedisServer, free_port
 from queueworks.settings import Settings
 from tests.conftest import ROOT, Cluster, wait_for
@@ -497,7 +497,15 @@ def test_info_shows_each_workers_queues_and_memberships(
     r.hset(keys.worker("w-any"), mapping=registered_worker(record, time.time()))
     r.zadd(keys.workers, {"w-any": time.time()})
     cluster.wait_workers(r, 3)
-    r.hset(keys.worker("w-flag"), mapping=queue_memberships(["reports", "mails"]))
+    client = Client.from_url(redis_url, prefix=prefix)
+    for name in ("reports", "mails", "other"):  # w-flag joins the first two; w-env none
+        client.queue(name)
+    client.close()
+
+    def member_of(wid: str) -> list[str]:
+        return json.loads(r.hget(keys.worker(wid), "member_of") or b"[]")
+
+    wait_for(lambda: member_of("w-flag") == ["mails", "reports"], 30, "w-flag's memberships")
 
     lines = {
         line.split()[0]: line

@@ -29,7 +29,7 @@ from queueworks.dashboard.views import (
     TaskSummary,
     WorkerView,
 )
-from queueworks.keys import check_task_id
+from queueworks.keys import GROUP, check_task_id
 from queueworks.messages import NotJSON, from_json
 from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
 from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_record
@@ -149,10 +149,10 @@ def rebalances(entries: Iterable[HistoryEntry]) -> list[Rebalance]:
     return sorted(out, key=lambda x: (x.epoch, x.ts), reverse=True)
 
 
-def group_backlog(task_id: str, stream: str, groups: Any) -> StreamBacklog:
+def group_backlog(stream: str, groups: Any) -> StreamBacklog:
     """Unread (``lag``) and pending entries of the task's group on one stream."""
     for g in groups or ():
-        if text(g.get("name")) == task_id:
+        if text(g.get("name")) == GROUP:
             lag = g.get("lag")
             return StreamBacklog(
                 stream=stream,
@@ -240,7 +240,7 @@ class Reader:
         replies = iter(pipe.execute(raise_on_error=False))
         out = {}
         for t, streams in plan:
-            rows = [group_backlog(t.id, s, _ok(next(replies))) for s in streams]
+            rows = [group_backlog(s, _ok(next(replies))) for s in streams]
             out[t.id] = _backlog_total(t, rows)
         return out
 
@@ -268,8 +268,7 @@ class Reader:
         spec_raw, hist, dead_total, results_total, scan, dead = (_ok(x) for x in replies[:6])
         n = len(streams)
         backlog = [
-            group_backlog(task_id, s, _ok(g))
-            for s, g in zip(streams, replies[6 : 6 + n], strict=True)
+            group_backlog(s, _ok(g)) for s, g in zip(streams, replies[6 : 6 + n], strict=True)
         ]
         pending = _pending_entries(streams, replies[6 + n : 6 + 2 * n])
         by_consumer = _pending_by_consumer(replies[6 + 2 * n :])
