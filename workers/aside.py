@@ -193,27 +193,6 @@ class Aside:
             run.log.warning("aside_hand_back_failed", error=str(exc))
         run.held = type(run.held)(w for w in run.held if w.stream not in streams)
 
-    # -- demand -----------------------------------------------------------------------------
-
-    def backlog_on(self, pipe: Any) -> int:
-        """Queue on ``pipe`` what ``backlog`` reads of the aside streams (every handler's
-        in the aside set); how many replies that is."""
-        for handler in sorted(self.known):
-            stream = self.run.tk.aside_stream(handler)
-            pipe.xlen(stream)
-            pipe.xpending(stream, self.run.tk.group)
-        return 2 * len(self.known)
-
-    @staticmethod
-    def backlog(replies: Sequence[Any]) -> int:
-        """Jobs set aside that no member has read (no member may run them)."""
-        unread = 0
-        for length, pending in zip(replies[::2], replies[1::2], strict=True):
-            if isinstance(length, Exception) or isinstance(pending, Exception):
-                continue
-            unread += max(0, int(length) - int(pending["pending"]))
-        return unread
-
 
 def _path(handler: str) -> bool:
     """A handler path a job may name (no other name can be an aside stream's)."""
