@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import redis
 
-from queueworks import Client
+from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from tests.conftest import Cluster, wait_for
 
@@ -148,4 +148,39 @@ def test_the_worker_record_says_serving_with_its_queues(cluster: Cluster, client
     client.queue("shown").task.cancel()
     wait_for(
         lambda: [(w.state, w.member_of) for w in client.workers()] == [("idle", [])], 30, "idle"
+    )
+
+
+@pytest.mark.system
+def test_a_task_takes_a_worker_whole_and_gives_it_back_to_its_queues(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """Two workers serve two busy queues; a task of the same priority starts at once on the
+    worker the queues do not guard (their min_nodes, 1, is met by the other), the queues
+    keep finishing jobs meanwhile, and when the task ends its worker rejoins both."""
+    cluster.controller()
+    cluster.worker("wa")
+    cluster.worker("wb")
+    queues = [client.queue("busy-1"), client.queue("busy-2")]
+    wait_for(
+        lambda: all(members_of(client, q.name) == ["wa", "wb"] for q in queues), 30, "members"
+    )
+    slow = {"x": 1, "seconds": 0.02}
+    for q in queues:
+        q.enqueue_many(("tests.handlers:double_slow", slow) for _ in range(200))
+    task = client.submit(
+        TaskSpec(
+            name="batch",
+            handler="tests.handlers:double_slow",
+            subtasks=[{"x": i, "seconds": 0.01} for i in range(100)],
+        )
+    )
+    wait_for(lambda: task.status().nodes, 10, "the task's node")
+    (node,) = task.status().nodes
+    assert node.worker == "wb"  # wa is the one the queues guard (the lowest id)
+    done_before = [q.status().done for q in queues]
+    assert task.wait(timeout=60).state == TaskState.COMPLETED
+    assert all(q.status().done > before for q, before in zip(queues, done_before, strict=True))
+    wait_for(
+        lambda: all(members_of(client, q.name) == ["wa", "wb"] for q in queues), 30, "rejoined"
     )
