@@ -396,7 +396,7 @@ def settle_jobs(
         argv += (entry_id, why, payload)
     for bucket, amount in batch.buckets.items():
         argv += (bucket, repr(amount))
-    return Call("settle_jobs", keys, argv, _same, client, bare=True)
+    return Call("settle_jobs", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 
 
 def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:

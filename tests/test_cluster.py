@@ -343,7 +343,7 @@ def test_watcher_follows_a_slot_migration(
     source, target = sorted(slot_map.primaries)[:2]
     tid = task_id_on(slot_map, source)
     log = tmp_path / "runs.log"
-    task = cclient.submit(spec(1500, log, 0.004, name="moving"), task_id=tid)
+    task = cclient.submit(spec(1500, log, 0.008, name="moving"), task_id=tid)
     wait_for(lambda: len(task.status().nodes) == 3, 60, "node set of 3")
     wait_for(lambda: task.status().done > 100, 60, "progress")
     moved = migrate_slot(lc, slot_of(tid), port(source), port(target))
@@ -485,3 +485,28 @@ def test_primary_failover_with_replicas(prefix: str, tmp_path: Path) -> None:
             client.close()
             rc6.close()
             procs.close()
+
+
+@pytest.mark.system
+def test_one_worker_serves_queues_on_every_shard(
+    cc: Cluster, cclient: Client, rc: RedisCluster
+) -> None:
+    """A queue on each primary, one worker: it is a member of all three and runs every job
+    (on a cluster each queue's streams are read on their own, on one pipeline)."""
+    slot_map = read_slot_map(rc)
+    names = [task_id_on(slot_map, node) for node in sorted(slot_map.primaries)]
+    queues = [cclient.queue(name) for name in names]
+    cc.worker("spread", allow=ALLOW)
+    jobs = [
+        job
+        for q in queues
+        for job in q.enqueue_many(("queueworks.examples:double", {"x": i}) for i in range(50))
+    ]
+    deadline = time.monotonic() + 60
+    got = [j.result(timeout=max(0.1, deadline - time.monotonic())) for j in jobs]
+    assert got == [2 * i for _ in queues for i in range(50)]
+    wait_for(
+        lambda: all([n.worker for n in q.status().nodes] == ["spread"] for q in queues),
+        10,
+        "a member of every queue",
+    )

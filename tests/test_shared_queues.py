@@ -162,9 +162,7 @@ def test_a_task_takes_a_worker_whole_and_gives_it_back_to_its_queues(
     cluster.worker("wa")
     cluster.worker("wb")
     queues = [client.queue("busy-1"), client.queue("busy-2")]
-    wait_for(
-        lambda: all(members_of(client, q.name) == ["wa", "wb"] for q in queues), 30, "members"
-    )
+    wait_for(lambda: all(members_of(client, q.name) == ["wa", "wb"] for q in queues), 30, "members")
     slow = {"x": 1, "seconds": 0.02}
     for q in queues:
         q.enqueue_many(("tests.handlers:double_slow", slow) for _ in range(200))
