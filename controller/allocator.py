@@ -6,7 +6,9 @@ worker a task (never a queue) or nothing. One pass:
 
 0. Guard: each queue, in rank order, guards ``min_nodes`` of its live members that fit it,
    preferring workers an earlier queue guards (so queues sharing workers guard the same
-   ones), then by worker id. ``guard(w)`` is the highest priority of the queues guarding w.
+   ones), then by worker id; short of members, workers no task lists that would serve it
+   (they join it on their own), the same way. ``guard(w)`` is the highest priority of the
+   queues guarding w.
    A task may *take* a worker w (a free one, or by preemption, in steps 2 and 4) only if
    its priority is above ``guard(w)``; it keeps the nodes it holds whatever their guard.
 1. Keep: each task keeps its live nodes that still match its selector, up to ``max_nodes``
@@ -17,6 +19,9 @@ worker a task (never a queue) or nothing. One pass:
    min_nodes first, then whole tasks, lowest priority and youngest first. It preempts only if it
    then reaches min_nodes; otherwise it gets nothing and releases what it kept. If a task that
    kept nodes fails, its priority level is decided again with those nodes free from the start.
+   After each level's tasks, each queue of that priority still short of guards takes
+   what it lacks from strictly lower-priority tasks as a task preempts (no gang: whatever
+   it gets helps); the workers it takes are left free of tasks, to join it.
 3. Fairness: step 2 runs for every task before any task grows past min_nodes.
 4. Grow: in rank order, each task holding >= min_nodes grows toward ``max_nodes`` (no bound:
    every live worker) from free workers.
@@ -116,8 +121,13 @@ def allocate(source: Snapshot | Board) -> Plan:
     """Decide which live worker serves which task (see the module docstring)."""
     board = source if isinstance(source, Board) else Board.of(source)
     run = _Pass(board)
-    for priority, holders, classes in board.levels():
-        run.settle_level(priority, holders, classes)
+    levels = {p: (h, c) for p, h, c in board.levels()}
+    for priority in sorted({*levels, *(q.priority for q, _ in run.guarded)}, reverse=True):
+        if priority in levels:
+            run.settle_level(priority, *levels[priority])
+        for queue, chosen in run.guarded:
+            if queue.priority == priority:
+                run.claim(queue, chosen)
     run.grow()
     assignment: dict[str, str | None] = dict.fromkeys(run.ids)
     nodes: dict[str, frozenset[str]] = {}
@@ -154,7 +164,7 @@ class _Pass:
         self.workers = board.workers
         self.ids = board.worker_ids()
         self._fit = board.fit
-        self.guards = board.guards()
+        self._serves = board.serves
         holders = board.holders()
         self.held: dict[str, list[str]] = {}
         if board.listed_twice():
@@ -166,6 +176,10 @@ class _Pass:
             for task in holders:
                 self.held[task.id] = board.kept(task)[: self._max(task)]
         self.free = set(self.ids).difference(*self.held.values())
+        # what the queues guard, and the queues short of it (their claims, step 2)
+        self.guards, self.guarded = board.guards(set(self.ids) - self.free)
+        self.guards = dict(self.guards)  # (claims add to it)
+        self.claimed: set[str] = set()  # workers taken from tasks for queues
         self.holders = [t for t in holders if self.held[t.id]]  # kept nodes: may be preempted
         self.listed = holders  # every task that listed nodes, rank order
         self.started: list[TaskView] = []  # tasks that listed none and got some, rank order
@@ -178,19 +192,51 @@ class _Pass:
         return len(self.workers) if task.max_nodes is None else task.max_nodes
 
     def _takes(self, w: str, task: TaskView) -> bool:
-        """True if `task` may take worker `w`: it fits, and no queue guards it at the
-        task's priority or above."""
+        """True if `task` may take worker `w`: it fits (a queue: it would serve it), and no
+        queue guards it at the task's priority or above."""
         guard = self.guards.get(w)
-        return (guard is None or task.priority > guard) and self._fit(w, task)
+        if guard is not None and task.priority <= guard:
+            return False
+        return self._serves(w, task) if task.queue else self._fit(w, task)
 
-    def _free_fits(self, task: TaskView, limit: int) -> list[str]:
-        """Up to `limit` free workers `task` may take, by id."""
+    def claim(self, queue: TaskView, chosen: Sequence[str]) -> None:
+        """After the tasks of its priority: a queue whose guarded workers tasks took (or that
+        had too few) guards free workers that would serve it, then takes what it still
+        lacks of ``min_nodes`` from strictly lower-priority tasks, as a task preempts
+        (surplus first, then whole tasks); no gang: whatever it gets helps. The workers it
+        takes are left free of tasks, to join it; no lower task takes them meanwhile."""
+        idle = self.free | self.claimed
+        still = [w for w in chosen if w in idle]
+        if len(still) < queue.min_nodes:  # share what other queues guard, as at the start
+            shared = [w for w in sorted(self.guards) if w in idle and w not in still]
+            still += [w for w in shared if self._serves(w, queue)][: queue.min_nodes - len(still)]
+        need = queue.min_nodes - len(still)
+        if need <= 0:
+            return
+        picks = [w for w in sorted(self.free) if w not in chosen and self._takes(w, queue)]
+        picks = picks[:need]
+        victims = self._preempt(queue, picks, need) if len(picks) < need else {}
+        taken = set(picks)
+        for j, whole in victims.items():
+            rest = [w for w in self.held[j] if w not in taken]
+            if whole:
+                self.free.update(rest)
+            self.held[j] = [] if whole else rest
+        self.free -= taken
+        self.claimed |= taken
+        for w in picks:
+            self.guards[w] = max(self.guards.get(w, queue.priority), queue.priority)
+
+    def _free_fits(self, task: TaskView, limit: int, growing: bool = False) -> list[str]:
+        """Up to `limit` free workers `task` may take, by id; to grow, none a queue guards
+        (a guarded worker is a queue's, as a task's nodes are the task's: taken only to
+        reach a min, by a higher priority)."""
         found: list[str] = []
         if not self.free or limit <= 0:
             return found
         small = 4 * len(self.free) <= len(self.ids)  # then sorting beats scanning every id
         for w in sorted(self.free) if small else self.ids:
-            if w in self.free and self._takes(w, task):
+            if w in self.free and self._takes(w, task) and not (growing and w in self.guards):
                 found.append(w)
                 if len(found) == limit:
                     break
@@ -314,7 +360,7 @@ class _Pass:
             fit = task.fit_key()
             if fit in none_free:
                 continue
-            extra = self._free_fits(task, limit)
+            extra = self._free_fits(task, limit, growing=True)
             if not extra:
                 none_free.add(fit)
                 continue

@@ -12,7 +12,7 @@ indexes make a pass cost what can change, not the backlog (see ``controller.allo
 - a memo of which worker fits which task's fit (labels, allow prefixes, refusals): a cache
   of ``matches``, dropped for a worker when its view changes. It never changes a result;
 - the queues, in rank order, apart from the tasks: they hold no nodes; their members guard
-  workers (``guards``, computed again only when a queue or a worker changes).
+  workers (``guards``).
 
 ``Board.of(snapshot)`` builds one from a snapshot; a board updated view by view equals the
 board built from the same views at once (``tests/test_allocator.py`` checks it).
@@ -21,12 +21,13 @@ board built from the same views at once (``tests/test_allocator.py`` checks it).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from .views import FitKey, Snapshot, TaskView, WorkerView, matches, rank
 
 ClassKey = tuple[FitKey, int]
+Guarded = tuple[TaskView, list[str]]  # a queue and the workers it guards
 MEMO_LIMIT = 200_000  # (worker, fit) pairs remembered before the memo starts over
 
 
@@ -49,7 +50,6 @@ class Board:
         self._twice = 0  # workers listed by more than one task
         self._kept: dict[str, list[str]] = {}  # task -> its live, fitting nodes, sorted
         self._queues: list[TaskView] = []  # by rank
-        self._guards: dict[str, int] | None = {}  # None: to compute again
         self.version = 0  # bumped on every change
 
     @classmethod
@@ -76,7 +76,6 @@ class Board:
         self.tasks[view.id] = view
         if view.queue:
             bisect.insort(self._queues, view, key=rank)
-            self._guards = None
         elif view.nodes:
             bisect.insort(self._holders, view, key=rank)
             for w in view.nodes:
@@ -102,19 +101,16 @@ class Board:
             self._ids = None
         self._forget(view.id)
         self.workers[view.id] = view
-        self._guards = None
 
     def drop_worker(self, worker_id: str) -> None:
         if self.workers.pop(worker_id, None) is not None:
             self.version += 1
             self._ids = None
             self._forget(worker_id)
-            self._guards = None
 
     def _unindex(self, view: TaskView) -> None:
         if view.queue:
             _remove(self._queues, view, rank)
-            self._guards = None
             return
         if view.nodes:
             _remove(self._holders, view, rank)
@@ -179,19 +175,35 @@ class Board:
         """How many tasks (not queues) list no nodes."""
         return len(self.tasks) - len(self._holders) - len(self._queues)
 
-    def guards(self) -> dict[str, int]:
+    def guards(self, held: Collection[str] = ()) -> tuple[dict[str, int], list[Guarded]]:
         """Worker -> the highest priority of the queues guarding it (workers no queue
-        guards are not listed): each queue in rank order guards ``min_nodes`` of its live
-        members that fit it, those an earlier queue guards first, then by id."""
-        if self._guards is None:
-            guards: dict[str, int] = {}
-            for queue in self._queues:
-                live = [w for w in queue.nodes if w in self.workers and self.fit(w, queue)]
-                live.sort(key=lambda w: (w not in guards, w))
-                for w in live[: queue.min_nodes]:
-                    guards.setdefault(w, queue.priority)  # rank order: the highest first
-            self._guards = guards
-        return self._guards
+        guards are not listed), and each queue (rank order) with the workers it guards:
+        each queue in rank order guards ``min_nodes`` of its live members
+        that fit it, those an earlier queue guards first, then by id; short of members,
+        workers not ``held`` by a task that would serve it (they join it on their own), the
+        same way."""
+        guards: dict[str, int] = {}
+        chosen_by: list[Guarded] = []
+        for queue in self._queues:
+            members = [w for w in queue.nodes if w in self.workers and self.fit(w, queue)]
+            chosen = sorted(members, key=lambda w: (w not in guards, w))[: queue.min_nodes]
+            if len(chosen) < queue.min_nodes:
+                free = [
+                    w
+                    for w in self.worker_ids()
+                    if w not in held and w not in queue.nodes and self.serves(w, queue)
+                ]
+                free.sort(key=lambda w: (w not in guards, w))
+                chosen += free[: queue.min_nodes - len(chosen)]
+            for w in chosen:
+                guards.setdefault(w, queue.priority)  # rank order: the highest first
+            chosen_by.append((queue, chosen))
+        return guards, chosen_by
+
+    def serves(self, worker_id: str, queue: TaskView) -> bool:
+        """True if the worker fits the queue and its --queues (if any) name it."""
+        only = self.workers[worker_id].queues
+        return (only is None or queue.id in only) and self.fit(worker_id, queue)
 
     def fit(self, worker_id: str, task: TaskView) -> bool:
         """``matches(worker, task)``, remembered per (worker, fit of the task)."""

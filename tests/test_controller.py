@@ -175,7 +175,13 @@ def test_leader_failover(cluster: Cluster, client: Client, r: redis.Redis, keys:
 
 
 def stand_in(
-    r: redis.Redis, keys: Keys, wid: str, member_of: list[str], kind: str, queue: str
+    r: redis.Redis,
+    keys: Keys,
+    wid: str,
+    member_of: list[str],
+    kind: str,
+    queue: str,
+    queues: list[str] | None = None,
 ) -> None:
     """A live worker's keys, written by hand: its record says which queues it is a member
     of (what a worker writes when it joins or leaves one), with an event naming it."""
@@ -185,7 +191,13 @@ def stand_in(
 
     now = time.time()
     record = WorkerRecord(
-        id=wid, host="here", pid=1, allow=["tests"], started_at=now, member_of=member_of
+        id=wid,
+        host="here",
+        pid=1,
+        allow=["tests"],
+        started_at=now,
+        member_of=member_of,
+        queues=queues,
     )
     r.hset(keys.worker(wid), mapping=registered_worker(record, now))
     r.set(keys.worker_heartbeat(wid), repr(now), ex=60)
@@ -199,7 +211,8 @@ def test_a_queue_runs_while_it_has_a_member_which_it_guards(
 ) -> None:
     """A queue is never assigned: it runs while a live worker is its member and waits,
     saying why, while none is; its min_nodes guard its member from a task of no higher
-    priority, which gets that worker once it is no member."""
+    priority, which gets that worker once it is no member and would not join it again (a
+    free worker that would, the queue guards too)."""
     cluster.controller()
     client.queue("q", priority=1)
     q = client.task("q")
@@ -211,8 +224,8 @@ def test_a_queue_runs_while_it_has_a_member_which_it_guards(
     low = slow(client, 10, priority=1)
     wait_for(lambda: "free worker" in (low.status().reason or ""), REACT, "low waits")
     assert r.get(keys.assign("member")) == b""  # guarded: equal priority takes nothing
-    stand_in(r, keys, "member", [], "member_left", "q")
+    stand_in(r, keys, "member", [], "member_left", "q", queues=["elsewhere"])
     wait_for(lambda: r.get(keys.assign("member")) == low.id.encode(), REACT, "assigned")
     wait_for(lambda: q.status().state == TaskState.WAITING, REACT, "waiting again")
-    assert q.status().reason == "every worker that may serve it is running a task"
+    assert q.status().reason == "no live worker that may serve it lists it in its --queues"
     low.cancel()

@@ -182,3 +182,28 @@ def test_a_task_takes_a_worker_whole_and_gives_it_back_to_its_queues(
     wait_for(
         lambda: all(members_of(client, q.name) == ["wa", "wb"] for q in queues), 30, "rejoined"
     )
+
+
+@pytest.mark.system
+def test_a_queue_of_higher_priority_takes_a_worker_from_a_running_task(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """Both workers run a low-priority task when an urgent queue appears: it takes one of
+    them (the task's surplus), its jobs run, and the task finishes on the other."""
+    cluster.controller()
+    cluster.worker("wa")
+    cluster.worker("wb")
+    cluster.wait_workers(r, 2)
+    task = client.submit(
+        TaskSpec(
+            name="long",
+            handler="tests.handlers:double_slow",
+            subtasks=[{"x": i, "seconds": 0.05} for i in range(120)],
+        )
+    )
+    wait_for(lambda: len(task.status().nodes) == 2, 20, "the task on both workers")
+    urgent = client.queue("urgent", priority=5)
+    assert urgent.enqueue("tests.handlers:double", {"x": 21}).result(timeout=20) == 42
+    assert len(members_of(client, "urgent")) == 1
+    assert len(task.status().nodes) == 1
+    assert task.wait(timeout=60).state == TaskState.COMPLETED
