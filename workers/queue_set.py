@@ -9,8 +9,9 @@ queue's streams (they share the group name), with each queue's settle and, when 
 membership check on the same pipeline: one round trip, however many queues. ``COUNT``
 applies per stream, so a deep backlog in one queue does not crowd out another's jobs; what
 comes is run round robin, one job of each queue in turn (fairness is per queue, not per
-priority). On a Redis Cluster the streams live on different slots: each queue is read on its
-own (not blocking) on one pipeline, and an empty round waits a little.
+priority). On a Redis Cluster the queues' streams live on different slots: with more than
+one queue, each is read on its own (not blocking) on one pipeline, and an empty round waits
+``CLUSTER_WAIT`` (a job there may wait that long more; one queue's read blocks as usual).
 
 Which queues: every queue ``Scout`` finds that this worker may serve. The loop ends when the
 controller gives the worker a task (a task takes it whole: it leaves every queue first) or
@@ -148,7 +149,7 @@ class QueueSet:
             streams.update(m.loop.aside.read)
             owner.update(dict.fromkeys(m.loop.aside.read, m))
         due = [(m, settle) for m, settle, _ in plans if settle or m.loop.check_due(now)]
-        if self.cluster:
+        if self.cluster and len(members) > 1:  # (one queue's streams share its slot)
             return self._read_cluster(members, due, now, count), owner
         if not due:
             return self._xreadgroup(self.r, streams, count, wait), owner
