@@ -241,8 +241,10 @@ def test_a_cancelled_queue_is_reopened_on_request_and_runs_jobs(
     again = client.queue("again", reopen=True)
     assert again.settings.max_attempts == 2 and r.pttl(tk.record) == -1
     assert again.enqueue("tests.handlers:double", {"x": 2}).result(timeout=30) == 4
+    # (the job ran on the worker's own; the state is the controller's word, soon after)
+    wait_for(lambda: again.status().state == TaskState.RUNNING, 15, "the queue running")
     status = again.status()
-    assert status.state == TaskState.RUNNING and status.done == 2 and status.nodes
+    assert status.done == 2 and status.nodes
     assert client.queue("again", reopen=True).status().state == TaskState.RUNNING  # a no-op
 
     # a queue an older version failed (every worker refused it): reopened the same way
@@ -259,8 +261,8 @@ def test_a_cancelled_queue_is_reopened_on_request_and_runs_jobs(
             return await (await aq.enqueue("tests.handlers:double", {"x": 3})).result(30)
 
     assert asyncio.run(reopen()) == 6
-    status = client.queue("again").status()
-    assert status.state == TaskState.RUNNING and status.done == 3
+    wait_for(lambda: client.queue("again").status().state == TaskState.RUNNING, 15, "running")
+    assert client.queue("again").status().done == 3
     assert client.task("again").status().error is None
 
     # the command line: enqueue says how, --reopen does it

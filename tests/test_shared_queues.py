@@ -11,6 +11,7 @@ import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
+from queueworks.queues import JobFailed
 from tests.conftest import Cluster, wait_for
 
 
@@ -207,3 +208,23 @@ def test_a_queue_of_higher_priority_takes_a_worker_from_a_running_task(
     assert len(members_of(client, "urgent")) == 1
     assert len(task.status().nodes) == 1
     assert task.wait(timeout=60).state == TaskState.COMPLETED
+
+
+@pytest.mark.system
+def test_each_queues_job_timeout_holds_for_its_own_jobs_in_the_pool(
+    cluster: Cluster, client: Client
+) -> None:
+    """--concurrency 4 runs plain functions on pool threads: a job keeps its own queue's
+    job_timeout while a job of a queue with a shorter one starts beside it."""
+    patient = client.queue("patient", job_timeout=30.0)
+    strict = client.queue("strict", job_timeout=1.0, max_attempts=1)
+    cluster.worker("pool", extra=["--concurrency", "4"])
+    wait_for(lambda: members_of(client, "strict") == ["pool"], 30, "members")
+    slow = patient.enqueue("tests.handlers:sleep_for", {"seconds": 3.0})
+    wait_for(lambda: slow.status().state == "running", 20, "the patient job running")
+    stuck = strict.enqueue("tests.handlers:sleep_for", {"seconds": 10.0})
+    with pytest.raises(JobFailed):
+        stuck.result(timeout=20)
+    assert "ran past job_timeout (1.0 s)" in (stuck.status().error or "")
+    assert slow.result(timeout=20) is None
+    assert slow.status().attempts == 1

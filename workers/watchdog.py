@@ -38,7 +38,9 @@ class TimedOut(Exception):
     """What the runtime records for an abandoned handler (a failed attempt)."""
 
 
-Job = tuple[int, float, int | str]  # (thread ident, started, subtask index or job id)
+# (thread ident, started, subtask index or job id, its timeout, its grace): the limits of
+# the call's own task or queue, whatever ``use`` says later (a worker serves many queues)
+Job = tuple[int, float, int | str, float, float]
 
 
 class Slot:
@@ -89,7 +91,7 @@ class Watchdog(threading.Thread):
 
         The timeout exception can land only while the deadline is armed; disarming clears
         one still pending, so it never escapes into the runtime's own code."""
-        job = slot.job = (_ident(), _now(), index)
+        job = slot.job = (_ident(), _now(), index, self.timeout, self.grace)
         try:
             try:
                 return fn(*args)
@@ -103,7 +105,7 @@ class Watchdog(threading.Thread):
         except SubtaskTimeout:  # it may have landed inside the ``finally``: disarm again
             slot.job = None
             self._clear(slot, job)
-            raise TimedOut(timed_out(index, self.timeout, "abandoned")) from None
+            raise TimedOut(timed_out(index, job[3], "abandoned")) from None
 
     def current(self) -> int | str | None:
         """The subtask index (or job id) whose handler runs now, if any (the first found)."""
@@ -122,15 +124,21 @@ class Watchdog(threading.Thread):
         self._halt.set()
 
     def run(self) -> None:
-        while not self._halt.wait(min(0.25, self.timeout / 4)):
+        while not self._halt.wait(self._interval()):
             for slot in self._slots:
                 self._watch(slot)
+
+    def _interval(self) -> float:
+        """How often to look: a quarter of the shortest limit in force (0.25 s at most)."""
+        running = [job[3] for slot in self._slots if (job := slot.job) is not None]
+        return min(0.25, self.timeout / 4, *(t / 4 for t in running))
 
     def _watch(self, slot: Slot) -> None:
         job = slot.job
         if job is None:
             return
-        overrun = time.monotonic() - job[1] - self.timeout
+        _, started, index, timeout, grace = job
+        overrun = time.monotonic() - started - timeout
         if overrun < 0:
             return
         if job is not slot.fired:
@@ -138,10 +146,10 @@ class Watchdog(threading.Thread):
                 if slot.job is job:
                     slot.fired = job
                     self.timeouts += 1
-                    self._log.warning("subtask_timed_out", index=job[2], timeout=self.timeout)
+                    self._log.warning("subtask_timed_out", index=index, timeout=timeout)
                     _raise_in(job[0], SubtaskTimeout)
-        elif overrun > self.grace and slot.job is job:
-            self._log.error("subtask_hung", index=job[2], timeout=self.timeout, exit_code=EXIT_HUNG)
+        elif overrun > grace and slot.job is job:
+            self._log.error("subtask_hung", index=index, timeout=timeout, exit_code=EXIT_HUNG)
             sys.stderr.flush()
             sys.stdout.flush()
             os._exit(EXIT_HUNG)
