@@ -216,13 +216,7 @@ class _Pass:
         picks = [w for w in sorted(self.free) if w not in chosen and self._takes(w, queue)]
         picks = picks[:need]
         victims = self._preempt(queue, picks, need) if len(picks) < need else {}
-        taken = set(picks)
-        for j, whole in victims.items():
-            rest = [w for w in self.held[j] if w not in taken]
-            if whole:
-                self.free.update(rest)
-            self.held[j] = [] if whole else rest
-        self.free -= taken
+        taken = self._take(picks, victims)
         self.claimed |= taken
         for w in picks:
             self.guards[w] = max(self.guards.get(w, queue.priority), queue.priority)
@@ -300,6 +294,15 @@ class _Pass:
         if len(picks) < need:  # picks is then everything available
             self.short[key] = len(picks)
             return self._release(task)
+        self._take(picks, victims)
+        self.held[task.id] = sorted(mine + picks)
+        if not task.nodes:
+            self.started.append(task)
+        return True
+
+    def _take(self, picks: list[str], victims: dict[str, bool]) -> set[str]:
+        """Commit ``picks``: out of the free pool and of their victims' nodes (a victim
+        preempted whole frees the rest of its nodes). Returns them as a set."""
         taken = set(picks)
         for j, whole in victims.items():
             rest = [w for w in self.held[j] if w not in taken]
@@ -307,10 +310,7 @@ class _Pass:
                 self.free.update(rest)
             self.held[j] = [] if whole else rest
         self.free -= taken
-        self.held[task.id] = sorted(mine + picks)
-        if not task.nodes:
-            self.started.append(task)
-        return True
+        return taken
 
     def _preempt(self, task: TaskView, picks: list[str], need: int) -> dict[str, bool]:
         """Extend `picks` from strictly lower-priority tasks (lowest, youngest first): surplus
