@@ -199,9 +199,10 @@ class Worker:
     # -- notifications --------------------------------------------------------------------
 
     def _on_assign(self, key: str, event: str) -> None:
-        if self.state.member():  # a member: the heartbeat reads it now
-            self.heartbeat.poke()
-        self.state.wake.set()  # an idle worker reads it itself
+        # The heartbeat reads it now: a member of a task or of queues acts on what it says
+        # (``NodeState.observe_assign``); an idle worker also reads it itself on waking.
+        self.heartbeat.poke()
+        self.state.wake.set()
 
     def _on_epoch(self, key: str, event: str) -> None:
         self.heartbeat.poke()
