@@ -25,8 +25,9 @@ ENTRY_HANDLER = "h"
 ENTRY_PAYLOAD = "p"
 ENTRY_ENQUEUED = "t"
 ENTRY_STARTS = "a"
+ENTRY_OPTIONS = "o"
 
-_J, _H, _P, _T, _A = (n.encode() for n in "jhpta")
+_J, _H, _P, _T, _A, _O = (n.encode() for n in "jhptao")
 JOB_ID = re.compile(rb"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # ids an entry may name
 
 
@@ -40,6 +41,7 @@ class JobEntry(NamedTuple):
     ``j``  the job's id, when it is not the entry's own (a delayed, requeued or set
            aside job: it has had a record since it was enqueued)
     ``a``  an aside entry's only: the starts the job had before it was set aside
+    ``o``  the job's own options, JSON (``queueworks.job_options``); absent: none
     =====  ==========================================================================
     """
 
@@ -49,15 +51,21 @@ class JobEntry(NamedTuple):
     payload: str  # JSON, as enqueued
     enqueued: str  # 't', as written
     named: bool  # the entry names its job ('j')
+    options: str = ""  # its 'o': the job's own options, JSON ('' = none)
 
 
 class BadEntry(ValueError):
     """An entry that holds no job of the queue; the text is the reason it is rejected."""
 
 
-def entry_fields(handler: str, payload: str, enqueued: str) -> tuple[str, ...]:
+def entry_fields(handler: str, payload: str, enqueued: str, options: str = "") -> tuple[str, ...]:
     """A job to run now's entry, as ``XADD`` field/value arguments (``enqueue_jobs.lua``
-    writes the same)."""
+    writes the same); ``options``: its ``o`` ('' = none, and no field)."""
+    if options:
+        return (
+            ENTRY_HANDLER, handler, ENTRY_PAYLOAD, payload, ENTRY_ENQUEUED, enqueued,
+            ENTRY_OPTIONS, options,
+        )  # fmt: skip
     return (ENTRY_HANDLER, handler, ENTRY_PAYLOAD, payload, ENTRY_ENQUEUED, enqueued)
 
 
@@ -73,7 +81,12 @@ def decode_entry(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry:
     except UnicodeDecodeError as exc:
         raise BadEntry(f"malformed entry: {exc}") from None
     payload = raw_payload.decode(errors="replace")
-    return JobEntry(entry_id, job_id, handler, payload, enqueued, bool(named))
+    options = fields.get(_O)
+    if options is None:
+        return JobEntry(entry_id, job_id, handler, payload, enqueued, bool(named))
+    return JobEntry(
+        entry_id, job_id, handler, payload, enqueued, bool(named), options.decode(errors="replace")
+    )
 
 
 def entry_job(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry | None:
@@ -89,6 +102,7 @@ def entry_job(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry | None:
         fields[_P].decode(errors="replace"),
         fields.get(_T, b"").decode(errors="replace"),
         bool(named),
+        fields.get(_O, b"").decode(errors="replace"),
     )
 
 
@@ -121,6 +135,7 @@ JOB_REASON = "reason"
 JOB_ERROR = "err"
 JOB_ASIDE = "aside"
 JOB_WHY = "why"
+JOB_OPTIONS = "o"
 
 RESULT_FIELDS = [JOB_STATE, JOB_RESULT, JOB_REASON, JOB_ERROR]  # what a result poll reads
 
@@ -143,6 +158,8 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     ``aside``   the handler whose aside stream its entry ``e`` is on (set aside: no member that
                 read it could run it)
     ``why``     why it waits there (shown while it is queued)
+    ``o``       its own options, JSON (``queueworks.job_options``), while it waits off the
+                stream (a delayed job)
     ==========  ================================================================================
 
     A job to run now has no record until it settles or is cancelled: its entry is all of
@@ -279,6 +296,7 @@ LUA_NAMES = {
     "ENTRY_PAYLOAD": ENTRY_PAYLOAD,
     "ENTRY_ENQUEUED": ENTRY_ENQUEUED,
     "ENTRY_STARTS": ENTRY_STARTS,
+    "ENTRY_OPTIONS": ENTRY_OPTIONS,
     "JOB_STATE": JOB_STATE,
     "JOB_HANDLER": JOB_HANDLER,
     "JOB_ENTRY": JOB_ENTRY,
@@ -294,5 +312,6 @@ LUA_NAMES = {
     "JOB_ERROR": JOB_ERROR,
     "JOB_ASIDE": JOB_ASIDE,
     "JOB_WHY": JOB_WHY,
+    "JOB_OPTIONS": JOB_OPTIONS,
     **{f"DEAD_{name.upper()}": name for name in DEAD_FIELDS},
 }

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from queueworks import script_calls as calls
 from queueworks.connection import one_command, text
+from queueworks.job_options import JobOptions
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.plans import Plan, Trip
 from queueworks.queue_plans import (
@@ -90,13 +91,25 @@ class Queue:
         at: datetime | float | None = None,
         wait_replicas: int | None = None,
         wait_timeout: float | None = None,
+        retry_delay: float | None = None,
+        retry_backoff: float | None = None,
+        retry_max_delay: float | None = None,
     ) -> Job:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
+        ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
+        schedule, instead of the queue's settings of the same names.
         One round trip. ``wait_replicas=n`` (default: the queue's setting): return only
         once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
         round trip); else ``NotReplicated`` (the job is queued on the primary)."""
-        job = new_job(self._path(handler), payload, delay, at)
+        options = None
+        if retry_delay is not None or retry_backoff is not None or retry_max_delay is not None:
+            options = JobOptions.given(
+                retry_delay=retry_delay,
+                retry_backoff=retry_backoff,
+                retry_max_delay=retry_max_delay,
+            )
+        job = new_job(self._path(handler), payload, delay, at, options)
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             if wait.replicas:

@@ -26,6 +26,7 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import text
+from queueworks.job_options import JobOptions
 from queueworks.jobrecords import RESULT_FIELDS, entry_fields, queued_entry, waiting_record
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
@@ -121,17 +122,25 @@ CANCELLED_LAST = 2  # cancel_job: cancelled, the last job set aside of its handl
 FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from the first
 
 
-def new_job(path: str, payload: Any, delay: float | None, at: datetime | float | None) -> NewJob:
-    """A job to enqueue: its handler path (checked: ``HandlerPaths``) and payload JSON, and
-    when it runs, with a new id if that is later; ``ValueError`` naming what is wrong."""
+def new_job(
+    path: str,
+    payload: Any,
+    delay: float | None,
+    at: datetime | float | None,
+    options: JobOptions | None = None,
+) -> NewJob:
+    """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON, own
+    options (checked: ``JobOptions.given``), and when it runs, with a new id if that is
+    later; ``ValueError`` naming what is wrong."""
     body = payload_json(payload)
+    given = "" if options is None else options.json()
     if delay is None and at is None:
-        return NewJob("", path, body)  # to run now: its id will be its entry's
+        return NewJob("", path, body, None, given)  # to run now: its id will be its entry's
     now = time.time()
     when = run_at(delay, at, now)
     if when <= now:
-        return NewJob("", path, body)
-    return NewJob(new_job_id(), path, body, when)
+        return NewJob("", path, body, None, given)
+    return NewJob(new_job_id(), path, body, when, given)
 
 
 def enqueued(queue: str, reply: Any) -> list[str]:
@@ -194,7 +203,7 @@ def xadd_now(qk: TaskKeys, job: NewJob, now: float) -> tuple[str, ...]:
         qk.stream,
         "NOMKSTREAM",
         "*",
-        *entry_fields(job.handler, job.payload, repr(now)),
+        *entry_fields(job.handler, job.payload, repr(now), job.options),
     )
 
 

@@ -102,6 +102,7 @@ class NewJob(NamedTuple):  # a tuple: cheap to make, one per job enqueued
     handler: str
     payload: str  # JSON
     at: float | None = None  # when a delayed job runs (None: now)
+    options: str = ""  # its own options, JSON ('' = none: ``queueworks.job_options``)
 
 
 class EnqueueBatch:
@@ -113,10 +114,10 @@ class EnqueueBatch:
         self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
 
     def add(self, handler: str, payload: str) -> None:
-        self.args += ("", handler, payload, "")
+        self.args += ("", handler, payload, "", "")
 
     def __len__(self) -> int:
-        return (len(self.args) - 1) // 4
+        return (len(self.args) - 1) // 5
 
 
 class SettledJob(Protocol):
@@ -340,9 +341,9 @@ def enqueue_jobs(tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any =
     keys = [tk.stream, tk.scheduled]
     for job in jobs:
         if job.at is None:
-            argv += ("", job.handler, job.payload, "")
+            argv += ("", job.handler, job.payload, "", job.options)
         else:
-            argv += (job.id, job.handler, job.payload, repr(job.at))
+            argv += (job.id, job.handler, job.payload, repr(job.at), job.options)
             keys.append(tk.job(job.id))
     return Call("enqueue_jobs", keys, argv, _same, client, unpiped_on_cluster=True)
 

@@ -25,6 +25,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
+from queueworks.job_options import JobOptions
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.plans import Plan
 from queueworks.queue_plans import (
@@ -95,13 +96,25 @@ class AsyncQueue:
         at: datetime | float | None = None,
         wait_replicas: int | None = None,
         wait_timeout: float | None = None,
+        retry_delay: float | None = None,
+        retry_backoff: float | None = None,
+        retry_max_delay: float | None = None,
     ) -> AsyncJob:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
+        ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
+        schedule, instead of the queue's settings of the same names.
         One round trip (shared with the enqueues of this handle in flight with it).
         ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
         trip share one WAIT (the most replicas and the longest timeout any asks for)."""
-        job = new_job(self._path(handler), payload, delay, at)
+        options = None
+        if retry_delay is not None or retry_backoff is not None or retry_max_delay is not None:
+            options = JobOptions.given(
+                retry_delay=retry_delay,
+                retry_backoff=retry_backoff,
+                retry_max_delay=retry_max_delay,
+            )
+        job = new_job(self._path(handler), payload, delay, at, options)
         wait = NO_WAIT
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)

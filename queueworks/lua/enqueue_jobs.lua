@@ -3,8 +3,8 @@
 -- (settle_jobs.lua) or is cancelled. A delayed job has an id of the caller's and a record
 -- holding its payload, and waits in the scheduled zset until it is due (promote_due.lua).
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3..] the delayed jobs' records, in order
--- ARGV[1] now (s)   then per job 4: job id ('' for a job to run now), handler,
---   payload JSON, run at (s; '' = now)
+-- ARGV[1] now (s)   then per job 5: job id ('' for a job to run now), handler,
+--   payload JSON, run at (s; '' = now), its own options JSON ('' = none: no 'o' field)
 -- returns the jobs' ids, in order; nil, and nothing written, if the stream is gone (the
 --   queue's keys were lost: its handle makes it again and calls again)
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -13,15 +13,22 @@ end
 local now = ARGV[1]
 local ids = {}
 local record = 3
-for b = 2, #ARGV, 4 do
+for b = 2, #ARGV, 5 do
   local id, handler, payload, at = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
-  if at == '' then
+  local options = ARGV[b + 4]
+  if at == '' and options == '' then
     id = redis.call('XADD', KEYS[1], '*', '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', payload,
       '${ENTRY_ENQUEUED}', now)
+  elseif at == '' then
+    id = redis.call('XADD', KEYS[1], '*', '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', payload,
+      '${ENTRY_ENQUEUED}', now, '${ENTRY_OPTIONS}', options)
   else
     redis.call('ZADD', KEYS[2], at, id)
     redis.call('HSET', KEYS[record], '${JOB_STATE}', '${SCHEDULED}', '${JOB_HANDLER}', handler,
       '${JOB_PAYLOAD}', payload, '${JOB_ENQUEUED}', now, '${JOB_RUN_AT}', at)
+    if options ~= '' then
+      redis.call('HSET', KEYS[record], '${JOB_OPTIONS}', options)
+    end
     record = record + 1
   end
   ids[#ids + 1] = id

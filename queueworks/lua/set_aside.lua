@@ -36,7 +36,7 @@ local job = named and f['${ENTRY_JOB}'] or ARGV[2]
 local t = f['${ENTRY_ENQUEUED}'] or ''
 local eid = redis.call('XADD', KEYS[2], '*', '${ENTRY_JOB}', job, '${ENTRY_HANDLER}', ARGV[4],
   '${ENTRY_PAYLOAD}', f['${ENTRY_PAYLOAD}'] or 'null', '${ENTRY_ENQUEUED}', t,
-  '${ENTRY_STARTS}', ARGV[6])
+  '${ENTRY_STARTS}', ARGV[6], '${ENTRY_OPTIONS}', f['${ENTRY_OPTIONS}'] or '')
 if named then
   redis.call('HSET', KEYS[4], '${JOB_STATE}', '${QUEUED}', '${JOB_ENTRY}', eid,
     '${JOB_ASIDE}', ARGV[4], '${JOB_WHY}', ARGV[5])

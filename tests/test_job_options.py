@@ -1,0 +1,74 @@
+"""A job's own options (``queueworks.job_options``): checked where they enter, carried as
+one ``o`` field on the job's entry (or its record while it waits off the stream), absent
+for a job that has none."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from queueworks import Client
+from queueworks.job_options import JobOptions
+from queueworks.keys import Keys
+
+NOOP = "tests.handlers:double"
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("given", "named"),
+    [
+        ({"retry_delay": -1}, "retry_delay"),
+        ({"retry_delay": float("nan")}, "retry_delay"),
+        ({"retry_backoff": 0.5}, "retry_backoff"),
+        ({"retry_max_delay": float("inf")}, "retry_max_delay"),
+        ({"key": ""}, "key"),
+        ({"key": "x" * 257}, "key is too long"),
+        ({"key": "a\nb"}, "control character"),
+        ({"unique_for": 5}, "unique_for needs a key"),
+        ({"key": "k", "unique_for": 0}, "unique_for"),
+    ],
+)
+def test_bad_options_are_refused_naming_them(given: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        JobOptions.given(**given)
+
+
+@pytest.mark.unit
+def test_options_round_trip_and_bad_stored_values_read_as_none() -> None:
+    assert JobOptions.given() is None
+    options = JobOptions.given(retry_delay=2, retry_backoff=3, key="invoice-42")
+    assert options is not None
+    assert options.json() == '{"retry_delay":2.0,"retry_backoff":3.0,"key":"invoice-42"}'
+    assert JobOptions.parse(options.json()) == options
+    assert JobOptions.parse(b'{"retry_delay": "soon", "key": 7, "unique_for": 1e99}') == (
+        JobOptions()
+    )
+    assert JobOptions.parse("not json") == JobOptions.parse("[1]") == JobOptions()
+
+
+@pytest.mark.integration
+def test_options_ride_on_the_entry_and_on_a_delayed_jobs_record(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("options")
+    tk = keys.task("options")
+    plain = q.enqueue(NOOP, {"x": 1})
+    own = q.enqueue(NOOP, {"x": 2}, retry_delay=1.5)
+    entries = dict(r.xrange(tk.stream))
+    assert set(entries[plain.id.encode()]) == {b"h", b"p", b"t"}  # none: no field
+    assert entries[own.id.encode()][b"o"] == b'{"retry_delay":1.5}'
+
+    later = q.enqueue(NOOP, {"x": 3}, delay=0.2, retry_backoff=4)
+    assert r.hget(tk.job(later.id), "o") == b'{"retry_backoff":4.0}'
+    deadline = time.time() + 5
+    while r.xlen(tk.stream) < 3 and time.time() < deadline:
+        time.sleep(0.05)
+        due = [m.decode() for m in r.zrangebyscore(tk.scheduled, 0, time.time())]
+        if due:
+            client.scripts.promote_due(tk, due)
+    moved = [f for _, f in r.xrange(tk.stream) if f.get(b"j") == later.id.encode()]
+    assert moved and moved[0][b"o"] == b'{"retry_backoff":4.0}'
