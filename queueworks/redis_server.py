@@ -209,6 +209,13 @@ class RedisServer:
     def running(self) -> bool:
         return self._proc is not None and self._proc.poll() is None
 
+    @property
+    def pid(self) -> int:
+        """The server's process id (``RuntimeError`` before it started)."""
+        if self._proc is None:
+            raise RuntimeError("the server has not started")
+        return self._proc.pid
+
     def _argv(self) -> list[str]:
         a = [self.binary, "--bind", "127.0.0.1", "--save", "", "--dir", str(self.dir)]
         a += ["--logfile", str(self.logfile), "--protected-mode", "no", "--daemonize", "no"]
