@@ -6,8 +6,11 @@ worker processes, runs on time and across a leader killed and taken over."""
 from __future__ import annotations
 
 import asyncio
+import itertools
+import signal
 import time
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 
 import pytest
@@ -22,6 +25,7 @@ from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.models import JobState
 from queueworks.scripts import Scripts
+from tests.conftest import Cluster, Proc, wait_for
 
 HANDLER = "queueworks.examples:double"
 FAST_LEASE = {"QUEUEWORKS_LEASE_TTL": "1.0"}
@@ -303,3 +307,114 @@ def test_async_client_schedules(redis_url: str, prefix: str) -> None:
     made, listed, first, second = asyncio.run(main())
     assert listed == [made] and made.cron == "*/5 * * * *"
     assert (first, second) == (True, False)
+
+
+# -- system: real controllers and workers ------------------------------------------------------
+
+
+def leader_proc(r: redis.Redis, keys: Keys, procs: list[Proc]) -> Proc | None:
+    """The controller process holding the lease now (its id names its pid)."""
+    token = (r.get(keys.leader) or b"").decode()
+    for p in procs:
+        if p.alive() and f"-{p.pid}-" in token.split("#")[0]:
+            return p
+    return None
+
+
+def grid(times: list[float], start: float, step: float) -> list[int]:
+    """Each due time as a tick number from ``start``; AssertionError if one is off the grid."""
+    ticks = [(t - start) / step for t in times]
+    assert all(abs(k - round(k)) < 1e-6 for k in ticks), ticks
+    return [round(k) for k in ticks]
+
+
+@pytest.mark.system
+def test_every_half_second_runs_on_time_and_each_job_is_done(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    cluster.controller()
+    cluster.worker()
+    q = client.queue("periodic")
+    made = q.schedule("tick", HANDLER, {"x": 4}, every=0.5)
+    assert made.next_run is not None
+    wait_for(lambda: len(fired_jobs(r, keys, "periodic")) >= 6, 60, "six runs")
+    now = time.time()
+    jobs = fired_jobs(r, keys, "periodic")
+    ticks = grid(sorted(jobs.values()), made.next_run, 0.5)
+    assert ticks[0] == 0 and len(set(ticks)) == len(ticks)
+    assert max(jobs.values()) <= now  # never before its time
+    assert len(jobs) <= (now - made.next_run) / 0.5 + 1
+    assert all(q.job(j).result(timeout=60) == 8 for j in jobs)
+    [listed] = q.schedules()
+    assert listed.last_job in jobs and listed.next_run is not None and listed.next_run > now - 5
+
+
+@pytest.mark.system
+def test_missed_ticks_while_no_controller_ran_fire_one_catch_up_job(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("periodic")
+    made = q.schedule("tick", HANDLER, {"x": 1}, every=1.0)
+    assert made.next_run is not None
+    time.sleep(5.0)  # the property itself: five ticks pass with no controller
+    started = time.time()
+    cluster.controller()
+    wait_for(lambda: len(fired_jobs(r, keys, "periodic")) >= 3, 60, "catch-up, then two on time")
+    times = sorted(fired_jobs(r, keys, "periodic").values())
+    ticks = grid(times, made.next_run, 1.0)
+    missed = [t for t in times if t < started]
+    assert len(missed) == 1, times  # one catch-up run, not a burst of five
+    assert ticks[0] >= 4  # the latest tick missed, not the first
+    assert ticks[1:] == list(range(ticks[0] + 1, ticks[0] + len(ticks)))  # then on time
+
+
+@pytest.mark.system
+def test_exactly_one_job_per_due_time_across_leader_kills_and_a_freeze(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """Two controllers; the leader is SIGKILLed three times (a new standby started each
+    time) and once frozen (SIGSTOP) until the standby has taken over and fired, then
+    resumed. Every due time's job runs once; ticks are missed only while no leader ran,
+    each outage costing one catch-up run at most."""
+    procs = [cluster.spawn(["controller"], f"c{i}", FAST_LEASE) for i in range(2)]
+    cluster.worker()
+    q = client.queue("periodic")
+    log = f"{keys.prefix}:runs"
+    made = q.schedule("tick", "tests.handlers:job_logged", {"x": 1, "log": log}, every=0.3)
+    assert made.next_run is not None
+
+    def fired() -> int:
+        return len(fired_jobs(r, keys, "periodic"))
+
+    def took_over(old: Proc) -> bool:
+        return leader_proc(r, keys, procs) not in (None, old)
+
+    def three_more(what: str) -> None:
+        target = fired() + 3
+        wait_for(lambda: fired() >= target, 60, what)
+
+    for round_no in range(4):
+        wait_for(lambda: leader_proc(r, keys, procs), 30, "a leader")
+        three_more("three more runs")
+        old = leader_proc(r, keys, procs)
+        assert old is not None
+        if round_no == 2:  # frozen past its lease: it wakes up to a tick already fired
+            old.signal(signal.SIGSTOP)
+            wait_for(partial(took_over, old), 30, "takeover")
+            three_more("runs by the new leader")
+            old.signal(signal.SIGCONT)
+            continue
+        old.kill()
+        procs.append(cluster.spawn(["controller"], f"c{len(procs)}", FAST_LEASE))
+    three_more("runs after the last takeover")
+    jobs = fired_jobs(r, keys, "periodic")
+    for j in jobs:
+        q.job(j).result(timeout=60)
+    runs = [line.decode().split("|") for line in r.lrange(log, 0, -1)]
+    assert sorted(job for job, *_ in runs) == sorted(jobs)  # each ran, and once
+    assert all(attempt == "1" for _, _, attempt, _ in runs)
+    ticks = grid(sorted(jobs.values()), made.next_run, 0.3)
+    assert len(set(ticks)) == len(ticks)
+    gaps = [b - a for a, b in itertools.pairwise(ticks)]
+    # an outage is the lease's TTL (1 s) and a process start: seconds, not tens of them
+    assert max(gaps) * 0.3 < 20, gaps
