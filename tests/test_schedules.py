@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import signal
 import time
 from datetime import UTC, datetime
@@ -418,3 +419,66 @@ def test_exactly_one_job_per_due_time_across_leader_kills_and_a_freeze(
     gaps = [b - a for a, b in itertools.pairwise(ticks)]
     # an outage is the lease's TTL (1 s) and a process start: seconds, not tens of them
     assert max(gaps) * 0.3 < 20, gaps
+
+
+# -- the CLI and the dashboard ----------------------------------------------------------------
+
+
+@pytest.mark.system
+def test_cli_schedule_list_info_unschedule(redis_url: str, prefix: str, client: Client) -> None:
+    from tests.test_cli import cli, one_line_error
+
+    made = cli(
+        ["schedule", "mail", "digest", HANDLER, "--json", '{"x": 3}', "--every", "30"],
+        redis_url,
+        prefix,
+    )
+    assert made.returncode == 0, made.stderr
+    assert json.loads(made.stdout)["every"] == 30.0
+    cron = cli(["schedule", "mail", "hourly", HANDLER, "--cron", "0 * * * *"], redis_url, prefix)
+    assert cron.returncode == 0, cron.stderr
+    for args, named in [
+        (["--every", "1", "--cron", "* * * * *"], "--every or --cron"),
+        ([], "--every or --cron"),
+        (["--every", "0"], "every"),
+        (["--cron", "99 * * * *"], "cron '99 * * * *'"),
+        (["--every", "1", "--json", "{nope"], "--json"),
+    ]:
+        one_line_error(cli(["schedule", "mail", "x", HANDLER, *args], redis_url, prefix), 2, named)
+    one_line_error(
+        cli(["schedule", "mail", "x", "os.system", "--every", "1"], redis_url, prefix), 2, "handler"
+    )
+    listed = cli(["schedules", "mail", "--json"], redis_url, prefix)
+    assert [s["name"] for s in json.loads(listed.stdout)] == ["digest", "hourly"]
+    text = cli(["schedules", "mail"], redis_url, prefix).stdout
+    assert "2 schedule(s)" in text and "every 30s" in text and "cron '0 * * * *'" in text
+    info = cli(["info"], redis_url, prefix).stdout
+    assert "2 schedule(s)" in info and "digest" in info
+    as_json = json.loads(cli(["info", "--json"], redis_url, prefix).stdout)
+    assert [s["name"] for s in as_json["schedules"]["mail"]] == ["digest", "hourly"]
+    gone = cli(["unschedule", "mail", "digest"], redis_url, prefix)
+    assert gone.returncode == 0 and [s.name for s in client.queue("mail").schedules()] == ["hourly"]
+    one_line_error(cli(["unschedule", "mail", "digest"], redis_url, prefix), 1, "no schedule")
+
+
+@pytest.mark.integration
+def test_dashboard_lists_a_queues_schedules(client: Client) -> None:
+    from tests.test_dashboard import make_app
+
+    q = client.queue("mail")
+    q.schedule("digest", HANDLER, {"x": 1}, every=90.0)
+    q.schedule("nightly", "tests.handlers:square", {"x": 2}, cron="0 3 * * *")
+    with make_app(client) as web:
+        body = web.get("/api/queues/mail/schedules").json()
+        assert body["count"] == 2
+        assert [(s["name"], s["every"], s["cron"]) for s in body["schedules"]] == [
+            ("digest", 90.0, None),
+            ("nightly", None, "0 3 * * *"),
+        ]
+        assert web.get("/api/queues/nope/schedules").status_code == 404
+        page = web.get("/queues/mail").text
+        assert 'id="schedules"' in page and "nightly" in page and "0 3 * * *" in page
+        assert [s["name"] for s in web.get("/api/queues/mail").json()["schedules"]] == [
+            "digest",
+            "nightly",
+        ]
