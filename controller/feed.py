@@ -53,6 +53,7 @@ NAMES: dict[str, tuple[bool, bool, bool]] = {
     "drain_requested": (False, False, False),
     "dead_lettered": (False, False, False),
     "dead_letter_deleted": (False, False, False),
+    "schedules": (False, False, False),  # a queue's schedule written: the scheduler looks
 }
 DEFAULT = (True, True, False)
 ENDED = ("completed", "failed", "cancelled")
@@ -74,6 +75,7 @@ class Dirty:
     left: dict[str, str] = field(default_factory=dict)  # worker -> task it left
     events: int = 0  # events read (own ones included)
     gap: bool = False  # events may have been trimmed before they were read
+    schedules: bool = False  # a schedule was written (``controller.scheduler``)
 
     def __bool__(self) -> bool:
         return bool(self.tasks or self.workers or self.ended or self.left)
@@ -87,6 +89,9 @@ def classify(entries: Iterable[tuple[Any, dict[bytes, bytes]]], me: str) -> Dirt
         if fields.get(b"by") == mine:
             continue
         kind = text(fields.get(b"kind"))
+        if kind == "schedules":
+            dirty.schedules = True
+            continue
         task, worker = fields.get(b"task"), fields.get(b"worker")
         if kind in ENDED and task:
             dirty.ended[text(task)] = kind

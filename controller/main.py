@@ -38,6 +38,7 @@ from .feed import Feed, Gap
 from .fence import Fence, Fenced
 from .lease import Lease
 from .reconciler import PassStats, Reconciler
+from .scheduler import Scheduler
 from .tally import Tally
 
 LEASE_POLL = 0.05  # s between two looks at whether the lease thread won the lease
@@ -68,6 +69,9 @@ class Controller:
             tally=self.tally,
         )
         self.reconciler.before_apply = self._before_apply
+        self.scheduler = Scheduler(
+            self.r, self.keys, self.fence, self.log, self.tally, self.lease.held
+        )
         self._stop = threading.Event()
         self._stats_at = time.monotonic()
         self.term = 0  # the lease term the reconciler's mirror was read under (0 = none)
@@ -105,6 +109,7 @@ class Controller:
             except UNAVAILABLE as exc:
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
                 self.term = 0  # read everything again once it is back: it may have restarted
+                self.scheduler.reset()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
         self.lease.stop()
@@ -137,6 +142,7 @@ class Controller:
             self.log.info("leadership", leader=False, term=self.term)
         self.term = 0
         self.reconciler.reset()
+        self.scheduler.reset()
 
     def _rebuild(self) -> None:
         self.feed.start()
@@ -144,12 +150,14 @@ class Controller:
 
     def _one_pass(self) -> None:
         rec = self.reconciler
-        block = 0 if rec.busy() else max(1, int(self.settings.reconcile_interval * 1000))
+        wait = min(self.settings.reconcile_interval, self.scheduler.wait(time.time()))
+        block = 0 if rec.busy() else max(1, int(wait * 1000))
         dirty = self.feed.read(block)
         if dirty.gap:
             raise Gap("qw:events was trimmed past the last event read")
         if dirty or rec.busy() or rec.due():
             self._log_pass(rec.step(dirty))
+        self.scheduler.step(dirty.schedules)
 
     def _log_pass(self, stats: PassStats, full: bool = False) -> None:
         self.passes += 1

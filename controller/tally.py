@@ -21,6 +21,7 @@ class Tally:
     tasks_read: int = 0
     workers_read: int = 0
     swept: int = 0
+    fired: int = 0  # jobs the schedules enqueued
 
     def run(self, pipe: Any) -> list[Any]:
         """Execute a pipeline, counting its commands."""

@@ -39,6 +39,7 @@ from queueworks.commands.options import (
     setting,
     settings_from_flags,
 )
+from queueworks.commands.schedules import schedule, schedules, unschedule
 from queueworks.commands.submit import submit
 from queueworks.signals import ColdStop, install_stop_signals
 
@@ -63,8 +64,9 @@ def main(debug: bool) -> None:
     """
 
 
-for command in (submit, enqueue, info, dead, health, dashboard, redis_command):
+for command in (submit, enqueue, schedule, schedules, unschedule, info, dead, health, dashboard):
     main.add_command(command)
+main.add_command(redis_command)
 
 
 @main.command(short_help="Join the pool and process subtasks.")

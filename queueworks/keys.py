@@ -40,6 +40,12 @@ key                                type          meaning
                                                  result-waiter that saw a job finish, a write
                                                  of its own that its WAIT then covers (and the
                                                  settle it read, replicated before it)
+``qw:task:{Q}:schedules``          hash          a queue's schedules: name -> definition JSON
+                                                 (handler, payload, every or cron)
+``qw:task:{Q}:schedules:due``      zset          a queue's schedules by next due time (ms): the
+                                                 truth the fire script checks and advances
+``qw:task:{Q}:schedules:last``     hash          schedule name -> ``<due s> <job id>`` of the
+                                                 last job it enqueued
 ``qw:task:{T}:steps``              hash          step mode: each step's shards and decision
 ``qw:task:{T}:rdzv``               string + TTL  step mode: the leader's c10d store address
 ``qw:task:{T}:checkpoint``         string        step mode: the last checkpoint (if in Redis)
@@ -49,6 +55,10 @@ key                                type          meaning
 ``qw:tasks:expiry``                zset          finished tasks, score = when their keys expire
                                                  (the controller drops them from the index then)
 ``qw:queues``                      set           the names of every queue (a queue is a task)
+``qw:schedules``                   zset          every schedule, ``<queue>/<name>``, score = its
+                                                 next due time (ms): the one read of a
+                                                 controller pass (its own slot; the queue's
+                                                 ``schedules:due`` is checked when one fires)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:worker:<W>``                  hash          host, pid, labels, queues, member_of, state,
                                                  task, rank, current (``records``)
@@ -175,6 +185,18 @@ class TaskKeys:
         return f"{self._base}:handlers"
 
     @property
+    def schedules(self) -> str:
+        return f"{self._base}:schedules"
+
+    @property
+    def schedules_due(self) -> str:
+        return f"{self._base}:schedules:due"
+
+    @property
+    def schedules_last(self) -> str:
+        return f"{self._base}:schedules:last"
+
+    @property
     def aside(self) -> str:
         return f"{self._base}:aside"
 
@@ -224,6 +246,9 @@ class TaskKeys:
             self.aside,
             self.latency,
             self.rate,
+            self.schedules,
+            self.schedules_due,
+            self.schedules_last,
         ]
 
 
@@ -254,6 +279,11 @@ class Keys:
     @property
     def queues(self) -> str:
         return f"{self.prefix}:queues"
+
+    @property
+    def schedules(self) -> str:
+        """The global index of every queue's schedules (``queueworks.schedules``)."""
+        return f"{self.prefix}:schedules"
 
     @property
     def workers(self) -> str:

@@ -337,3 +337,17 @@ class Event(_Model):
     id: str
     kind: str
     fields: dict[str, str]
+
+
+class Schedule(_Model):
+    """A queue's periodic job, as ``Queue.schedules()`` lists it (times in s since the epoch)."""
+
+    name: str
+    queue: str
+    handler: str
+    payload: Any = None
+    every: float | None = None  # s between two runs; or
+    cron: str | None = None  # a cron expression (UTC)
+    next_run: float | None = None  # its next due time
+    last_run: float | None = None  # the due time of the last job it enqueued
+    last_job: str | None = None  # that job's id

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from queueworks import script_calls as calls
 from queueworks.connection import one_command, text
 from queueworks.job_options import JobOptions
-from queueworks.models import JobStatus, QueueStatus
+from queueworks.models import JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan, Trip
 from queueworks.queue_plans import (
     QueueRef,
@@ -45,6 +45,7 @@ from queueworks.queues import (
 )
 from queueworks.replication import Replicas, jobs_not_replicated
 from queueworks.runner import run, send_trip
+from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.script_calls import EnqueueBatch
 from queueworks.tasks import Backend, Task
 
@@ -179,6 +180,32 @@ class Queue:
 
     def status(self) -> QueueStatus:
         return self._run(plan_queue_status(self.ref))
+
+    # -- periodic jobs ----------------------------------------------------------------------
+
+    def schedule(
+        self,
+        name: str,
+        handler: str | Callable[..., Any],
+        payload: Any = None,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+    ) -> Schedule:
+        """Enqueue ``handler(payload)`` on this queue every ``every`` s (the first run
+        ``every`` s from now) or at each time of the cron expression ``cron`` (5 fields,
+        UTC): one job per due time, enqueued by the controller that leads. A schedule of
+        the same name is replaced. ``ValueError`` naming what is wrong."""
+        plan = plan_schedule(self.ref, name, self._path(handler), payload, every, cron)
+        return self._run(plan)
+
+    def schedules(self) -> list[Schedule]:
+        """This queue's schedules, by name, with their next and last runs."""
+        return self._run(plan_schedules(self.client.keys, self.name))
+
+    def unschedule(self, name: str) -> bool:
+        """Remove the schedule ``name``: True if it existed. Jobs it enqueued stay."""
+        return self._run(plan_unschedule(self.ref, name))
 
 
 class _Sender:

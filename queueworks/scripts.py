@@ -91,7 +91,7 @@ def fenced_source() -> str:
     """``fenced.lua`` with the rules it applies put before it as functions (its header)."""
     parts = [
         f"local function {name}(KEYS, ARGV)\n{_source(name)}\nend\n"
-        for name in ("set_state", "expire_finished")
+        for name in ("set_state", "expire_finished", "fire_schedule")
     ]
     return "".join(parts) + resources.files("queueworks").joinpath("lua", "fenced.lua").read_text()
 

@@ -26,7 +26,7 @@ from typing import Any, TypeAlias, TypeVar
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
 from queueworks.job_options import JobOptions
-from queueworks.models import JobStatus, QueueStatus
+from queueworks.models import JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan
 from queueworks.queue_plans import (
     QueueRef,
@@ -46,6 +46,7 @@ from queueworks.queues import (
     new_job,
 )
 from queueworks.replication import NO_WAIT, NotReplicated, Replicas, jobs_not_replicated
+from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.script_calls import NewJob
 from queueworks.vanished import QueueGone
 
@@ -166,6 +167,32 @@ class AsyncQueue:
 
     async def status(self) -> QueueStatus:
         return await self._run(plan_queue_status(self.ref))
+
+    # -- periodic jobs ----------------------------------------------------------------------
+
+    async def schedule(
+        self,
+        name: str,
+        handler: str | Callable[..., Any],
+        payload: Any = None,
+        *,
+        every: float | None = None,
+        cron: str | None = None,
+    ) -> Schedule:
+        """Enqueue ``handler(payload)`` on this queue every ``every`` s (the first run
+        ``every`` s from now) or at each time of the cron expression ``cron`` (5 fields,
+        UTC): one job per due time, enqueued by the controller that leads. A schedule of
+        the same name is replaced. ``ValueError`` naming what is wrong."""
+        plan = plan_schedule(self.ref, name, self._path(handler), payload, every, cron)
+        return await self._run(plan)
+
+    async def schedules(self) -> list[Schedule]:
+        """This queue's schedules, by name, with their next and last runs."""
+        return await self._run(plan_schedules(self.client.keys, self.name))
+
+    async def unschedule(self, name: str) -> bool:
+        """Remove the schedule ``name``: True if it existed. Jobs it enqueued stay."""
+        return await self._run(plan_unschedule(self.ref, name))
 
 
 async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:

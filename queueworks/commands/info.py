@@ -14,7 +14,7 @@ import click
 
 from queueworks.client import Client
 from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
-from queueworks.models import NodeInfo, QueueStatus, TaskState
+from queueworks.models import NodeInfo, QueueStatus, Schedule, TaskState
 from queueworks.tasks import Backend
 
 NO_CONTROLLER = (
@@ -71,7 +71,10 @@ def _why(state: TaskState, reason: str | None) -> list[str]:
     return []
 
 
-def _queues(queues: list[QueueStatus]) -> list[str]:
+def _queues(queues: list[QueueStatus], schedules: dict[str, list[Schedule]]) -> list[str]:
+    from queueworks.commands.schedules import describe
+
+    now = time.time()
     lines = [f"{len(queues)} queue(s)"]
     width = max((len(q.name) for q in queues), default=0)
     for q in queues:
@@ -86,13 +89,25 @@ def _queues(queues: list[QueueStatus]) -> list[str]:
             lines.append(f"      rejected {q.rejected} stream entries that were no job")
         lines += _why(q.state, q.reason)
         lines += _nodes(q.nodes)
+        if schedules.get(q.name):
+            lines.append(f"      {len(schedules[q.name])} schedule(s)")
+            lines += [f"        {describe(s, now)}" for s in schedules[q.name]]
     return lines
+
+
+def queue_schedules(client: Client, queues: list[QueueStatus]) -> dict[str, list[Schedule]]:
+    """Each queue's schedules (a read per queue)."""
+    from queueworks.queue_handle import Queue
+    from queueworks.queue_settings import DEFAULTS
+
+    return {q.name: Queue(client, q.name, DEFAULTS, revives=False).schedules() for q in queues}
 
 
 def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: int = 0) -> str:
     """The ``limit`` newest tasks after ``offset`` (a page of the index), oldest of them
     first, then every queue, then the workers."""
     queues = client.queues()
+    schedules = queue_schedules(client, queues)
     names = {q.name for q in queues}
     tasks = [
         t for t in client.tasks(limit=limit, offset=offset, newest_first=True) if t.id not in names
@@ -109,6 +124,11 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
                 "offset": offset,
                 "tasks": [t.model_dump(mode="json") for t in tasks],
                 "queues": [q.model_dump(mode="json") for q in queues],
+                "schedules": {
+                    name: [s.model_dump(mode="json") for s in found]
+                    for name, found in schedules.items()
+                    if found
+                },
                 "workers": [w.model_dump(mode="json") for w in workers],
             },
             indent=2,
@@ -130,7 +150,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
             lines.append(f"      rejected {t.rejected} stream entries that were no subtask")
         lines += _why(t.state, t.reason)
         lines += _nodes(nodes)
-    lines += _queues(queues)
+    lines += _queues(queues, schedules)
     lines.append(f"{len(workers)} worker(s)")
     for w in workers:
         beat = f"{now - w.last_heartbeat:.1f}s ago" if w.last_heartbeat else "-"

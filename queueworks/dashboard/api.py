@@ -96,6 +96,12 @@ def queue(request: Request) -> Response:
     return json_response(request, body)
 
 
+def queue_schedules(request: Request) -> Response:
+    found = dash_of(request).queues.schedules(request.path_params["name"])
+    body = {"count": len(found), "schedules": [s.model_dump(mode="json") for s in found]}
+    return json_response(request, body)
+
+
 def workers(request: Request) -> Response:
     d = dash_of(request)
     rows = d.reader.workers()

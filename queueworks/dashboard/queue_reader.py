@@ -44,8 +44,11 @@ from queueworks.jobrecords import (
     decode_dead_letter,
 )
 from queueworks.keys import check_task_id
+from queueworks.models import Schedule
 from queueworks.queue_settings import SETTINGS, Setting
 from queueworks.records import TASK_FIELDS, latency_histogram, queue_counts, task_fields
+from queueworks.runner import run
+from queueworks.schedule_plans import plan_schedules
 
 INF = float("inf")
 RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
@@ -240,7 +243,14 @@ class QueueReader:
             dead_letters=[dead_letter(i, raw) for i, raw in dead_shown],
             dead_letters_total=_int(dead_total),
             dead_letters_next=dead_next,
+            schedules=self.schedules(name),
         )
+
+    def schedules(self, name: str) -> list[Schedule]:
+        """The queue's schedules (``Queue.schedules``); ``TaskNotFound`` for no queue."""
+        if not self.is_queue(check_task_id(name)):
+            raise TaskNotFound(f"queue {name}")
+        return run(self.client.redis, self.client.scripts, plan_schedules(self.keys, name))
 
 
 def _history(entries: Any) -> list[HistoryEntry]:

@@ -4,9 +4,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from queueworks.models import DeadLetter, NodeInfo, TaskRecord, TaskState, WorkerRecord
+from queueworks.models import (
+    DeadLetter,
+    NodeInfo,
+    Schedule,
+    TaskRecord,
+    TaskState,
+    WorkerRecord,
+)
 
 
 class _View(BaseModel):
@@ -194,6 +201,7 @@ class QueueDetail(_View):
     dead_letters: list[JobDeadLetter]  # newest first, a page of them
     dead_letters_total: int
     dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
+    schedules: list[Schedule] = Field(default_factory=list)  # its periodic jobs, by name
 
     def latency_quantile(self, q: float) -> float | None:
         """The upper bound of the bucket the ``q`` quantile falls in (None: no job yet, or

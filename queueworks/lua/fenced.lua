@@ -1,7 +1,8 @@
 -- Apply a batch of controller writes only while their writer leads (fenced writes).
--- Composed at load time (queueworks/scripts.py): set_state.lua and expire_finished.lua are
--- put before this text as the functions set_state(KEYS, ARGV) and expire_finished(KEYS,
--- ARGV), so each of those rules stays in one file.
+-- Composed at load time (queueworks/scripts.py): set_state.lua, expire_finished.lua and
+-- fire_schedule.lua are put before this text as the functions set_state(KEYS, ARGV),
+-- expire_finished(KEYS, ARGV) and fire_schedule(KEYS, ARGV), so each of those rules stays
+-- in one file.
 -- KEYS[1] the fence: the lease key itself (one server), or the term key of the slot of every
 --   other key (a cluster)
 -- KEYS[2..] the keys the ops write
@@ -11,8 +12,10 @@
 --   name, when, nkeys, nargs, nkeys indices into KEYS, nargs arguments
 --   (when: 0 always; +j only if op j replied 1; -j only if op j replied 0)
 -- ops: set_xx k v (only if k exists) | del k | zrem k member | zadd k score member
+--   | zrem_if k member score (only if its score is that)
 --   | zadd_nx k score member | hset_x k field value (only if k exists) | xadd k maxlen f v ...
 --   | state k state now error (set_state.lua) | expire_finished k... ttl_ms (expire_finished.lua)
+--   | fire k1..k6 name due next job t handler payload (fire_schedule.lua)
 -- returns {1, reply of op 1, ..., reply of op n} (1 done, 0 not: skipped, missing, no change),
 --   or {0} when fenced: nothing was written
 if ARGV[1] == 'lease' then
@@ -41,6 +44,13 @@ local ops = {
   del = function(k, a) return call('DEL', k[1]) end,
   zrem = function(k, a) return call('ZREM', k[1], a[1]) end,
   zadd = function(k, a) return call('ZADD', k[1], a[1], a[2]) end,
+  zrem_if = function(k, a)
+    local score = call('ZSCORE', k[1], a[1])
+    if not score or tonumber(score) ~= tonumber(a[2]) then
+      return 0
+    end
+    return call('ZREM', k[1], a[1])
+  end,
   zadd_nx = function(k, a) return call('ZADD', k[1], 'NX', a[1], a[2]) end,
   hset_x = function(k, a)
     if call('EXISTS', k[1]) == 0 then
@@ -55,6 +65,9 @@ local ops = {
   end,
   state = function(k, a) return set_state(k, {a[1], a[2], a[3], ARGV[3]}) end,
   expire_finished = function(k, a) return expire_finished(k, {a[1], ARGV[3]}) end,
+  fire = function(k, a)
+    return fire_schedule(k, {a[1], a[2], a[3], a[4], a[5], a[6], a[7], ARGV[3]})
+  end,
 }
 local replies = {1}
 local at = 5

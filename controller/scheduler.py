@@ -1,0 +1,144 @@
+"""The leader's periodic jobs: fire every schedule that is due, one job per due time.
+
+A pass reads the global index (``qw:schedules``) once and only when it may hold something
+due: the earliest entry's time is kept in memory, and read again when that time comes, when
+an event says a schedule was written (``schedules``), and at least every ``RECHECK`` s. With
+nothing due a pass costs nothing or one ``ZRANGE 0 0``, however many schedules there are.
+
+What is due (up to ``BATCH`` at a time) fires through the fence (``controller.fence``): per
+schedule a ``fire`` op (``fire_schedule.lua``, in the queue's slot) and, only if it fired, a
+``zadd`` of the index to the next due time (the index's slot). The fire op checks the
+queue's own copy of the due time, so a stale index entry (a replay, a tick of an older
+leader) never fires twice; such an entry is then set to the queue's copy, or dropped if
+the schedule is gone (``zrem_if``: only if nobody wrote it again meanwhile).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from queueworks import schedules as sched
+from queueworks.connection import Connection, text
+from queueworks.keys import Keys
+
+from .fence import Batch, Fence, Fenced
+from .tally import Tally
+
+BATCH = 500  # due schedules fired per script call round
+ROUNDS = 4  # index reads of one pass at most (a pass must not run on for long)
+RECHECK = 1.0  # s: the index is read at least this often (a missed event costs this much)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        r: Connection,
+        keys: Keys,
+        fence: Fence,
+        log: Any,
+        tally: Tally,
+        held: Callable[[], bool],
+    ) -> None:
+        self.r, self.keys, self.fence, self.log, self.tally = r, keys, fence, log, tally
+        self.held = held
+        self.next_at = 0.0  # s: the earliest due time read (inf: none)
+        self.read_at = -math.inf  # monotonic s of the last read of the index
+
+    def reset(self) -> None:
+        """Read the index again at the next pass (a new term, a Redis outage)."""
+        self.next_at, self.read_at = 0.0, -math.inf
+
+    def wait(self, now: float) -> float:
+        """Seconds until the next pass should look at the index."""
+        return max(0.0, min(self.next_at - now, self.read_at + RECHECK - time.monotonic()))
+
+    def step(self, woken: bool = False) -> int:
+        """Fire what is due; the number of jobs fired. ``woken``: a schedule was written."""
+        now = time.time()
+        if not woken and now < self.next_at and time.monotonic() - self.read_at < RECHECK:
+            return 0
+        fired = 0
+        for _ in range(ROUNDS):
+            self.read_at = time.monotonic()
+            now_ms = round(time.time() * 1000)
+            self.tally.commands += 1
+            head: Any = self.r.zrange(self.keys.schedules, 0, 0, withscores=True)
+            if not head or head[0][1] > now_ms:
+                self.next_at = head[0][1] / 1000 if head else math.inf
+                return fired
+            self.tally.commands += 1
+            due: Any = self.r.zrangebyscore(
+                self.keys.schedules, "-inf", now_ms, start=0, num=BATCH, withscores=True
+            )
+            fired += self._fire(due, now_ms)
+        self.next_at = 0.0  # more is due than a few rounds fire: go on at the next pass
+        return fired
+
+    def _fire(self, due: list[tuple[bytes, float]], now_ms: int) -> int:
+        entries = [(sched.split_member(m), m, int(score)) for m, score in due]
+        found = [(where, m, s) for where, m, s in entries if where is not None]
+        batch = Batch()
+        for where, m, _ in entries:
+            if where is None:  # no schedule can be named so: written by hand
+                batch.add("zrem", [self.keys.schedules], text(m))
+        pipe = self.r.pipeline(transaction=False)
+        for (queue, name), _, _ in found:
+            pipe.hget(self.keys.task(queue).schedules, name)
+        defs = self.tally.run(pipe) if found else []
+        tried: list[tuple[str, str, bytes, int, int]] = []  # queue, name, member, due, op
+        for ((queue, name), m, due_ms), raw in zip(found, defs, strict=True):
+            try:
+                d = sched.decode(raw) if raw is not None else None
+            except ValueError as exc:
+                self.log.warning("schedule_unreadable", queue=queue, schedule=name, error=str(exc))
+                d = None
+            if d is None:  # unscheduled meanwhile, or unusable: drop it unless written again
+                batch.add("zrem_if", [self.keys.task(queue).schedules_due], name, due_ms)
+                batch.add("zrem_if", [self.keys.schedules], text(m), due_ms)
+                continue
+            op = self._add_fire(batch, queue, name, d, due_ms, now_ms)
+            tried.append((queue, name, m, due_ms, op))
+        if not self.held():
+            raise Fenced("the lease may have expired (by this process's clock)")
+        self.tally.ops += len(batch)
+        replies = self.fence.apply(batch)
+        stale = [(q, n, m, due_ms) for q, n, m, due_ms, op in tried if not replies[op - 1]]
+        if stale:
+            self._repair(stale)
+        fired = len(tried) - len(stale)
+        self.tally.fired += fired
+        return fired
+
+    def _add_fire(
+        self, batch: Batch, queue: str, name: str, d: sched.Definition, due_ms: int, now_ms: int
+    ) -> int:
+        """The ops that fire one due time (and move the index on if it fired): the fire
+        op's number."""
+        qk = self.keys.task(queue)
+        fire_ms, next_ms = sched.due_times(d, due_ms, max(now_ms, due_ms))
+        job = sched.job_id(queue, name, fire_ms)
+        keys = [qk.record, qk.stream, qk.schedules, qk.schedules_due, qk.schedules_last]
+        keys.append(qk.job(job))
+        args = (name, due_ms, next_ms, job, repr(fire_ms / 1000), d.handler, d.payload)
+        op = batch.add("fire", keys, *args)
+        member = sched.member(queue, name)
+        batch.add("zadd", [self.keys.schedules], next_ms, member, when=op, stage=1)
+        return op
+
+    def _repair(self, stale: list[tuple[str, str, bytes, int]]) -> None:
+        """Index entries that fired nothing: set each to its queue's own due time, or drop
+        it if the schedule is gone (and the entry is still the one read)."""
+        pipe = self.r.pipeline(transaction=False)
+        for queue, name, _, _ in stale:
+            pipe.zscore(self.keys.task(queue).schedules_due, name)
+        truth = self.tally.run(pipe)
+        batch = Batch()
+        for (_, _, m, due_ms), score in zip(stale, truth, strict=True):
+            if score is None:
+                batch.add("zrem_if", [self.keys.schedules], text(m), due_ms)
+            else:
+                batch.add("zadd", [self.keys.schedules], int(score), text(m))
+        self.fence.apply(batch)
