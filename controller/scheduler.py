@@ -11,6 +11,11 @@ schedule a ``fire`` op (``fire_schedule.lua``, in the queue's slot) and, only if
 queue's own copy of the due time, so a stale index entry (a replay, a tick of an older
 leader) never fires twice; such an entry is then set to the queue's copy, or dropped if
 the schedule is gone (``zrem_if``: only if nobody wrote it again meanwhile).
+
+The queues' own copies are the truth, the index a copy a client writes after them (on a
+cluster in another slot, so not atomically): at the first pass of each term the leader
+writes every queue's due times into the index again (``restore``), so a schedule whose
+client died between the two writes fires anyway, one term later at the latest.
 """
 
 from __future__ import annotations
@@ -46,10 +51,35 @@ class Scheduler:
         self.held = held
         self.next_at = 0.0  # s: the earliest due time read (inf: none)
         self.read_at = -math.inf  # monotonic s of the last read of the index
+        self.restored = False  # the index was written from the queues' copies this term
 
     def reset(self) -> None:
-        """Read the index again at the next pass (a new term, a Redis outage)."""
+        """Read the index again at the next pass (a new term, a Redis outage), and
+        restore it from the queues' copies first."""
         self.next_at, self.read_at = 0.0, -math.inf
+        self.restored = False
+
+    def restore(self) -> int:
+        """Write every queue's schedules' due times into the index (the queues' own copies
+        are the truth); the number of schedules. Once per term: a read per queue."""
+        names = sorted(text(n) for n in self.r.smembers(self.keys.queues))
+        pipe = self.r.pipeline(transaction=False)
+        for queue in names:
+            pipe.zrange(self.keys.task(queue).schedules_due, 0, -1, withscores=True)
+        found = self.tally.run(pipe) if names else []
+        batch = Batch()
+        for queue, due in zip(names, found, strict=True):
+            for name, score in due:
+                batch.add(
+                    "zadd", [self.keys.schedules], int(score), sched.member(queue, text(name))
+                )
+        if len(batch):
+            if not self.held():
+                raise Fenced("the lease may have expired (by this process's clock)")
+            self.tally.ops += len(batch)
+            self.fence.apply(batch)
+        self.restored = True
+        return len(batch)
 
     def wait(self, now: float) -> float:
         """Seconds until the next pass should look at the index."""
@@ -57,6 +87,9 @@ class Scheduler:
 
     def step(self, woken: bool = False) -> int:
         """Fire what is due; the number of jobs fired. ``woken``: a schedule was written."""
+        if not self.restored:
+            self.restore()
+            woken = True
         now = time.time()
         if not woken and now < self.next_at and time.monotonic() - self.read_at < RECHECK:
             return 0
