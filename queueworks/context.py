@@ -3,10 +3,12 @@ and the ``Suspended`` signal for long steps."""
 
 from __future__ import annotations
 
+import math
 import threading
+import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from queueworks.models import Role
 
@@ -68,6 +70,34 @@ def on_rebalance(hook: Callable[..., Any]) -> Callable[[Callable[..., Any]], Cal
     return wrap
 
 
+PROGRESS_SECONDS = 0.1  # a job's progress is written at most this often
+PROGRESS_MESSAGE_MAX = 1000  # characters
+
+Report = tuple[float, str | None]  # a progress report: fraction, message
+
+
+def checked_progress(fraction: Any, message: Any) -> Report:
+    """A progress report as written; ``ValueError`` naming what is wrong with it."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise ValueError(f"progress fraction must be a number from 0 to 1, not {fraction!r}")
+    value = float(fraction)
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ValueError(f"progress fraction must be a number from 0 to 1, not {fraction!r}")
+    if message is not None and not isinstance(message, str):
+        raise ValueError(f"progress message must be a str or None, not {type(message).__name__}")
+    if message is not None and len(message) > PROGRESS_MESSAGE_MAX:
+        raise ValueError(
+            f"progress message has {len(message)} characters; at most {PROGRESS_MESSAGE_MAX}"
+        )
+    return value, message
+
+
+class ProgressSink(Protocol):
+    """Where a job's progress goes: the worker's writer (``workers.progress``)."""
+
+    def write(self, job_id: str, named: bool, report: Report) -> None: ...
+
+
 @dataclass
 class JobContext:
     """Passed to a queue's job handlers that take a second parameter."""
@@ -79,6 +109,29 @@ class JobContext:
     worker_id: str
     log: Any
     _suspend: threading.Event = field(default_factory=threading.Event, repr=False)
+    _sink: ProgressSink | None = field(default=None, repr=False)
+    _named: bool = field(default=False, repr=False)  # its entry names it ('j')
+    _sent_at: float = field(default=-math.inf, repr=False)  # monotonic: the last write
+    _unsent: Report | None = field(default=None, repr=False)  # the last report, if unwritten
+    _over: bool = field(default=False, repr=False)  # the call ended: reports go nowhere
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job is: ``fraction`` from 0 to 1 and an optional ``message``
+        (at most 1,000 characters), seen in ``job.status().progress`` and
+        ``.progress_message``, ``queueworks info`` and the dashboard. Each report replaces
+        the last one, message included. Written at most every 0.1 s (a report sooner than
+        that waits for the next one, or the job's end: the last is always written before
+        the job settles); ``ValueError`` for a fraction or message out of range."""
+        report = checked_progress(fraction, message)
+        sink = self._sink
+        if sink is None or self._over:
+            return
+        now = time.monotonic()
+        if now - self._sent_at < PROGRESS_SECONDS:
+            self._unsent = report
+            return
+        self._sent_at, self._unsent = now, None
+        sink.write(self.job_id, self._named, report)
 
     @property
     def suspended(self) -> bool:
@@ -91,3 +144,13 @@ class JobContext:
         if self._suspend.is_set():
             raise Suspended()
         return _GO_ON
+
+
+def call_ended(ctx: JobContext) -> None:
+    """A job's handler call ended (the worker's word, before the job settles): its last
+    progress report is written if it was not yet; a report after this (from a call
+    abandoned at its timeout, whose job runs again) goes nowhere."""
+    ctx._over = True
+    unsent, ctx._unsent = ctx._unsent, None
+    if unsent is not None and ctx._sink is not None:
+        ctx._sink.write(ctx.job_id, ctx._named, unsent)

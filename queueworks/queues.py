@@ -26,7 +26,13 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import text
-from queueworks.jobrecords import RESULT_FIELDS, entry_fields, queued_entry, waiting_record
+from queueworks.jobrecords import (
+    RESULT_FIELDS,
+    entry_fields,
+    has_state,
+    queued_entry,
+    waiting_record,
+)
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import (
@@ -211,18 +217,19 @@ def status_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
 def read_status(
     qk: TaskKeys, job_id: str, replies: Sequence[Any]
 ) -> tuple[Any, Any, tuple[str, bytes] | None]:
-    """From the replies of ``status_reads``: the job's record (or, waiting on the stream
-    with none, what its entry says), the pending-list row read with it, and the stream and
-    entry whose row is still to read (a queued job with a record: delayed, requeued or set
-    aside); ``LookupError`` if there is no such job."""
+    """From the replies of ``status_reads``: the job's record (or, on the stream with none
+    or a partial one, what its entry says, with the partial record's progress), the
+    pending-list row read with it, and the stream and entry whose row is still to read (a
+    queued job with a record: delayed, requeued or set aside); ``LookupError`` if there is
+    no such job."""
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
     *entry, raw = replies
-    if raw:
+    if raw and has_state(raw):
         return raw, None, running_entry(qk, raw)
-    if entry and entry[0]:
-        return waiting_record(entry[0][0][1]), entry[1], None
+    if entry and entry[0]:  # no record yet, or a partial one: its progress (a report)
+        return waiting_record(entry[0][0][1], raw), entry[1], None
     raise no_job(qk.task_id, job_id)
 
 
