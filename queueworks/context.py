@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import threading
-import time
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -93,9 +92,13 @@ def checked_progress(fraction: Any, message: Any) -> Report:
 
 
 class ProgressSink(Protocol):
-    """Where a job's progress goes: the worker's writer (``workers.progress``)."""
+    """Where a job's progress goes: the worker's writer (``workers.progress``), which
+    coalesces a job's reports (``PROGRESS_SECONDS``) and writes the last one within that
+    time, and at the latest when the call ends (``end``)."""
 
-    def write(self, job_id: str, named: bool, report: Report) -> None: ...
+    def start(self, job_id: str, named: bool) -> Any: ...  # a job's first report: its state
+    def report(self, job: Any, report: Report) -> None: ...
+    def end(self, job: Any) -> None: ...
 
 
 @dataclass
@@ -111,27 +114,23 @@ class JobContext:
     _suspend: threading.Event = field(default_factory=threading.Event, repr=False)
     _sink: ProgressSink | None = field(default=None, repr=False)
     _named: bool = field(default=False, repr=False)  # its entry names it ('j')
-    _sent_at: float = field(default=-math.inf, repr=False)  # monotonic: the last write
-    _unsent: Report | None = field(default=None, repr=False)  # the last report, if unwritten
+    _reports: Any = field(default=None, repr=False)  # the sink's state of it, once it reported
     _over: bool = field(default=False, repr=False)  # the call ended: reports go nowhere
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the job is: ``fraction`` from 0 to 1 and an optional ``message``
         (at most 1,000 characters), seen in ``job.status().progress`` and
         ``.progress_message``, ``queueworks info`` and the dashboard. Each report replaces
-        the last one, message included. Written at most every 0.1 s (a report sooner than
-        that waits for the next one, or the job's end: the last is always written before
-        the job settles); ``ValueError`` for a fraction or message out of range."""
+        the last one, message included. A job's reports are written at most every 0.1 s
+        (the last one always, within 0.1 s and before the job settles); ``ValueError`` for
+        a fraction or message out of range."""
         report = checked_progress(fraction, message)
         sink = self._sink
         if sink is None or self._over:
             return
-        now = time.monotonic()
-        if now - self._sent_at < PROGRESS_SECONDS:
-            self._unsent = report
-            return
-        self._sent_at, self._unsent = now, None
-        sink.write(self.job_id, self._named, report)
+        if self._reports is None:
+            self._reports = sink.start(self.job_id, self._named)
+        sink.report(self._reports, report)
 
     @property
     def suspended(self) -> bool:
@@ -151,6 +150,5 @@ def call_ended(ctx: JobContext) -> None:
     progress report is written if it was not yet; a report after this (from a call
     abandoned at its timeout, whose job runs again) goes nowhere."""
     ctx._over = True
-    unsent, ctx._unsent = ctx._unsent, None
-    if unsent is not None and ctx._sink is not None:
-        ctx._sink.write(ctx.job_id, ctx._named, unsent)
+    if ctx._reports is not None and ctx._sink is not None:
+        ctx._sink.end(ctx._reports)
