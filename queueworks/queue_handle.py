@@ -28,6 +28,7 @@ from queueworks.queue_plans import (
     plan_queue_status,
     plan_resend,
     plan_revive,
+    plan_running,
     plan_send,
     plan_write,
 )
@@ -35,6 +36,7 @@ from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
+    RUNNING_SHOWN,
     HandlerPaths,
     enqueued,
     new_job,
@@ -166,6 +168,10 @@ class Queue:
 
     def status(self) -> QueueStatus:
         return self._run(plan_queue_status(self.ref))
+
+    def running(self, limit: int = RUNNING_SHOWN) -> list[JobStatus]:
+        """The status of up to ``limit`` jobs its members run now (with their progress)."""
+        return self._run(plan_running(self.ref, limit))
 
 
 class _Sender:

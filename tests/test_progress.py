@@ -5,6 +5,7 @@ record's partial form: ``tests/test_progress_records.py``."""
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from collections.abc import Callable
 
@@ -12,8 +13,10 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, JobFailed
+from queueworks.commands.info import render
 from queueworks.models import JobState, JobStatus
 from tests.conftest import Cluster, wait_for
+from tests.test_dashboard import make_app
 
 pytestmark = pytest.mark.system
 
@@ -86,3 +89,33 @@ def test_a_progress_out_of_range_is_the_handlers_error(cluster: Cluster, client:
         failed.value.traceback
     )
     assert job.status().progress is None
+
+
+def test_info_and_the_queue_page_show_running_jobs_with_their_progress(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    cluster.worker()
+    q = client.queue("shown")
+    gate = f"{cluster.prefix}:gate:{uuid.uuid4().hex[:6]}"
+    job = q.enqueue("tests.handlers:progress_steps", {"gate": gate, "steps": 1})
+    wait_for(lambda: job.status().progress == 0.5, 30, "the first report")
+
+    (running,) = client.running_jobs("shown")
+    assert (running.id, running.state, running.progress) == (job.id, JobState.RUNNING, 0.5)
+    assert [(j.id, j.progress, j.progress_message) for j in q.running()] == [
+        (job.id, 0.5, "step 1")
+    ]
+    text = render(client)
+    (line,) = [x for x in text.splitlines() if x.strip().startswith(f"running {job.id}")]
+    assert "tests.handlers:progress_steps" in line and "[#####.....] 50% step 1" in line
+    as_json = json.loads(render(client, as_json=True))
+    assert as_json["running_jobs"]["shown"][0]["progress_message"] == "step 1"
+    with make_app(client) as web:
+        page = web.get("/queues/shown").text
+    row = page[page.index(f'<tr data-job="{job.id}">') :]
+    row = row[: row.index("</tr>")]
+    assert "tests.handlers:progress_steps" in row and "50%" in row and "step 1" in row
+
+    r.set(f"{gate}:1", 1)
+    assert job.result(timeout=30) == 1
+    assert client.running_jobs("shown") == []

@@ -34,6 +34,7 @@ from queueworks.queue_plans import (
     plan_open,
     plan_queue_status,
     plan_revive,
+    plan_running,
     plan_send,
     plan_write,
 )
@@ -41,6 +42,7 @@ from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
+    RUNNING_SHOWN,
     HandlerPaths,
     new_job,
 )
@@ -153,6 +155,10 @@ class AsyncQueue:
 
     async def status(self) -> QueueStatus:
         return await self._run(plan_queue_status(self.ref))
+
+    async def running(self, limit: int = RUNNING_SHOWN) -> list[JobStatus]:
+        """The status of up to ``limit`` jobs its members run now (with their progress)."""
+        return await self._run(plan_running(self.ref, limit))
 
 
 async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:

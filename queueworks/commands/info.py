@@ -14,7 +14,7 @@ import click
 
 from queueworks.client import Client
 from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
-from queueworks.models import NodeInfo, QueueStatus, TaskState
+from queueworks.models import JobStatus, NodeInfo, QueueStatus, TaskState
 from queueworks.tasks import Backend
 
 NO_CONTROLLER = (
@@ -71,7 +71,31 @@ def _why(state: TaskState, reason: str | None) -> list[str]:
     return []
 
 
-def _queues(queues: list[QueueStatus]) -> list[str]:
+def _printable(value: str, width: int = 80) -> str:
+    """A stored text as one terminal line: control characters (escapes) shown as ``?``."""
+    shown = "".join(c if c.isprintable() else "?" for c in value[:width])
+    return shown + ("..." if len(value) > width else "")
+
+
+def _running(jobs: list[JobStatus], now: float) -> list[str]:
+    """A queue's running jobs, with their progress."""
+    lines = []
+    for j in jobs:
+        since = f" for {now - j.started_at:.1f}s" if j.started_at else ""
+        line = f"      running {j.id} {_printable(j.handler)} on {j.worker} attempt {j.attempts}"
+        line += since
+        if j.progress is not None:
+            filled = round(j.progress * 10)
+            line += f" [{'#' * filled}{'.' * (10 - filled)}] {100 * j.progress:.0f}%"
+        if j.progress_message:
+            line += f" {_printable(j.progress_message)}"
+        lines.append(line)
+    return lines
+
+
+def _queues(
+    queues: list[QueueStatus], running: dict[str, list[JobStatus]], now: float
+) -> list[str]:
     lines = [f"{len(queues)} queue(s)"]
     width = max((len(q.name) for q in queues), default=0)
     for q in queues:
@@ -86,6 +110,7 @@ def _queues(queues: list[QueueStatus]) -> list[str]:
             lines.append(f"      rejected {q.rejected} stream entries that were no job")
         lines += _why(q.state, q.reason)
         lines += _nodes(q.nodes)
+        lines += _running(running.get(q.name, []), now)
     return lines
 
 
@@ -101,6 +126,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
     total = client.task_count()
     workers = client.workers()
     running = controller_running(client)
+    jobs = {q.name: client.running_jobs(q.name) for q in queues if q.running}
     if as_json:
         return json.dumps(
             {
@@ -109,6 +135,9 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
                 "offset": offset,
                 "tasks": [t.model_dump(mode="json") for t in tasks],
                 "queues": [q.model_dump(mode="json") for q in queues],
+                "running_jobs": {
+                    name: [j.model_dump(mode="json") for j in shown] for name, shown in jobs.items()
+                },
                 "workers": [w.model_dump(mode="json") for w in workers],
             },
             indent=2,
@@ -130,7 +159,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
             lines.append(f"      rejected {t.rejected} stream entries that were no subtask")
         lines += _why(t.state, t.reason)
         lines += _nodes(nodes)
-    lines += _queues(queues)
+    lines += _queues(queues, jobs, now)
     lines.append(f"{len(workers)} worker(s)")
     for w in workers:
         beat = f"{now - w.last_heartbeat:.1f}s ago" if w.last_heartbeat else "-"

@@ -240,6 +240,7 @@ class QueueReader:
             dead_letters=[dead_letter(i, raw) for i, raw in dead_shown],
             dead_letters_total=_int(dead_total),
             dead_letters_next=dead_next,
+            running_jobs=self.client.running_jobs(name) if queue.running else [],
         )
 
 

@@ -6,7 +6,14 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from queueworks.models import DeadLetter, NodeInfo, TaskRecord, TaskState, WorkerRecord
+from queueworks.models import (
+    DeadLetter,
+    JobStatus,
+    NodeInfo,
+    TaskRecord,
+    TaskState,
+    WorkerRecord,
+)
 
 
 class _View(BaseModel):
@@ -194,6 +201,7 @@ class QueueDetail(_View):
     dead_letters: list[JobDeadLetter]  # newest first, a page of them
     dead_letters_total: int
     dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
+    running_jobs: list[JobStatus] = []  # up to 20 running, oldest first, with progress
 
     def latency_quantile(self, q: float) -> float | None:
         """The upper bound of the bucket the ``q`` quantile falls in (None: no job yet, or
