@@ -221,6 +221,12 @@ def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
     return job_status(ref.name, job_id, raw, pending, time.time())
 
 
+def plan_job_status_of(keys: Keys, name: str, job_id: str) -> Plan[JobStatus]:
+    """``plan_job_status`` of a queue by name, without opening it (``Client.job_status``)."""
+    ref = QueueRef(keys, check_task_id(name, "queue name"), DEFAULTS, False)
+    return plan_job_status(ref, job_id)
+
+
 def plan_running_of(keys: Keys, name: str, limit: int) -> Plan[list[JobStatus]]:
     """``plan_running`` of a queue by name, without opening it (``Client.running_jobs``)."""
     return plan_running(QueueRef(keys, check_task_id(name, "queue name"), DEFAULTS, False), limit)

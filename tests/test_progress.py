@@ -112,6 +112,15 @@ def test_info_and_the_queue_page_show_running_jobs_with_their_progress(
     assert as_json["running_jobs"]["shown"][0]["progress_message"] == "step 1"
     with make_app(client) as web:
         page = web.get("/queues/shown").text
+        api = web.get(f"/api/queues/shown/jobs/{job.id}")
+        assert api.status_code == 200
+        assert (api.json()["state"], api.json()["progress"]) == ("running", 0.5)
+        for path in (
+            "/api/queues/shown/jobs/1-0",
+            "/api/queues/shown/jobs/..%2Fx",
+            "/api/queues/none/jobs/1-0",
+        ):
+            assert web.get(path).status_code == 404, path
     row = page[page.index(f'<tr data-job="{job.id}">') :]
     row = row[: row.index("</tr>")]
     assert "tests.handlers:progress_steps" in row and "50%" in row and "step 1" in row
