@@ -17,12 +17,12 @@ from queueworks.connection import Connection, connect
 from queueworks.eviction import CLIENT_OVERRIDE, EvictingRedis, judge, read_policies
 from queueworks.keys import Keys, check_task_id
 from queueworks.logs import get_logger
-from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
+from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
 from queueworks.queue_handle import Queue, open_queue
-from queueworks.queue_plans import plan_queues
+from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running_of
 from queueworks.queue_settings import QueueOptions, check_queue_settings
-from queueworks.queues import UNSET
+from queueworks.queues import RUNNING_SHOWN, UNSET
 from queueworks.records import BadRecord
 from queueworks.replication import NotReplicated
 from queueworks.runner import run
@@ -155,6 +155,16 @@ class Client:
     def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
         return self._run(plan_queues(self.keys))
+
+    def job_status(self, queue: str, job_id: str) -> JobStatus:
+        """A job's status by its queue's name, without opening the queue; ``LookupError``
+        if the queue has no such job."""
+        return self._run(plan_job_status_of(self.keys, queue, job_id))
+
+    def running_jobs(self, queue: str, limit: int = RUNNING_SHOWN) -> list[JobStatus]:
+        """The status of up to ``limit`` jobs the members of ``queue`` run now (with their
+        progress), without opening it: [] for a queue that has none, or is no queue."""
+        return self._run(plan_running_of(self.keys, queue, limit))
 
     def tasks(
         self, *, limit: int | None = None, offset: int = 0, newest_first: bool = False

@@ -3,10 +3,11 @@ and the ``Suspended`` signal for long steps."""
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from queueworks.models import Role
 
@@ -68,6 +69,38 @@ def on_rebalance(hook: Callable[..., Any]) -> Callable[[Callable[..., Any]], Cal
     return wrap
 
 
+PROGRESS_SECONDS = 0.1  # a job's progress is written at most this often
+PROGRESS_MESSAGE_MAX = 1000  # characters
+
+Report = tuple[float, str | None]  # a progress report: fraction, message
+
+
+def checked_progress(fraction: Any, message: Any) -> Report:
+    """A progress report as written; ``ValueError`` naming what is wrong with it."""
+    if isinstance(fraction, bool) or not isinstance(fraction, int | float):
+        raise ValueError(f"progress fraction must be a number from 0 to 1, not {fraction!r}")
+    value = float(fraction)
+    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+        raise ValueError(f"progress fraction must be a number from 0 to 1, not {fraction!r}")
+    if message is not None and not isinstance(message, str):
+        raise ValueError(f"progress message must be a str or None, not {type(message).__name__}")
+    if message is not None and len(message) > PROGRESS_MESSAGE_MAX:
+        raise ValueError(
+            f"progress message has {len(message)} characters; at most {PROGRESS_MESSAGE_MAX}"
+        )
+    return value, message
+
+
+class ProgressSink(Protocol):
+    """Where a job's progress goes: the worker's writer (``workers.progress``), which
+    coalesces a job's reports (``PROGRESS_SECONDS``) and writes the last one within that
+    time, and at the latest when the call ends (``end``)."""
+
+    def start(self, job_id: str, named: bool) -> Any: ...  # a job's first report: its state
+    def report(self, job: Any, report: Report) -> None: ...
+    def end(self, job: Any) -> None: ...
+
+
 @dataclass
 class JobContext:
     """Passed to a queue's job handlers that take a second parameter."""
@@ -79,6 +112,25 @@ class JobContext:
     worker_id: str
     log: Any
     _suspend: threading.Event = field(default_factory=threading.Event, repr=False)
+    _sink: ProgressSink | None = field(default=None, repr=False)
+    _named: bool = field(default=False, repr=False)  # its entry names it ('j')
+    _reports: Any = field(default=None, repr=False)  # the sink's state of it, once it reported
+    _over: bool = field(default=False, repr=False)  # the call ended: reports go nowhere
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the job is: ``fraction`` from 0 to 1 and an optional ``message``
+        (at most 1,000 characters), seen in ``job.status().progress`` and
+        ``.progress_message``, ``queueworks info`` and the dashboard. Each report replaces
+        the last one, message included. A job's reports are written at most every 0.1 s
+        (the last one always, within 0.1 s and before the job settles); ``ValueError`` for
+        a fraction or message out of range."""
+        report = checked_progress(fraction, message)
+        sink = self._sink
+        if sink is None or self._over:
+            return
+        if self._reports is None:
+            self._reports = sink.start(self.job_id, self._named)
+        sink.report(self._reports, report)
 
     @property
     def suspended(self) -> bool:
@@ -91,3 +143,12 @@ class JobContext:
         if self._suspend.is_set():
             raise Suspended()
         return _GO_ON
+
+
+def call_ended(ctx: JobContext) -> None:
+    """A job's handler call ended (the worker's word, before the job settles): its last
+    progress report is written if it was not yet; a report after this (from a call
+    abandoned at its timeout, whose job runs again) goes nowhere."""
+    ctx._over = True
+    if ctx._reports is not None and ctx._sink is not None:
+        ctx._sink.end(ctx._reports)

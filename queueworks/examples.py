@@ -10,7 +10,7 @@ import hashlib
 import time
 from typing import Any
 
-from queueworks.context import SubtaskContext
+from queueworks.context import JobContext, SubtaskContext
 
 
 def double(payload: dict[str, Any]) -> int:
@@ -51,3 +51,13 @@ async def wait(payload: dict[str, Any]) -> float:
     seconds = float(payload.get("seconds", 0.5))
     await asyncio.sleep(seconds)
     return seconds
+
+
+def count_to(payload: dict[str, Any], ctx: JobContext) -> int:
+    """A queue's long job that says how far it is: ``n`` steps of ``seconds`` each, with a
+    progress report after each (``{"n": 50} -> 50``)."""
+    n = int(payload["n"])
+    for i in range(n):
+        time.sleep(float(payload.get("seconds", 0.01)))  # the work of one step
+        ctx.progress((i + 1) / n, f"{i + 1} of {n}")
+    return n

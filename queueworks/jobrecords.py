@@ -136,6 +136,8 @@ JOB_ERROR = "err"
 JOB_ASIDE = "aside"
 JOB_WHY = "why"
 JOB_OPTIONS = "o"
+JOB_PROGRESS = "pg"
+JOB_PROGRESS_MESSAGE = "pm"
 
 RESULT_FIELDS = [JOB_STATE, JOB_RESULT, JOB_REASON, JOB_ERROR]  # what a result poll reads
 
@@ -160,18 +162,35 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     ``why``     why it waits there (shown while it is queued)
     ``o``       its own options, JSON (``queueworks.job_options``), while it waits off the
                 stream (a delayed job)
+    ``pg``      its progress, a fraction from 0 to 1 (``ctx.progress``: the last report)
+    ``pm``      the message of that report (absent: none)
     ==========  ================================================================================
 
     A job to run now has no record until it settles or is cancelled: its entry is all of
-    it (``waiting_record`` says what it reads as).
+    it (``waiting_record`` says what it reads as). One whose handler reports progress
+    while it runs gets a *partial* record first: ``pg`` and ``pm`` alone, no ``s``, expiring
+    ``result_ttl`` after each report (``job_progress.lua``); the settle adds the rest.
     """
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
-def waiting_record(fields: Mapping[bytes, bytes]) -> dict[bytes, bytes]:
-    """What the record of a job that waits as its entry alone (no record yet) reads as."""
+_S = JOB_STATE.encode()
+
+
+def has_state(raw: Mapping[bytes, bytes]) -> bool:
+    """Whether a record (an HGETALL reply) is a whole one: not empty, nor the partial record
+    of a job to run now that reported progress before it settled."""
+    return _S in raw
+
+
+def waiting_record(
+    fields: Mapping[bytes, bytes], partial: Mapping[bytes, bytes] | None = None
+) -> dict[bytes, bytes]:
+    """What the record of a job that waits (or runs) as its entry alone reads as: its
+    entry's, with what a ``partial`` record holds (its progress)."""
     return {
-        JOB_STATE.encode(): JobState.QUEUED.value.encode(),
+        **(partial or {}),
+        _S: JobState.QUEUED.value.encode(),
         JOB_HANDLER.encode(): fields.get(_H, b""),
         JOB_ENQUEUED.encode(): fields.get(_T, b""),
     }
@@ -198,6 +217,15 @@ def _int(raw: str | None) -> int:
 
 def _float(raw: str | None) -> float | None:
     return float(raw) if raw else None
+
+
+def _fraction(raw: str | None) -> float | None:
+    """A stored progress: None unless it is a number from 0 to 1 (one written by hand)."""
+    try:
+        value = float(raw) if raw else None
+    except ValueError:
+        return None
+    return value if value is not None and 0.0 <= value <= 1.0 else None
 
 
 def job_status(
@@ -234,6 +262,8 @@ def job_status(
         finished_at=_float(f.get(JOB_FINISHED)),
         error=error,
         reason=reason,
+        progress=_fraction(f.get(JOB_PROGRESS)),
+        progress_message=f.get(JOB_PROGRESS_MESSAGE),
     )
 
 
@@ -313,5 +343,7 @@ LUA_NAMES = {
     "JOB_ASIDE": JOB_ASIDE,
     "JOB_WHY": JOB_WHY,
     "JOB_OPTIONS": JOB_OPTIONS,
+    "JOB_PROGRESS": JOB_PROGRESS,
+    "JOB_PROGRESS_MESSAGE": JOB_PROGRESS_MESSAGE,
     **{f"DEAD_{name.upper()}": name for name in DEAD_FIELDS},
 }

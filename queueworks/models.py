@@ -311,6 +311,8 @@ class JobStatus(_Model):
     finished_at: float | None = None
     error: str | None = None  # a dead job's reason and last error line
     reason: str | None = None  # why a queued job waits (no member may run its handler)
+    progress: float | None = None  # 0..1: its handler's last ctx.progress (None: no report)
+    progress_message: str | None = None  # the message of that report
 
 
 class QueueStatus(_Model):

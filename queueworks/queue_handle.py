@@ -29,6 +29,7 @@ from queueworks.queue_plans import (
     plan_queue_status,
     plan_resend,
     plan_revive,
+    plan_running,
     plan_send,
     plan_write,
 )
@@ -36,6 +37,7 @@ from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
+    RUNNING_SHOWN,
     HandlerPaths,
     enqueued,
     new_job,
@@ -206,6 +208,10 @@ class Queue:
     def unschedule(self, name: str) -> bool:
         """Remove the schedule ``name``: True if it existed. Jobs it enqueued stay."""
         return self._run(plan_unschedule(self.ref, name))
+
+    def running(self, limit: int = RUNNING_SHOWN) -> list[JobStatus]:
+        """The status of up to ``limit`` jobs its members run now (with their progress)."""
+        return self._run(plan_running(self.ref, limit))
 
 
 class _Sender:

@@ -14,7 +14,7 @@ import redis
 from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.jobrecords import job_status
-from queueworks.keys import Keys
+from queueworks.keys import Keys, check_task_id
 from queueworks.models import JobStatus, QueueStatus
 from queueworks.plans import Plan, Sleep, Trip, alone
 from queueworks.queue_settings import DEFAULTS, QueueSettings
@@ -39,6 +39,9 @@ from queueworks.queues import (
     reopen_keys,
     reopening,
     result_reads,
+    running_entries,
+    running_record,
+    running_rows,
     status_reads,
     tell_handlers,
     xadd_now,
@@ -216,6 +219,46 @@ def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
         trip.xpending_range(stream, ref.qk.group, entry, entry, 1)
         pending = (yield trip)[0]
     return job_status(ref.name, job_id, raw, pending, time.time())
+
+
+def plan_job_status_of(keys: Keys, name: str, job_id: str) -> Plan[JobStatus]:
+    """``plan_job_status`` of a queue by name, without opening it (``Client.job_status``)."""
+    ref = QueueRef(keys, check_task_id(name, "queue name"), DEFAULTS, False)
+    return plan_job_status(ref, job_id)
+
+
+def plan_running_of(keys: Keys, name: str, limit: int) -> Plan[list[JobStatus]]:
+    """``plan_running`` of a queue by name, without opening it (``Client.running_jobs``)."""
+    return plan_running(QueueRef(keys, check_task_id(name, "queue name"), DEFAULTS, False), limit)
+
+
+def plan_running(ref: QueueRef, limit: int) -> Plan[list[JobStatus]]:
+    """The status of up to ``limit`` jobs a member runs now, oldest read first: the queue's
+    pending list (XPENDING, ``limit`` rows), then the rows' entries, then their records:
+    three round trips, whatever the queue's size. Jobs running off an aside stream are not
+    among them."""
+    if not 1 <= limit <= 1000:
+        raise ValueError(f"limit must be from 1 to 1000, not {limit!r}")
+    qk = ref.qk
+    trip = Trip(errors=True)
+    trip.xpending_range(qk.stream, qk.group, "-", "+", limit)
+    reply = (yield trip)[0]
+    rows = [] if isinstance(reply, Exception) else running_rows(reply)
+    if not rows:
+        return []
+    trip = Trip(errors=True)
+    for row in rows:
+        trip.xrange(qk.stream, row["message_id"], row["message_id"], count=1)
+    held = running_entries(rows, (yield trip))
+    trip = Trip(errors=True)
+    for _, entry, _ in held:
+        trip.hgetall(qk.job(entry.job_id))
+    records = yield trip
+    now = time.time()
+    return [
+        job_status(ref.name, entry.job_id, running_record(fields, raw), [row], now)
+        for (row, entry, fields), raw in zip(held, records, strict=True)
+    ]
 
 
 def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[Any]:

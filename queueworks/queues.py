@@ -27,8 +27,15 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import text
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import RESULT_FIELDS, entry_fields, queued_entry, waiting_record
-from queueworks.keys import Keys, TaskKeys
+from queueworks.jobrecords import (
+    RESULT_FIELDS,
+    entry_fields,
+    entry_job,
+    has_state,
+    queued_entry,
+    waiting_record,
+)
+from queueworks.keys import PARKED, Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import (
     JobState,
@@ -220,19 +227,49 @@ def status_reads(pipe: Any, qk: TaskKeys, job_id: str) -> None:
 def read_status(
     qk: TaskKeys, job_id: str, replies: Sequence[Any]
 ) -> tuple[Any, Any, tuple[str, bytes] | None]:
-    """From the replies of ``status_reads``: the job's record (or, waiting on the stream
-    with none, what its entry says), the pending-list row read with it, and the stream and
-    entry whose row is still to read (a queued job with a record: delayed, requeued or set
-    aside); ``LookupError`` if there is no such job."""
+    """From the replies of ``status_reads``: the job's record (or, on the stream with none
+    or a partial one, what its entry says, with the partial record's progress), the
+    pending-list row read with it, and the stream and entry whose row is still to read (a
+    queued job with a record: delayed, requeued or set aside); ``LookupError`` if there is
+    no such job."""
     for reply in replies:
         if isinstance(reply, Exception):
             raise reply
     *entry, raw = replies
-    if raw:
+    if raw and has_state(raw):
         return raw, None, running_entry(qk, raw)
-    if entry and entry[0]:
-        return waiting_record(entry[0][0][1]), entry[1], None
+    if entry and entry[0]:  # no record yet, or a partial one: its progress (a report)
+        return waiting_record(entry[0][0][1], raw), entry[1], None
     raise no_job(qk.task_id, job_id)
+
+
+RUNNING_SHOWN = 20  # running jobs read at most, by default (``running``)
+
+
+def running_rows(reply: Any) -> list[Any]:
+    """The rows of a queue's pending list (an XPENDING range reply) of jobs a member runs:
+    not those parked (handed back by a leave, to be taken over)."""
+    return [row for row in reply or () if text(row["consumer"]) != PARKED]
+
+
+def running_entries(rows: Sequence[Any], replies: Sequence[Any]) -> list[Any]:
+    """From the rows and the XRANGE of each row's entry (one reply each): ``(row, entry,
+    fields)`` of each entry that holds a job (``JobEntry``, and the entry's fields as
+    read; one deleted or settled meanwhile is left out)."""
+    out = []
+    for row, reply in zip(rows, replies, strict=True):
+        if reply and not isinstance(reply, Exception):
+            entry = entry_job(text(reply[0][0]), reply[0][1])
+            if entry is not None:
+                out.append((row, entry, reply[0][1]))
+    return out
+
+
+def running_record(fields: Mapping[bytes, bytes], raw: Any) -> Mapping[bytes, bytes]:
+    """A running job's record (an HGETALL reply) as ``job_status`` reads it: its own, or for
+    one with none or a partial one, what its entry's ``fields`` say (with its progress)."""
+    raw = raw if isinstance(raw, dict) else {}
+    return raw if has_state(raw) else waiting_record(fields, raw)
 
 
 def result_reads(pipe: Any, qk: TaskKeys, job_id: str, check: bool = False) -> None:

@@ -444,6 +444,17 @@ def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[
     return Call("requeue_job", keys, [dead_entry, repr(now)], _same)
 
 
+def job_progress(
+    tk: TaskKeys, job_id: str, named: bool, report: tuple[float, str | None], ttl: int
+) -> Call[bool]:
+    """Write a running job's last progress ``report`` (fraction, message) into its record
+    (job_progress.lua): False if it was not written (the job had settled, or is none)."""
+    fraction, message = report
+    given = "" if message is None else "1"
+    args = [repr(fraction), given, message or "", ttl, "1" if named else ""]
+    return Call("job_progress", [tk.job(job_id)], args, lambda reply: int(reply) == 1)
+
+
 # The scripts a ``Scripts`` / ``AsyncScripts`` loads, each built by the function of its name.
 def submit_small(
     tk: TaskKeys,
@@ -508,6 +519,7 @@ NAMES = (
     "set_aside",
     "reopen_queue",
     "requeue_job",
+    "job_progress",
     "lease_acquire",
     "submit_small",
     "fenced",  # composed with set_state and expire_finished when loaded (scripts._source)

@@ -150,6 +150,7 @@ class _Functions:
     set_aside = _Bound(calls.set_aside)
     reopen_queue = _Bound(calls.reopen_queue)
     requeue_job = _Bound(calls.requeue_job)
+    job_progress = _Bound(calls.job_progress)
     submit_small = _Bound(calls.submit_small)
     lease_acquire = _Bound(calls.lease_acquire)
     fenced = _Bound(calls.fenced)

@@ -230,3 +230,45 @@ async def async_blocker(payload: dict[str, Any]) -> float:
     """Blocks the event loop: ``time.sleep`` inside an ``async def``."""
     time.sleep(float(payload["seconds"]))
     return float(payload["seconds"])
+
+
+def _wait_gate(key: str, within: float = 60.0) -> None:
+    r = _conn(os.environ["QUEUEWORKS_REDIS_URL"])
+    deadline = time.monotonic() + within
+    while not r.exists(key):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"gate {key} still closed")
+        time.sleep(0.01)
+
+
+def progress_steps(payload: dict[str, Any], ctx: Any) -> int:
+    """Reports progress ``i / (n + 1)`` ("step i") for i = 1..n, each time waiting until the
+    Redis key ``{gate}:{i}`` exists; then 100 reports in a burst (0.900 .. 0.999,
+    "finishing": coalesced, the last one written before the settle). Returns n."""
+    n = int(payload["steps"])
+    for i in range(1, n + 1):
+        ctx.progress(i / (n + 1), f"step {i}")
+        _wait_gate(f"{payload['gate']}:{i}")
+    for k in range(100):
+        ctx.progress(0.9 + k / 1000, "finishing")
+    return n
+
+
+async def async_progress_steps(payload: dict[str, Any], ctx: Any) -> int:
+    """``progress_steps`` as a coroutine (it waits with ``asyncio.sleep``)."""
+    n, r = int(payload["steps"]), _conn(os.environ["QUEUEWORKS_REDIS_URL"])
+    for i in range(1, n + 1):
+        ctx.progress(i / (n + 1), f"step {i}")
+        deadline = time.monotonic() + 60
+        while not r.exists(f"{payload['gate']}:{i}"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"gate {payload['gate']}:{i} still closed")
+            await asyncio.sleep(0.01)
+    for k in range(100):
+        ctx.progress(0.9 + k / 1000, "finishing")
+    return n
+
+
+def bad_progress(payload: dict[str, Any], ctx: Any) -> None:
+    """Reports a progress out of range (``payload["fraction"]``): the handler's bug."""
+    ctx.progress(payload["fraction"])

@@ -24,6 +24,7 @@ import redis
 
 from queueworks import Client, TaskSpec
 from queueworks.connection import redact_url
+from queueworks.jobrecords import JOB_PROGRESS, JOB_PROGRESS_MESSAGE
 from queueworks.keys import Keys
 from tests.test_dashboard import TOKEN, csrf_of, make_app
 
@@ -247,6 +248,14 @@ def plant(client: Client, r: redis.Redis, keys: Keys) -> dict[str, str]:
             "ts": now,
         },
     )
+    # a running job (a member took it) with a hostile handler, member and progress message
+    r.xadd(qk.stream, {"h": h("running-handler"), "p": "{}", "t": repr(now)})
+    held: Any = r.xreadgroup(qk.group, h("running-worker"), {qk.stream: ">"})
+    for entry_id, _ in held[0][1]:
+        r.hset(
+            qk.job(entry_id.decode()),
+            mapping={JOB_PROGRESS: "0.5", JOB_PROGRESS_MESSAGE: h("progress")},
+        )
     r.xadd(qk.history, {"epoch": 1, "cause": h("queue-cause"), "ts": now, "worker": worker})
     r.xadd(keys.events, {"kind": h("queue-event"), "ts": now, "task": "hq"})
     copy_record(r, qk.record, keys.task(bad_queue).record)
@@ -302,6 +311,9 @@ def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, 
             "job-error",
             "job-dead-payload",
             "job-worker",
+            "running-handler",
+            "running-worker",
+            "progress",
             "queue-cause",
             "queue-event",
         ],

@@ -23,7 +23,7 @@ from typing import Any, cast
 from redis.exceptions import ResponseError
 
 from queueworks.connection import text
-from queueworks.context import JobContext, Suspended
+from queueworks.context import JobContext, Suspended, call_ended
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
@@ -34,6 +34,7 @@ from .handlers import Handler, HandlerRefused, resolve
 from .inflight import Call, is_async
 from .jobledger import JobLedger
 from .loop import Run
+from .progress import ProgressWriter
 from .running_job import RunningJob
 from .work import Leave, Work
 
@@ -51,6 +52,7 @@ class QueueLoop:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.ledger = JobLedger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
+        self.progress = ProgressWriter(run.scripts, run.tk, int(run.spec.result_ttl), run.log)
         self.handlers: dict[str, Handler | HandlerRefused] = {}
         for path in sorted(text(h) for h in run.r.smembers(run.tk.handlers)):
             self._handler(path)  # imported once, before the first job
@@ -192,8 +194,12 @@ class QueueLoop:
         if work.attempt == 1 and entry.enqueued:
             with contextlib.suppress(ValueError):  # a time that is no number: no sample
                 ledger.latency(started - float(entry.enqueued))
-        args = (payload, self._context(entry.job_id, work)) if handler.takes_ctx else (payload,)
-        return RunningJob(work, entry, handler.fn, args, started)
+        if not handler.takes_ctx:
+            return RunningJob(work, entry, handler.fn, (payload,), started)
+        ctx = self._context(entry, work)
+        job = RunningJob(work, entry, handler.fn, (payload, ctx), started)
+        job.ctx = ctx
+        return job
 
     def _run_one(self, work: Work) -> bool:
         """Run one job and record its outcome; False if the batch should stop here (a
@@ -221,6 +227,8 @@ class QueueLoop:
     def _outcome(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
         """Record how a job's call ended; False if it waits again first in ``held``."""
         run, ledger = self.run, self.ledger
+        if job.ctx is not None:
+            call_ended(job.ctx)  # its last progress report, before the settle
         if isinstance(error, Suspended):  # runs again after the re-rank, same attempt
             run.held.appendleft(job.work)
             return False
@@ -250,18 +258,20 @@ class QueueLoop:
         self.duties.tick()
         self.aside.tick()
 
-    def _context(self, jid: str, work: Work) -> JobContext:
+    def _context(self, entry: JobEntry, work: Work) -> JobContext:
         run = self.run
         role = run.membership.role
         assert role is not None
         return JobContext(
             queue=run.tk.task_id,
-            job_id=jid,
+            job_id=entry.job_id,
             attempt=work.attempt,
             role=role,
             worker_id=run.me,
             log=run.log,
             _suspend=run.state.suspend,
+            _sink=self.progress,
+            _named=entry.named,
         )
 
     def _handler(self, path: str) -> Handler | HandlerRefused:

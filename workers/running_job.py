@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from queueworks.context import JobContext
 from queueworks.jobrecords import JobEntry
 
 from .eventloop import Call
@@ -24,9 +25,10 @@ def _not_run(*args: Any) -> None:
 class RunningJob(Call):
     """``entry``: which job, as its entry says; ``started_at``: when it started (s since
     the epoch; its record's ``st``); ``outcome``: its result JSON (done) or its error
-    (dead); ``reason``: why it died."""
+    (dead); ``reason``: why it died; ``ctx``: the context its handler was given (None if
+    it takes none)."""
 
-    __slots__ = ("entry", "outcome", "reason", "started_at")
+    __slots__ = ("ctx", "entry", "outcome", "reason", "started_at")
 
     def __init__(
         self,
@@ -39,6 +41,7 @@ class RunningJob(Call):
         Call.__init__(self, work, entry.job_id, fn, args)
         self.entry, self.started_at = entry, started_at
         self.outcome = self.reason = ""
+        self.ctx: JobContext | None = None
 
     @classmethod
     def unrun(cls, work: Work, entry: JobEntry, started_at: float) -> RunningJob:

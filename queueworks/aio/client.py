@@ -27,10 +27,11 @@ from queueworks.client_plans import (
 )
 from queueworks.eviction import CLIENT_OVERRIDE, judge, read_policies_async
 from queueworks.keys import Keys, check_task_id
-from queueworks.models import QueueStatus, TaskSpec, TaskStatus, WorkerRecord
+from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
-from queueworks.queue_plans import plan_queues
+from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running_of
 from queueworks.queue_settings import QueueOptions
+from queueworks.queues import RUNNING_SHOWN
 from queueworks.scripts import AsyncScripts
 from queueworks.submit import check_replicated, plan_submit, submit_task_id
 
@@ -129,6 +130,16 @@ class AsyncClient:
     async def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
         return await self._run(plan_queues(self.keys))
+
+    async def job_status(self, queue: str, job_id: str) -> JobStatus:
+        """A job's status by its queue's name, without opening the queue; ``LookupError``
+        if the queue has no such job."""
+        return await self._run(plan_job_status_of(self.keys, queue, job_id))
+
+    async def running_jobs(self, queue: str, limit: int = RUNNING_SHOWN) -> list[JobStatus]:
+        """The status of up to ``limit`` jobs the members of ``queue`` run now (with their
+        progress), without opening it: [] for a queue that has none, or is no queue."""
+        return await self._run(plan_running_of(self.keys, queue, limit))
 
     async def tasks(
         self, *, limit: int | None = None, offset: int = 0, newest_first: bool = False

@@ -35,6 +35,7 @@ from queueworks.queue_plans import (
     plan_open,
     plan_queue_status,
     plan_revive,
+    plan_running,
     plan_send,
     plan_write,
 )
@@ -42,6 +43,7 @@ from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
+    RUNNING_SHOWN,
     HandlerPaths,
     new_job,
 )
@@ -193,6 +195,10 @@ class AsyncQueue:
     async def unschedule(self, name: str) -> bool:
         """Remove the schedule ``name``: True if it existed. Jobs it enqueued stay."""
         return await self._run(plan_unschedule(self.ref, name))
+
+    async def running(self, limit: int = RUNNING_SHOWN) -> list[JobStatus]:
+        """The status of up to ``limit`` jobs its members run now (with their progress)."""
+        return await self._run(plan_running(self.ref, limit))
 
 
 async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:

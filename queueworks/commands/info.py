@@ -7,14 +7,15 @@ from __future__ import annotations
 import json
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import click
+from pydantic import BaseModel
 
 from queueworks.client import Client
 from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
-from queueworks.models import NodeInfo, QueueStatus, Schedule, TaskState
+from queueworks.models import JobStatus, NodeInfo, QueueStatus, Schedule, TaskState
 from queueworks.tasks import Backend
 
 NO_CONTROLLER = (
@@ -71,10 +72,36 @@ def _why(state: TaskState, reason: str | None) -> list[str]:
     return []
 
 
-def _queues(queues: list[QueueStatus], schedules: dict[str, list[Schedule]]) -> list[str]:
+def _printable(value: str, width: int = 80) -> str:
+    """A stored text as one terminal line: control characters (escapes) shown as ``?``."""
+    shown = "".join(c if c.isprintable() else "?" for c in value[:width])
+    return shown + ("..." if len(value) > width else "")
+
+
+def _running(jobs: list[JobStatus], now: float) -> list[str]:
+    """A queue's running jobs, with their progress."""
+    lines = []
+    for j in jobs:
+        since = f" for {now - j.started_at:.1f}s" if j.started_at else ""
+        line = f"      running {j.id} {_printable(j.handler)} on {j.worker} attempt {j.attempts}"
+        line += since
+        if j.progress is not None:
+            filled = round(j.progress * 10)
+            line += f" [{'#' * filled}{'.' * (10 - filled)}] {100 * j.progress:.0f}%"
+        if j.progress_message:
+            line += f" {_printable(j.progress_message)}"
+        lines.append(line)
+    return lines
+
+
+def _queues(
+    queues: list[QueueStatus],
+    schedules: dict[str, list[Schedule]],
+    running: dict[str, list[JobStatus]],
+    now: float,
+) -> list[str]:
     from queueworks.commands.schedules import describe
 
-    now = time.time()
     lines = [f"{len(queues)} queue(s)"]
     width = max((len(q.name) for q in queues), default=0)
     for q in queues:
@@ -89,6 +116,7 @@ def _queues(queues: list[QueueStatus], schedules: dict[str, list[Schedule]]) -> 
             lines.append(f"      rejected {q.rejected} stream entries that were no job")
         lines += _why(q.state, q.reason)
         lines += _nodes(q.nodes)
+        lines += _running(running.get(q.name, []), now)
         if schedules.get(q.name):
             lines.append(f"      {len(schedules[q.name])} schedule(s)")
             lines += [f"        {describe(s, now)}" for s in schedules[q.name]]
@@ -101,6 +129,11 @@ def queue_schedules(client: Client, queues: list[QueueStatus]) -> dict[str, list
     from queueworks.queue_settings import DEFAULTS
 
     return {q.name: Queue(client, q.name, DEFAULTS, revives=False).schedules() for q in queues}
+
+
+def _dumped(by_queue: Mapping[str, Sequence[BaseModel]]) -> dict[str, list[Any]]:
+    """Models listed by queue, as JSON values."""
+    return {name: [m.model_dump(mode="json") for m in found] for name, found in by_queue.items()}
 
 
 def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: int = 0) -> str:
@@ -116,6 +149,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
     total = client.task_count()
     workers = client.workers()
     running = controller_running(client)
+    jobs = {q.name: client.running_jobs(q.name) for q in queues if q.running}
     if as_json:
         return json.dumps(
             {
@@ -124,11 +158,8 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
                 "offset": offset,
                 "tasks": [t.model_dump(mode="json") for t in tasks],
                 "queues": [q.model_dump(mode="json") for q in queues],
-                "schedules": {
-                    name: [s.model_dump(mode="json") for s in found]
-                    for name, found in schedules.items()
-                    if found
-                },
+                "schedules": _dumped({n: found for n, found in schedules.items() if found}),
+                "running_jobs": _dumped(jobs),
                 "workers": [w.model_dump(mode="json") for w in workers],
             },
             indent=2,
@@ -150,7 +181,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
             lines.append(f"      rejected {t.rejected} stream entries that were no subtask")
         lines += _why(t.state, t.reason)
         lines += _nodes(nodes)
-    lines += _queues(queues, schedules)
+    lines += _queues(queues, schedules, jobs, now)
     lines.append(f"{len(workers)} worker(s)")
     for w in workers:
         beat = f"{now - w.last_heartbeat:.1f}s ago" if w.last_heartbeat else "-"

@@ -1,5 +1,6 @@
 """The JSON API (read side): ``/api/overview``, ``/api/tasks``, ``/api/tasks/{id}``,
-``/api/queues``, ``/api/queues/{name}``, ``/api/workers``, ``/api/events``; and ``/metrics``.
+``/api/queues``, ``/api/queues/{name}``, ``/api/queues/{name}/jobs/{id}``, ``/api/workers``,
+``/api/events``; and ``/metrics``.
 Documented in ``docs/dashboard.md``. Queues are listed apart, not among the tasks."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from queueworks.client import TaskNotFound
 from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks, tasks_only
 from queueworks.dashboard.reader import BadQuery, dead_before, task_counts
 from queueworks.dashboard.state import dash_of
@@ -20,6 +22,8 @@ from queueworks.dashboard.views import (
     TaskSummary,
     WorkerView,
 )
+from queueworks.jobrecords import JOB_ID
+from queueworks.keys import check_task_id
 
 MAX_LIMIT = 10_000
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,6 +104,21 @@ def queue_schedules(request: Request) -> Response:
     found = dash_of(request).queues.schedules(request.path_params["name"])
     body = {"count": len(found), "schedules": [s.model_dump(mode="json") for s in found]}
     return json_response(request, body)
+
+
+def queue_job(request: Request) -> Response:
+    """One job's status (``job.status()``); 404 for a queue or job that is none."""
+    d = dash_of(request)
+    name, job_id = request.path_params["name"], request.path_params["id"]
+    if not d.queues.is_queue(check_task_id(name)):
+        raise TaskNotFound(f"queue {name}")
+    if not JOB_ID.match(job_id.encode()):
+        raise TaskNotFound(f"job {job_id!r} of queue {name}")
+    try:
+        status = d.queues.client.job_status(name, job_id)
+    except LookupError as exc:
+        raise TaskNotFound(str(exc)) from None
+    return json_response(request, status.model_dump(mode="json"))
 
 
 def workers(request: Request) -> Response:

@@ -180,6 +180,7 @@ def routes() -> list[Any]:
         Route("/api/queues", api.queues),
         Route("/api/queues/{name}", api.queue),
         Route("/api/queues/{name}/schedules", api.queue_schedules),
+        Route("/api/queues/{name}/jobs/{id}", api.queue_job),
         Route("/api/workers", api.workers),
         Route("/api/events", api.events),
         *(Route(p, actions.run_action, methods=["POST"]) for p in action_paths),

@@ -244,6 +244,7 @@ class QueueReader:
             dead_letters_total=_int(dead_total),
             dead_letters_next=dead_next,
             schedules=self.schedules(name),
+            running_jobs=self.client.running_jobs(name) if queue.running else [],
         )
 
     def schedules(self, name: str) -> list[Schedule]:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from queueworks.models import (
     DeadLetter,
+    JobStatus,
     NodeInfo,
     Schedule,
     TaskRecord,
@@ -202,6 +203,7 @@ class QueueDetail(_View):
     dead_letters_total: int
     dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
     schedules: list[Schedule] = Field(default_factory=list)  # its periodic jobs, by name
+    running_jobs: list[JobStatus] = []  # up to 20 running, oldest first, with progress
 
     def latency_quantile(self, q: float) -> float | None:
         """The upper bound of the bucket the ``q`` quantile falls in (None: no job yet, or

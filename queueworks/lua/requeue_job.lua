@@ -29,7 +29,8 @@ local eid = redis.call('XADD', KEYS[1], '*', '${ENTRY_JOB}', f['${DEAD_JOB}'],
 redis.call('HSET', KEYS[4], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', handler,
   '${JOB_ENTRY}', eid, '${JOB_ENQUEUED}', ARGV[2])
 redis.call('HDEL', KEYS[4], '${JOB_REASON}', '${JOB_ERROR}', '${JOB_STARTED}', '${JOB_FINISHED}',
-  '${JOB_ATTEMPTS}', '${JOB_WORKER}', '${JOB_RESULT}', '${JOB_ASIDE}', '${JOB_WHY}')
+  '${JOB_ATTEMPTS}', '${JOB_WORKER}', '${JOB_RESULT}', '${JOB_ASIDE}', '${JOB_WHY}',
+  '${JOB_PROGRESS}', '${JOB_PROGRESS_MESSAGE}')
 redis.call('PERSIST', KEYS[4])
 redis.call('XDEL', KEYS[3], ARGV[1])
 if tonumber(redis.call('HGET', KEYS[2], 'dead') or '0') > 0 then

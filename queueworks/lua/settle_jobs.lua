@@ -4,8 +4,9 @@
 -- and add the batch to the queue's enqueue -> start histogram and per-second rate. Only an
 -- entry the XACK removed counts: a late ack (a presumed-dead member, a job run twice)
 -- changes nothing. A job enqueued to run now has no record until here (its id is its
--- entry's); one whose entry names its job ('j': delayed or requeued) has had one since it
--- was enqueued, and is rejected if it has none (no job of this queue).
+-- entry's), or only a partial one (its progress: job_progress.lua), kept; one whose entry
+-- names its job ('j': delayed or requeued) has had one since it was enqueued, and is
+-- rejected if it has none (no job of this queue).
 -- The stream may be one of a handler's aside streams (set_aside.lua): once the settle leaves
 -- it empty, it is deleted and its handler leaves the aside set.
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
@@ -36,7 +37,17 @@ local function reject(entry, why, payload)
   rejected = rejected + 1
 end
 
--- a job to run now gets its record here: with its handler and enqueue time (a named job's
+-- an entry naming a job ('j') with no whole record (none, or the partial one a progress report
+-- makes, deleted here): no job of this queue
+local function stray(job)
+  if call('HEXISTS', job, '${JOB_STATE}') == 1 then
+    return false
+  end
+  call('DEL', job)
+  return true
+end
+
+-- a job to run now gets its record here (over the partial one its progress reports made): with its handler and enqueue time (a named job's
 -- record has them since it was enqueued; its entry's 't' says when it became due)
 local function record(job, named, handler, enqueued, ...)
   if named == '1' then
@@ -51,7 +62,7 @@ for _ = 1, n_ok do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
     acked[#acked + 1] = ARGV[at]
     local job, named = KEYS[key], ARGV[at + 6]
-    if named == '1' and call('EXISTS', job) == 0 then
+    if named == '1' and stray(job) then
       reject(ARGV[at], 'no such job in this queue; its result was discarded', '')
     else
       record(job, named, ARGV[at + 4], ARGV[at + 5], '${JOB_STATE}', '${DONE}',
@@ -66,7 +77,7 @@ for _ = 1, n_dead do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
     acked[#acked + 1] = ARGV[at]
     local job, named = KEYS[key], ARGV[at + 9]
-    if named == '1' and call('EXISTS', job) == 0 then
+    if named == '1' and stray(job) then
       reject(ARGV[at], 'no such job in this queue; ' .. ARGV[at + 3], ARGV[at + 6])
     else
       record(job, named, ARGV[at + 7], ARGV[at + 8], '${JOB_STATE}', '${DEAD}',
