@@ -175,3 +175,26 @@ def test_a_waiting_retry_can_be_cancelled(
         job.result(timeout=5)
     assert r.zcard(keys.task("cancel").scheduled) == 0
     assert job.cancel() is False
+
+
+# -- subtasks (system) ------------------------------------------------------------------------
+
+
+@pytest.mark.system
+def test_a_subtask_retry_waits_without_holding_back_the_others(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    _one_worker(cluster, r)
+    log = f"{prefix}:log"
+    subtasks = [{"name": "s0", "log": log, "fails": 1}]
+    subtasks += [{"name": f"s{i}", "log": log, "seconds": 0.01} for i in range(1, 11)]
+    spec = TaskSpec(name="waits", handler=FAILS, subtasks=subtasks, retry_delay=2.0)
+    task = client.submit(spec)
+    status = task.wait(timeout=60)
+    assert (status.state, status.done, status.dead) == ("completed", 11, 0)
+    results = dict(task.results())
+    assert results[0] == 2 and all(results[i] == 1 for i in range(1, 11))
+    runs = starts(r, log)
+    (a1, t1), (a2, t2) = runs["s0"]
+    assert (a1, a2) == (1, 2) and 2.0 * JITTER_LOW - 0.01 <= t2 - t1 < 30
+    assert max(t for name, rows in runs.items() if name != "s0" for _, t in rows) < t2
