@@ -79,9 +79,9 @@ def test_settings_are_checked_and_stored_only_when_set() -> None:
 # -- queues (system) --------------------------------------------------------------------------
 
 
-def _one_worker(cluster: Cluster, r: redis.Redis) -> None:
+def _one_worker(cluster: Cluster, r: redis.Redis, concurrency: int = 1) -> None:
     cluster.controller()
-    cluster.worker(allow=ALLOW)
+    cluster.worker(allow=ALLOW, extra=["--concurrency", str(concurrency)])
     cluster.wait_workers(r, 1)
 
 
@@ -129,7 +129,7 @@ def test_a_retry_waits_its_backoff_and_blocks_no_other_job(
 def test_a_jobs_own_retry_delay_beats_the_queues(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
-    _one_worker(cluster, r)
+    _one_worker(cluster, r, concurrency=4)  # (jobs in flight settle their retries alike)
     q = client.queue("override", retry_delay=300.0)
     log = f"{prefix}:log"
     slow = q.enqueue(FAILS, {"name": "own", "log": log, "fails": 1}, retry_delay=0.6)
