@@ -151,17 +151,18 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     ``h``       handler (``module:function``)
     ``e``       its stream entry's id, once on the stream (a delayed, requeued or aside job)
     ``t``       enqueued at (s)
-    ``at``      when a delayed job runs
-    ``p``       a delayed job's payload, until it is due
+    ``at``      when a delayed job runs (a retry waiting: when it runs again)
+    ``p``       a delayed job's payload, until it is due (a retry waiting's too)
     ``st``      started at          ``ft``  finished at
     ``a``       attempts            ``w``   the worker that settled it
     ``r``       result JSON (done)
-    ``reason``  why it died (dead)  ``err`` its traceback (dead)
+    ``reason``  why it died (dead)  ``err`` its traceback (dead; else the last failed
+                attempt's, once one failed: a retry waits, or ran)
     ``aside``   the handler whose aside stream its entry ``e`` is on (set aside: no member that
                 read it could run it)
     ``why``     why it waits there (shown while it is queued)
     ``o``       its own options, JSON (``queueworks.job_options``), while it waits off the
-                stream (a delayed job)
+                stream (a delayed job, a retry waiting for its time)
     ``pg``      its progress, a fraction from 0 to 1 (``ctx.progress``: the last report)
     ``pm``      the message of that report (absent: none)
     ==========  ================================================================================
@@ -242,13 +243,15 @@ def job_status(
         state, worker = JobState.RUNNING, _text(row["consumer"])
         attempts = int(row["times_delivered"])
         started = now - int(row["time_since_delivered"]) / 1000
-    error = reason = None
+    error = reason = last_error = None
     if state == JobState.QUEUED:
         reason = f.get(JOB_WHY) or None
+    lines = (f.get(JOB_ERROR) or "").strip().splitlines()
     if state == JobState.DEAD:
         died = f.get(JOB_REASON, "dead")
-        lines = (f.get(JOB_ERROR) or "").strip().splitlines()
         error = f"{died}: {lines[-1]}" if lines else died
+    elif lines:
+        last_error = lines[-1]
     return JobStatus(
         id=job_id,
         queue=queue,
@@ -264,6 +267,7 @@ def job_status(
         reason=reason,
         progress=_fraction(f.get(JOB_PROGRESS)),
         progress_message=f.get(JOB_PROGRESS_MESSAGE),
+        last_error=last_error,
     )
 
 

@@ -18,11 +18,19 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    SerializerFunctionWrapHandler,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
+from queueworks.job_options import MAX_BACKOFF, MAX_RETRY_DELAY
+from queueworks.retry_policy import (
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_MAX_DELAY,
+)
 from queueworks.validate import (
     MAX_ATTEMPTS,
     MAX_COUNT,
@@ -109,6 +117,10 @@ class TaskSpec(_Model):
     max_dead: int | None = Field(default=None, ge=0, le=MAX_COUNT)
     mode: Literal["subtask", "step", "queue"] = "subtask"
     options: dict[str, Any] = Field(default_factory=dict)
+    # the retry schedule of a failed subtask (a queue's: of its jobs): queueworks.retry_policy
+    retry_delay: float = Field(default=DEFAULT_RETRY_DELAY, ge=0, le=MAX_RETRY_DELAY)
+    retry_backoff: float = Field(default=DEFAULT_RETRY_BACKOFF, ge=1, le=MAX_BACKOFF)
+    retry_max_delay: float = Field(default=DEFAULT_RETRY_MAX_DELAY, ge=0, le=MAX_RETRY_DELAY)
 
     @field_validator("handler")
     @classmethod
@@ -152,9 +164,26 @@ class TaskSpec(_Model):
             )
         return self
 
+    @model_serializer(mode="wrap")
+    def _sparse(self, dump: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """The retry settings only when they are not the defaults: a spec that does not use
+        them is stored as it was before they existed (an older worker reads it)."""
+        out: dict[str, Any] = dump(self)
+        for name, default in _SPARSE_FIELDS.items():
+            if name in out and out[name] == default:
+                del out[name]
+        return out
+
     def spec_json(self) -> str:
         """The spec as stored in the task record (without the subtasks)."""
         return self.model_dump_json()
+
+
+_SPARSE_FIELDS = {
+    "retry_delay": DEFAULT_RETRY_DELAY,
+    "retry_backoff": DEFAULT_RETRY_BACKOFF,
+    "retry_max_delay": DEFAULT_RETRY_MAX_DELAY,
+}
 
 
 class StoredSpec(TaskSpec):
@@ -313,6 +342,7 @@ class JobStatus(_Model):
     reason: str | None = None  # why a queued job waits (no member may run its handler)
     progress: float | None = None  # 0..1: its handler's last ctx.progress (None: no report)
     progress_message: str | None = None  # the message of that report
+    last_error: str | None = None  # a job not dead that failed: its last error line
 
 
 class QueueStatus(_Model):

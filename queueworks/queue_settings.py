@@ -16,8 +16,14 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypedDict
 
+from queueworks.job_options import MAX_BACKOFF, MAX_RETRY_DELAY
 from queueworks.models import TaskSpec
 from queueworks.replication import Replicas, check_wait
+from queueworks.retry_policy import (
+    DEFAULT_RETRY_BACKOFF,
+    DEFAULT_RETRY_DELAY,
+    DEFAULT_RETRY_MAX_DELAY,
+)
 from queueworks.validate import (
     MAX_ATTEMPTS,
     MAX_NODES,
@@ -181,6 +187,35 @@ class QueueSettings:
         ),
     )
 
+    retry_delay: float = field(
+        default=DEFAULT_RETRY_DELAY,
+        metadata=about(
+            float,
+            "seconds before a failed job's 2nd attempt (0: at once), grown by retry_backoff",
+            high=MAX_RETRY_DELAY,
+            sparse=True,
+        ),
+    )
+    retry_backoff: float = field(
+        default=DEFAULT_RETRY_BACKOFF,
+        metadata=about(
+            float,
+            "each retry waits this many times the one before",
+            low=1.0,
+            high=MAX_BACKOFF,
+            sparse=True,
+        ),
+    )
+    retry_max_delay: float = field(
+        default=DEFAULT_RETRY_MAX_DELAY,
+        metadata=about(
+            float,
+            "seconds a retry waits at most (before jitter)",
+            high=MAX_RETRY_DELAY,
+            sparse=True,
+        ),
+    )
+
     def spec(self, name: str) -> TaskSpec:
         """The queue's ``TaskSpec`` (mode ``queue``), each setting where ``Setting.stored``
         says."""
@@ -220,6 +255,9 @@ class QueueOptions(TypedDict, total=False):
     node_selector: dict[str, str]
     wait_replicas: int
     wait_timeout: float
+    retry_delay: float
+    retry_backoff: float
+    retry_max_delay: float
 
 
 DEFAULTS = QueueSettings()

@@ -143,9 +143,11 @@ class JobBatch:
     dead: list[SettledJob] = field(default_factory=list)
     rejected: list[tuple[str, str, str]] = field(default_factory=list)  # (entry, why, payload)
     buckets: dict[str, float] = field(default_factory=dict)  # latency histogram additions
+    # failed attempts to run again later (``retry_later``): (job, when, its traceback)
+    later: list[tuple[SettledJob, float, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
-        return len(self.ok) + len(self.dead) + len(self.rejected)
+        return len(self.ok) + len(self.dead) + len(self.rejected) + len(self.later)
 
 
 # -- tasks ----------------------------------------------------------------------------------
@@ -400,6 +402,29 @@ def settle_jobs(
     return Call("settle_jobs", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 
 
+def retry_later(
+    tk: TaskKeys,
+    later: Sequence[tuple[SettledJob, float, str]],
+    worker_id: str,
+    now: float,
+    client: Any,
+    aside: str = "",
+) -> Call[Any]:
+    """Settle failed attempts as retries that wait (retry_later.lua): each ``(job, retry
+    at, traceback)`` leaves the stream (the queue's, or the aside stream of handler
+    ``aside``) for the scheduled zset. Replies ``(moved, rejected)``; on a pipeline as
+    ``settle_jobs`` (``bare``: the caller heals a ``NoScriptError`` reply)."""
+    stream = tk.aside_stream(aside) if aside else tk.stream
+    keys = [stream, tk.scheduled, tk.record, tk.dead, tk.aside]
+    argv: list[Any] = [tk.group, repr(now), worker_id, aside]
+    for job, run_at, error in later:
+        e = job.entry
+        keys.append(tk.job_prefix + e.job_id)
+        argv += (e.entry_id, e.job_id, "1" if e.named else "", e.handler, e.payload)
+        argv += (e.enqueued, repr(job.started_at), job.attempt, repr(run_at), error, e.options)
+    return Call("retry_later", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
+
+
 def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:
     keys = [tk.stream, tk.scheduled, *(tk.job(j) for j in job_ids)]
     return Call("promote_due", keys, list(job_ids), int)
@@ -514,6 +539,7 @@ NAMES = (
     "record_task",
     "enqueue_jobs",
     "settle_jobs",
+    "retry_later",
     "promote_due",
     "cancel_job",
     "set_aside",

@@ -145,6 +145,7 @@ class _Functions:
     enqueue_jobs = _Bound(calls.enqueue_jobs)
     enqueue_batch = _Bound(calls.enqueue_batch)
     settle_jobs = _Bound(calls.settle_jobs)
+    retry_later = _Bound(calls.retry_later)
     promote_due = _Bound(calls.promote_due)
     cancel_job = _Bound(calls.cancel_job)
     set_aside = _Bound(calls.set_aside)

@@ -30,7 +30,7 @@ from redis.exceptions import ResponseError
 
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, text
-from queueworks.jobrecords import JobEntry, starts_before
+from queueworks.jobrecords import ENTRY_STARTS, JobEntry, starts_before
 from queueworks.models import parse_handler_path
 
 from .loop import Run
@@ -90,19 +90,13 @@ class Aside:
         self.looked_at = now
 
     def works(self, reply: Reply) -> list[Work]:
-        """The entries of a read that covered aside streams, as ``Work`` (an aside entry
-        runs as the attempt after the starts it had)."""
+        """The entries of a read (of the queue's stream, or covering aside streams too), as
+        ``Work``: an entry with starts before (``a``: an aside entry, a retry that waited)
+        runs as the attempt after them."""
         out: list[Work] = []
         for raw_stream, entries in reply:
-            stream = text(raw_stream)
-            out += self._works(stream, entries, stream in self.streams)
+            out += _works(text(raw_stream), entries)
         return out
-
-    @staticmethod
-    def _works(stream: str, entries: Entries, aside: bool) -> list[Work]:
-        if not aside:
-            return [Work(stream, eid.decode(), f, 1) for eid, f in entries]
-        return [Work(stream, eid.decode(), f, 1 + starts_before(f)) for eid, f in entries]
 
     # -- setting a job aside ------------------------------------------------------------------
 
@@ -192,6 +186,14 @@ class Aside:
         except UNAVAILABLE as exc:  # the leave says so too; what we hold is reclaimed
             run.log.warning("aside_hand_back_failed", error=str(exc))
         run.held = type(run.held)(w for w in run.held if w.stream not in streams)
+
+
+def _works(stream: str, entries: Entries) -> list[Work]:
+    starts = ENTRY_STARTS.encode()  # (one membership test per entry: the read's hot path)
+    return [
+        Work(stream, eid.decode(), f, 1 if starts not in f else 1 + starts_before(f))
+        for eid, f in entries
+    ]
 
 
 def _path(handler: str) -> bool:

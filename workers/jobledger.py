@@ -2,7 +2,12 @@
 ``settle_jobs.lua`` (ack and delete the entry, write the job's record, count it once), with
 the enqueue -> start histogram and the per-second rate. Attempts are charged as for
 subtasks (``Attempts``). Outcomes are kept by the stream their entry is on: the queue's
-own, or a handler's aside stream (``workers.aside``), each settled by its own call."""
+own, or a handler's aside stream (``workers.aside``), each settled by its own call.
+
+A failed attempt is retried at once on this member, unless the queue's retry schedule (or
+the job's own: ``queueworks.retry_policy``) says to wait: then it is settled as a retry
+that waits (``retry_later.lua``, on the same pipeline as the settle), and the job leaves
+the stream for the queue's scheduled zset, blocking nothing while it waits."""
 
 from __future__ import annotations
 
@@ -14,9 +19,11 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from queueworks import events
+from queueworks.job_options import JobOptions
 from queueworks.jobrecords import entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
+from queueworks.retry_policy import RetryPolicy
 from queueworks.scripts import JobBatch
 
 from .ledger import Attempts
@@ -43,6 +50,8 @@ class JobLedger(Attempts):
         # on the pipeline, not yet settled: (handler of the aside stream or "", batch), when
         self.sent: tuple[list[tuple[str, JobBatch]], float] | None = None
         self.ttl = int(self.spec.result_ttl)
+        spec = self.spec
+        self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:
@@ -84,11 +93,23 @@ class JobLedger(Attempts):
         self.log.warning("entry_rejected", entry=work.entry_id, why=why)
 
     def failed(self, job: RunningJob, exc: BaseException) -> Work | None:
-        """A handler raised: dead after ``max_attempts``, else the retry (charged)."""
+        """A handler raised: dead after ``max_attempts``; else the retry to run now
+        (charged), or None if it waits for its time (settled so at the next flush)."""
         tb = "".join(traceback.format_exception(exc))
         work = job.work
         if work.attempt >= self.spec.max_attempts:
             self.bury(job, f"failed {work.attempt} times", tb)
+            return None
+        wait = self.retries.for_job(JobOptions.parse(job.entry.options)).wait(work.attempt)
+        if wait > 0:
+            self._batch(work.stream).later.append((job, time.time() + wait, tb[-8000:]))
+            self.log.info(
+                "job_retry_later",
+                job=job.label,
+                attempt=work.attempt,
+                wait=round(wait, 3),
+                error=repr(exc),
+            )
             return None
         self.log.info("job_retry", job=job.label, attempt=work.attempt, error=repr(exc))
         return self.retry(work)
@@ -131,6 +152,8 @@ class JobLedger(Attempts):
         now = time.time()
         self.sent = ([("", batch)], now)
         self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe)
+        if batch.later:
+            self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe)
         if batch.dead or batch.rejected:
             events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
         return True
@@ -146,14 +169,17 @@ class JobLedger(Attempts):
         for aside, b in sent:
             self.state.processed += len(b)
             self.scripts.settle_jobs(self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside)
+        for aside, b in sent:
+            if b.later:
+                self.scripts.retry_later(self.tk, b.later, self.me, now, client=pipe, aside=aside)
         if any(b.dead or b.rejected for _, b in sent):
             events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
         return True
 
     def settled(self, replies: Sequence[Any]) -> None:
-        """The replies of what ``flush_into`` put on a pipe: a settle that Redis refused for
-        want of the script (NOSCRIPT: it lost its script cache) runs again, loading it;
-        any other error is raised."""
+        """The replies of what ``flush_into`` put on a pipe: a settle (or retry_later) that
+        Redis refused for want of the script (NOSCRIPT: it lost its script cache) runs
+        again, loading it; any other error is raised."""
         sent, self.sent = self.sent, None
         batches, now = sent if sent is not None else ([], 0.0)
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
@@ -162,5 +188,13 @@ class JobLedger(Attempts):
                 self.scripts.settle_jobs(
                     self.tk, batch, self.me, now, self.ttl, client=None, aside=aside
                 )
+            elif isinstance(reply, NoScriptError) and i < len(batches) + self._laters(batches):
+                aside, batch = [(a, b) for a, b in batches if b.later][i - len(batches)]
+                self.scripts.retry_later(self.tk, batch.later, self.me, now, None, aside)
             elif isinstance(reply, Exception):
                 raise reply
+
+    @staticmethod
+    def _laters(batches: Sequence[tuple[str, JobBatch]]) -> int:
+        """How many ``retry_later`` calls followed the settles of ``batches``."""
+        return sum(1 for _, b in batches if b.later)

@@ -1,5 +1,7 @@
 """Subtask mode (the default): read entries by role, run the handler on each, record the
-outcome for the next settle; a retry runs before anything later in its stream."""
+outcome for the next settle; a retry runs before anything later in its stream, or, with a
+retry delay (``TaskSpec.retry_delay``), waits for its time while the member runs the
+others (``workers.retry_wait``; a partitioned task's retries run at once: per-key order)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from typing import Any
 from queueworks.connection import text
 from queueworks.context import SubtaskContext, Suspended
 from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
+from queueworks.retry_policy import RetryPolicy
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of
 from queueworks.signals import ColdStop
 
@@ -16,11 +19,13 @@ from .concurrent import Concurrently
 from .inflight import Call, InFlight, is_async
 from .ledger import Ledger
 from .loop import Run
+from .retry_wait import WaitingRetries
 from .work import Batches, Entries, Work
 
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once (fewer for slow handlers)
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
+IDLE_SECONDS = 1.0  # idle, a member waits at most this long (a heartbeat) unless a retry is due
 
 
 class SubtaskLoop:
@@ -36,6 +41,9 @@ class SubtaskLoop:
         self.ledger.hold_end = self.flight is None
         self.avg_seconds = 0.0
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
+        spec = run.spec
+        self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
+        self.waiting = WaitingRetries(run)
 
     def serve(self) -> None:
         run = self.run
@@ -44,17 +52,31 @@ class SubtaskLoop:
             Concurrently(run, self.ledger, self, self.flight, timeout).serve()
         while True:
             run.check()
+            self.waiting.tick()
             if run.held:
                 self._run_held()
                 continue
             read = self._read_partitions() if run.spec.partitions else self._read()
             if read is None:
-                run.idle()
+                self.idle()
             elif read:
                 self._run_fresh(read)
 
     def close(self, reason: str) -> None:
-        """Nothing of its own to clean up (the run hands back what it holds)."""
+        """Retries waiting here are forgotten: the run hands them back with what it holds."""
+        self.waiting.clear()
+
+    def _waits(self, retry: Work) -> bool:
+        """Whether the retry of a failed subtask waits for its time (it is then kept by
+        ``waiting``); False: it runs at once (no delay, or a partitioned task)."""
+        if self.run.spec.partitions:
+            return False
+        wait = self.retries.wait(retry.attempt - 1)
+        if wait <= 0:
+            return False
+        self.waiting.add(retry, wait)
+        self.run.log.info("subtask_retry_later", entry=retry.entry_id, wait=round(wait, 3))
+        return True
 
     def join_read(self) -> int:
         """A dynamic task's first entries come with the join (``workers.loop.ReadsAtJoin``);
@@ -210,7 +232,7 @@ class SubtaskLoop:
                 retry = ledger.failed(
                     Work(stream, entry_id, fields, attempt), sub.index, exc, sub.raw_payload
                 )
-                if retry is not None:
+                if retry is not None and not self._waits(retry):
                     run.held.appendleft(retry)  # at once, before anything later in the stream
                     return i + 1
                 continue
@@ -258,14 +280,23 @@ class SubtaskLoop:
             self.run.held.appendleft(work)  # runs again after the re-rank, same attempt
         else:
             retry = ledger.failed(work, sub.index, call.error, sub.raw_payload)
-            if retry is not None:
+            if retry is not None and not self._waits(retry):
                 self.run.held.appendleft(retry)
 
     def tick(self) -> None:
-        """Nothing beside running subtasks."""
+        """Retries that waited for their time and are due go in hand."""
+        self.waiting.tick()
 
     def idle(self) -> None:
-        self.run.idle()
+        """Nothing read: wait (not past the first waiting retry's time)."""
+        run = self.run
+        if not self.waiting or self.waiting.seconds_left() > IDLE_SECONDS:
+            run.idle()
+            return
+        run.look_around()
+        if not run.held:
+            run.state.wake.wait(self.waiting.seconds_left())
+            run.state.wake.clear()
 
     def _context(self, sub: Subtask, attempt: int) -> SubtaskContext:
         run = self.run

@@ -193,6 +193,9 @@ class QueueDetail(_View):
     node_selector: dict[str, str]
     wait_replicas: int = 0
     wait_timeout: float = 1.0
+    retry_delay: float = 0.0
+    retry_backoff: float = 2.0
+    retry_max_delay: float = 600.0
     handlers: list[str]
     nodes: list[NodeInfo]
     rebalances: list[Rebalance]
