@@ -7,6 +7,9 @@ played by hand where a test settles a job it holds, real workers where one runs 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -275,3 +278,25 @@ def test_real_workers_free_the_key_when_the_job_is_done_or_dead(
     wait_for(lambda: r.ttl(tk.unique("ok")) > 0, 10, "the key held unique_for")
     assert q.enqueue(NOOP, {"x": 6}, key="ok").id == again.id
     assert q.enqueue("tests.handlers:always_fails", {}, key="bad").created
+
+
+@pytest.mark.system
+def test_the_cli_enqueues_with_a_key_once(redis_url: str, prefix: str, r: redis.Redis) -> None:
+    def enqueue(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "QUEUEWORKS_REDIS_URL": redis_url, "QUEUEWORKS_PREFIX": prefix}
+        command = [sys.executable, "-m", "queueworks", "enqueue", "cliq", NOOP, *args]
+        return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+
+    made = enqueue("--json", '{"x": 1}', "--key", "inv-1", "--unique-for", "30")
+    found = enqueue("--json", '{"x": 2}', "--key", "inv-1")
+    assert made.returncode == found.returncode == 0, (made.stderr, found.stderr)
+    assert made.stdout == found.stdout and made.stderr == ""
+    assert f"job {made.stdout.strip()} holds key 'inv-1'" in found.stderr
+    assert r.xlen(Keys(prefix).task("cliq").stream) == 1
+    for args, says in (
+        (["--unique-for", "5"], "--unique-for needs --key"),
+        (["--key", "a\nb"], "control character"),
+        (["--key", "k", "--unique-for", "0"], "--unique-for"),
+    ):
+        bad = enqueue(*args)
+        assert bad.returncode != 0 and says in bad.stderr, bad.stderr
