@@ -136,10 +136,11 @@ class AsyncQueue:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             plan = plan_unique(self.ref, job, options.key, wait)
             job_id, made, acked = await self._run(plan)
-            error = jobs_not_replicated(self.name, [AsyncJob(self, job_id, made)], acked, wait)
+            handle = AsyncJob(self, job_id, made)
+            error = jobs_not_replicated(self.name, [handle], acked, wait)
             if error is not None:
                 raise error
-            return AsyncJob(self, job_id, made)
+            return handle
         wait = NO_WAIT
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
