@@ -34,6 +34,9 @@ key                                type          meaning
 ``qw:task:{Q}:aside:<H>``          stream        the jobs of handler H set aside: read (group
                                                  ``workers``) by members that may run H; deleted
                                                  once empty
+``qw:task:{Q}:unique:<K>``         string        unique key K of a queue's jobs: the id of the job
+                                                 that holds it while it is live (no TTL), or
+                                                 for ``unique_for`` s after it finished (TTL)
 ``qw:task:{Q}:latency``            hash          a queue's enqueue -> start histogram (buckets)
 ``qw:task:{Q}:rate``               hash          a queue's jobs finished per second (60 s)
 ``qw:task:{Q}:synced``             string + TTL  a queue with ``wait_replicas``: set (1 s) by a
@@ -204,6 +207,12 @@ class TaskKeys:
         """Where a queue's jobs of ``handler`` wait when a member that may not run it read
         them (a valid ``module:function`` path: no brace can break the hash tag)."""
         return f"{self._base}:aside:{handler}"
+
+    def unique(self, key: str) -> str:
+        """The index of a unique key of the queue's jobs: the id of the job holding it (a
+        checked key, ``job_options.check_key``: a brace in it cannot break the hash tag,
+        which is the key's first ``{...}``)."""
+        return f"{self._base}:unique:{key}"
 
     @property
     def latency(self) -> str:

@@ -31,6 +31,7 @@ from queueworks.queue_plans import (
     plan_revive,
     plan_running,
     plan_send,
+    plan_unique,
     plan_write,
 )
 from queueworks.queue_settings import QueueSettings, queue_wait
@@ -97,22 +98,40 @@ class Queue:
         retry_delay: float | None = None,
         retry_backoff: float | None = None,
         retry_max_delay: float | None = None,
+        key: str | None = None,
+        unique_for: float | None = None,
     ) -> Job:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
-        schedule, instead of the queue's settings of the same names.
+        schedule, instead of the queue's settings of the same names. ``key``: a unique
+        key; while a job holding it is live (or finished less than ``unique_for`` s ago),
+        this returns that job (``created`` False: this call's handler and payload are not
+        used) instead of making one.
         One round trip. ``wait_replicas=n`` (default: the queue's setting): return only
         once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
         round trip); else ``NotReplicated`` (the job is queued on the primary)."""
         options = None
-        if retry_delay is not None or retry_backoff is not None or retry_max_delay is not None:
+        if (
+            retry_delay is not None
+            or retry_backoff is not None
+            or retry_max_delay is not None
+            or key is not None
+            or unique_for is not None
+        ):
             options = JobOptions.given(
                 retry_delay=retry_delay,
                 retry_backoff=retry_backoff,
                 retry_max_delay=retry_max_delay,
+                key=key,
+                unique_for=unique_for,
             )
         job = new_job(self._path(handler), payload, delay, at, options)
+        if options is not None and options.key is not None:
+            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+            plan = plan_unique(self.ref, job, options.key, wait)
+            job_id, made, acked = self._run(plan)
+            return self._replicated([Job(self, job_id, made)], acked, wait)[0]
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             if wait.replicas:
@@ -284,10 +303,11 @@ class Replies:
 
 
 class Job:
-    """A handle to one job of a queue."""
+    """A handle to one job of a queue. ``created``: whether the enqueue that returned it made
+    it (False: it found it holding its unique key)."""
 
-    def __init__(self, queue: Queue, job_id: str) -> None:
-        self.queue, self.id = queue, job_id
+    def __init__(self, queue: Queue, job_id: str, created: bool = True) -> None:
+        self.queue, self.id, self.created = queue, job_id, created
 
     @property
     def key(self) -> str:

@@ -311,18 +311,54 @@ def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
     """Cancel the job if it has not started; False if it has started or finished."""
     now, ttl = time.time(), int(ref.settings.result_ttl)
     try:
-        found = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+        found, options = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
     except redis.ResponseError as exc:
         if not no_group(exc):
             raise
         yield from plan_revive(ref)
-        found = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+        found, options = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
     for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
         if not isinstance(found, str):
             break
-        found = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl, aside=found)))[0]
+        call = calls.cancel_job(ref.qk, job_id, now, ttl, aside=found)
+        found, options = (yield alone(call))[0]
+    trip = Trip()
     if found == CANCELLED_LAST:
-        trip = Trip()
         events.emit(trip, ref.keys, "handlers", task=ref.name)
+    if options is not None and options.key is not None:  # it held a unique key: free it
+        trip.call(calls.release_unique(ref.qk, options.key, job_id, options.unique_for))
+    if len(trip):
         yield trip
     return cancelled(ref.name, job_id, found)
+
+
+UNIQUE_TRIES = 10  # enqueue_unique calls: each but the last found a holder that had moved on
+
+
+def plan_unique(
+    ref: QueueRef, job: NewJob, key: str, wait: Replicas
+) -> Plan[tuple[str, bool, int | None]]:
+    """Enqueue ``job`` holding unique ``key`` (``enqueue_unique.lua``), unless a job that
+    holds it is live: the job holding it, whether this call made it, and how many replicas
+    acknowledged (None: not asked). One round trip; another when the holder's record must
+    be read (a delayed or retried job that is back on the stream), or when the queue is
+    gone (made again, as ``plan_write`` does)."""
+    holder = ""
+    for _ in range(UNIQUE_TRIES):
+        trip = Trip()
+        told = job.handler not in ref.known
+        if told:
+            tell_handlers(trip, ref.keys, ref.qk, [job.handler])
+        at = trip.call(calls.enqueue_unique(ref.qk, job, key, time.time(), holder))
+        waited = wait.add(trip, [ref.qk.stream])
+        replies = yield trip
+        if told:
+            ref.known.add(job.handler)
+        reply = replies[at]
+        if reply is None:  # the queue is gone: made again, then this job goes again
+            yield from plan_revive(ref)
+        elif reply.look:
+            holder = reply.job_id
+        else:
+            return reply.job_id, reply.made, None if waited is None else int(replies[waited])
+    raise RuntimeError(f"queue {ref.name!r}: key {key!r} changed hands {UNIQUE_TRIES} times")

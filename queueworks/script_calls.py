@@ -16,15 +16,19 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from queueworks.connection import text
 from queueworks.events import EVENTS_MAXLEN
+from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JobEntry
 from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, roster_of
-from queueworks.models import ACTIVE_STATES
+from queueworks.models import ACTIVE_STATES, JobState
 
 T = TypeVar("T")
 
 # The states in which a task still takes work, as the scripts that need them receive them.
 ACTIVE = ",".join(state.value for state in ACTIVE_STATES)
+
+# The states in which a job's record says it waits (or runs): it holds its unique key.
+WAITING = ",".join(state.value for state in JobState if not state.finished)
 
 READ_FENCED = -1
 READ_EPOCH_MOVED = -2
@@ -385,20 +389,27 @@ def settle_jobs(
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
     keys = [*_settle_keys(tk, aside)]
     prefix = tk.job_prefix
+    held: list[JobEntry] = []  # jobs with options of their own: a unique key, maybe
     for job in batch.ok:
         e = job.entry
         keys.append(prefix + e.job_id)
         argv += (e.entry_id, repr(job.started_at), job.attempt, job.outcome, e.handler)
         argv += (e.enqueued, "1" if e.named else "")
+        if e.options:
+            held.append(e)
     for job in batch.dead:
         e = job.entry
         keys.append(prefix + e.job_id)
         argv += (e.entry_id, repr(job.started_at), job.attempt, job.reason, job.outcome)
         argv += (e.job_id, e.payload, e.handler, e.enqueued, "1" if e.named else "")
+        if e.options:
+            held.append(e)
     for entry_id, why, payload in batch.rejected:
         argv += (entry_id, why, payload)
     for bucket, amount in batch.buckets.items():
         argv += (bucket, repr(amount))
+    if held:
+        release_keys(tk, held, keys, argv)
     return Call("settle_jobs", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 
 
@@ -425,19 +436,82 @@ def retry_later(
     return Call("retry_later", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 
 
+def release_keys(tk: TaskKeys, held: Sequence[JobEntry], keys: list[str], argv: list[Any]) -> None:
+    """``settle_jobs``' optional last section: the unique keys the settled jobs ``held``
+    (those with options of their own) free, as they finished (added to ``keys`` and
+    ``argv``); nothing if none holds one."""
+    released = [(e, options) for e in held if (options := JobOptions.parse(e.options)).key]
+    if not released:
+        return
+    argv.append(len(released))
+    for e, options in released:
+        assert options.key is not None
+        keys.append(tk.unique(options.key))
+        argv += (e.entry_id, e.job_id, unique_ms(options.unique_for))
+
+
+def unique_ms(unique_for: float | None) -> str:
+    """How long a finished job's unique key stays held, as its index's ``PX`` ('' = not)."""
+    return "" if unique_for is None else str(max(1, round(unique_for * 1000)))
+
+
+class Unique(NamedTuple):
+    """What ``enqueue_unique`` replied: the job holding the key, and whether this call made
+    it (else it found it); ``look``: the holder may have ended, call again with its record."""
+
+    job_id: str
+    made: bool
+    look: bool = False
+
+
+def _unique(reply: Any) -> Unique | None:
+    if reply is None:
+        return None
+    made, job_id = int(reply[0]), text(reply[1])
+    return Unique(job_id, made == 1, made == 2)
+
+
+def enqueue_unique(
+    tk: TaskKeys, job: NewJob, key: str, now: float, holder: str = ""
+) -> Call[Unique | None]:
+    """Enqueue ``job`` unless a job holding unique ``key`` is live (``enqueue_unique.lua``),
+    looking at the record of ``holder`` (the one a reply said to look at) if it names it;
+    None if the queue's stream is gone (nothing written)."""
+    keys = [tk.stream, tk.scheduled, tk.unique(key)]
+    if holder:
+        keys.append(tk.job(holder))
+    at = ""
+    if job.at is not None:
+        keys.append(tk.job(job.id))
+        at = repr(job.at)
+    args = [repr(now), WAITING, holder, job.id if at else "", job.handler, job.payload, at]
+    return Call("enqueue_unique", keys, [*args, job.options], _unique)
+
+
+def release_unique(tk: TaskKeys, key: str, job_id: str, unique_for: float | None) -> Call[bool]:
+    """Free unique ``key`` of job ``job_id``, finished (kept ``unique_for`` s more, if
+    given), if its index still names that job (``release_unique.lua``)."""
+    return Call("release_unique", [tk.unique(key)], [job_id, unique_ms(unique_for)], bool)
+
+
 def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:
     keys = [tk.stream, tk.scheduled, *(tk.job(j) for j in job_ids)]
     return Call("promote_due", keys, list(job_ids), int)
 
 
-def _cancel_reply(reply: Any) -> int | str:
-    return text(reply) if isinstance(reply, bytes | str) else int(reply)
+def _cancel_reply(reply: Any) -> tuple[int | str, JobOptions | None]:
+    if isinstance(reply, list):
+        return int(reply[0]), JobOptions.parse(reply[1])
+    return (text(reply) if isinstance(reply, bytes | str) else int(reply)), None
 
 
-def cancel_job(tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = "") -> Call[int | str]:
+def cancel_job(
+    tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = ""
+) -> Call[tuple[int | str, JobOptions | None]]:
     """1 cancelled, 2 cancelled and its handler left the queue's handler set, 0 it had
     started or finished, -1 no such job; a string: the handler whose aside stream the job
-    waits on ('' the queue's own), to call again with (``aside``)."""
+    waits on ('' the queue's own), to call again with (``aside``). With it, the cancelled
+    job's own options (None: it has none), whose unique key is to release."""
     stream = tk.aside_stream(aside) if aside else tk.stream
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
     return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl, aside], _cancel_reply)
@@ -538,6 +612,8 @@ NAMES = (
     "sweep_lost",
     "record_task",
     "enqueue_jobs",
+    "enqueue_unique",
+    "release_unique",
     "settle_jobs",
     "retry_later",
     "promote_due",

@@ -144,6 +144,8 @@ class _Functions:
     reclaim = _Bound(calls.reclaim)
     enqueue_jobs = _Bound(calls.enqueue_jobs)
     enqueue_batch = _Bound(calls.enqueue_batch)
+    enqueue_unique = _Bound(calls.enqueue_unique)
+    release_unique = _Bound(calls.release_unique)
     settle_jobs = _Bound(calls.settle_jobs)
     retry_later = _Bound(calls.retry_later)
     promote_due = _Bound(calls.promote_due)

@@ -22,6 +22,7 @@ import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import httpx
@@ -32,8 +33,10 @@ from redis.cluster import RedisCluster
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.client import NotReplicated
 from queueworks.connection import UNAVAILABLE, connect
+from queueworks.jobrecords import decode_entry
 from queueworks.keys import Keys
 from queueworks.redis_server import free_port
+from queueworks.scripts import JobBatch
 from queueworks.topology import SlotMap, read_slot_map, slot_of
 from tests.cluster_fixtures import LocalCluster, executions
 from tests.conftest import REDIS_INSTALL, ROOT, Cluster, need_program, wait_for
@@ -238,6 +241,27 @@ def test_a_queue_waits_for_replicas_on_its_own_primary(cclient: Client) -> None:
     assert (one.value.acked, one.value.wanted, len(many.value.jobs)) == (0, 1, 700)
     assert q.status().backlog == 701
     assert q.enqueue("m:f", wait_replicas=0).status().state == "queued"
+
+
+@pytest.mark.integration
+def test_unique_jobs_on_a_cluster(cclient: Client, rc: RedisCluster) -> None:
+    """A unique enqueue, its look at a holder's record, its cancel's release and a settle's
+    release each touch only keys of the queue's slot (else: CROSSSLOT)."""
+    q = cclient.queue("uniq")
+    tk = q.keys
+    now = q.enqueue("m:f", {"x": 1}, key="k1")
+    assert q.enqueue("m:f", {"x": 2}, key="k1").id == now.id
+    later = q.enqueue("m:f", {"x": 3}, key="k2", delay=60)
+    assert cclient.scripts.promote_due(tk, [later.id]) == 1  # named entry: its record is read
+    found = q.enqueue("m:f", {"x": 4}, key="k2")
+    assert (found.id, found.created) == (later.id, False)
+    assert now.cancel() and q.enqueue("m:f", {"x": 5}, key="k1").created
+    read: Any = rc.xreadgroup(tk.group, "m", {tk.stream: ">"}, count=10)
+    entries = [decode_entry(eid.decode(), fields) for eid, fields in read[0][1]]
+    settled = [e for e in entries if e.job_id == later.id]
+    job = SimpleNamespace(entry=settled[0], started_at=time.time(), attempt=1, outcome="1")
+    cclient.scripts.settle_jobs(tk, JobBatch(ok=[job]), "m", time.time(), 60, None)
+    assert q.enqueue("m:f", {"x": 6}, key="k2").created
 
 
 @pytest.mark.system

@@ -37,6 +37,7 @@ from queueworks.queue_plans import (
     plan_revive,
     plan_running,
     plan_send,
+    plan_unique,
     plan_write,
 )
 from queueworks.queue_settings import QueueSettings, queue_wait
@@ -102,22 +103,44 @@ class AsyncQueue:
         retry_delay: float | None = None,
         retry_backoff: float | None = None,
         retry_max_delay: float | None = None,
+        key: str | None = None,
+        unique_for: float | None = None,
     ) -> AsyncJob:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
-        schedule, instead of the queue's settings of the same names.
+        schedule, instead of the queue's settings of the same names. ``key``: a unique
+        key; while a job holding it is live (or finished less than ``unique_for`` s ago),
+        this returns that job (``created`` False: this call's handler and payload are not
+        used) instead of making one.
         One round trip (shared with the enqueues of this handle in flight with it).
         ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
         trip share one WAIT (the most replicas and the longest timeout any asks for)."""
         options = None
-        if retry_delay is not None or retry_backoff is not None or retry_max_delay is not None:
+        if (
+            retry_delay is not None
+            or retry_backoff is not None
+            or retry_max_delay is not None
+            or key is not None
+            or unique_for is not None
+        ):
             options = JobOptions.given(
                 retry_delay=retry_delay,
                 retry_backoff=retry_backoff,
                 retry_max_delay=retry_max_delay,
+                key=key,
+                unique_for=unique_for,
             )
         job = new_job(self._path(handler), payload, delay, at, options)
+        if options is not None and options.key is not None:
+            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+            plan = plan_unique(self.ref, job, options.key, wait)
+            job_id, made, acked = await self._run(plan)
+            handle = AsyncJob(self, job_id, made)
+            error = jobs_not_replicated(self.name, [handle], acked, wait)
+            if error is not None:
+                raise error
+            return handle
         wait = NO_WAIT
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
@@ -300,10 +323,12 @@ class JobWriter:
 
 
 class AsyncJob:
-    """A handle to one job of a queue: ``await job.result(timeout)``."""
+    """A handle to one job of a queue: ``await job.result(timeout)``. ``created``: whether
+    the enqueue that returned it made it (False: it found it holding its unique key)."""
 
-    def __init__(self, queue: AsyncQueue, job_id: str) -> None:
+    def __init__(self, queue: AsyncQueue, job_id: str, created: bool = True) -> None:
         self.queue, self.id = queue, job_id
+        self.created = created  # False: an enqueue with a unique key found it, live
         self.key = queue.keys.job(job_id)
 
     def __repr__(self) -> str:

@@ -95,6 +95,20 @@ def wait_for_job(
     show_default="now",
 )
 @option(
+    "--key",
+    default=None,
+    help="a unique key: while a job with it is scheduled, queued or running (or finished "
+    "less than --unique-for ago), print that job's id instead of enqueueing another",
+    show_default="none",
+)
+@option(
+    "--unique-for",
+    type=seconds(0, MAX_TTL, above=True),
+    default=None,
+    help="with --key: the key stays held this many seconds after its job finished",
+    show_default="only while the job is not finished",
+)
+@option(
     "--wait/--no-wait",
     default=False,
     show_default=True,
@@ -119,6 +133,8 @@ def enqueue(
     handler: str,
     payload: str,
     delay: float | None,
+    key: str | None,
+    unique_for: float | None,
     wait: bool,
     timeout: float | None,
     reopen: bool,
@@ -129,12 +145,16 @@ def enqueue(
     QUEUE is created with the settings given when it does not exist; given settings must
     match an existing queue's; a cancelled QUEUE takes jobs again with --reopen. With
     --wait: print the job's result as JSON and exit 0, or say why it died (or was
-    cancelled) on stderr and exit 3."""
+    cancelled) on stderr and exit 3. With --key, a job holding that key that is not finished
+    (or finished less than --unique-for ago) is not enqueued again: its id is printed (and
+    --wait waits for it), and stderr says so."""
     from queueworks.messages import NotJSON, from_json, to_json
     from queueworks.models import parse_handler_path
 
     given = {k: v for k in SETTINGS if (v := flags.pop(k)) is not None}
     settings = settings_from_flags(**flags)
+    if unique_for is not None and key is None:
+        raise BadInput("--unique-for needs --key")
     try:
         parse_handler_path(handler)
         value = from_json(payload, "--json")
@@ -148,10 +168,12 @@ def enqueue(
     except ValueError as exc:  # a setting the queue has otherwise, a task of that name...
         raise BadInput(str(exc)) from None
     try:
-        job = q.enqueue(handler, value, delay=delay)
-    except ValueError as exc:  # a payload nested too deep, say
+        job = q.enqueue(handler, value, delay=delay, key=key, unique_for=unique_for)
+    except ValueError as exc:  # a payload nested too deep, a bad --key, say
         raise BadInput(str(exc)) from None
     click.echo(job.id)
+    if not job.created:
+        click.echo(f"job {job.id} holds key {key!r}: no job enqueued", err=True)
     if not wait:
         return
     done = wait_for_job(q, job.id, timeout, lambda line: click.echo(line, err=True))

@@ -12,19 +12,39 @@
 -- returns 1 if cancelled, 2 if cancelled and its handler left the handler set, 0 if it had
 --   started or finished, -1 if there is no such job, or the handler whose aside stream the
 --   job waits on (a string; '' = the queue's own) when KEYS[1] is not where it waits
+--   A cancelled job with options of its own ('o': a unique key, say) replies {1 or 2, its
+--   options JSON}: the caller releases its key (release_unique.lua)
 local function unread(entry)
   return #redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1) == 0
 end
 
-local function cancelled()
+local options  -- the job's own options ('o'), if it has any
+
+local function cancelled(code)
   redis.call('HSET', KEYS[3], '${JOB_STATE}', '${CANCELLED}', '${JOB_FINISHED}', ARGV[3])
   redis.call('HDEL', KEYS[3], '${JOB_PAYLOAD}', '${JOB_WHY}')
   redis.call('EXPIRE', KEYS[3], ARGV[4])
-  return 1
+  if options and options ~= '' then
+    return {code, options}
+  end
+  return code
 end
 
-local f = redis.call('HMGET', KEYS[3], '${JOB_STATE}', '${JOB_ENTRY}', '${JOB_ASIDE}')
+local function entry_options(entry)  -- 'o' of an entry of KEYS[1]
+  local found = redis.call('XRANGE', KEYS[1], entry, entry)
+  local flat = #found > 0 and found[1][2] or {}
+  for i = 1, #flat, 2 do
+    if flat[i] == '${ENTRY_OPTIONS}' then
+      return flat[i + 1]
+    end
+  end
+  return nil
+end
+
+local f = redis.call('HMGET', KEYS[3], '${JOB_STATE}', '${JOB_ENTRY}', '${JOB_ASIDE}',
+  '${JOB_OPTIONS}')
 local state, entry, aside = f[1], f[2], f[3] or ''
+options = f[4]
 if state == '${QUEUED}' and aside ~= ARGV[5] then
   return aside  -- it waits elsewhere: call again with that stream
 end
@@ -50,9 +70,11 @@ if not state then  -- waiting on the stream with no record, finished and expired
       redis.call('HSET', KEYS[3], '${JOB_HANDLER}', flat[i + 1])
     elseif flat[i] == '${ENTRY_ENQUEUED}' then
       redis.call('HSET', KEYS[3], '${JOB_ENQUEUED}', flat[i + 1])
+    elseif flat[i] == '${ENTRY_OPTIONS}' then
+      options = flat[i + 1]
     end
   end
-  return cancelled()
+  return cancelled(1)
 end
 if state == '${SCHEDULED}' then
   redis.call('ZREM', KEYS[2], ARGV[2])
@@ -60,15 +82,15 @@ elseif state == '${QUEUED}' then
   if not unread(entry) then
     return 0  -- a member has it
   end
+  options = options or entry_options(entry)  -- a job to run now set aside: its entry's
   redis.call('XDEL', KEYS[1], entry)
   if aside ~= '' and redis.call('XLEN', KEYS[1]) == 0 then  -- the last of its handler's
     redis.call('DEL', KEYS[1])
     redis.call('SREM', KEYS[4], aside)
     redis.call('SREM', KEYS[5], aside)
-    cancelled()
-    return 2
+    return cancelled(2)
   end
 else
   return 0
 end
-return cancelled()
+return cancelled(1)

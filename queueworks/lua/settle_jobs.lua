@@ -11,7 +11,7 @@
 -- it empty, it is deleted and its handler leaves the aside set.
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
 -- KEYS[5] rate   KEYS[6] aside set   KEYS[7..] the records of the ok jobs, then of the dead
--- ones, in order
+-- ones, in order, then the indexes of the unique keys released (n_unique below)
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
 -- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
 -- ARGV[9] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
@@ -21,6 +21,10 @@
 --   handler, enqueued at, '1' if the entry names its job
 -- then n_rejected 3-tuples: entry id, why, payload
 -- then n_buckets pairs: histogram bucket ("le" bound or "sum"), amount to add
+-- then, optional (absent = 0): n_unique, then n_unique 3-tuples of the settled jobs that
+--   hold a unique key: entry id, job id, unique_for (ms; '' = none), and their keys' indexes
+--   as KEYS after the records: each is deleted (or kept unique_for more) if its entry was
+--   settled here and it still names the job (enqueue_unique.lua)
 -- returns {ok counted, dead counted, rejected counted}
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
 local n_rej, n_buckets = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -109,6 +113,24 @@ end
 for _ = 1, n_buckets do
   call('HINCRBYFLOAT', KEYS[4], ARGV[at], ARGV[at + 1])
   at = at + 2
+end
+local n_unique = tonumber(ARGV[at] or '0')
+if n_unique > 0 then  -- the unique keys of jobs settled here are free (or kept unique_for)
+  local settled = {}
+  for _, entry in ipairs(acked) do
+    settled[entry] = true
+  end
+  at = at + 1
+  for _ = 1, n_unique do
+    if settled[ARGV[at]] and call('GET', KEYS[key]) == ARGV[at + 1] then
+      if ARGV[at + 2] == '' then
+        call('DEL', KEYS[key])
+      else
+        call('SET', KEYS[key], ARGV[at + 1], 'PX', ARGV[at + 2])
+      end
+    end
+    at, key = at + 3, key + 1
+  end
 end
 if ok > 0 then
   call('HINCRBY', KEYS[2], 'done', ok)
