@@ -12,7 +12,7 @@ The record and the dead letter are written by Lua alone (``settle_jobs.lua``, ``
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from queueworks.keys import PARKED
@@ -136,6 +136,7 @@ JOB_ERROR = "err"
 JOB_ASIDE = "aside"
 JOB_WHY = "why"
 JOB_OPTIONS = "o"
+JOB_DEPS = "deps"
 
 RESULT_FIELDS = [JOB_STATE, JOB_RESULT, JOB_REASON, JOB_ERROR]  # what a result poll reads
 
@@ -144,13 +145,13 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     """A job's record (an HGETALL reply) as text, by field name.
 
     ==========  ================================================================================
-    ``s``       ``JobState``: scheduled, queued, done, dead, cancelled ("running" is read off the
-                stream's pending list: a queued job a member has read)
+    ``s``       ``JobState``: scheduled, deferred, queued, done, dead, cancelled ("running" is
+                read off the stream's pending list: a queued job a member has read)
     ``h``       handler (``module:function``)
     ``e``       its stream entry's id, once on the stream (a delayed, requeued or aside job)
     ``t``       enqueued at (s)
     ``at``      when a delayed job runs
-    ``p``       a delayed job's payload, until it is due
+    ``p``       a delayed (or deferred) job's payload, until it is due (released)
     ``st``      started at          ``ft``  finished at
     ``a``       attempts            ``w``   the worker that settled it
     ``r``       result JSON (done)
@@ -159,7 +160,9 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
                 read it could run it)
     ``why``     why it waits there (shown while it is queued)
     ``o``       its own options, JSON (``queueworks.job_options``), while it waits off the
-                stream (a delayed job)
+                stream (a delayed or deferred job)
+    ``deps``    a deferred job's: how many dependencies it was enqueued with (the ones still
+                awaited are the set ``TaskKeys.deps``)
     ==========  ================================================================================
 
     A job to run now has no record until it settles or is cancelled: its entry is all of
@@ -201,10 +204,16 @@ def _float(raw: str | None) -> float | None:
 
 
 def job_status(
-    queue: str, job_id: str, raw: Mapping[bytes, bytes], pending: Any, now: float
+    queue: str,
+    job_id: str,
+    raw: Mapping[bytes, bytes],
+    pending: Any,
+    now: float,
+    waits: Sequence[str] = (),
 ) -> JobStatus:
     """A job's status from its record and, for a queued job, its pending-list row (an
-    XPENDING range reply: empty if no member has read it yet)."""
+    XPENDING range reply: empty if no member has read it yet); ``waits``: a deferred job's
+    dependencies still awaited."""
     f = decode_record(raw)
     state = JobState(f.get(JOB_STATE, JobState.QUEUED.value))
     attempts, worker = _int(f.get(JOB_ATTEMPTS)), f.get(JOB_WORKER)
@@ -217,6 +226,9 @@ def job_status(
     error = reason = None
     if state == JobState.QUEUED:
         reason = f.get(JOB_WHY) or None
+    if state == JobState.DEFERRED:
+        total = max(_int(f.get(JOB_DEPS)), len(waits))
+        reason = f"waits for {len(waits)} of {total} dependencies: {', '.join(sorted(waits))}"
     if state == JobState.DEAD:
         died = f.get(JOB_REASON, "dead")
         lines = (f.get(JOB_ERROR) or "").strip().splitlines()
@@ -234,6 +246,7 @@ def job_status(
         finished_at=_float(f.get(JOB_FINISHED)),
         error=error,
         reason=reason,
+        waits_for=sorted(waits) if state == JobState.DEFERRED else [],
     )
 
 
@@ -313,5 +326,6 @@ LUA_NAMES = {
     "JOB_ASIDE": JOB_ASIDE,
     "JOB_WHY": JOB_WHY,
     "JOB_OPTIONS": JOB_OPTIONS,
+    "JOB_DEPS": JOB_DEPS,
     **{f"DEAD_{name.upper()}": name for name in DEAD_FIELDS},
 }

@@ -34,6 +34,14 @@ key                                type          meaning
 ``qw:task:{Q}:aside:<H>``          stream        the jobs of handler H set aside: read (group
                                                  ``workers``) by members that may run H; deleted
                                                  once empty
+``qw:task:{Q}:deps:<J>``           set           a deferred job J's dependencies still awaited
+                                                 (``Q/J`` for a job, ``T`` for a task)
+``qw:task:{Q}:deferred``           set           a queue's deferred jobs (waiting for others)
+``qw:task:{T}:waiters``            hash          the jobs waiting for this one's outcome: a job
+                                                 id (``*``: the task itself) -> its dependents
+                                                 (``Q/J``, space-separated)
+``qw:task:{T}:released``           list          outbox: dependents to release (written by the
+                                                 outcome's atomic step, drained in theirs)
 ``qw:task:{Q}:latency``            hash          a queue's enqueue -> start histogram (buckets)
 ``qw:task:{Q}:rate``               hash          a queue's jobs finished per second (60 s)
 ``qw:task:{Q}:synced``             string + TTL  a queue with ``wait_replicas``: set (1 s) by a
@@ -49,6 +57,8 @@ key                                type          meaning
 ``qw:tasks:expiry``                zset          finished tasks, score = when their keys expire
                                                  (the controller drops them from the index then)
 ``qw:queues``                      set           the names of every queue (a queue is a task)
+``qw:deps:tasks``                  set           tasks that jobs wait for (their outboxes'
+                                                 backstop looks there)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:worker:<W>``                  hash          host, pid, labels, queues, member_of, state,
                                                  task, rank, current (``records``)
@@ -183,6 +193,22 @@ class TaskKeys:
         them (a valid ``module:function`` path: no brace can break the hash tag)."""
         return f"{self._base}:aside:{handler}"
 
+    def deps(self, job_id: str) -> str:
+        """A deferred job's dependencies still awaited (``queueworks.dependencies``)."""
+        return f"{self._base}:deps:{job_id}"
+
+    @property
+    def deferred(self) -> str:
+        return f"{self._base}:deferred"
+
+    @property
+    def waiters(self) -> str:
+        return f"{self._base}:waiters"
+
+    @property
+    def released(self) -> str:
+        return f"{self._base}:released"
+
     @property
     def latency(self) -> str:
         return f"{self._base}:latency"
@@ -224,6 +250,9 @@ class TaskKeys:
             self.aside,
             self.latency,
             self.rate,
+            self.deferred,
+            self.waiters,
+            self.released,
         ]
 
 
@@ -254,6 +283,10 @@ class Keys:
     @property
     def queues(self) -> str:
         return f"{self.prefix}:queues"
+
+    @property
+    def dep_tasks(self) -> str:
+        return f"{self.prefix}:deps:tasks"
 
     @property
     def workers(self) -> str:

@@ -22,6 +22,7 @@ from queueworks.models import JobStatus, QueueStatus
 from queueworks.plans import Plan, Trip
 from queueworks.queue_plans import (
     QueueRef,
+    plan_defer,
     plan_job_cancel,
     plan_job_result,
     plan_job_status,
@@ -37,6 +38,7 @@ from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
+    deferred_on,
     enqueued,
     new_job,
     payload_json,
@@ -94,11 +96,15 @@ class Queue:
         retry_delay: float | None = None,
         retry_backoff: float | None = None,
         retry_max_delay: float | None = None,
+        depends_on: Iterable[Any] | None = None,
     ) -> Job:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
         schedule, instead of the queue's settings of the same names.
+        ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
+        ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
+        (a task: completed), and dies, never run, if one dies, fails or is cancelled.
         One round trip. ``wait_replicas=n`` (default: the queue's setting): return only
         once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
         round trip); else ``NotReplicated`` (the job is queued on the primary)."""
@@ -110,6 +116,9 @@ class Queue:
                 retry_max_delay=retry_max_delay,
             )
         job = new_job(self._path(handler), payload, delay, at, options)
+        if depends_on is not None:
+            deps = deferred_on(depends_on, delay, at)
+            return Job(self, self._run(plan_defer(self.ref, job, deps)))
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             if wait.replicas:

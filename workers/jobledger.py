@@ -14,9 +14,11 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from queueworks import events
+from queueworks.dependencies import plan_drain
 from queueworks.jobrecords import entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
+from queueworks.runner import run
 from queueworks.scripts import JobBatch
 
 from .ledger import Attempts
@@ -156,11 +158,16 @@ class JobLedger(Attempts):
         any other error is raised."""
         sent, self.sent = self.sent, None
         batches, now = sent if sent is not None else ([], 0.0)
+        moved = 0  # dependents the settles moved to the queue's outbox
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
             if isinstance(reply, NoScriptError) and i < len(batches):
                 aside, batch = batches[i]
-                self.scripts.settle_jobs(
+                reply = self.scripts.settle_jobs(
                     self.tk, batch, self.me, now, self.ttl, client=None, aside=aside
                 )
             elif isinstance(reply, Exception):
                 raise reply
+            if i < len(batches) and len(reply) > 3:
+                moved += int(reply[3])
+        if moved:  # jobs wait for these: release them now (the leader's backstop else)
+            run(self.r, self.scripts, plan_drain(self.keys, [self.tk.task_id]))

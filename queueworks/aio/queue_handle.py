@@ -30,6 +30,7 @@ from queueworks.models import JobStatus, QueueStatus
 from queueworks.plans import Plan
 from queueworks.queue_plans import (
     QueueRef,
+    plan_defer,
     plan_job_cancel,
     plan_job_status,
     plan_open,
@@ -43,6 +44,7 @@ from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     HandlerPaths,
+    deferred_on,
     new_job,
 )
 from queueworks.replication import NO_WAIT, NotReplicated, Replicas, jobs_not_replicated
@@ -99,11 +101,15 @@ class AsyncQueue:
         retry_delay: float | None = None,
         retry_backoff: float | None = None,
         retry_max_delay: float | None = None,
+        depends_on: Iterable[Any] | None = None,
     ) -> AsyncJob:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
         schedule, instead of the queue's settings of the same names.
+        ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
+        ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
+        (a task: completed), and dies, never run, if one dies, fails or is cancelled.
         One round trip (shared with the enqueues of this handle in flight with it).
         ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
         trip share one WAIT (the most replicas and the longest timeout any asks for)."""
@@ -115,6 +121,9 @@ class AsyncQueue:
                 retry_max_delay=retry_max_delay,
             )
         job = new_job(self._path(handler), payload, delay, at, options)
+        if depends_on is not None:
+            deps = deferred_on(depends_on, delay, at)
+            return AsyncJob(self, await self._run(plan_defer(self.ref, job, deps)))
         wait = NO_WAIT
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
