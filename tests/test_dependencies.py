@@ -331,3 +331,41 @@ def test_a_deferred_job_costs_no_command_while_it_waits(
     assert dep.cancel()
     with pytest.raises(JobFailed, match="task cancelled"):
         b.result(timeout=10)
+
+
+@pytest.mark.integration
+def test_cli_info_and_dashboard_show_deferred_jobs(
+    client: Client, redis_url: str, prefix: str
+) -> None:
+    from queueworks.dashboard.queue_reader import QueueReader
+    from tests.test_cli import cli
+
+    q = client.queue("deps-cli")
+    a = q.enqueue(DOUBLE, {"x": 1})
+    task = client.submit(TaskSpec(name="t", handler=DOUBLE, subtasks=[{"x": 1}]), task_id="deps-ct")
+    done = cli(
+        [
+            "enqueue",
+            "deps-cli",
+            DOUBLE,
+            "--json",
+            '{"x": 2}',
+            "--depends-on",
+            f"deps-cli/{a.id}",
+            "--depends-on",
+            "task:deps-ct",
+        ],
+        redis_url,
+        prefix,
+    )
+    assert done.returncode == 0, done.stderr
+    job = q.job(done.stdout.strip())
+    status = job.status()
+    assert status.state == JobState.DEFERRED
+    assert status.waits_for == sorted([f"deps-cli/{a.id}", task.id])
+    bad = cli(["enqueue", "deps-cli", DOUBLE, "--depends-on", "deps-cli/abc"], redis_url, prefix)
+    assert bad.returncode != 0 and "no job 'abc' in queue 'deps-cli'" in bad.stderr
+    shown = cli(["info"], redis_url, prefix)
+    line = next(x for x in shown.stdout.splitlines() if x.strip().startswith("deps-cli "))
+    assert "deferred=1" in line and "backlog=1" in line, line
+    assert QueueReader(client).summary("deps-cli").deferred == 1

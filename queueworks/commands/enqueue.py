@@ -95,6 +95,14 @@ def wait_for_job(
     show_default="now",
 )
 @option(
+    "--depends-on",
+    "depends_on",
+    multiple=True,
+    metavar="QUEUE/JOB_ID|task:TASK_ID",
+    help="run it once this job (of any queue) or task is done; dead if it is not "
+    "(repeatable: once all are done)",
+)
+@option(
     "--wait/--no-wait",
     default=False,
     show_default=True,
@@ -119,6 +127,7 @@ def enqueue(
     handler: str,
     payload: str,
     delay: float | None,
+    depends_on: tuple[str, ...],
     wait: bool,
     timeout: float | None,
     reopen: bool,
@@ -128,6 +137,7 @@ def enqueue(
 
     QUEUE is created with the settings given when it does not exist; given settings must
     match an existing queue's; a cancelled QUEUE takes jobs again with --reopen. With
+    --depends-on the job waits (deferred) until each job or task named is done. With
     --wait: print the job's result as JSON and exit 0, or say why it died (or was
     cancelled) on stderr and exit 3."""
     from queueworks.messages import NotJSON, from_json, to_json
@@ -148,8 +158,8 @@ def enqueue(
     except ValueError as exc:  # a setting the queue has otherwise, a task of that name...
         raise BadInput(str(exc)) from None
     try:
-        job = q.enqueue(handler, value, delay=delay)
-    except ValueError as exc:  # a payload nested too deep, say
+        job = q.enqueue(handler, value, delay=delay, depends_on=depends_on or None)
+    except ValueError as exc:  # a payload nested too deep, an unknown dependency, say
         raise BadInput(str(exc)) from None
     click.echo(job.id)
     if not wait:
