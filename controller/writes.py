@@ -111,7 +111,9 @@ class Writes:
 
     def state(self, row: TaskRow, target: TaskState, nodes: int, log: Any) -> None:
         tk = self.keys.task(row.id)
-        op = self.batch.add("state", [tk.record], target.value, repr(time.time()), "")
+        op = self.batch.add(
+            "state", [tk.record, tk.waiters, tk.released], target.value, repr(time.time()), ""
+        )
         self._event(target.value, op, task=row.id, nodes=nodes)
 
         def done(ok: int) -> None:
@@ -124,7 +126,9 @@ class Writes:
     def fail(self, task_id: str, error: str, why: str, log: Any) -> None:
         tk = self.keys.task(task_id)
         now = repr(time.time())
-        op = self.batch.add("state", [tk.record], TaskState.FAILED.value, now, error)
+        op = self.batch.add(
+            "state", [tk.record, tk.waiters, tk.released], TaskState.FAILED.value, now, error
+        )
         self._event("failed", op, task=task_id, error=error)
         self.recheck.add(task_id)
         log.error(why, task_id=task_id, error=error)

@@ -12,7 +12,7 @@ The record and the dead letter are written by Lua alone (``settle_jobs.lua``, ``
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from queueworks.keys import PARKED
@@ -138,6 +138,7 @@ JOB_WHY = "why"
 JOB_OPTIONS = "o"
 JOB_PROGRESS = "pg"
 JOB_PROGRESS_MESSAGE = "pm"
+JOB_DEPS = "deps"
 
 RESULT_FIELDS = [JOB_STATE, JOB_RESULT, JOB_REASON, JOB_ERROR]  # what a result poll reads
 
@@ -146,13 +147,14 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     """A job's record (an HGETALL reply) as text, by field name.
 
     ==========  ================================================================================
-    ``s``       ``JobState``: scheduled, queued, done, dead, cancelled ("running" is read off the
-                stream's pending list: a queued job a member has read)
+    ``s``       ``JobState``: scheduled, deferred, queued, done, dead, cancelled ("running" is
+                read off the stream's pending list: a queued job a member has read)
     ``h``       handler (``module:function``)
     ``e``       its stream entry's id, once on the stream (a delayed, requeued or aside job)
     ``t``       enqueued at (s)
     ``at``      when a delayed job runs (a retry waiting: when it runs again)
-    ``p``       a delayed job's payload, until it is due (a retry waiting's too)
+    ``p``       a delayed (or deferred) job's payload, until it is due (released; a retry
+                waiting's too)
     ``st``      started at          ``ft``  finished at
     ``a``       attempts            ``w``   the worker that settled it
     ``r``       result JSON (done)
@@ -162,9 +164,11 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
                 read it could run it)
     ``why``     why it waits there (shown while it is queued)
     ``o``       its own options, JSON (``queueworks.job_options``), while it waits off the
-                stream (a delayed job, a retry waiting for its time)
+                stream (a delayed or deferred job, a retry waiting for its time)
     ``pg``      its progress, a fraction from 0 to 1 (``ctx.progress``: the last report)
     ``pm``      the message of that report (absent: none)
+    ``deps``    a deferred job's: how many dependencies it was enqueued with (the ones still
+                awaited are the set ``TaskKeys.deps``)
     ==========  ================================================================================
 
     A job to run now has no record until it settles or is cancelled: its entry is all of
@@ -230,10 +234,16 @@ def _fraction(raw: str | None) -> float | None:
 
 
 def job_status(
-    queue: str, job_id: str, raw: Mapping[bytes, bytes], pending: Any, now: float
+    queue: str,
+    job_id: str,
+    raw: Mapping[bytes, bytes],
+    pending: Any,
+    now: float,
+    waits: Sequence[str] = (),
 ) -> JobStatus:
     """A job's status from its record and, for a queued job, its pending-list row (an
-    XPENDING range reply: empty if no member has read it yet)."""
+    XPENDING range reply: empty if no member has read it yet); ``waits``: a deferred job's
+    dependencies still awaited."""
     f = decode_record(raw)
     state = JobState(f.get(JOB_STATE, JobState.QUEUED.value))
     attempts, worker = _int(f.get(JOB_ATTEMPTS)), f.get(JOB_WORKER)
@@ -247,6 +257,9 @@ def job_status(
     if state == JobState.QUEUED:
         reason = f.get(JOB_WHY) or None
     lines = (f.get(JOB_ERROR) or "").strip().splitlines()
+    if state == JobState.DEFERRED:
+        total = max(_int(f.get(JOB_DEPS)), len(waits))
+        reason = f"waits for {len(waits)} of {total} dependencies: {', '.join(sorted(waits))}"
     if state == JobState.DEAD:
         died = f.get(JOB_REASON, "dead")
         error = f"{died}: {lines[-1]}" if lines else died
@@ -268,6 +281,7 @@ def job_status(
         progress=_fraction(f.get(JOB_PROGRESS)),
         progress_message=f.get(JOB_PROGRESS_MESSAGE),
         last_error=last_error,
+        waits_for=sorted(waits) if state == JobState.DEFERRED else [],
     )
 
 
@@ -349,5 +363,6 @@ LUA_NAMES = {
     "JOB_OPTIONS": JOB_OPTIONS,
     "JOB_PROGRESS": JOB_PROGRESS,
     "JOB_PROGRESS_MESSAGE": JOB_PROGRESS_MESSAGE,
+    "JOB_DEPS": JOB_DEPS,
     **{f"DEAD_{name.upper()}": name for name in DEAD_FIELDS},
 }

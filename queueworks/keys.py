@@ -37,6 +37,14 @@ key                                type          meaning
 ``qw:task:{Q}:unique:<K>``         string        unique key K of a queue's jobs: the id of the job
                                                  that holds it while it is live (no TTL), or
                                                  for ``unique_for`` s after it finished (TTL)
+``qw:task:{Q}:deps:<J>``           set           a deferred job J's dependencies still awaited
+                                                 (``Q/J`` for a job, ``T`` for a task)
+``qw:task:{Q}:deferred``           set           a queue's deferred jobs (waiting for others)
+``qw:task:{T}:waiters``            hash          the jobs waiting for this one's outcome: a job
+                                                 id (``*``: the task itself) -> its dependents
+                                                 (``Q/J``, space-separated)
+``qw:task:{T}:released``           list          outbox: dependents to release (written by the
+                                                 outcome's atomic step, drained in theirs)
 ``qw:task:{Q}:latency``            hash          a queue's enqueue -> start histogram (buckets)
 ``qw:task:{Q}:rate``               hash          a queue's jobs finished per second (60 s)
 ``qw:task:{Q}:synced``             string + TTL  a queue with ``wait_replicas``: set (1 s) by a
@@ -62,6 +70,8 @@ key                                type          meaning
                                                  next due time (ms): the one read of a
                                                  controller pass (its own slot; the queue's
                                                  ``schedules:due`` is checked when one fires)
+``qw:deps:tasks``                  set           tasks that jobs wait for (their outboxes'
+                                                 backstop looks there)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:worker:<W>``                  hash          host, pid, labels, queues, member_of, state,
                                                  task, rank, current (``records``)
@@ -214,6 +224,22 @@ class TaskKeys:
         which is the key's first ``{...}``)."""
         return f"{self._base}:unique:{key}"
 
+    def deps(self, job_id: str) -> str:
+        """A deferred job's dependencies still awaited (``queueworks.dependencies``)."""
+        return f"{self._base}:deps:{job_id}"
+
+    @property
+    def deferred(self) -> str:
+        return f"{self._base}:deferred"
+
+    @property
+    def waiters(self) -> str:
+        return f"{self._base}:waiters"
+
+    @property
+    def released(self) -> str:
+        return f"{self._base}:released"
+
     @property
     def latency(self) -> str:
         return f"{self._base}:latency"
@@ -258,6 +284,9 @@ class TaskKeys:
             self.schedules,
             self.schedules_due,
             self.schedules_last,
+            self.deferred,
+            self.waiters,
+            self.released,
         ]
 
 
@@ -293,6 +322,9 @@ class Keys:
     def schedules(self) -> str:
         """The global index of every queue's schedules (``queueworks.schedules``)."""
         return f"{self.prefix}:schedules"
+
+    def dep_tasks(self) -> str:
+        return f"{self.prefix}:deps:tasks"
 
     @property
     def workers(self) -> str:

@@ -314,6 +314,7 @@ class DeadLetter(_Model):
 
 class JobState(StrEnum):
     SCHEDULED = "scheduled"  # delayed: waits for its time
+    DEFERRED = "deferred"  # waits for its dependencies (``depends_on``)
     QUEUED = "queued"  # on the queue's stream, not started
     RUNNING = "running"  # a member has it (started, or about to)
     DONE = "done"
@@ -339,10 +340,12 @@ class JobStatus(_Model):
     started_at: float | None = None
     finished_at: float | None = None
     error: str | None = None  # a dead job's reason and last error line
-    reason: str | None = None  # why a queued job waits (no member may run its handler)
+    reason: str | None = None  # why a queued job waits (no member may run its handler), or
+    # what a deferred one waits for ("waits for 2 of 3 dependencies: ...")
     progress: float | None = None  # 0..1: its handler's last ctx.progress (None: no report)
     progress_message: str | None = None  # the message of that report
     last_error: str | None = None  # a job not dead that failed: its last error line
+    waits_for: list[str] = Field(default_factory=list)  # a deferred job's dependencies left
 
 
 class QueueStatus(_Model):
@@ -353,6 +356,7 @@ class QueueStatus(_Model):
     backlog: int  # jobs on the stream not started yet
     scheduled: int  # delayed jobs not due yet
     running: int  # jobs a member holds
+    deferred: int = 0  # jobs waiting for their dependencies
     done: int
     dead: int
     rejected: int = 0

@@ -22,6 +22,7 @@ from queueworks.models import JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan, Trip
 from queueworks.queue_plans import (
     QueueRef,
+    plan_defer,
     plan_job_cancel,
     plan_job_result,
     plan_job_status,
@@ -40,6 +41,7 @@ from queueworks.queues import (
     ENQUEUE_PIPELINE,
     RUNNING_SHOWN,
     HandlerPaths,
+    deferred_on,
     enqueued,
     new_job,
     payload_json,
@@ -100,6 +102,7 @@ class Queue:
         retry_max_delay: float | None = None,
         key: str | None = None,
         unique_for: float | None = None,
+        depends_on: Iterable[Any] | None = None,
     ) -> Job:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
@@ -108,6 +111,10 @@ class Queue:
         key; while a job holding it is live (or finished less than ``unique_for`` s ago),
         this returns that job (``created`` False: this call's handler and payload are not
         used) instead of making one.
+        schedule, instead of the queue's settings of the same names.
+        ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
+        ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
+        (a task: completed), and dies, never run, if one dies, fails or is cancelled.
         One round trip. ``wait_replicas=n`` (default: the queue's setting): return only
         once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
         round trip); else ``NotReplicated`` (the job is queued on the primary)."""
@@ -127,6 +134,9 @@ class Queue:
                 unique_for=unique_for,
             )
         job = new_job(self._path(handler), payload, delay, at, options)
+        if depends_on is not None:
+            deps = deferred_on(depends_on, delay, at, options)
+            return Job(self, self._run(plan_defer(self.ref, job, deps)))
         if options is not None and options.key is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             plan = plan_unique(self.ref, job, options.key, wait)

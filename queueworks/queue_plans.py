@@ -13,9 +13,11 @@ import redis
 
 from queueworks import events
 from queueworks import script_calls as calls
-from queueworks.jobrecords import job_status
+from queueworks.connection import text
+from queueworks.dependencies import Dependency, plan_drain, plan_register
+from queueworks.jobrecords import JOB_STATE, job_status
 from queueworks.keys import Keys, check_task_id
-from queueworks.models import JobStatus, QueueStatus
+from queueworks.models import JobState, JobStatus, QueueStatus
 from queueworks.plans import Plan, Sleep, Trip, alone
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.queues import (
@@ -28,6 +30,7 @@ from queueworks.queues import (
     check_created,
     enqueued,
     finished,
+    new_job_id,
     new_queue,
     not_finished,
     opened_settings,
@@ -189,6 +192,26 @@ def plan_write(
     return [job_id for reply in replies for job_id in enqueued(ref.name, reply)], acked
 
 
+def plan_defer(ref: QueueRef, job: NewJob, deps: Sequence[Dependency]) -> Plan[str]:
+    """Enqueue ``job`` (to run now) deferred until ``deps`` are done
+    (``queueworks.dependencies``): its record and dependency set first (``defer_job``),
+    then its registration at each dependency; its id. ``ValueError`` (and nothing of the
+    job left) for an unknown dependency or a cycle."""
+    job = job._replace(id=new_job_id(), at=None)
+    refs = [dep.ref for dep in deps]
+    new = [job.handler] if job.handler not in ref.known else []
+    trip = Trip()
+    if new:
+        tell_handlers(trip, ref.keys, ref.qk, new)
+    at = trip.call(calls.defer_job(ref.qk, job, time.time(), refs))
+    if not (yield trip)[at]:  # the queue is gone: made again, then written
+        yield from plan_revive(ref, new)
+        yield alone(calls.defer_job(ref.qk, job, time.time(), refs))
+    ref.known.update(new)
+    yield from plan_register(ref.keys, ref.qk, job.id, deps)
+    return job.id
+
+
 def plan_resend(
     ref: QueueRef, batch: EnqueueBatch, told: Iterable[str], wait: Replicas = NO_WAIT
 ) -> Plan[tuple[Any, int | None]]:
@@ -213,12 +236,17 @@ def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
         status_reads(trip, ref.qk, job_id)
         replies = yield trip
     raw, pending, where = read_status(ref.qk, job_id, replies)
+    waits: list[str] = []
     if where:
         stream, entry = where
         trip = Trip()
         trip.xpending_range(stream, ref.qk.group, entry, entry, 1)
         pending = (yield trip)[0]
-    return job_status(ref.name, job_id, raw, pending, time.time())
+    elif raw.get(JOB_STATE.encode()) == JobState.DEFERRED.value.encode():
+        trip = Trip()
+        trip.smembers(ref.qk.deps(job_id))
+        waits = sorted(text(m) for m in (yield trip)[0])
+    return job_status(ref.name, job_id, raw, pending, time.time(), waits)
 
 
 def plan_job_status_of(keys: Keys, name: str, job_id: str) -> Plan[JobStatus]:
@@ -329,6 +357,8 @@ def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
         trip.call(calls.release_unique(ref.qk, options.key, job_id, options.unique_for))
     if len(trip):
         yield trip
+    if found in (1, CANCELLED_LAST):  # its dependents die with it: release them now
+        yield from plan_drain(ref.keys, [ref.name])
     return cancelled(ref.name, job_id, found)
 
 

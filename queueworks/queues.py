@@ -26,6 +26,7 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import text
+from queueworks.dependencies import Dependency, dependencies
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import (
     RESULT_FIELDS,
@@ -150,6 +151,24 @@ def new_job(
     return NewJob(new_job_id(), path, body, when, given)
 
 
+def deferred_on(
+    depends_on: Iterable[Any],
+    delay: float | None,
+    at: datetime | float | None,
+    options: JobOptions | None = None,
+) -> list[Dependency]:
+    """``depends_on`` checked (``queueworks.dependencies.dependencies``); ``ValueError``
+    with ``delay`` or ``at`` too (a deferred job runs when its dependencies are done), or
+    with a unique ``key`` (not supported together)."""
+    if options is not None and options.key is not None:
+        raise ValueError("depends_on: a job with dependencies cannot hold a unique key")
+    if delay is not None or at is not None:
+        raise ValueError(
+            "depends_on: a job with dependencies runs when they are done; give it no delay or at"
+        )
+    return dependencies(depends_on)
+
+
 def enqueued(queue: str, reply: Any) -> list[str]:
     """The ids ``enqueue_jobs`` replied; ``QueueNotFound`` if it found no stream (nil)."""
     if reply is None:
@@ -170,12 +189,13 @@ def queue_reads(pipe: Any, qk: TaskKeys) -> None:
     pipe.xpending(qk.stream, qk.group)
     pipe.zcard(qk.scheduled)
     pipe.hgetall(qk.rate)
+    pipe.scard(qk.deferred)
 
 
 def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueStatus:
     """A queue's status from its task's and the replies of ``queue_reads`` (errors as
     exceptions in them: a key of the wrong type counts nothing)."""
-    length, pending, scheduled, rate = replies
+    length, pending, scheduled, rate, deferred = replies
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
     return QueueStatus(
@@ -184,6 +204,7 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         backlog=backlog,
         scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
         running=running,
+        deferred=int(deferred or 0) if not isinstance(deferred, Exception) else 0,
         done=task.done,
         dead=task.dead,
         rejected=task.rejected,

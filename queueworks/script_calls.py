@@ -199,7 +199,7 @@ def settle(
     for d in dead:
         where = "" if d.index is None else d.index
         argv += (d.entry_id, where, d.reason, d.error, d.attempts, d.payload)
-    keys = [stream, tk.record, tk.results, tk.dead, tk.settled]
+    keys = [stream, tk.record, tk.results, tk.dead, tk.settled, tk.waiters, tk.released]
     return Call("settle", keys, argv, _settled)
 
 
@@ -214,7 +214,10 @@ def sweep_lost(
 
 
 def set_state(tk: TaskKeys, state: str, now: float, error: str = "") -> Call[bool]:
-    return Call("set_state", [tk.record], [state, repr(now), error, ACTIVE], bool)
+    """Move an active task to ``state``; one that finishes hands the jobs waiting for it to
+    its outbox (``queueworks.dependencies`` drains it)."""
+    keys = [tk.record, tk.waiters, tk.released]
+    return Call("set_state", keys, [state, repr(now), error, ACTIVE], bool)
 
 
 def expire_finished(keys: Sequence[str], ttl_ms: int) -> Call[bool]:
@@ -408,8 +411,10 @@ def settle_jobs(
         argv += (entry_id, why, payload)
     for bucket, amount in batch.buckets.items():
         argv += (bucket, repr(amount))
-    if held:
-        release_keys(tk, held, keys, argv)
+    if not (held and release_keys(tk, held, keys, argv)):
+        argv.append(0)  # no unique key to free
+    argv.append("1")  # the dependents block: the waiters hash and outbox, last
+    keys += (tk.waiters, tk.released)
     return Call("settle_jobs", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 
 
@@ -436,18 +441,19 @@ def retry_later(
     return Call("retry_later", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 
 
-def release_keys(tk: TaskKeys, held: Sequence[JobEntry], keys: list[str], argv: list[Any]) -> None:
-    """``settle_jobs``' optional last section: the unique keys the settled jobs ``held``
-    (those with options of their own) free, as they finished (added to ``keys`` and
-    ``argv``); nothing if none holds one."""
+def release_keys(tk: TaskKeys, held: Sequence[JobEntry], keys: list[str], argv: list[Any]) -> bool:
+    """``settle_jobs``' optional section: the unique keys the settled jobs ``held`` (those
+    with options of their own) free, as they finished (added to ``keys`` and ``argv``);
+    nothing, and False, if none holds one."""
     released = [(e, options) for e in held if (options := JobOptions.parse(e.options)).key]
     if not released:
-        return
+        return False
     argv.append(len(released))
     for e, options in released:
         assert options.key is not None
         keys.append(tk.unique(options.key))
         argv += (e.entry_id, e.job_id, unique_ms(options.unique_for))
+    return True
 
 
 def unique_ms(unique_for: float | None) -> str:
@@ -499,6 +505,38 @@ def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:
     return Call("promote_due", keys, list(job_ids), int)
 
 
+def defer_job(tk: TaskKeys, job: NewJob, now: float, deps: Sequence[str]) -> Call[bool]:
+    """Write a deferred job (defer_job.lua): its record and the ``deps`` (refs) it waits
+    for; False, and nothing written, if the queue's stream is gone."""
+    keys = [tk.stream, tk.job(job.id), tk.deps(job.id), tk.deferred]
+    args = [job.id, job.handler, job.payload, repr(now), job.options, *deps]
+    return Call("defer_job", keys, args, lambda reply: bool(reply))
+
+
+def _depended(reply: Any) -> tuple[str, str]:
+    return text(reply[0]), text(reply[1]) if len(reply) > 1 else ""
+
+
+def depend(tk: TaskKeys, job_id: str, dependent: str, own: str) -> Call[tuple[str, str]]:
+    """Register ``dependent`` (``Q/J``) as a waiter of job ``job_id`` of the queue ``tk``
+    (``''``: of the task ``tk`` itself) (depend.lua): ``(what, why)``: ``wait``, ``done``,
+    ``dead`` (why), ``unknown``, or ``cycle``. ``own``: the dependency's ref."""
+    keys = [tk.record, tk.job(job_id) if job_id else tk.record, tk.stream, tk.waiters]
+    return Call("depend", keys, [job_id, dependent, ACTIVE, own], _depended)
+
+
+def release_job(
+    tk: TaskKeys, job_id: str, dependency: str, outcome: str, reason: str, now: float
+) -> Call[tuple[int, str]]:
+    """Release the deferred job ``job_id`` of queue ``tk`` from ``dependency`` (its ref),
+    ``done`` or ``dead`` (release_job.lua): (0 nothing, 1 still waits, 2 on the stream,
+    3 dead; the entry id, or how many of its own waiters went to the outbox)."""
+    keys = [tk.deps(job_id), tk.job(job_id), tk.stream, tk.dead, tk.record, tk.deferred]
+    keys += (tk.waiters, tk.released)
+    args = [job_id, dependency, outcome, reason, repr(now)]
+    return Call("release_job", keys, args, lambda r: (int(r[0]), text(r[1]) if len(r) > 1 else ""))
+
+
 def _cancel_reply(reply: Any) -> tuple[int | str, JobOptions | None]:
     if isinstance(reply, list):
         return int(reply[0]), JobOptions.parse(reply[1])
@@ -514,6 +552,7 @@ def cancel_job(
     job's own options (None: it has none), whose unique key is to release."""
     stream = tk.aside_stream(aside) if aside else tk.stream
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
+    keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released)
     return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl, aside], _cancel_reply)
 
 
@@ -622,6 +661,9 @@ NAMES = (
     "reopen_queue",
     "requeue_job",
     "job_progress",
+    "defer_job",
+    "depend",
+    "release_job",
     "lease_acquire",
     "submit_small",
     "fenced",  # composed with set_state and expire_finished when loaded (scripts._source)

@@ -534,3 +534,34 @@ def test_one_worker_serves_queues_on_every_shard(
         10,
         "a member of every queue",
     )
+
+
+@pytest.mark.system
+def test_dependencies_across_shards(cc: Cluster, cclient: Client, rc: RedisCluster) -> None:
+    """A job waiting for jobs of queues on other primaries, and for a task on a third: its
+    dependencies' settles cannot touch its slot; each writes its outbox, drained into the
+    dependent's slot right after. A cancelled dependency on another shard kills its waiter."""
+    slot_map = read_slot_map(rc)
+    a_node, b_node, c_node = sorted(slot_map.primaries)
+    qa, qb = (
+        cclient.queue(task_id_on(slot_map, a_node)),
+        cclient.queue(task_id_on(slot_map, b_node)),
+    )
+    cc.controller()
+    cc.worker("deps-1", allow=ALLOW)
+    cc.worker("deps-2", allow=ALLOW)
+    task = cclient.submit(
+        TaskSpec(name="t", handler="queueworks.examples:double", subtasks=[{"x": 1}]),
+        task_id=task_id_on(slot_map, c_node),
+    )
+    firsts = [qa.enqueue("queueworks.examples:double", {"x": i}) for i in range(3)]
+    callback = qb.enqueue("queueworks.examples:double", {"x": 21}, depends_on=[*firsts, task])
+    assert callback.result(timeout=60) == 42
+    assert [j.result(timeout=5) for j in firsts] == [0, 2, 4]
+    assert task.status().state == TaskState.COMPLETED
+    late = qb.enqueue("queueworks.examples:double", {"x": 1}, delay=60)
+    waiter = qa.enqueue("queueworks.examples:double", {"x": 2}, depends_on=[late])
+    assert waiter.status().state == "deferred" and qa.status().deferred == 1
+    assert late.cancel()
+    wait_for(lambda: waiter.status().state == "dead", 10, "the waiter to die")
+    assert "cancelled" in (waiter.status().error or "")

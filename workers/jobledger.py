@@ -19,11 +19,13 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from queueworks import events
+from queueworks.dependencies import plan_drain
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.retry_policy import RetryPolicy
+from queueworks.runner import run
 from queueworks.scripts import JobBatch
 
 from .ledger import Attempts
@@ -182,10 +184,11 @@ class JobLedger(Attempts):
         again, loading it; any other error is raised."""
         sent, self.sent = self.sent, None
         batches, now = sent if sent is not None else ([], 0.0)
+        moved = 0  # dependents the settles moved to the queue's outbox
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
             if isinstance(reply, NoScriptError) and i < len(batches):
                 aside, batch = batches[i]
-                self.scripts.settle_jobs(
+                reply = self.scripts.settle_jobs(
                     self.tk, batch, self.me, now, self.ttl, client=None, aside=aside
                 )
             elif isinstance(reply, NoScriptError) and i < len(batches) + self._laters(batches):
@@ -193,6 +196,10 @@ class JobLedger(Attempts):
                 self.scripts.retry_later(self.tk, batch.later, self.me, now, None, aside)
             elif isinstance(reply, Exception):
                 raise reply
+            if i < len(batches) and len(reply) > 3:
+                moved += int(reply[3])
+        if moved:  # jobs wait for these: release them now (the leader's backstop else)
+            run(self.r, self.scripts, plan_drain(self.keys, [self.tk.task_id]))
 
     @staticmethod
     def _laters(batches: Sequence[tuple[str, JobBatch]]) -> int:

@@ -16,9 +16,11 @@ from typing import Any
 
 from queueworks import events
 from queueworks.connection import Connection
+from queueworks.dependencies import plan_drain
 from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import SUBTASK_PAYLOAD, safe_text
 from queueworks.models import StoredSpec
+from queueworks.runner import run
 from queueworks.scripts import DeadEntry, Scripts
 
 from .heartbeat import Seat
@@ -195,6 +197,7 @@ class Ledger(Attempts):
         which): say how it ended."""
         self.ended = True
         self.log.info("task_finished", state=state)
+        run(self.r, self.scripts, plan_drain(self.keys, [self.tk.task_id]))  # its dependents
         if self.hold_end:
             self.unannounced = state
         else:

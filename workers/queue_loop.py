@@ -24,9 +24,11 @@ from redis.exceptions import ResponseError
 
 from queueworks.connection import text
 from queueworks.context import JobContext, Suspended, call_ended
+from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
+from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
 
 from .aside import Aside
@@ -310,13 +312,16 @@ class QueueLoop:
 
 class LeaderDuties:
     """What a queue's leader does besides running jobs, every ``DUTY_SECONDS`` (at once when
-    a delayed job is due): move due delayed jobs onto the stream. Every member's own look
-    around (the queue cancelled? a wedged member's jobs?) rides on the same tick."""
+    a delayed job is due): move due delayed jobs onto the stream, and the backstop of
+    dependents (``queueworks.dependencies``): its queue's outbox drained when it is not
+    empty, a few tasks' every ``TASKS_SECONDS``. Every member's own look around (the queue
+    cancelled? a wedged member's jobs?) rides on the same tick."""
 
     def __init__(self, run: Run) -> None:
         self.run = run
         self.duties_at = 0.0
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
+        self.tasks_at = 0.0  # the leader's last look at tasks' outboxes (monotonic)
 
     def tick(self) -> None:
         due = self.next_due is not None and time.time() >= self.next_due
@@ -346,9 +351,25 @@ class LeaderDuties:
         pipe = run.r.pipeline(transaction=False)
         pipe.zrangebyscore(run.tk.scheduled, "-inf", now, start=0, num=DUE_BATCH)
         pipe.zrange(run.tk.scheduled, 0, 0, withscores=True)
-        due, first = pipe.execute()
+        pipe.llen(run.tk.released)
+        due, first, outbox = pipe.execute()
+        if outbox or time.monotonic() - self.tasks_at >= TASKS_SECONDS:
+            self._release(bool(outbox))
         if due:
             moved = run.scripts.promote_due(run.tk, [text(j) for j in due])
             run.log.info("jobs_due", moved=moved)
             self.duties_at = 0.0  # more may be due: look again at once
         self.next_due = float(first[0][1]) if first and not due else None
+
+    def _release(self, outbox: bool) -> None:
+        """The backstop of dependents: the queue's outbox (``outbox``: not empty), and
+        every ``TASKS_SECONDS`` a few tasks' outboxes."""
+        run = self.run
+        released = 0
+        if outbox:
+            released += run_plan(run.r, run.scripts, plan_drain(run.keys, [run.tk.task_id]))
+        if time.monotonic() - self.tasks_at >= TASKS_SECONDS:
+            self.tasks_at = time.monotonic()
+            released += run_plan(run.r, run.scripts, plan_task_backstop(run.keys))
+        if released:
+            run.log.info("dependents_released", count=released)

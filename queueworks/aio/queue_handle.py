@@ -30,6 +30,7 @@ from queueworks.models import JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan
 from queueworks.queue_plans import (
     QueueRef,
+    plan_defer,
     plan_job_cancel,
     plan_job_status,
     plan_open,
@@ -46,6 +47,7 @@ from queueworks.queues import (
     ENQUEUE_PIPELINE,
     RUNNING_SHOWN,
     HandlerPaths,
+    deferred_on,
     new_job,
 )
 from queueworks.replication import NO_WAIT, NotReplicated, Replicas, jobs_not_replicated
@@ -105,6 +107,7 @@ class AsyncQueue:
         retry_max_delay: float | None = None,
         key: str | None = None,
         unique_for: float | None = None,
+        depends_on: Iterable[Any] | None = None,
     ) -> AsyncJob:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
@@ -113,6 +116,10 @@ class AsyncQueue:
         key; while a job holding it is live (or finished less than ``unique_for`` s ago),
         this returns that job (``created`` False: this call's handler and payload are not
         used) instead of making one.
+        schedule, instead of the queue's settings of the same names.
+        ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
+        ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
+        (a task: completed), and dies, never run, if one dies, fails or is cancelled.
         One round trip (shared with the enqueues of this handle in flight with it).
         ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
         trip share one WAIT (the most replicas and the longest timeout any asks for)."""
@@ -132,6 +139,9 @@ class AsyncQueue:
                 unique_for=unique_for,
             )
         job = new_job(self._path(handler), payload, delay, at, options)
+        if depends_on is not None:
+            deps = deferred_on(depends_on, delay, at, options)
+            return AsyncJob(self, await self._run(plan_defer(self.ref, job, deps)))
         if options is not None and options.key is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             plan = plan_unique(self.ref, job, options.key, wait)

@@ -109,6 +109,14 @@ def wait_for_job(
     show_default="only while the job is not finished",
 )
 @option(
+    "--depends-on",
+    "depends_on",
+    multiple=True,
+    metavar="QUEUE/JOB_ID|task:TASK_ID",
+    help="run it once this job (of any queue) or task is done; dead if it is not "
+    "(repeatable: once all are done)",
+)
+@option(
     "--wait/--no-wait",
     default=False,
     show_default=True,
@@ -135,6 +143,7 @@ def enqueue(
     delay: float | None,
     key: str | None,
     unique_for: float | None,
+    depends_on: tuple[str, ...],
     wait: bool,
     timeout: float | None,
     reopen: bool,
@@ -144,6 +153,7 @@ def enqueue(
 
     QUEUE is created with the settings given when it does not exist; given settings must
     match an existing queue's; a cancelled QUEUE takes jobs again with --reopen. With
+    --depends-on the job waits (deferred) until each job or task named is done. With
     --wait: print the job's result as JSON and exit 0, or say why it died (or was
     cancelled) on stderr and exit 3. With --key, a job holding that key that is not finished
     (or finished less than --unique-for ago) is not enqueued again: its id is printed (and
@@ -168,8 +178,15 @@ def enqueue(
     except ValueError as exc:  # a setting the queue has otherwise, a task of that name...
         raise BadInput(str(exc)) from None
     try:
-        job = q.enqueue(handler, value, delay=delay, key=key, unique_for=unique_for)
-    except ValueError as exc:  # a payload nested too deep, a bad --key, say
+        job = q.enqueue(
+            handler,
+            value,
+            delay=delay,
+            key=key,
+            unique_for=unique_for,
+            depends_on=depends_on or None,
+        )
+    except ValueError as exc:  # a payload nested too deep, a bad --key, an unknown dependency
         raise BadInput(str(exc)) from None
     click.echo(job.id)
     if not job.created:

@@ -108,7 +108,8 @@ def _queues(
         bound = q.max_nodes if q.max_nodes else "-"
         lines.append(
             f"  {q.name:<{width}}  {q.state.value:<9} p={q.priority:<3} backlog={q.backlog} "
-            f"scheduled={q.scheduled} running={q.running} done={q.done} dead={q.dead} "
+            f"scheduled={q.scheduled} deferred={q.deferred} running={q.running} done={q.done} "
+            f"dead={q.dead} "
             f"rate(10s)={q.rates.get('10s', 0.0):g}/s "
             f"nodes(now/min/max)={len(q.nodes)}/{q.min_nodes}/{bound} epoch={q.epoch}"
         )

@@ -146,14 +146,16 @@ class QueueReader:
             pipe.xpending(tk.stream, tk.group)
             pipe.zcard(tk.scheduled)
             pipe.hgetall(tk.rate)
+            pipe.scard(tk.deferred)
         replies = pipe.execute(raise_on_error=False)
         now = time.time()
         out = []
         for i, name in enumerate(names):
-            record, members, length, pending, scheduled, rate = replies[6 * i : 6 * i + 6]
+            record, members, length, pending, scheduled, rate, deferred = replies[7 * i : 7 * i + 7]
             if isinstance(record, Exception) or record[1] is None:
                 continue
-            out.append(self._summary(name, record, members, length, pending, scheduled, rate, now))
+            row = self._summary(name, record, members, length, pending, scheduled, rate, now)
+            out.append(row.model_copy(update={"deferred": 0 if row.finished else _int(deferred)}))
         return out
 
     def _summary(

@@ -147,6 +147,7 @@ class QueueSummary(_View):
     backlog: int  # on the stream, not started
     scheduled: int  # delayed, not due yet
     running: int  # held by a member
+    deferred: int = 0  # waiting for their dependencies
     left: int = 0  # finished queue: the jobs it had not run (they never run)
     done: int
     dead: int

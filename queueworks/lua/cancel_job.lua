@@ -5,8 +5,14 @@
 -- with another stream, the reply names that handler, to call again with its stream. The
 -- last job cancelled off an aside stream takes the stream and its handler with it (out of
 -- the aside set and the queue's handler set: no job of it waits any more).
+-- A deferred job (waiting for its dependencies) is cancelled as a delayed one: it never
+-- runs; the releases still to come from its dependencies count nothing (its set is gone).
+-- Dependents: a cancelled job's waiters (the queue's waiters hash) go to the outbox, to be
+-- released dead ('cancelled'): queueworks.dependencies drains it after the call.
 -- KEYS[1] the stream (the queue's, or the aside stream of ARGV[5])   KEYS[2] scheduled zset
 -- KEYS[3] the job's record   KEYS[4] aside set   KEYS[5] handler set
+-- KEYS[6] the job's dependencies set   KEYS[7] deferred set   KEYS[8] waiters hash
+-- KEYS[9] outbox (KEYS[6..9] optional: without them, no deferred job or dependents)
 -- ARGV[1] group   ARGV[2] job id   ARGV[3] now (s)   ARGV[4] result ttl (s)
 -- ARGV[5] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
 -- returns 1 if cancelled, 2 if cancelled and its handler left the handler set, 0 if it had
@@ -24,6 +30,15 @@ local function cancelled(code)
   redis.call('HSET', KEYS[3], '${JOB_STATE}', '${CANCELLED}', '${JOB_FINISHED}', ARGV[3])
   redis.call('HDEL', KEYS[3], '${JOB_PAYLOAD}', '${JOB_WHY}')
   redis.call('EXPIRE', KEYS[3], ARGV[4])
+  if #KEYS >= 9 and redis.call('EXISTS', KEYS[8]) == 1 then  -- its dependents die with it
+    local waiting = redis.call('HGET', KEYS[8], ARGV[2])
+    if waiting then
+      for dependent in string.gmatch(waiting, '%S+') do
+        redis.call('RPUSH', KEYS[9], dependent .. '\t' .. ARGV[2] .. '\tdead\tcancelled')
+      end
+      redis.call('HDEL', KEYS[8], ARGV[2])
+    end
+  end
   if options and options ~= '' then
     return {code, options}
   end
@@ -78,6 +93,9 @@ if not state then  -- waiting on the stream with no record, finished and expired
 end
 if state == '${SCHEDULED}' then
   redis.call('ZREM', KEYS[2], ARGV[2])
+elseif state == '${DEFERRED}' and #KEYS >= 9 then
+  redis.call('DEL', KEYS[6])
+  redis.call('SREM', KEYS[7], ARGV[2])
 elseif state == '${QUEUED}' then
   if not unread(entry) then
     return 0  -- a member has it

@@ -1,5 +1,7 @@
 -- Move an active task to another state; a finished task never changes again.
--- KEYS[1] task record
+-- A task that finishes here (failed, cancelled; completed) hands the jobs waiting for it
+-- (its waiters '*') to its outbox, released 'done' if completed, else 'dead'.
+-- KEYS[1] task record   KEYS[2] its waiters hash   KEYS[3] its outbox (both optional)
 -- ARGV[1] new state   ARGV[2] now (s)   ARGV[3] error text ("" = none)
 -- ARGV[4] the active states, comma-separated (every other state is finished)
 -- returns 1 if the state changed, 0 if the task is missing, finished, or already there
@@ -19,6 +21,19 @@ if ARGV[1] == 'running' and not redis.call('HGET', KEYS[1], 'started_at') then
 end
 if not active(ARGV[1]) then
   redis.call('HSET', KEYS[1], 'finished_at', ARGV[2])
+  if #KEYS >= 3 and redis.call('EXISTS', KEYS[2]) == 1 then
+    local waiting = redis.call('HGET', KEYS[2], '*')
+    if waiting then
+      local what = 'dead\ttask ' .. ARGV[1] .. (ARGV[3] ~= '' and (': ' .. ARGV[3]) or '')
+      if ARGV[1] == '${TASK_COMPLETED}' then
+        what = 'done\t'
+      end
+      for dependent in string.gmatch(waiting, '%S+') do
+        redis.call('RPUSH', KEYS[3], dependent .. '\t*\t' .. what)
+      end
+      redis.call('HDEL', KEYS[2], '*')
+    end
+  end
 end
 if ARGV[3] ~= '' then
   redis.call('HSET', KEYS[1], '${TASK_FIELD_ERROR}', ARGV[3])

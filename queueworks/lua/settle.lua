@@ -10,7 +10,9 @@
 -- settled. A late ack (a presumed-dead member, a subtask run twice) counts nothing and
 -- overwrites nothing; on a task that is no longer active the batch is only acked.
 -- KEYS[1] stream   KEYS[2] task record   KEYS[3] results   KEYS[4] dead-letter stream
--- KEYS[5] settled bitmap
+-- KEYS[5] settled bitmap   KEYS[6] waiters hash   KEYS[7] outbox (both optional: when this
+--   call finishes the task, the jobs waiting for it (waiters '*') go to the outbox, released
+--   'done' if it completed, 'dead' if it failed: queueworks.dependencies)
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] active states, comma-separated
 -- ARGV[5] n_ok   ARGV[6] n_dead
 -- then n_ok triples:  entry id, index, result JSON
@@ -112,5 +114,15 @@ if max_dead >= 0 and dead_total > max_dead then
 elseif done_total + dead_total >= total then
   redis.call('HSET', KEYS[2], 'state', 'completed', 'finished_at', ARGV[2])
   finished, final = 1, 'completed'
+end
+if finished == 1 and #KEYS >= 7 and redis.call('EXISTS', KEYS[6]) == 1 then
+  local waiting = redis.call('HGET', KEYS[6], '*')
+  if waiting then
+    local what = final == 'completed' and 'done\t' or ('dead\ttask ' .. final)
+    for dependent in string.gmatch(waiting, '%S+') do
+      redis.call('RPUSH', KEYS[7], dependent .. '\t*\t' .. what)
+    end
+    redis.call('HDEL', KEYS[6], '*')
+  end
 end
 return {ok, dead, finished, rejected, 1 - finished, final}

@@ -25,7 +25,12 @@
 --   hold a unique key: entry id, job id, unique_for (ms; '' = none), and their keys' indexes
 --   as KEYS after the records: each is deleted (or kept unique_for more) if its entry was
 --   settled here and it still names the job (enqueue_unique.lua)
--- returns {ok counted, dead counted, rejected counted}
+-- then, optionally (after n_unique, which must then be given), the dependents block: 1
+--   (absent or 0: none), with the queue's waiters hash and outbox as the last two KEYS. Only
+--   when the waiters hash exists (one EXISTS per call) are the counted jobs looked up in it:
+--   the dependents of each go to the outbox, released 'done', or 'dead' with the job's
+--   reason (queueworks.dependencies drains it)
+-- returns {ok counted, dead counted, rejected counted, dependents moved to the outbox}
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
 local n_rej, n_buckets = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now, worker, ttl = ARGV[2], ARGV[3], ARGV[4]
@@ -33,6 +38,14 @@ local call = redis.call
 local ok, dead, rejected = 0, 0, 0
 local at, key = 10, 7
 local acked = {}  -- entries this call acked: deleted together, at the end
+local outcomes = nil  -- with the dependents block and waiters: {job id, 'done'/'dead', why}
+do
+  local block = 10 + 7 * n_ok + 10 * n_dead + 3 * n_rej + 2 * n_buckets
+  block = block + 1 + 3 * tonumber(ARGV[block] or '0')  -- past the unique keys' section
+  if ARGV[block] == '1' and call('EXISTS', KEYS[#KEYS - 1]) == 1 then
+    outcomes = {}
+  end
+end
 
 local function reject(entry, why, payload)
   call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', '${DEAD_ENTRY}', entry, '${DEAD_JOB}', '',
@@ -73,6 +86,9 @@ for _ = 1, n_ok do
         '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
         '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
       ok = ok + 1
+      if outcomes then
+        outcomes[#outcomes + 1] = {string.match(job, ':job:([^:]+)$$'), 'done', ''}
+      end
     end
   end
   at, key = at + 7, key + 1
@@ -92,6 +108,9 @@ for _ = 1, n_dead do
         '${DEAD_ATTEMPTS}', ARGV[at + 2], '${DEAD_PAYLOAD}', ARGV[at + 6],
         '${DEAD_HANDLER}', ARGV[at + 7], '${DEAD_WORKER}', worker, '${DEAD_TS}', now)
       dead = dead + 1
+      if outcomes then
+        outcomes[#outcomes + 1] = {ARGV[at + 5], 'dead', ARGV[at + 3]}
+      end
     end
   end
   at, key = at + 10, key + 1
@@ -148,4 +167,19 @@ if ok + dead > 0 then
     call('EXPIRE', KEYS[5], 120)
   end
 end
-return {ok, dead, rejected}
+-- the dependents block: a counted job's waiters go to the outbox (its final outcome)
+local moved = 0
+if outcomes then
+  for _, o in ipairs(outcomes) do
+    local waiting = call('HGET', KEYS[#KEYS - 1], o[1])
+    if waiting then
+      local what = o[2] .. '\t' .. (o[2] == 'dead' and ('dead: ' .. o[3]) or '')
+      for dependent in string.gmatch(waiting, '%S+') do
+        call('RPUSH', KEYS[#KEYS], dependent .. '\t' .. o[1] .. '\t' .. what)
+        moved = moved + 1
+      end
+      call('HDEL', KEYS[#KEYS - 1], o[1])
+    end
+  end
+end
+return {ok, dead, rejected, moved}
