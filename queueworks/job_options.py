@@ -61,7 +61,15 @@ class JobOptions:
         unique_for: Any = None,
     ) -> JobOptions | None:
         """The options an enqueue was given, checked (``ValueError`` naming the bad one);
-        None if it was given none."""
+        None if it was given none (at once: the plain enqueue's path)."""
+        if (
+            retry_delay is None
+            and retry_backoff is None
+            and retry_max_delay is None
+            and key is None
+            and unique_for is None
+        ):
+            return None
         if unique_for is not None and key is None:
             raise ValueError("unique_for needs a key: enqueue(..., key=..., unique_for=...)")
         options = cls(

@@ -323,6 +323,7 @@ class Keys:
         """The global index of every queue's schedules (``queueworks.schedules``)."""
         return f"{self.prefix}:schedules"
 
+    @property
     def dep_tasks(self) -> str:
         return f"{self.prefix}:deps:tasks"
 

@@ -118,21 +118,13 @@ class Queue:
         One round trip. ``wait_replicas=n`` (default: the queue's setting): return only
         once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
         round trip); else ``NotReplicated`` (the job is queued on the primary)."""
-        options = None
-        if (
-            retry_delay is not None
-            or retry_backoff is not None
-            or retry_max_delay is not None
-            or key is not None
-            or unique_for is not None
-        ):
-            options = JobOptions.given(
-                retry_delay=retry_delay,
-                retry_backoff=retry_backoff,
-                retry_max_delay=retry_max_delay,
-                key=key,
-                unique_for=unique_for,
-            )
+        options = JobOptions.given(
+            retry_delay=retry_delay,
+            retry_backoff=retry_backoff,
+            retry_max_delay=retry_max_delay,
+            key=key,
+            unique_for=unique_for,
+        )
         job = new_job(self._path(handler), payload, delay, at, options)
         if depends_on is not None:
             deps = deferred_on(depends_on, delay, at, options)

@@ -123,21 +123,13 @@ class AsyncQueue:
         One round trip (shared with the enqueues of this handle in flight with it).
         ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
         trip share one WAIT (the most replicas and the longest timeout any asks for)."""
-        options = None
-        if (
-            retry_delay is not None
-            or retry_backoff is not None
-            or retry_max_delay is not None
-            or key is not None
-            or unique_for is not None
-        ):
-            options = JobOptions.given(
-                retry_delay=retry_delay,
-                retry_backoff=retry_backoff,
-                retry_max_delay=retry_max_delay,
-                key=key,
-                unique_for=unique_for,
-            )
+        options = JobOptions.given(
+            retry_delay=retry_delay,
+            retry_backoff=retry_backoff,
+            retry_max_delay=retry_max_delay,
+            key=key,
+            unique_for=unique_for,
+        )
         job = new_job(self._path(handler), payload, delay, at, options)
         if depends_on is not None:
             deps = deferred_on(depends_on, delay, at, options)

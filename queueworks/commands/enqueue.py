@@ -158,7 +158,7 @@ def enqueue(
     cancelled) on stderr and exit 3. With --key, a job holding that key that is not finished
     (or finished less than --unique-for ago) is not enqueued again: its id is printed (and
     --wait waits for it), and stderr says so."""
-    from queueworks.messages import NotJSON, from_json, to_json
+    from queueworks.messages import NotJSON, from_json
     from queueworks.models import parse_handler_path
 
     given = {k: v for k in SETTINGS if (v := flags.pop(k)) is not None}
@@ -191,13 +191,19 @@ def enqueue(
     click.echo(job.id)
     if not job.created:
         click.echo(f"job {job.id} holds key {key!r}: no job enqueued", err=True)
-    if not wait:
-        return
-    done = wait_for_job(q, job.id, timeout, lambda line: click.echo(line, err=True))
+    if wait:
+        _wait(q, job.id, timeout)
+
+
+def _wait(q: Any, job_id: str, timeout: float | None) -> None:
+    """``--wait``: print the job's result as JSON, or say why it died and exit 3."""
+    from queueworks.messages import to_json
+
+    done = wait_for_job(q, job_id, timeout, lambda line: click.echo(line, err=True))
     if done is None:
-        click.echo(f"error: job {job.id} did not finish within {timeout} s", err=True)
+        click.echo(f"error: job {job_id} did not finish within {timeout} s", err=True)
         sys.exit(EXIT_UNFINISHED)
     if not done.ok:
-        click.echo(f"job {job.id}: {done.reason}", err=True)
+        click.echo(f"job {job_id}: {done.reason}", err=True)
         sys.exit(EXIT_UNFINISHED)
     click.echo(to_json(done.result, "result"))
