@@ -148,6 +148,18 @@ def plan_register(keys: Keys, qk: TaskKeys, job_id: str, deps: Sequence[Dependen
         trip, now = Trip(), time.time()
         for dep, outcome, reason in outcomes:
             trip.call(calls.release_job(qk, job_id, dep.ref, outcome, reason, now))
+        yield from plan_free_keys([(qk, job_id, r) for r in (yield trip)])
+
+
+def plan_free_keys(released: Sequence[tuple[TaskKeys, str, calls.Released]]) -> Plan[None]:
+    """Free the unique keys of the jobs ``release_job`` buried (``(queue, job id, reply)``):
+    a job dead of a dependency holds its key no longer (as ``cancel``, a second step: an
+    enqueue between the two finds the job dead and takes the key)."""
+    trip = Trip()
+    for qk, job_id, r in released:
+        if r.what == 3 and r.options is not None and r.options.key is not None:
+            trip.call(calls.release_unique(qk, r.options.key, job_id, r.options.unique_for))
+    if len(trip):
         yield trip
 
 
@@ -207,10 +219,12 @@ def plan_drain(keys: Keys, owners: Iterable[str]) -> Plan[int]:
             trip.lrem(keys.task(owner).released, 1, raw)
         yield trip
         todo = [owner for owner, raws in found if len(raws) >= DRAIN_BATCH]
-        for item, (what, n) in zip(sent, replies, strict=True):
-            released += what >= 2
-            if what == 3 and n != "0" and item.queue not in todo:
+        for item, r in zip(sent, replies, strict=True):
+            released += r.what >= 2
+            if r.what == 3 and r.detail != "0" and item.queue not in todo:
                 todo.append(item.queue)
+        buried = zip(sent, replies, strict=True)
+        yield from plan_free_keys([(keys.task(i.queue), i.job_id, r) for i, r in buried])
     return released
 
 

@@ -366,20 +366,24 @@ UNIQUE_TRIES = 10  # enqueue_unique calls: each but the last found a holder that
 
 
 def plan_unique(
-    ref: QueueRef, job: NewJob, key: str, wait: Replicas
+    ref: QueueRef, job: NewJob, key: str, wait: Replicas, deps: Sequence[Dependency] = ()
 ) -> Plan[tuple[str, bool, int | None]]:
     """Enqueue ``job`` holding unique ``key`` (``enqueue_unique.lua``), unless a job that
     holds it is live: the job holding it, whether this call made it, and how many replicas
     acknowledged (None: not asked). One round trip; another when the holder's record must
     be read (a delayed or retried job that is back on the stream), or when the queue is
-    gone (made again, as ``plan_write`` does)."""
+    gone (made again, as ``plan_write`` does). With ``deps``, the job made is deferred until
+    they are done, and registered at each (as ``plan_defer``)."""
     holder = ""
+    refs = [dep.ref for dep in deps]
+    if deps:
+        job = job._replace(id=new_job_id(), at=None)
     for _ in range(UNIQUE_TRIES):
         trip = Trip()
         told = job.handler not in ref.known
         if told:
             tell_handlers(trip, ref.keys, ref.qk, [job.handler])
-        at = trip.call(calls.enqueue_unique(ref.qk, job, key, time.time(), holder))
+        at = trip.call(calls.enqueue_unique(ref.qk, job, key, time.time(), holder, refs))
         waited = wait.add(trip, [ref.qk.stream])
         replies = yield trip
         if told:
@@ -390,5 +394,7 @@ def plan_unique(
         elif reply.look:
             holder = reply.job_id
         else:
+            if reply.made and deps:
+                yield from plan_register(ref.keys, ref.qk, reply.job_id, deps)
             return reply.job_id, reply.made, None if waited is None else int(replies[waited])
     raise RuntimeError(f"queue {ref.name!r}: key {key!r} changed hands {UNIQUE_TRIES} times")

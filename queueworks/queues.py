@@ -155,13 +155,9 @@ def deferred_on(
     depends_on: Iterable[Any],
     delay: float | None,
     at: datetime | float | None,
-    options: JobOptions | None = None,
 ) -> list[Dependency]:
     """``depends_on`` checked (``queueworks.dependencies.dependencies``); ``ValueError``
-    with ``delay`` or ``at`` too (a deferred job runs when its dependencies are done), or
-    with a unique ``key`` (not supported together)."""
-    if options is not None and options.key is not None:
-        raise ValueError("depends_on: a job with dependencies cannot hold a unique key")
+    with ``delay`` or ``at`` too (a deferred job runs when its dependencies are done)."""
     if delay is not None or at is not None:
         raise ValueError(
             "depends_on: a job with dependencies runs when they are done; give it no delay or at"

@@ -478,20 +478,31 @@ def _unique(reply: Any) -> Unique | None:
 
 
 def enqueue_unique(
-    tk: TaskKeys, job: NewJob, key: str, now: float, holder: str = ""
+    tk: TaskKeys,
+    job: NewJob,
+    key: str,
+    now: float,
+    holder: str = "",
+    deps: Sequence[str] = (),
 ) -> Call[Unique | None]:
     """Enqueue ``job`` unless a job holding unique ``key`` is live (``enqueue_unique.lua``),
     looking at the record of ``holder`` (the one a reply said to look at) if it names it;
-    None if the queue's stream is gone (nothing written)."""
+    with ``deps`` (refs), deferred until they are done (as ``defer_job``); None if the
+    queue's stream is gone (nothing written)."""
     keys = [tk.stream, tk.scheduled, tk.unique(key)]
     if holder:
         keys.append(tk.job(holder))
     at = ""
-    if job.at is not None:
+    if deps:
+        keys += (tk.job(job.id), tk.deps(job.id), tk.deferred)
+    elif job.at is not None:
         keys.append(tk.job(job.id))
         at = repr(job.at)
-    args = [repr(now), WAITING, holder, job.id if at else "", job.handler, job.payload, at]
-    return Call("enqueue_unique", keys, [*args, job.options], _unique)
+    named = job.id if at or deps else ""
+    args: list[Any] = [repr(now), WAITING, holder, named, job.handler, job.payload, at, job.options]
+    if deps:
+        args += (len(deps), *deps)
+    return Call("enqueue_unique", keys, args, _unique)
 
 
 def release_unique(tk: TaskKeys, key: str, job_id: str, unique_for: float | None) -> Call[bool]:
@@ -525,16 +536,30 @@ def depend(tk: TaskKeys, job_id: str, dependent: str, own: str) -> Call[tuple[st
     return Call("depend", keys, [job_id, dependent, ACTIVE, own], _depended)
 
 
+class Released(NamedTuple):
+    """What ``release_job`` replied: 0 nothing, 1 still waits, 2 on the stream, 3 dead;
+    the entry id (2), or how many of its own waiters went to the outbox (3); a dead job's
+    own options (its unique key, to free)."""
+
+    what: int
+    detail: str = ""
+    options: JobOptions | None = None
+
+
+def _released(reply: Any) -> Released:
+    options = JobOptions.parse(reply[2]) if len(reply) > 2 and reply[2] else None
+    return Released(int(reply[0]), text(reply[1]) if len(reply) > 1 else "", options)
+
+
 def release_job(
     tk: TaskKeys, job_id: str, dependency: str, outcome: str, reason: str, now: float
-) -> Call[tuple[int, str]]:
+) -> Call[Released]:
     """Release the deferred job ``job_id`` of queue ``tk`` from ``dependency`` (its ref),
-    ``done`` or ``dead`` (release_job.lua): (0 nothing, 1 still waits, 2 on the stream,
-    3 dead; the entry id, or how many of its own waiters went to the outbox)."""
+    ``done`` or ``dead`` (release_job.lua): ``Released``."""
     keys = [tk.deps(job_id), tk.job(job_id), tk.stream, tk.dead, tk.record, tk.deferred]
     keys += (tk.waiters, tk.released)
     args = [job_id, dependency, outcome, reason, repr(now)]
-    return Call("release_job", keys, args, lambda r: (int(r[0]), text(r[1]) if len(r) > 1 else ""))
+    return Call("release_job", keys, args, _released)
 
 
 def _cancel_reply(reply: Any) -> tuple[int | str, JobOptions | None]:

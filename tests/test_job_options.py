@@ -72,11 +72,3 @@ def test_options_ride_on_the_entry_and_on_a_delayed_jobs_record(
             client.scripts.promote_due(tk, due)
     moved = [f for _, f in r.xrange(tk.stream) if f.get(b"j") == later.id.encode()]
     assert moved and moved[0][b"o"] == b'{"retry_backoff":4.0}'
-
-
-@pytest.mark.integration
-def test_a_unique_key_with_dependencies_is_refused_naming_both(client: Client) -> None:
-    q = client.queue("options")
-    first = q.enqueue(NOOP, {"x": 1})
-    with pytest.raises(ValueError, match="depends_on: a job with dependencies cannot hold a"):
-        q.enqueue(NOOP, {"x": 2}, key="k", depends_on=[first])

@@ -300,3 +300,22 @@ def test_the_cli_enqueues_with_a_key_once(redis_url: str, prefix: str, r: redis.
     ):
         bad = enqueue(*args)
         assert bad.returncode != 0 and says in bad.stderr, bad.stderr
+
+
+@pytest.mark.integration
+def test_a_deferred_job_holds_its_key_until_its_dependency_dies(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("deferred-keys")
+    tk = keys.task("deferred-keys")
+    first = q.enqueue(NOOP, {"x": 1})  # no worker: it waits
+    dependent = q.enqueue(NOOP, {"x": 2}, key="k", depends_on=[first])
+    assert dependent.created and dependent.status().state == JobState.DEFERRED
+    again = q.enqueue(NOOP, {"x": 3}, key="k", depends_on=[first])
+    assert (again.id, again.created) == (dependent.id, False)  # deferred: it holds the key
+    assert r.get(tk.unique("k")) == dependent.id.encode()
+    assert first.cancel() is True  # the dependency is cancelled: the dependent dies...
+    wait_for(lambda: dependent.status().state == JobState.DEAD, 10, "the dependent to die")
+    wait_for(lambda: not r.exists(tk.unique("k")), 10, "its key to be freed")
+    after = q.enqueue(NOOP, {"x": 4}, key="k")  # ...and its key is free
+    assert after.created and after.id != dependent.id

@@ -131,12 +131,12 @@ class AsyncQueue:
             unique_for=unique_for,
         )
         job = new_job(self._path(handler), payload, delay, at, options)
-        if depends_on is not None:
-            deps = deferred_on(depends_on, delay, at, options)
+        deps = [] if depends_on is None else deferred_on(depends_on, delay, at)
+        if deps and (options is None or options.key is None):
             return AsyncJob(self, await self._run(plan_defer(self.ref, job, deps)))
         if options is not None and options.key is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
-            plan = plan_unique(self.ref, job, options.key, wait)
+            plan = plan_unique(self.ref, job, options.key, wait, deps)
             job_id, made, acked = await self._run(plan)
             handle = AsyncJob(self, job_id, made)
             error = jobs_not_replicated(self.name, [handle], acked, wait)

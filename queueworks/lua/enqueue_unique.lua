@@ -11,11 +11,14 @@
 -- which the caller cannot name before it knows the holder: the reply asks for it.
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] the key's index
 -- KEYS[4] the holder's record, when ARGV[3] names the holder; then, last, the new job's
---   record (a delayed job)
+--   record (a delayed job), or its record, dependencies set and the queue's deferred set (a
+--   deferred job: ARGV[9] > 0)
 -- ARGV[1] now (s)   ARGV[2] the waiting job states, comma-separated
 -- ARGV[3] the holder whose record KEYS[4] is ('' = none given)
 -- ARGV[4] job id ('' for a job to run now)   ARGV[5] handler   ARGV[6] payload JSON
 -- ARGV[7] run at (s; '' = now)   ARGV[8] its own options JSON (its key among them)
+-- ARGV[9] (optional) n dependencies, then ARGV[10..] the dependencies (``Q/J`` or ``T``):
+--   the job is written deferred, as defer_job.lua writes it (its registration follows)
 -- returns {1, id} made; {0, id} found: the job holding the key, nothing written;
 --   {2, id}: the index names job id, live or not as its record says: call again with
 --   ARGV[3] = id and its record as KEYS[4]; nil, and nothing written, if the stream is gone
@@ -43,7 +46,15 @@ if holder then
   end
 end  -- no holder, or one that has ended and left its index behind: the key is free
 local now, id, handler, payload, at, options = ARGV[1], ARGV[4], ARGV[5], ARGV[6], ARGV[7], ARGV[8]
-if at == '' then
+local n_deps = tonumber(ARGV[9] or '0')
+if n_deps > 0 then
+  local record, deps = KEYS[#KEYS - 2], KEYS[#KEYS - 1]
+  redis.call('HSET', record, '${JOB_STATE}', '${DEFERRED}', '${JOB_HANDLER}', handler,
+    '${JOB_PAYLOAD}', payload, '${JOB_ENQUEUED}', now, '${JOB_DEPS}', n_deps,
+    '${JOB_OPTIONS}', options)
+  redis.call('SADD', deps, unpack(ARGV, 10, 9 + n_deps))
+  redis.call('SADD', KEYS[#KEYS], id)
+elseif at == '' then
   id = redis.call('XADD', KEYS[1], '*', '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', payload,
     '${ENTRY_ENQUEUED}', now, '${ENTRY_OPTIONS}', options)
 else

@@ -12,7 +12,8 @@
 -- ARGV[1] job id   ARGV[2] the dependency (``Q/J`` or ``T``)   ARGV[3] 'done' or 'dead'
 -- ARGV[4] the job's reason ('dead': why it dies)   ARGV[5] now (s)
 -- returns {0} counted nothing, {1} it still waits, {2, entry id} on the stream,
---   {3, n} dead (n of its own waiters moved to the outbox)
+--   {3, n, options} dead (n of its own waiters moved to the outbox; its own options JSON,
+--   '' if none: the caller frees its unique key, release_unique.lua)
 local call = redis.call
 if call('SREM', KEYS[1], ARGV[2]) == 0 then
   return {0}
@@ -68,4 +69,4 @@ if waiting then
   end
   call('HDEL', KEYS[7], ARGV[1])
 end
-return {3, n}
+return {3, n, f[4] or ''}
