@@ -565,3 +565,24 @@ def test_dependencies_across_shards(cc: Cluster, cclient: Client, rc: RedisClust
     assert late.cancel()
     wait_for(lambda: waiter.status().state == "dead", 10, "the waiter to die")
     assert "cancelled" in (waiter.status().error or "")
+
+
+@pytest.mark.system
+def test_schedules_fire_on_every_shard(cc: Cluster, cclient: Client, rc: RedisCluster) -> None:
+    """A schedule on a queue of each primary: the leader's fire step runs under each
+    queue's slot's term key, the index in its own slot; every one fires, and its jobs run."""
+    slot_map = read_slot_map(rc)
+    queues = [cclient.queue(task_id_on(slot_map, node)) for node in sorted(slot_map.primaries)]
+    for q in queues:
+        q.schedule("tick", "queueworks.examples:double", {"x": 4}, every=0.3)
+    cc.controller()
+    cc.worker("ticks", allow=ALLOW)
+
+    wait_for(
+        lambda: all(q.schedules()[0].last_job is not None for q in queues),
+        30,
+        "every shard's schedule to fire",
+    )
+    for q in queues:
+        last = q.schedules()[0].last_job
+        assert last is not None and q.job(last).result(timeout=30) == 8
