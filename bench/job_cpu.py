@@ -149,6 +149,8 @@ def main() -> None:
         for p in parts
     ]
     print(f"| this ÷ {args.against} | " + " | ".join(ratios) + " |")
+    totals = sorted(a["total"] / b["total"] for a, b in zip(mine, theirs, strict=True))
+    print(f"\nper-round ratios of the total: {', '.join(f'{t:.2f}' for t in totals)}")
 
 
 if __name__ == "__main__":
