@@ -283,3 +283,64 @@ def test_autoscale_refuses_bad_input_by_name() -> None:
     )
     assert res.exit_code == 2 and "selector" in res.output
     assert (ROOT / "tests" / "scale_workers.py").exists()
+
+
+# -- where it shows: /metrics, the JSON API, info ---------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_dashboard_and_info_show_the_published_count(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    from queueworks.commands.info import render
+    from tests.test_dashboard import make_app
+
+    with make_app(client) as web:
+        none = web.get("/api/autoscale").json()
+        assert none == {
+            "selector": "",
+            "published": False,
+            "wanted": 0,
+            "selectors": {},
+            "at": None,
+            "by": None,
+        }
+        assert 'queueworks_workers_wanted{selector=""}' not in web.get("/metrics").text
+        value = published.Wanted(
+            at=time.time(), by="c1", target_s=60, selectors={"": 3, "gpu=yes,zone=a": 1}
+        )
+        r.set(keys.wanted, published.encode(value), px=30_000)
+        body = web.get("/api/autoscale").json()
+        assert (body["published"], body["wanted"], body["by"]) == (True, 3, "c1")
+        gpu = web.get("/api/autoscale", params={"selector": "zone=a,gpu=yes"}).json()
+        assert (gpu["selector"], gpu["wanted"]) == ("gpu=yes,zone=a", 1)
+        assert web.get("/api/autoscale", params={"selector": "x=1"}).json()["wanted"] == 0
+        bad = web.get("/api/autoscale", params={"selector": "gpu"})
+        assert bad.status_code == 400 and "selector" in bad.text
+        text = web.get("/metrics").text
+        assert 'queueworks_workers_wanted{selector=""} 3' in text
+        assert 'queueworks_workers_wanted{selector="gpu=yes,zone=a"} 1' in text
+    shown = json.loads(render(client, as_json=True))["wanted_workers"]
+    assert shown["selectors"] == {"": 3, "gpu=yes,zone=a": 1}
+    assert "wanted workers: (any)=3 gpu=yes,zone=a=1" in render(client)
+
+
+@pytest.mark.system
+def test_the_controller_counts_a_backlog_without_any_worker(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """The count the controller writes: fenced, with its expiry, from a queue's backlog
+    and due delayed jobs while no worker runs; zero once they are gone."""
+    cluster.controller()
+    q = client.queue("backlog", min_nodes=2)
+    wait_for(lambda: published.read(r, keys), 30, "a first count")
+    assert published.read(r, keys).of("") == 0  # type: ignore[union-attr]
+    q.enqueue("tests.handlers:double", {"x": 1})
+    wait_for(lambda: published.read(r, keys).of("") == 2, 10, "the queue's 2")  # type: ignore[union-attr]
+    ttl = r.pttl(keys.wanted)
+    assert 0 < ttl <= 30_000, ttl
+    entry: Any = r.xrange(keys.task("backlog").stream)
+    r.xdel(keys.task("backlog").stream, entry[0][0])
+    q.enqueue("tests.handlers:double", {"x": 2}, delay=4.0)  # counted once it is due
+    wait_for(lambda: published.read(r, keys).of("") == 0, 10, "zero while it waits")
+    wait_for(lambda: published.read(r, keys).of("") == 2, 10, "2 once it is due")
