@@ -34,6 +34,7 @@ from queueworks.process import freeze_heap
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 
+from .demand import Demand
 from .feed import Feed, Gap
 from .fence import Fence, Fenced
 from .lease import Lease
@@ -71,6 +72,17 @@ class Controller:
         self.reconciler.before_apply = self._before_apply
         self.scheduler = Scheduler(
             self.r, self.keys, self.fence, self.log, self.tally, self.lease.held
+        )
+        self.demand = Demand(
+            self.r,
+            self.keys,
+            self.fence,
+            self.log,
+            self.tally,
+            self.lease.held,
+            me=self.id,
+            target_s=settings.drain_target,
+            interval=settings.wanted_interval,
         )
         self._stop = threading.Event()
         self._stats_at = time.monotonic()
@@ -110,6 +122,7 @@ class Controller:
                 self.log.warning("redis_unavailable", error=str(exc), retry_in=backoff)
                 self.term = 0  # read everything again once it is back: it may have restarted
                 self.scheduler.reset()
+                self.demand.reset()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
         self.lease.stop()
@@ -143,6 +156,7 @@ class Controller:
         self.term = 0
         self.reconciler.reset()
         self.scheduler.reset()
+        self.demand.reset()
 
     def _rebuild(self) -> None:
         self.feed.start()
@@ -150,7 +164,9 @@ class Controller:
 
     def _one_pass(self) -> None:
         rec = self.reconciler
-        wait = min(self.settings.reconcile_interval, self.scheduler.wait(time.time()))
+        wait = min(
+            self.settings.reconcile_interval, self.scheduler.wait(time.time()), self.demand.wait()
+        )
         block = 0 if rec.busy() else max(1, int(wait * 1000))
         dirty = self.feed.read(block)
         if dirty.gap:
@@ -158,6 +174,7 @@ class Controller:
         if dirty or rec.busy() or rec.due():
             self._log_pass(rec.step(dirty))
         self.scheduler.step(dirty.schedules)
+        self.demand.step(rec.mirror)
 
     def _log_pass(self, stats: PassStats, full: bool = False) -> None:
         self.passes += 1

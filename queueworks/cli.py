@@ -1,6 +1,6 @@
 """The ``queueworks`` command: the group, and the commands that start processes (worker,
 controller, demo); the others come from ``queueworks.commands`` (enqueue, submit, info, dead,
-health, dashboard, redis), assembled here.
+health, dashboard, autoscale, redis), assembled here.
 
 Settings come from flags and ``QUEUEWORKS_*`` environment variables (flags win); every
 option's help names its default and its variable, both read from ``Settings``. Expected
@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from queueworks.commands.autoscale import autoscale
 from queueworks.commands.dashboard_server import dashboard
 from queueworks.commands.dead import dead
 from queueworks.commands.devserver import redis_command
@@ -64,7 +65,8 @@ def main(debug: bool) -> None:
     """
 
 
-for command in (submit, enqueue, schedule, schedules, unschedule, info, dead, health, dashboard):
+commands = (submit, enqueue, schedule, schedules, unschedule, info, dead, health, dashboard)
+for command in (*commands, autoscale):
     main.add_command(command)
 main.add_command(redis_command)
 
@@ -177,6 +179,12 @@ def worker(
     "--full-pass-interval",
     "full_pass_interval",
     "seconds over which the backstop sweep re-reads every task and worker",
+    type=float,
+)
+@setting(
+    "--drain-target",
+    "drain_target",
+    "seconds a backlog should take to drain: the wanted workers (autoscale) are counted for it",
     type=float,
 )
 @allow_eviction

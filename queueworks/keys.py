@@ -78,6 +78,8 @@ key                                type          meaning
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
 ``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``
+``qw:autoscale:wanted``            string + TTL  the workers wanted per node selector (JSON,
+                                                 ``queueworks.wanted``), written by the leader
 ``qw:controller:term:{<lease>}``   string (int)  the lease's term counter; its tag is the lease's
                                                  key, so both share a slot
 ``qw:fence:{<tag>}``               string (int)  cluster only, one per slot: the highest term that
@@ -361,6 +363,11 @@ class Keys:
     def fence(self, tag: str) -> str:
         """The term key of the cluster slot that ``tag`` hashes to (``controller.fence``)."""
         return f"{self.prefix}:fence:{{{tag}}}"
+
+    @property
+    def wanted(self) -> str:
+        """The workers wanted per node selector (``queueworks.wanted``)."""
+        return f"{self.prefix}:autoscale:wanted"
 
     @property
     def events(self) -> str:

@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     lease_ttl: float = Field(default=5.0, gt=0, le=DAY)
     reconcile_interval: float = Field(default=1.0, gt=0, le=HOUR)
     full_pass_interval: float = Field(default=60.0, gt=0, le=DAY)  # the backstop sweep
+    drain_target: float = Field(default=60.0, gt=0, le=DAY)  # s: wanted workers drain by then
+    wanted_interval: float = Field(default=1.0, gt=0, le=HOUR)  # s between wanted counts
     stats_interval: float = Field(default=60.0, gt=0, le=DAY)  # s between `controller_stats`
     fault_stop_before_apply: int = Field(default=0, ge=0)  # tests only: controller.main
     batch_size: int = Field(default=100, ge=1, le=10_000)

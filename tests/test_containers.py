@@ -36,8 +36,10 @@ import hashlib
 import json
 import os
 import secrets
+import shlex
 import shutil
 import subprocess
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -50,7 +52,7 @@ import pytest
 import redis
 import yaml
 
-from queueworks import Client, TaskState
+from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from queueworks.redis_server import free_port
 from queueworks.settings import Settings
@@ -233,6 +235,9 @@ class Stack:
                 # never started (an override cannot drop its published port); host here so
                 # that no service of this project could ever ask for a bridge network
                 "dashboard": host,
+                # never started either (its image needs the Docker CLI from a registry): the
+                # autoscale test runs the same command on the host
+                "autoscale": host,
             }
         }
 
@@ -627,3 +632,62 @@ def _pings(r: redis.Redis) -> bool:
         return bool(r.ping())
     except redis.ConnectionError:
         return False
+
+
+def test_autoscale_0_to_n_to_0_with_a_running_task(stack: Stack, tmp_path: Path) -> None:
+    """``queueworks autoscale`` (on the host, as compose.yaml's ``autoscale`` service runs it
+    in a container) scales the worker containers with ``up --scale``: from none, a task of
+    ``min_nodes=2`` brings 2 that run it; once it is done, back to none, each container
+    stopped by SIGTERM alone, exit 0, as a ``leave``. Nothing is lost."""
+    build(stack)  # cached by the test above (or made now)
+    stack("up", "-d", "--no-build", "redis", "controller")
+    wait_for(stack.healthy, 240, "redis and the controllers to be healthy", interval=0.5)
+    scale = [*stack.compose, "up", "-d", "--no-recreate", "--no-build", "--scale"]
+    command = shlex.join([*scale, "worker=0", "worker"]).replace("worker=0", "worker={n}", 1)
+    log = (tmp_path / "autoscale.log").open("wb")
+    args = ["autoscale", "--scale-command", command, "--max", "3", "--cooldown", "4"]
+    scaler = subprocess.Popen(
+        [sys.executable, "-m", "queueworks", *args],
+        env={**stack.env, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        stdout=log,
+        stderr=log,
+    )
+    client = Client.from_url(stack.redis_url, prefix=stack.prefix)
+    keys = Keys(stack.prefix)
+    resolved = load_compose({})["services"]
+    try:
+        subtasks = [{"seconds": 0.25} for _ in range(60)]
+        t = time.time()
+        task = client.submit(
+            TaskSpec(
+                name="scaled",
+                handler="queueworks.examples:sleep",
+                subtasks=subtasks,
+                min_nodes=2,
+                max_nodes=2,
+            )
+        )
+        wait_for(lambda: len(task.status().nodes) == 2, 120, "2 worker containers in the task")
+        figure("autoscale_0_to_2_running_s", time.time() - t)
+        workers = stack.containers("worker")
+        assert len(workers) == 2, workers
+        status = task.wait(timeout=180)
+        assert (status.state, status.done, status.dead) == (TaskState.COMPLETED, 60, 0), status
+        t = time.time()
+        wait_for(lambda: not stack.containers("worker"), 120, "no worker container", 0.5)
+        figure("autoscale_idle_to_0_s", time.time() - t)
+        grace = duration(resolved["worker"]["stop_grace_period"])
+        for cid in workers:
+            stopped_cleanly(stack, cid, "worker", grace)
+        entries = history(client.redis, keys, task.id)
+        assert {e["cause"] for e in entries} <= {"join", "leave", "rebalanced"}, entries
+        assert sum(e["cause"] == "leave" for e in entries) == 2, entries
+        assert sorted(dict(task.results())) == list(range(60))
+    finally:
+        client.close()
+        scaler.terminate()
+        code = scaler.wait(30)
+        log.close()
+    text = (tmp_path / "autoscale.log").read_text()
+    assert code == 0 and "scale_failed" not in text, text[-3000:]

@@ -70,6 +70,21 @@ def load_compose(env: Mapping[str, str]) -> dict[str, Any]:
     return dict(interpolate(raw, env))
 
 
+def check_autoscale(svc: dict[str, Any], worker: dict[str, Any]) -> None:
+    """The autoscaler: off by default, scaling the worker service with compose (no shell),
+    given the engine's socket and the compose files, over the same Redis as the rest."""
+    assert svc["profiles"] == ["autoscale"]
+    command = svc["command"]
+    assert command[:2] == ["queueworks", "autoscale"] and "--shell" not in command
+    scale = command[command.index("--scale-command") + 1]
+    assert "--scale worker={n} worker" in scale and "--no-recreate" in scale
+    assert int(command[command.index("--min") + 1]) == 0  # to zero when idle
+    assert any(v.startswith("/var/run/docker.sock:") for v in svc["volumes"])
+    assert (
+        svc["environment"]["QUEUEWORKS_REDIS_URL"] == worker["environment"]["QUEUEWORKS_REDIS_URL"]
+    )
+
+
 def duration(text: str) -> float:
     """A compose duration (``30s``, ``1m30s``, ``500ms``) in seconds."""
     units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6}
@@ -192,7 +207,14 @@ def test_docker_compose_accepts_compose_yaml() -> None:
     resolved = yaml.safe_load(res.stdout)
     ours = load_compose(env)
     services = resolved["services"]
-    assert set(services) == {"redis", "controller", "worker", "dashboard", "dashboard-host"}
+    assert set(services) == {
+        "redis",
+        "controller",
+        "worker",
+        "dashboard",
+        "dashboard-host",
+        "autoscale",
+    }
     for name, svc in services.items():
         assert interpolate(svc["command"], {}) == ours["services"][name]["command"], name
         assert "healthcheck" in svc, f"{name} has no healthcheck"
@@ -235,6 +257,8 @@ def test_docker_compose_accepts_compose_yaml() -> None:
     assert host["command"][:2] == ["queueworks", "dashboard"]
     assert host["command"][host["command"].index("--host") + 1] == "127.0.0.1"
     assert host["environment"] == dashboard["environment"]
+
+    check_autoscale(services["autoscale"], worker)
 
     for name in ("controller", "worker", "dashboard", "dashboard-host"):  # one image for all
         assert services[name]["image"] == services["worker"]["image"]

@@ -15,8 +15,10 @@ from pydantic import BaseModel
 
 from queueworks.client import Client
 from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
-from queueworks.models import JobStatus, NodeInfo, QueueStatus, Schedule, TaskState
+from queueworks.models import JobStatus, NodeInfo, QueueStatus, Schedule, TaskState, WorkerRecord
 from queueworks.tasks import Backend
+from queueworks.wanted import Wanted
+from queueworks.wanted import read as read_wanted
 
 NO_CONTROLLER = (
     "no controller is running: no task or queue gets nodes (or more of them) until one is "
@@ -124,6 +126,14 @@ def _queues(
     return lines
 
 
+def wanted_line(wanted: Wanted | None, now: float) -> str:
+    """The workers the controller wants, per node selector (what ``autoscale`` runs)."""
+    if wanted is None:
+        return "wanted workers: none published (no controller leads, or it has not counted)"
+    counts = " ".join(f"{name or '(any)'}={n}" for name, n in sorted(wanted.selectors.items()))
+    return f"wanted workers: {counts or '(any)=0'}  (counted {max(0.0, now - wanted.at):.1f}s ago)"
+
+
 def queue_schedules(client: Client, queues: list[QueueStatus]) -> dict[str, list[Schedule]]:
     """Each queue's schedules (a read per queue)."""
     from queueworks.queue_handle import Queue
@@ -151,6 +161,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
     workers = client.workers()
     running = controller_running(client)
     jobs = {q.name: client.running_jobs(q.name) for q in queues if q.running}
+    wanted = read_wanted(client.redis, client.keys)  # what `autoscale` runs
     if as_json:
         return json.dumps(
             {
@@ -162,6 +173,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
                 "schedules": _dumped({n: found for n, found in schedules.items() if found}),
                 "running_jobs": _dumped(jobs),
                 "workers": [w.model_dump(mode="json") for w in workers],
+                "wanted_workers": wanted.model_dump(mode="json") if wanted else None,
             },
             indent=2,
         )
@@ -183,7 +195,13 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
         lines += _why(t.state, t.reason)
         lines += _nodes(nodes)
     lines += _queues(queues, schedules, jobs, now)
-    lines.append(f"{len(workers)} worker(s)")
+    lines += _workers(workers, now)
+    lines.append(wanted_line(wanted, now))
+    return "\n".join(lines)
+
+
+def _workers(workers: Sequence[WorkerRecord], now: float) -> list[str]:
+    lines = [f"{len(workers)} worker(s)"]
     for w in workers:
         beat = f"{now - w.last_heartbeat:.1f}s ago" if w.last_heartbeat else "-"
         labels = ",".join(f"{k}={v}" for k, v in w.labels.items()) or "-"
@@ -194,7 +212,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
             f" processed={w.processed} labels={labels} queues={serves}"
             f" member_of={','.join(w.member_of) or '-'} heartbeat {beat}"
         )
-    return "\n".join(lines)
+    return lines
 
 
 @click.command(short_help="Tasks, queues (backlog, node sets) and workers.")

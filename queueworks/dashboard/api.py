@@ -1,6 +1,6 @@
 """The JSON API (read side): ``/api/overview``, ``/api/tasks``, ``/api/tasks/{id}``,
 ``/api/queues``, ``/api/queues/{name}``, ``/api/queues/{name}/jobs/{id}``, ``/api/workers``,
-``/api/events``; and ``/metrics``.
+``/api/events``, ``/api/autoscale``; and ``/metrics``.
 Documented in ``docs/dashboard.md``. Queues are listed apart, not among the tasks."""
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from queueworks.dashboard.views import (
 )
 from queueworks.jobrecords import JOB_ID
 from queueworks.keys import check_task_id
+from queueworks.wanted import parse_selector
+from queueworks.wanted import read as read_wanted
 
 MAX_LIMIT = 10_000
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
@@ -158,6 +160,23 @@ def overview(request: Request) -> Response:
         queues=d.queues.summaries(names),
     )
     return json_response(request, body.model_dump(mode="json"))
+
+
+def autoscale(request: Request) -> Response:
+    """The workers the controller wants: ``wanted`` for ``?selector=k=v,...`` (none: the
+    work that names no selector), and every selector's count (what KEDA's metrics-api
+    scaler reads; ``published`` false and 0 wanted when no controller counted lately)."""
+    d = dash_of(request)
+    try:
+        name = parse_selector([request.query_params.get("selector", "")])
+    except ValueError as exc:
+        raise BadQuery(str(exc)) from None
+    value = read_wanted(d.reader.r, d.reader.keys)
+    body: dict[str, Any] = {"selector": name, "published": value is not None}
+    body["wanted"] = value.of(name) if value else 0
+    body["selectors"] = value.selectors if value else {}
+    body["at"], body["by"] = (value.at, value.by) if value else (None, None)
+    return json_response(request, body)
 
 
 def metrics(request: Request) -> Response:

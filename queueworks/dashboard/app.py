@@ -183,6 +183,7 @@ def routes() -> list[Any]:
         Route("/api/queues/{name}/jobs/{id}", api.queue_job),
         Route("/api/workers", api.workers),
         Route("/api/events", api.events),
+        Route("/api/autoscale", api.autoscale),
         *(Route(p, actions.run_action, methods=["POST"]) for p in action_paths),
         *(Route("/api" + p, actions.run_action, methods=["POST"]) for p in action_paths),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),

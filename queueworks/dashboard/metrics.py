@@ -7,6 +7,9 @@ scrape reads only the entries written since the previous one (per task, by strea
 they are counters of what this dashboard process has seen, as Prometheus expects of
 counters (they restart with the process).
 
+``queueworks_workers_wanted{selector=...}`` is what the leading controller publishes
+(``queueworks.wanted``): what an autoscaler (``queueworks autoscale``, KEDA) scales to.
+
 Queues are not counted as tasks: they have families of their own (``queueworks_queue_*``:
 backlog, scheduled, running, jobs by outcome, nodes, and the enqueue -> start histogram that
 the members keep in Redis, so it does not restart with this process).
@@ -23,6 +26,8 @@ from typing import Any
 from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.dashboard.reader import Reader, history_entry, task_counts
 from queueworks.dashboard.views import QueueSummary, TaskSummary, WorkerView
+from queueworks.wanted import Wanted
+from queueworks.wanted import read as read_wanted
 
 PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 RECLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -79,9 +84,11 @@ class Metrics:
         plain = [t for t in tasks if t.id not in hidden]
         backlog = self.reader.backlog([t for t in plain if not t.finished])
         workers = self.reader.workers()
+        wanted = read_wanted(self.reader.r, self.reader.keys)
         with self._lock:
             self._read_history(tasks)  # a queue's rebalances count with the tasks'
             lines = self._lines(plain, backlog, workers) + queue_lines(queues, latency)
+            lines += wanted_lines(wanted)
             return "\n".join(lines) + "\n"
 
     def _read_history(self, tasks: Sequence[TaskSummary]) -> None:
@@ -182,6 +189,19 @@ def worker_lines(workers: Sequence[WorkerView], counts: dict[str, int]) -> list[
                 out.append(
                     f'queueworks_worker_member{{worker="{_label(w.id)}",queue="{_label(q)}"}} 1'
                 )
+    return out
+
+
+def wanted_lines(wanted: Wanted | None) -> list[str]:
+    """The workers the controller wants per node selector (none while none is published)."""
+    out: list[str] = []
+    _Family(out)(
+        "queueworks_workers_wanted",
+        "gauge",
+        "Workers the controller wants, per node selector (k=v,...; empty: no selector).",
+    )
+    for name, n in sorted((wanted.selectors if wanted else {}).items()):
+        out.append(f'queueworks_workers_wanted{{selector="{_label(name)}"}} {n}')
     return out
 
 

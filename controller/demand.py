@@ -1,0 +1,160 @@
+"""The leader's count of wanted workers (``controller.wanted``), published for autoscalers.
+
+Every ``interval`` s (1 by default) a pass reads what the mirror does not hold, in one
+pipelined round trip: each active queue's stream length, the jobs its members hold and
+its delayed jobs already due; each task that holds nodes, its settled counts. A task that
+holds none needs no read (it wants its ``min_nodes``). The rate one worker finishes items
+at is measured here, from the settled counts of the last ``WINDOW`` s, and kept while a
+task or queue has no workers (so a backlog after an idle spell asks for what it needs at
+once). With no active task or queue, a pass reads nothing.
+
+The result goes to ``qw:autoscale:wanted`` through the fence (``controller.fence``: only
+while this controller leads), when it changes and at least every ``REFRESH`` s, with an
+expiry of ``TTL`` s: when no controller leads, the value goes away and autoscalers hold.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from queueworks import wanted as published
+from queueworks.connection import Connection
+from queueworks.keys import Keys
+
+from .fence import Batch, Fence, Fenced
+from .mirror import Mirror, TaskRow
+from .tally import Tally
+from .wanted import Need, wanted
+
+REFRESH = 5.0  # s: the value is written again at least this often
+TTL = 30.0  # s: its expiry (a value no leader refreshes goes away)
+WINDOW = 10.0  # s of settled counts a rate is measured over
+Sample = tuple[float, int]  # (monotonic s, items settled)
+
+
+class Demand:
+    def __init__(
+        self,
+        r: Connection,
+        keys: Keys,
+        fence: Fence,
+        log: Any,
+        tally: Tally,
+        held: Callable[[], bool],
+        *,
+        me: str,
+        target_s: float,
+        interval: float,
+    ) -> None:
+        self.r, self.keys, self.fence, self.log, self.tally = r, keys, fence, log, tally
+        self.held, self.me = held, me
+        self.target_s, self.interval = target_s, interval
+        self.at = -math.inf  # monotonic s of the last pass
+        self.written: tuple[float, dict[str, int]] | None = None  # when, what
+        self.samples: dict[str, deque[Sample]] = {}
+        self.per_worker: dict[str, float] = {}  # the last rate measured, per task or queue
+
+    def reset(self) -> None:
+        """A new term: write again at the next pass (rates measured so far stay true)."""
+        self.at, self.written = -math.inf, None
+
+    def wait(self) -> float:
+        """Seconds until the next pass is due."""
+        return max(0.0, self.at + self.interval - time.monotonic())
+
+    def step(self, mirror: Mirror) -> dict[str, int] | None:
+        """Count and publish, if due: what was written (None: nothing)."""
+        now = time.monotonic()
+        if now - self.at < self.interval:
+            return None
+        self.at = now
+        rows = sorted(mirror.tasks.values(), key=lambda row: row.id)
+        needs = self._needs(rows, mirror, now)
+        counts = wanted(needs, self.target_s)
+        if self.written and self.written[1] == counts and now - self.written[0] < REFRESH:
+            return None
+        value = published.Wanted(
+            at=time.time(), by=self.me, target_s=self.target_s, selectors=counts
+        )
+        batch = Batch()
+        batch.add("set_px", [self.keys.wanted], published.encode(value), int(TTL * 1000))
+        if not self.held():
+            raise Fenced("the lease may have expired (by this process's clock)")
+        self.tally.ops += 1
+        self.fence.apply(batch)
+        if self.written is None or self.written[1] != counts:
+            self.log.info("wanted_workers", selectors=counts)
+        self.written = (now, counts)
+        return counts
+
+    def _needs(self, rows: list[TaskRow], mirror: Mirror, now: float) -> list[Need]:
+        read = [row for row in rows if row.queue or mirror.nodes.get(row.id)]
+        pipe = self.r.pipeline(transaction=False)
+        for row in read:
+            tk = self.keys.task(row.id)
+            pipe.hmget(tk.record, "total", "done", "dead")
+            if row.queue:
+                pipe.xlen(tk.stream)
+                pipe.zcount(tk.scheduled, "-inf", time.time())
+        replies = iter(self.tally.run(pipe) if read else [])
+        counts = {row.id: _work(row, replies) for row in read}
+        self._forget(set(mirror.tasks))
+        needs = []
+        for row in rows:
+            settled, work = counts.get(row.id, (None, None))
+            nodes = len((mirror.members if row.queue else mirror.nodes).get(row.id, ()))
+            if settled is not None:
+                self._measure(row.id, settled, nodes, now)
+            needs.append(
+                Need(
+                    id=row.id,
+                    selector=published.selector_name(row.selector),
+                    queue=row.queue,
+                    min_nodes=row.min_nodes,
+                    max_nodes=row.max_nodes,
+                    work=work,
+                    per_worker=self.per_worker.get(row.id),
+                    partitions=row.partitions,
+                    priority=row.priority,
+                )
+            )
+        return needs
+
+    def _measure(self, tid: str, settled: int, nodes: int, now: float) -> None:
+        """Keep the settled count; measure one worker's rate over the window, if it ran."""
+        seen = self.samples.setdefault(tid, deque())
+        seen.append((now, settled))
+        while len(seen) > 2 and now - seen[1][0] >= WINDOW:
+            seen.popleft()
+        first_at, first = seen[0]
+        if nodes and now - first_at >= 1.0 and settled > first:
+            self.per_worker[tid] = (settled - first) / (now - first_at) / nodes
+
+    def _forget(self, active: set[str]) -> None:
+        for tid in [t for t in self.samples if t not in active]:
+            del self.samples[tid]
+        for tid in [t for t in self.per_worker if t not in active]:
+            del self.per_worker[tid]
+
+
+def _work(row: TaskRow, replies: Any) -> tuple[int | None, int | None]:
+    """(items settled, items left) from the reads of one task or queue (None: unknown)."""
+    total, done, dead = (_int(v) for v in next(replies))
+    settled = done + dead
+    if row.queue:
+        length, due = _int(next(replies)), _int(next(replies))
+        return settled, length + due
+    if total <= 0:
+        return settled, None  # a step task, or no total yet
+    return settled, max(0, total - settled)
+
+
+def _int(value: Any) -> int:
+    try:
+        return max(0, int(value or 0))
+    except (TypeError, ValueError):
+        return 0
