@@ -146,7 +146,7 @@ class QueueReader:
             pipe.xpending(tk.stream, tk.group)
             pipe.zcard(tk.scheduled)
             pipe.hgetall(tk.rate)
-            pipe.scard(tk.deferred)
+            pipe.zcard(tk.deferred)
         replies = pipe.execute(raise_on_error=False)
         now = time.time()
         out = []
