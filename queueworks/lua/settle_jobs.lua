@@ -10,7 +10,7 @@
 -- The stream may be one of a handler's aside streams (set_aside.lua): once the settle leaves
 -- it empty, it is deleted and its handler leaves the aside set.
 -- The ids of the jobs counted done go to the head of the queue's done index, in one LPUSH
--- and one LTRIM per call (capped at ${DONE_KEPT}): what the dashboard lists as done.
+-- and one LTRIM per call (capped: jobrecords.DONE_KEPT): what the dashboard lists as done.
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
 -- KEYS[5] rate   KEYS[6] aside set   KEYS[7] done index   KEYS[8..] the records of the ok
 -- jobs, then of the dead ones, in order, then the indexes of the unique keys released
@@ -162,7 +162,7 @@ if ok > 0 then
   for i = 1, ok, 1000 do
     call('LPUSH', KEYS[7], unpack(done_ids, i, math.min(i + 999, ok)))
   end
-  call('LTRIM', KEYS[7], 0, ${DONE_KEPT} - 1)
+  call('LTRIM', KEYS[7], 0, tonumber('${DONE_KEPT}') - 1)
 end
 if dead > 0 then
   call('HINCRBY', KEYS[2], 'dead', dead)
