@@ -10,6 +10,7 @@ reading.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -37,7 +38,10 @@ def read_one(r: redis.Redis, tk: TaskKeys) -> Any:
 
 def settle(client: Client, tk: TaskKeys, entries: list[Any], *, dead: bool = False) -> None:
     """Settle ``entries`` (read by ``read_one``) in one settle call: done, or dead."""
-    jobs = [Settling(e, time.time(), 1, "boom" if dead else '{"y": 2}', "failed 1 times") for e in entries]
+    jobs = [
+        Settling(e, time.time(), 1, "boom" if dead else '{"y": 2}', "failed 1 times")
+        for e in entries
+    ]
     batch = JobBatch(ok=[] if dead else jobs, dead=jobs if dead else [])
     client.scripts.settle_jobs(tk, batch, MEMBER, time.time(), 600, client=None)
 
@@ -199,3 +203,117 @@ def test_a_paused_queues_members_stop_reading(
     q.resume()
     assert job.result(timeout=30) == 4
     wait_for(lambda: q.status().backlog == 0, 10, "the backlog read")
+
+
+# -- the dashboard and the command line --------------------------------------------------
+
+
+@pytest.mark.integration
+def test_the_dashboard_lists_jobs_shows_one_and_finds_it(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    from tests.test_dashboard import make_app
+
+    q = client.queue("dash-jobs")
+    tk = keys.task("dash-jobs")
+    jobs = [q.enqueue(H, {"x": i}) for i in range(3)]
+    later = q.enqueue(H, {"x": 9}, delay=600)
+    settle(client, tk, [read_one(r, tk)])
+    with make_app(client) as web:
+        page = web.get("/api/queues/dash-jobs/jobs", params={"state": "queued", "limit": 1})
+        assert page.status_code == 200
+        body = page.json()
+        assert (body["total"], [j["id"] for j in body["jobs"]]) == (2, [jobs[1].id])
+        done = web.get("/api/queues/dash-jobs/jobs", params={"state": "done"}).json()
+        assert [j["id"] for j in done["jobs"]] == [jobs[0].id]
+        one = web.get(f"/api/queues/dash-jobs/jobs/{jobs[0].id}").json()
+        assert (one["state"], one["result"]) == ("done", '{"y": 2}')
+        for bad in ({"state": "nope"}, {"limit": "0"}, {"offset": "x"}):
+            got = web.get("/api/queues/dash-jobs/jobs", params=bad)
+            assert got.status_code == 400 and got.json()["ok"] is False
+        assert web.get("/api/queues/nope/jobs").status_code == 404
+        assert web.get("/api/queues/dash-jobs/jobs/ffff").status_code == 404
+
+        html = web.get("/queues/dash-jobs", params={"jobs": "scheduled"}).text
+        assert f"/queues/dash-jobs/jobs/{later.id}" in html and "Run now" in html
+        assert web.get(f"/queues/dash-jobs/jobs/{jobs[1].id}").status_code == 200
+        found = web.get("/search", params={"q": jobs[2].id}, follow_redirects=False)
+        assert found.headers["location"] == f"/queues/dash-jobs/jobs/{jobs[2].id}"
+        assert web.get("/search", params={"q": "dash-jobs"}, follow_redirects=True).url.path == (
+            "/queues/dash-jobs"
+        )
+        assert web.get("/search", params={"q": "<b>nothing"}).status_code == 404
+
+
+@pytest.mark.integration
+def test_the_dashboard_actions_on_a_whole_queue(client: Client, r: redis.Redis, keys: Keys) -> None:
+    from tests.test_dashboard import make_app, post
+
+    q = client.queue("dash-act")
+    tk = keys.task("dash-act")
+    q.enqueue(H, {"x": 1})
+    settle(client, tk, [read_one(r, tk)], dead=True)
+    later = q.enqueue(H, {"x": 2}, delay=600)
+    [q.enqueue(H, {"x": i}) for i in range(3)]
+    with make_app(client) as web:
+        assert web.post("/api/queues/dash-act/pause").status_code == 403  # no CSRF token
+        got = post(web, "/api/queues/dash-act/pause").json()
+        assert got["ok"] and q.status().paused
+        assert post(web, "/api/queues/dash-act/resume").json()["changed"] is True
+        assert post(web, "/api/queues/dash-act/empty").json()["cancelled"] == 3
+        assert post(web, f"/api/queues/dash-act/jobs/{later.id}/run").json()["ok"]
+        again = post(web, f"/api/queues/dash-act/jobs/{later.id}/run")
+        assert again.status_code == 400 and "not scheduled" in again.json()["error"]
+        assert post(web, "/api/queues/dash-act/dead/requeue-all").json()["requeued"] == 1
+        settle(client, tk, [read_one(r, tk)], dead=True)
+        assert post(web, "/api/queues/dash-act/dead/delete-all").json()["deleted"] == 1
+        assert post(web, "/api/queues/dash-act/explode").status_code == 404
+        assert post(web, "/api/queues/nope/pause").status_code == 404
+        form = post(web, "/queues/dash-act/pause", {"next": "/queues/dash-act"})
+        assert form.status_code == 303 and q.status().paused
+
+
+@pytest.mark.integration
+def test_a_live_update_sends_only_the_blocks_that_changed(client: Client) -> None:
+    from tests.test_dashboard import make_app
+
+    q = client.queue("dash-live")
+    with make_app(client) as web:
+        first = web.get("/queues/dash-live", headers={"X-Live": "-"}).json()
+        assert "queue-dead" in first["blocks"] and set(first["blocks"]) == set(first["hashes"])
+        have = ";".join(f"{k}={v}" for k, v in first["hashes"].items())
+        q.enqueue(H, {"x": 1})
+        second = web.get("/queues/dash-live", headers={"X-Live": have}).json()
+        assert "queue-jobs" in second["blocks"] and "queue-dead" not in second["blocks"]
+        full = web.get("/queues/dash-live").text
+        assert len(json_size(second)) < len(full)
+
+
+def json_size(answer: dict[str, Any]) -> str:
+    return json.dumps(answer)
+
+
+def json_loads(text: str) -> Any:
+    return json.loads(text)
+
+
+@pytest.mark.integration
+def test_the_queue_command(redis_url: str, prefix: str, client: Client) -> None:
+    from tests.test_cli import cli, one_line_error
+
+    q = client.queue("cli-q")
+    job = q.enqueue(H, {"x": 1})
+    later = q.enqueue(H, {"x": 1}, delay=600)
+    listed = cli(["queue", "cli-q", "jobs", "--json"], redis_url, prefix)
+    assert listed.returncode == 0, listed.stderr
+    assert [j["id"] for j in json_loads(listed.stdout)["jobs"]] == [job.id]
+    assert "queue cli-q paused" in cli(["queue", "cli-q", "pause"], redis_url, prefix).stdout
+    assert q.status().paused
+    assert cli(["queue", "cli-q", "resume"], redis_url, prefix).returncode == 0
+    assert "1 job(s)" in cli(["queue", "cli-q", "empty"], redis_url, prefix).stdout
+    assert cli(["queue", "cli-q", "run", later.id], redis_url, prefix).returncode == 0
+    one_line_error(cli(["queue", "cli-q", "run", later.id], redis_url, prefix), 1, "not scheduled")
+    one_line_error(cli(["queue", "cli-q", "jobs", "--state", "x"], redis_url, prefix), 2, "state")
+    one_line_error(cli(["queue", "nope", "pause"], redis_url, prefix), 1, "no queue nope")
+    assert "0 dead" in cli(["queue", "cli-q", "requeue-dead"], redis_url, prefix).stdout
+    assert "0 dead letter" in cli(["queue", "cli-q", "delete-dead"], redis_url, prefix).stdout
