@@ -26,9 +26,9 @@ from queueworks.connection import text
 from queueworks.context import JobContext, Suspended, call_ended
 from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
-from queueworks.records import QUEUE_PAUSED
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
+from queueworks.records import QUEUE_PAUSED
 from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
 
