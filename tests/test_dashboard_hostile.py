@@ -252,7 +252,7 @@ def plant(client: Client, r: redis.Redis, keys: Keys) -> dict[str, str]:
     # a running job (a member took it) with a hostile handler, member and progress message
     r.xadd(qk.stream, {"h": h("running-handler"), "p": "{}", "t": repr(now)})
     held: Any = r.xreadgroup(qk.group, h("running-worker"), {qk.stream: ">"})
-    running = held[0][1][0][0].decode()
+    running = held[0][1][-1][0].decode()  # (the job enqueued above is read too)
     for entry_id, _ in held[0][1]:
         r.hset(
             qk.job(entry_id.decode()),
