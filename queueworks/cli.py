@@ -40,6 +40,7 @@ from queueworks.commands.options import (
     setting,
     settings_from_flags,
 )
+from queueworks.commands.queue_actions import queue
 from queueworks.commands.schedules import schedule, schedules, unschedule
 from queueworks.commands.submit import submit
 from queueworks.signals import ColdStop, install_stop_signals
@@ -65,8 +66,19 @@ def main(debug: bool) -> None:
     """
 
 
-commands = (submit, enqueue, schedule, schedules, unschedule, info, dead, health, dashboard)
-for command in (*commands, autoscale):
+for command in (
+    submit,
+    enqueue,
+    schedule,
+    schedules,
+    unschedule,
+    queue,
+    info,
+    dead,
+    health,
+    dashboard,
+    autoscale,
+):
     main.add_command(command)
 main.add_command(redis_command)
 

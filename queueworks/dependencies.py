@@ -141,7 +141,7 @@ def plan_register(keys: Keys, qk: TaskKeys, job_id: str, deps: Sequence[Dependen
     except ValueError:
         trip = Trip()
         trip.delete(qk.job(job_id), qk.deps(job_id))
-        trip.srem(qk.deferred, job_id)
+        trip.zrem(qk.deferred, job_id)
         yield trip
         raise
     if outcomes:

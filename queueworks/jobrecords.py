@@ -336,6 +336,10 @@ def decode_dead_letter(raw: Mapping[bytes, bytes], errors: str = "strict") -> di
     return out
 
 
+# -- the index of done jobs ------------------------------------------------------------------
+
+DONE_KEPT = 10_000  # the done jobs' ids a queue keeps (``TaskKeys.done``), newest first
+
 # -- names the Lua scripts get -----------------------------------------------------------------
 
 LUA_NAMES = {
@@ -365,4 +369,5 @@ LUA_NAMES = {
     "JOB_PROGRESS_MESSAGE": JOB_PROGRESS_MESSAGE,
     "JOB_DEPS": JOB_DEPS,
     **{f"DEAD_{name.upper()}": name for name in DEAD_FIELDS},
+    "DONE_KEPT": str(DONE_KEPT),
 }

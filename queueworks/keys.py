@@ -39,7 +39,10 @@ key                                type          meaning
                                                  for ``unique_for`` s after it finished (TTL)
 ``qw:task:{Q}:deps:<J>``           set           a deferred job J's dependencies still awaited
                                                  (``Q/J`` for a job, ``T`` for a task)
-``qw:task:{Q}:deferred``           set           a queue's deferred jobs (waiting for others)
+``qw:task:{Q}:deferred``           zset          a queue's deferred jobs (waiting for others),
+                                                 score = when they were enqueued
+``qw:task:{Q}:done``               list          the ids of a queue's jobs done most recently,
+                                                 newest first (capped: ``DONE_KEPT``)
 ``qw:task:{T}:waiters``            hash          the jobs waiting for this one's outcome: a job
                                                  id (``*``: the task itself) -> its dependents
                                                  (``Q/J``, space-separated)
@@ -235,6 +238,11 @@ class TaskKeys:
         return f"{self._base}:deferred"
 
     @property
+    def done(self) -> str:
+        """The newest done jobs' ids (``settle_jobs.lua``): the index of the done list."""
+        return f"{self._base}:done"
+
+    @property
     def waiters(self) -> str:
         return f"{self._base}:waiters"
 
@@ -287,6 +295,7 @@ class TaskKeys:
             self.schedules_due,
             self.schedules_last,
             self.deferred,
+            self.done,
             self.waiters,
             self.released,
         ]

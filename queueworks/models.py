@@ -348,6 +348,26 @@ class JobStatus(_Model):
     waits_for: list[str] = Field(default_factory=list)  # a deferred job's dependencies left
 
 
+class JobDetail(JobStatus):
+    """A job as its page shows it (``Queue.job_detail``): its status, and what it holds."""
+
+    payload: str | None = None  # its payload JSON, while it is kept (not once it is done)
+    result: str | None = None  # a done job's result JSON
+    traceback: str | None = None  # a dead job's (or the last failed attempt's) traceback
+    entry: str | None = None  # its stream entry, while it has one
+
+
+class JobPage(_Model):
+    """A page of a queue's jobs in one state (``Queue.jobs``): how many there are, and the
+    page."""
+
+    state: JobState
+    total: int
+    offset: int
+    limit: int
+    jobs: list[JobStatus] = Field(default_factory=list)
+
+
 class QueueStatus(_Model):
     """What ``Queue.status()`` and ``Client.queues()`` say."""
 
@@ -367,6 +387,7 @@ class QueueStatus(_Model):
     priority: int
     rates: dict[str, float] = Field(default_factory=dict)  # jobs finished per s: "1s", ...
     reason: str | None = None
+    paused: bool = False  # its members read no new job (``Queue.pause``)
 
 
 class Event(_Model):

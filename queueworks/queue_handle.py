@@ -17,9 +17,17 @@ from typing import Any, TypeVar
 
 from queueworks import script_calls as calls
 from queueworks.connection import one_command, text
+from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
-from queueworks.models import JobStatus, QueueStatus, Schedule
+from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan, Trip
+from queueworks.queue_admin import (
+    plan_delete_dead,
+    plan_empty,
+    plan_pause,
+    plan_requeue_dead,
+    plan_run_now,
+)
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -234,6 +242,38 @@ class Queue:
         """The status of up to ``limit`` jobs its members run now (with their progress)."""
         return self._run(plan_running(self.ref, limit))
 
+    # -- jobs by state, and the whole queue's actions ---------------------------------------
+
+    def jobs(self, state: str = "queued", limit: int = 20, offset: int = 0) -> JobPage:
+        """A page of its jobs in ``state`` (queued, scheduled, deferred, running, done or
+        dead): ``limit`` (at most 1,000) after ``offset``, and how many there are
+        (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
+        return self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
+
+    def pause(self) -> bool:
+        """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""
+        return self._run(plan_pause(self.client.keys, self.name, True))
+
+    def resume(self) -> bool:
+        """Its members read again; False if it was not paused."""
+        return self._run(plan_pause(self.client.keys, self.name, False))
+
+    def empty(self) -> int:
+        """Cancel every job of its backlog (on its stream, not started): how many."""
+        return self._run(plan_empty(self.client.keys, self.name))
+
+    def requeue_dead(self) -> int:
+        """Run every dead job of its dead letters again: how many."""
+        return self._run(plan_requeue_dead(self.client.keys, self.name))
+
+    def delete_dead(self) -> int:
+        """Drop every dead letter (the jobs stay counted as dead): how many."""
+        return self._run(plan_delete_dead(self.client.keys, self.name))
+
+    def run_now(self, job_id: str) -> bool:
+        """Run scheduled job ``job_id`` now; False if it is not scheduled."""
+        return self._run(plan_run_now(self.client.keys, self.name, job_id))
+
 
 class _Sender:
     """``enqueue_many``'s round trips, sent one at a time on a thread of its own (started
@@ -320,6 +360,10 @@ class Job:
 
     def status(self) -> JobStatus:
         return self.queue._run(plan_job_status(self.queue.ref, self.id))
+
+    def detail(self) -> JobDetail:
+        """Its status with its payload (while kept), result and traceback."""
+        return self.queue._run(plan_job_detail(self.queue.client.keys, self.queue.name, self.id))
 
     def result(self, timeout: float | None = None) -> Any:
         """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;

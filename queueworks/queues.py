@@ -47,7 +47,7 @@ from queueworks.models import (
     parse_handler_path,
 )
 from queueworks.queue_settings import DEFAULTS, QueueSettings
-from queueworks.records import Hash, new_task, queue_counts
+from queueworks.records import QUEUE_PAUSED, Hash, new_task, queue_counts
 from queueworks.scripts import NewJob, job_ids
 from queueworks.validate import run_at
 from queueworks.vanished import (
@@ -185,13 +185,14 @@ def queue_reads(pipe: Any, qk: TaskKeys) -> None:
     pipe.xpending(qk.stream, qk.group)
     pipe.zcard(qk.scheduled)
     pipe.hgetall(qk.rate)
-    pipe.scard(qk.deferred)
+    pipe.zcard(qk.deferred)
+    pipe.hget(qk.record, QUEUE_PAUSED)
 
 
 def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueStatus:
     """A queue's status from its task's and the replies of ``queue_reads`` (errors as
     exceptions in them: a key of the wrong type counts nothing)."""
-    length, pending, scheduled, rate, deferred = replies
+    length, pending, scheduled, rate, deferred, paused = replies
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
     return QueueStatus(
@@ -211,6 +212,7 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         priority=task.priority,
         rates=rates,
         reason=task.reason,
+        paused=paused == b"1",
     )
 
 

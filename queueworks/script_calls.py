@@ -21,6 +21,7 @@ from queueworks.jobrecords import JobEntry
 from queueworks.keys import TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES, JobState
+from queueworks.records import QUEUE_PAUSED
 
 T = TypeVar("T")
 
@@ -372,7 +373,7 @@ def job_ids(reply: Sequence[Any]) -> list[str]:
 def _settle_keys(tk: TaskKeys, aside: str) -> tuple[str, ...]:
     """``settle_jobs``' first keys, built once per queue and stream (a settle per read)."""
     stream = tk.aside_stream(aside) if aside else tk.stream
-    return (stream, tk.record, tk.dead, tk.latency, tk.rate, tk.aside)
+    return (stream, tk.record, tk.dead, tk.latency, tk.rate, tk.aside, tk.done)
 
 
 def settle_jobs(
@@ -602,6 +603,12 @@ def reopen_queue(tk: TaskKeys, others: Sequence[str]) -> Call[float | None]:
     return Call("reopen_queue", keys, [ACTIVE], lambda r: None if r is None else float(r))
 
 
+def pause_queue(tk: TaskKeys, paused: bool) -> Call[int]:
+    """Set (``paused``) or clear the queue's paused flag (pause_queue.lua): 1 changed, 0 it
+    was so already, -1 no such queue record."""
+    return Call("pause_queue", [tk.record], ["1" if paused else "", QUEUE_PAUSED], int)
+
+
 def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[Any]:
     keys = [tk.stream, tk.record, tk.dead, tk.job(job_id)]
     return Call("requeue_job", keys, [dead_entry, repr(now)], _same)
@@ -689,6 +696,7 @@ NAMES = (
     "defer_job",
     "depend",
     "release_job",
+    "pause_queue",
     "lease_acquire",
     "submit_small",
     "fenced",  # composed with set_state and expire_finished when loaded (scripts._source)

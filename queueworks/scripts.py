@@ -157,6 +157,7 @@ class _Functions:
     defer_job = _Bound(calls.defer_job)
     depend = _Bound(calls.depend)
     release_job = _Bound(calls.release_job)
+    pause_queue = _Bound(calls.pause_queue)
     submit_small = _Bound(calls.submit_small)
     lease_acquire = _Bound(calls.lease_acquire)
     fenced = _Bound(calls.fenced)

@@ -28,6 +28,7 @@ from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backsto
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
+from queueworks.records import QUEUE_PAUSED
 from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
 
@@ -62,6 +63,7 @@ class QueueLoop:
         self.duties = LeaderDuties(run)
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
+        self.paused = False  # the queue's paused flag, as the last check read it: no reads
         self.avg_seconds = 0.0
 
         self.batch_at = 0.0  # when the batch running now began (a read returned it)
@@ -95,21 +97,23 @@ class QueueLoop:
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
+            pipe.hget(run.tk.record, QUEUE_PAUSED)
         if look:
             self.aside.look_on(pipe)
 
         def looked(replies: list[Any]) -> None:
             self.ledger.settled(replies[start:base])
             if check:
-                member, epoch = replies[base], replies[base + 1]
+                member, epoch, paused = replies[base : base + 3]
                 for reply in (member, epoch):
                     if isinstance(reply, Exception):
                         raise reply
                 # a change suspends us: what was read stays ours, run after the re-rank
                 self.checked_at = now
                 run.membership.fence(member, epoch)
+                self.paused = paused == b"1"
             if look:
-                self.aside.looked(replies[base + 2 if check else base], now)
+                self.aside.looked(replies[base + 3 if check else base], now)
 
         return looked
 

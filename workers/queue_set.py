@@ -146,11 +146,15 @@ class QueueSet:
         streams: dict[Any, Any] = {}
         owner: dict[str, Member] = {}
         for m in members:
-            streams.update(m.loop.aside.read)
-            owner.update(dict.fromkeys(m.loop.aside.read, m))
+            if not m.loop.paused:  # a paused queue's streams are not read (its checks are)
+                streams.update(m.loop.aside.read)
+                owner.update(dict.fromkeys(m.loop.aside.read, m))
         due = [(m, settle) for m, settle, _ in plans if settle or m.loop.check_due(now)]
         if self.cluster and len(members) > 1:  # (one queue's streams share its slot)
             return self._read_cluster(members, due, now, count), owner
+        if not streams:
+            self._idle(due, now, wait)
+            return None, owner
         if not due:
             return self._xreadgroup(self.r, streams, count, wait), owner
         pipe = self.r.pipeline(transaction=False)
@@ -163,6 +167,19 @@ class QueueSet:
             self._read_failed(read, members)
             return None, owner
         return read, owner
+
+    def _idle(self, due: list[tuple[Member, bool]], now: float, wait: int | None) -> None:
+        """Every queue is paused: no read, only the settles and checks that are due, then
+        the wait the read would have blocked for."""
+        if due:
+            pipe = self.r.pipeline(transaction=False)
+            looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
+            replies = pipe.execute(raise_on_error=False)
+            for looked in looks:
+                looked(replies)
+        if wait:
+            self.parts.state.wake.wait(wait / 1000)
+            self.parts.state.wake.clear()
 
     def _xreadgroup(self, conn: Any, streams: dict[Any, Any], count: int, block: int | None) -> Any:
         try:
@@ -178,13 +195,14 @@ class QueueSet:
         pipe = self.r.pipeline(transaction=False)
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
         at = len(pipe)
-        for m in members:
+        reading = [m for m in members if not m.loop.paused]
+        for m in reading:
             pipe.xreadgroup(GROUP, self.me, m.loop.aside.read, count=count)
         replies = pipe.execute(raise_on_error=False)
         for looked in looks:
             looked(replies)
         read: list[Any] = []
-        for m, reply in zip(members, replies[at:], strict=True):
+        for m, reply in zip(reading, replies[at:], strict=True):
             if isinstance(reply, Exception):
                 m.loop.read_failed(reply)
             elif reply:

@@ -25,9 +25,17 @@ from typing import Any, TypeAlias, TypeVar
 
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
+from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
-from queueworks.models import JobStatus, QueueStatus, Schedule
+from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan
+from queueworks.queue_admin import (
+    plan_delete_dead,
+    plan_empty,
+    plan_pause,
+    plan_requeue_dead,
+    plan_run_now,
+)
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -225,6 +233,38 @@ class AsyncQueue:
         """The status of up to ``limit`` jobs its members run now (with their progress)."""
         return await self._run(plan_running(self.ref, limit))
 
+    # -- jobs by state, and the whole queue's actions ---------------------------------------
+
+    async def jobs(self, state: str = "queued", limit: int = 20, offset: int = 0) -> JobPage:
+        """A page of its jobs in ``state`` (queued, scheduled, deferred, running, done or
+        dead): ``limit`` (at most 1,000) after ``offset``, and how many there are
+        (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
+        return await self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
+
+    async def pause(self) -> bool:
+        """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""
+        return await self._run(plan_pause(self.client.keys, self.name, True))
+
+    async def resume(self) -> bool:
+        """Its members read again; False if it was not paused."""
+        return await self._run(plan_pause(self.client.keys, self.name, False))
+
+    async def empty(self) -> int:
+        """Cancel every job of its backlog (on its stream, not started): how many."""
+        return await self._run(plan_empty(self.client.keys, self.name))
+
+    async def requeue_dead(self) -> int:
+        """Run every dead job of its dead letters again: how many."""
+        return await self._run(plan_requeue_dead(self.client.keys, self.name))
+
+    async def delete_dead(self) -> int:
+        """Drop every dead letter (the jobs stay counted as dead): how many."""
+        return await self._run(plan_delete_dead(self.client.keys, self.name))
+
+    async def run_now(self, job_id: str) -> bool:
+        """Run scheduled job ``job_id`` now; False if it is not scheduled."""
+        return await self._run(plan_run_now(self.client.keys, self.name, job_id))
+
 
 async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
     """Iterate an iterable or an async iterable alike."""
@@ -338,6 +378,11 @@ class AsyncJob:
 
     async def status(self) -> JobStatus:
         return await self.queue._run(plan_job_status(self.queue.ref, self.id))
+
+    async def detail(self) -> JobDetail:
+        """Its status with its payload (while kept), result and traceback."""
+        keys = self.queue.client.keys
+        return await self.queue._run(plan_job_detail(keys, self.queue.name, self.id))
 
     async def result(self, timeout: float | None = None) -> Any:
         """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;

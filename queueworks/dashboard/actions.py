@@ -1,6 +1,8 @@
 """Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain;
-and requeue / delete a queue's dead letter (``/queues/{name}/dead/{entry}/...``: a queue's
-priority, bounds and cancel are its task's, ``/tasks/{name}/...``).
+and a queue's: requeue / delete a dead letter (``/queues/{name}/dead/{entry}/...``), all of
+them (``/queues/{name}/dead/requeue-all``, ``delete-all``), pause / resume / empty
+(``/queues/{name}/...``), run a scheduled job now (``/queues/{name}/jobs/{id}/run``). A
+queue's priority, bounds and cancel are its task's, ``/tasks/{name}/...``.
 
 Each action has two addresses: ``/api/...`` answers JSON (scripts, and the page's own
 JavaScript), the same path without ``/api`` answers a redirect back to the page (forms
@@ -12,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
@@ -26,7 +28,18 @@ from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, local_path, s
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import json_response
 from queueworks.keys import check_task_id, check_worker_id
+from queueworks.plans import Plan
+from queueworks.queue_admin import (
+    plan_delete_dead,
+    plan_empty,
+    plan_pause,
+    plan_requeue_dead,
+    plan_run_now,
+)
 from queueworks.queue_settings import SETTINGS
+from queueworks.runner import run
+
+T = TypeVar("T")
 
 MAX_BODY = 64 * 1024
 
@@ -141,7 +154,53 @@ def delete_job(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> di
     return {"deleted": entry, "message": "Dead letter deleted."}
 
 
+def _planned(d: Dashboard, plan: Plan[T]) -> T:
+    return run(d.client.redis, d.client.scripts, plan)
+
+
+def pause(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name = _queue(d, params)
+    changed = _planned(d, plan_pause(d.client.keys, name, True))
+    said = "paused: its members read no new job" if changed else "was paused already"
+    return {"paused": True, "changed": changed, "message": f"Queue {name} {said}."}
+
+
+def resume(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name = _queue(d, params)
+    changed = _planned(d, plan_pause(d.client.keys, name, False))
+    said = "resumed" if changed else "was not paused"
+    return {"paused": False, "changed": changed, "message": f"Queue {name} {said}."}
+
+
+def empty(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name = _queue(d, params)
+    n = _planned(d, plan_empty(d.client.keys, name))
+    return {"cancelled": n, "message": f"{n} job(s) of the backlog of {name} cancelled."}
+
+
+def requeue_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name = _queue(d, params)
+    n = _planned(d, plan_requeue_dead(d.client.keys, name))
+    return {"requeued": n, "message": f"{n} dead job(s) of {name} requeued."}
+
+
+def delete_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name = _queue(d, params)
+    n = _planned(d, plan_delete_dead(d.client.keys, name))
+    return {"deleted": n, "message": f"{n} dead letter(s) of {name} deleted."}
+
+
+def run_now(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name, job = _queue(d, params), params["job_id"]
+    if not _planned(d, plan_run_now(d.client.keys, name, job)):
+        raise ActionError(f"job {job} of {name} is not scheduled (it runs, or has run)")
+    return {"job": job, "message": f"Job {job} is on the queue's stream: it runs next."}
+
+
 QUEUE_ACTIONS: dict[str, Action] = {"requeue": requeue_job, "delete": delete_job}
+WHOLE_QUEUE_ACTIONS: dict[str, Action] = {"pause": pause, "resume": resume, "empty": empty}
+DEAD_ACTIONS: dict[str, Action] = {"requeue-all": requeue_all, "delete-all": delete_all}
+JOB_ACTIONS: dict[str, Action] = {"run": run_now}
 
 ACTIONS: dict[str, Action] = {
     "cancel": cancel,
@@ -202,8 +261,8 @@ async def run_action(request: Request) -> Response:
         submitted = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
         if not d.guard.csrf_ok(request, str(submitted) if submitted else None):
             return _error(request, 403, "CSRF token missing or invalid; reload the page")
-    name = request.path_params["action"]
-    action = (QUEUE_ACTIONS if "queue" in request.path_params else ACTIONS).get(name)
+    name = request.path_params.get("action") or request.path_params["bulk"]
+    action = _table(request.path_params).get(name)
     if action is None:
         return _error(request, 404, f"no action {name!r}")
     params = {k: str(v) for k, v in request.path_params.items()}
@@ -216,6 +275,17 @@ async def run_action(request: Request) -> Response:
     if api:
         return json_response(request, {"ok": True, **result})
     return RedirectResponse(_back(request, form), status_code=303)
+
+
+def _table(params: dict[str, Any]) -> dict[str, Action]:
+    """The actions of the address matched: by the parameters its route has."""
+    if "queue" not in params:
+        return ACTIONS
+    if "entry_id" in params:
+        return QUEUE_ACTIONS
+    if "job_id" in params:
+        return JOB_ACTIONS
+    return DEAD_ACTIONS if "bulk" in params else WHOLE_QUEUE_ACTIONS
 
 
 def _back(request: Request, form: dict[str, Any]) -> str:

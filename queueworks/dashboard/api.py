@@ -1,6 +1,7 @@
 """The JSON API (read side): ``/api/overview``, ``/api/tasks``, ``/api/tasks/{id}``,
-``/api/queues``, ``/api/queues/{name}``, ``/api/queues/{name}/jobs/{id}``, ``/api/workers``,
-``/api/events``, ``/api/autoscale``; and ``/metrics``.
+``/api/queues``, ``/api/queues/{name}``, ``/api/queues/{name}/jobs``,
+``/api/queues/{name}/jobs/{id}``, ``/api/workers``, ``/api/events``, ``/api/autoscale``; and
+``/metrics``.
 Documented in ``docs/dashboard.md``. Queues are listed apart, not among the tasks."""
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from queueworks.client import TaskNotFound
 from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks, tasks_only
 from queueworks.dashboard.reader import BadQuery, dead_before, task_counts
 from queueworks.dashboard.state import dash_of
@@ -22,12 +22,12 @@ from queueworks.dashboard.views import (
     TaskSummary,
     WorkerView,
 )
-from queueworks.jobrecords import JOB_ID
-from queueworks.keys import check_task_id
+from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
 from queueworks.wanted import parse_selector
 from queueworks.wanted import read as read_wanted
 
 MAX_LIMIT = 10_000
+JOBS_SHOWN = 20  # a page of a queue's jobs, unless ``limit`` says otherwise
 PROMETHEUS_TEXT = "text/plain; version=0.0.4; charset=utf-8"
 
 
@@ -109,18 +109,20 @@ def queue_schedules(request: Request) -> Response:
 
 
 def queue_job(request: Request) -> Response:
-    """One job's status (``job.status()``); 404 for a queue or job that is none."""
+    """One job in full (``job.detail()``); 404 for a queue or job that is none."""
     d = dash_of(request)
-    name, job_id = request.path_params["name"], request.path_params["id"]
-    if not d.queues.is_queue(check_task_id(name)):
-        raise TaskNotFound(f"queue {name}")
-    if not JOB_ID.match(job_id.encode()):
-        raise TaskNotFound(f"job {job_id!r} of queue {name}")
-    try:
-        status = d.queues.client.job_status(name, job_id)
-    except LookupError as exc:
-        raise TaskNotFound(str(exc)) from None
-    return json_response(request, status.model_dump(mode="json"))
+    found = d.queues.job(request.path_params["name"], request.path_params["id"])
+    return json_response(request, found.model_dump(mode="json"))
+
+
+def queue_jobs(request: Request) -> Response:
+    """A page of a queue's jobs in one state (``Queue.jobs``)."""
+    d = dash_of(request)
+    state = request.query_params.get("state", "queued")
+    limit = _param(request, "limit", JOBS_SHOWN, 1, MAX_JOBS)
+    offset = _param(request, "offset", 0, 0, 10**9)
+    page = d.queues.jobs(request.path_params["name"], state, limit, offset)
+    return json_response(request, page.model_dump(mode="json"))
 
 
 def workers(request: Request) -> Response:

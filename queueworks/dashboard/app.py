@@ -161,6 +161,9 @@ def routes() -> list[Any]:
         "/tasks/{task_id}/dead/{entry_id}/{action:str}",
         "/workers/{worker_id}/{action:str}",
         "/queues/{queue}/dead/{entry_id}/{action:str}",
+        "/queues/{queue}/dead/{bulk:str}",
+        "/queues/{queue}/jobs/{job_id}/{action:str}",
+        "/queues/{queue}/{action:str}",
     ]
     static = resources.files("queueworks.dashboard").joinpath("static")
     return [
@@ -169,6 +172,8 @@ def routes() -> list[Any]:
         Route("/tasks/{task_id}", pages.task_page),
         Route("/queues", pages.queues_page),
         Route("/queues/{name}", pages.queue_page),
+        Route("/queues/{name}/jobs/{id}", pages.job_page),
+        Route("/search", pages.search),
         Route("/workers", pages.workers_page),
         Route("/login", login, methods=["GET", "POST"]),
         Route("/logout", logout, methods=["POST"]),
@@ -180,6 +185,7 @@ def routes() -> list[Any]:
         Route("/api/queues", api.queues),
         Route("/api/queues/{name}", api.queue),
         Route("/api/queues/{name}/schedules", api.queue_schedules),
+        Route("/api/queues/{name}/jobs", api.queue_jobs),
         Route("/api/queues/{name}/jobs/{id}", api.queue_job),
         Route("/api/workers", api.workers),
         Route("/api/events", api.events),

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import math
+import re
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
+from queueworks.client import TaskNotFound
 from queueworks.dashboard.reader import TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
-from queueworks.dashboard.templating import clock, render
+from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
+from queueworks.job_lists import LISTED, WINDOW
 from queueworks.keys import check_task_id
-from queueworks.models import ACTIVE_STATES, TaskState
+from queueworks.models import ACTIVE_STATES, JobState, TaskState
+from queueworks.validate import NAME_PATTERN
 
 T = TypeVar("T", TaskRef, TaskSummary)
 STATE_FILTERS = ("all", "active", *(s.value for s in TaskState))
+JOBS = 20  # a queue page's jobs of one state, a page
+_NAME = re.compile(NAME_PATTERN + r"\Z")
 
 
 def chart(series: list[tuple[float, float]], width: int = 600, height: int = 90) -> dict[str, Any]:
@@ -137,8 +143,38 @@ def queue_page(request: Request) -> Response:
         return RedirectResponse(f"/tasks/{name}", status_code=303)
     detail = d.queues.detail(name, dead_before(request.query_params.get("dead_before")))
     events = d.reader.events(15, task=name)
-    ctx = d.context(request, "queues", d=detail, q=detail.queue, events=events)
+    state = request.query_params.get("jobs", "queued")
+    state = state if state in LISTED else JobState.QUEUED.value
+    offset = min(max(0, _int_param(request.query_params.get("jobs_offset"), 0)), WINDOW - JOBS)
+    jobs = d.queues.jobs(name, state, JOBS, offset)
+    ctx = d.context(
+        request, "queues", d=detail, q=detail.queue, events=events, jobs=jobs, states=LISTED
+    )
     return render(request, "queue.html", ctx)
+
+
+def job_page(request: Request) -> Response:
+    d = dash_of(request)
+    name = request.path_params["name"]
+    job = d.queues.job(name, request.path_params["id"])
+    q = d.queues.summary(name)
+    return render(request, "job.html", d.context(request, "queues", j=job, q=q))
+
+
+def search(request: Request) -> Response:
+    """``/search?q=``: the page of the task, queue or job of that id (a job's: of the queue
+    that has it; ``QUEUE/JOB`` names both); 404 when nothing has it."""
+    d = dash_of(request)
+    wanted = request.query_params.get("q", "").strip()
+    queue, _, job = wanted.rpartition("/")
+    if queue and _NAME.match(queue) and d.queues.is_queue(queue):
+        return RedirectResponse(f"/queues/{segment(queue)}/jobs/{segment(job)}", status_code=303)
+    if _NAME.match(wanted) and d.client.redis.exists(d.client.keys.task(wanted).record):
+        return RedirectResponse(f"/tasks/{segment(wanted)}", status_code=303)
+    found = d.queues.find(wanted)
+    if found is not None:
+        return RedirectResponse(f"/queues/{segment(found)}/jobs/{segment(wanted)}", status_code=303)
+    raise TaskNotFound(f"no task, queue or job has the id {wanted[:100]!r}")
 
 
 def workers_page(request: Request) -> Response:

@@ -32,6 +32,7 @@ from queueworks.dashboard.views import (
     QueueDetail,
     QueueSummary,
 )
+from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -41,12 +42,20 @@ from queueworks.jobrecords import (
     DEAD_REASON,
     DEAD_TS,
     DEAD_WORKER,
+    JOB_ID,
     decode_dead_letter,
 )
 from queueworks.keys import check_task_id
-from queueworks.models import Schedule
+from queueworks.models import JobDetail, JobPage, Schedule
 from queueworks.queue_settings import SETTINGS, Setting
-from queueworks.records import TASK_FIELDS, latency_histogram, queue_counts, task_fields
+from queueworks.queues import ENTRY_ID
+from queueworks.records import (
+    QUEUE_PAUSED,
+    TASK_FIELDS,
+    latency_histogram,
+    queue_counts,
+    task_fields,
+)
 from queueworks.runner import run
 from queueworks.schedule_plans import plan_schedules
 
@@ -146,16 +155,19 @@ class QueueReader:
             pipe.xpending(tk.stream, tk.group)
             pipe.zcard(tk.scheduled)
             pipe.hgetall(tk.rate)
-            pipe.scard(tk.deferred)
+            pipe.zcard(tk.deferred)
+            pipe.hget(tk.record, QUEUE_PAUSED)
         replies = pipe.execute(raise_on_error=False)
         now = time.time()
         out = []
         for i, name in enumerate(names):
-            record, members, length, pending, scheduled, rate, deferred = replies[7 * i : 7 * i + 7]
+            record, members, length, pending, scheduled, rate = replies[8 * i : 8 * i + 6]
+            deferred, paused = replies[8 * i + 6 : 8 * i + 8]
             if isinstance(record, Exception) or record[1] is None:
                 continue
             row = self._summary(name, record, members, length, pending, scheduled, rate, now)
-            out.append(row.model_copy(update={"deferred": 0 if row.finished else _int(deferred)}))
+            more = {"deferred": 0 if row.finished else _int(deferred), "paused": paused == b"1"}
+            out.append(row.model_copy(update=more))
         return out
 
     def _summary(
@@ -248,6 +260,45 @@ class QueueReader:
             schedules=self.schedules(name),
             running_jobs=self.client.running_jobs(name) if queue.running else [],
         )
+
+    def jobs(self, name: str, state: str, limit: int, offset: int) -> JobPage:
+        """A page of the queue's jobs in ``state`` (``queueworks.job_lists``)."""
+        if not self.is_queue(check_task_id(name)):
+            raise TaskNotFound(f"queue {name}")
+        return run(self.r, self.client.scripts, plan_jobs(self.keys, name, state, limit, offset))
+
+    def job(self, name: str, job_id: str) -> JobDetail:
+        """One job in full; ``TaskNotFound`` for no such queue or job."""
+        if not self.is_queue(check_task_id(name)):
+            raise TaskNotFound(f"queue {name}")
+        try:
+            found = run(self.r, self.client.scripts, plan_job_detail(self.keys, name, job_id))
+        except LookupError as exc:
+            raise TaskNotFound(str(exc)) from None
+        return found.model_copy(
+            update={"traceback": found.traceback and redact_url(found.traceback)}
+        )
+
+    def find(self, job_id: str) -> str | None:
+        """The queue that has a job ``job_id`` (its record, or its entry on the stream):
+        one pipeline over the queues, none scanned."""
+        if not JOB_ID.match(job_id.encode()):
+            return None
+        names = self.names()
+        entry = ENTRY_ID.match(job_id) is not None  # a job to run now: its entry is it
+        pipe = self.r.pipeline(transaction=False)
+        for name in names:
+            tk = self.keys.task(name)
+            pipe.exists(tk.job(job_id))
+            if entry:
+                pipe.xrange(tk.stream, job_id, job_id, count=1)
+        replies = pipe.execute(raise_on_error=False)
+        step = 2 if entry else 1
+        for i, name in enumerate(names):
+            found = replies[step * i : step * i + step]
+            if found[0] == 1 or (entry and found[1] and not isinstance(found[1], Exception)):
+                return name
+        return None
 
     def schedules(self, name: str) -> list[Schedule]:
         """The queue's schedules (``Queue.schedules``); ``TaskNotFound`` for no queue."""

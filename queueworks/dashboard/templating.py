@@ -9,7 +9,9 @@ segment (``segment``); query strings are built by ``with_query``.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 import time
 from typing import Any
 from urllib.parse import quote, urlencode
@@ -111,10 +113,47 @@ def templates() -> Jinja2Templates:
 
 
 def render(request: Request, name: str, context: dict[str, Any], status: int = 200) -> Response:
-    """A page, rendered to text and scrubbed of the Redis password before it leaves."""
+    """A page, rendered to text and scrubbed of the Redis password before it leaves; to a
+    live update (``X-Live``), only its live blocks that changed (``live_update``)."""
     tpl: Jinja2Templates = request.app.state.templates
-    body = tpl.get_template(name).render(context)
-    return HTMLResponse(request.app.state.dash.scrub(body), status_code=status)
+    body = request.app.state.dash.scrub(tpl.get_template(name).render(context))
+    have = request.headers.get(LIVE_HEADER)
+    if have is not None and status == 200:
+        return json_response(request, live_update(body, have))
+    return HTMLResponse(body, status_code=status)
+
+
+LIVE_HEADER = "X-Live"  # a live update asks with the hashes of the blocks it shows
+_LIVE = re.compile(r'<div data-live="([A-Za-z0-9_-]{1,40})">')
+_DIV = re.compile(r"<div\b|</div>")  # stored values are escaped: no "<div" comes from them
+_HAVE = re.compile(r"([A-Za-z0-9_-]{1,40})=([0-9a-f]{16})")
+
+
+def live_blocks(body: str) -> dict[str, str]:
+    """The inner HTML of each ``<div data-live="name">`` of a rendered page, by name."""
+    out: dict[str, str] = {}
+    for start in _LIVE.finditer(body):
+        depth = 1
+        for tag in _DIV.finditer(body, start.end()):
+            depth += -1 if tag.group() == "</div>" else 1
+            if depth == 0:
+                out[start.group(1)] = body[start.end() : tag.start()]
+                break
+    return out
+
+
+def live_update(body: str, have: str) -> dict[str, Any]:
+    """What a live update of a page sends: the hash of each of its live blocks, and the
+    HTML of those whose hash is not the one the browser said it has (``have``:
+    ``name=hash`` pairs)."""
+    known = dict(_HAVE.findall(have[:4000]))
+    hashes, changed = {}, {}
+    for block, html in live_blocks(body).items():
+        digest = hashlib.blake2b(html.encode(), digest_size=8).hexdigest()
+        hashes[block] = digest
+        if known.get(block) != digest:
+            changed[block] = html
+    return {"hashes": hashes, "blocks": changed}
 
 
 def json_response(request: Request, data: Any, status: int = 200) -> Response:

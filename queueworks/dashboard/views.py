@@ -161,6 +161,7 @@ class QueueSummary(_View):
     reason: str | None
     created_at: float
     problems: list[str] = []  # record fields that did not decode (shown as their default)
+    paused: bool = False  # its members read no new job (``Queue.pause``)
 
     @property
     def finished(self) -> bool:

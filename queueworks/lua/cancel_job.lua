@@ -11,7 +11,7 @@
 -- released dead ('cancelled'): queueworks.dependencies drains it after the call.
 -- KEYS[1] the stream (the queue's, or the aside stream of ARGV[5])   KEYS[2] scheduled zset
 -- KEYS[3] the job's record   KEYS[4] aside set   KEYS[5] handler set
--- KEYS[6] the job's dependencies set   KEYS[7] deferred set   KEYS[8] waiters hash
+-- KEYS[6] the job's dependencies set   KEYS[7] deferred zset   KEYS[8] waiters hash
 -- KEYS[9] outbox (KEYS[6..9] optional: without them, no deferred job or dependents)
 -- ARGV[1] group   ARGV[2] job id   ARGV[3] now (s)   ARGV[4] result ttl (s)
 -- ARGV[5] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
@@ -95,7 +95,7 @@ if state == '${SCHEDULED}' then
   redis.call('ZREM', KEYS[2], ARGV[2])
 elseif state == '${DEFERRED}' and #KEYS >= 9 then
   redis.call('DEL', KEYS[6])
-  redis.call('SREM', KEYS[7], ARGV[2])
+  redis.call('ZREM', KEYS[7], ARGV[2])
 elseif state == '${QUEUED}' then
   if not unread(entry) then
     return 0  -- a member has it

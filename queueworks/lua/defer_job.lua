@@ -5,7 +5,7 @@
 -- or buries it (one dead). Its registration at each dependency (depend.lua, in that
 -- dependency's slot) follows this call: a release can never come before the job exists.
 -- KEYS[1] stream   KEYS[2] the job's record   KEYS[3] its dependencies set
--- KEYS[4] the queue's deferred set
+-- KEYS[4] the queue's deferred zset (score: when it was enqueued)
 -- ARGV[1] job id   ARGV[2] handler   ARGV[3] payload JSON   ARGV[4] now (s)
 -- ARGV[5] its own options JSON ('' = none)   ARGV[6..] its dependencies (``Q/J`` or ``T``)
 -- returns 1; nil, and nothing written, if the stream is gone (the queue's keys were lost)
@@ -20,5 +20,5 @@ end
 if #ARGV >= 6 then
   redis.call('SADD', KEYS[3], unpack(ARGV, 6))
 end
-redis.call('SADD', KEYS[4], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
 return 1

@@ -11,7 +11,7 @@
 -- which the caller cannot name before it knows the holder: the reply asks for it.
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] the key's index
 -- KEYS[4] the holder's record, when ARGV[3] names the holder; then, last, the new job's
---   record (a delayed job), or its record, dependencies set and the queue's deferred set (a
+--   record (a delayed job), or its record, dependencies set and the queue's deferred zset (a
 --   deferred job: ARGV[9] > 0)
 -- ARGV[1] now (s)   ARGV[2] the waiting job states, comma-separated
 -- ARGV[3] the holder whose record KEYS[4] is ('' = none given)
@@ -53,7 +53,7 @@ if n_deps > 0 then
     '${JOB_PAYLOAD}', payload, '${JOB_ENQUEUED}', now, '${JOB_DEPS}', n_deps,
     '${JOB_OPTIONS}', options)
   redis.call('SADD', deps, unpack(ARGV, 10, 9 + n_deps))
-  redis.call('SADD', KEYS[#KEYS], id)
+  redis.call('ZADD', KEYS[#KEYS], now, id)
 elseif at == '' then
   id = redis.call('XADD', KEYS[1], '*', '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', payload,
     '${ENTRY_ENQUEUED}', now, '${ENTRY_OPTIONS}', options)

@@ -7,7 +7,7 @@
 --   reason, never run (a dead letter it can be requeued from, counted in 'dead'), and its
 --   own waiters go to its queue's outbox, dead too (the cascade).
 -- KEYS[1] the job's dependencies set   KEYS[2] its record   KEYS[3] its queue's stream
--- KEYS[4] dead-letter stream   KEYS[5] queue record   KEYS[6] deferred set
+-- KEYS[4] dead-letter stream   KEYS[5] queue record   KEYS[6] deferred zset
 -- KEYS[7] the queue's waiters hash   KEYS[8] the queue's outbox
 -- ARGV[1] job id   ARGV[2] the dependency (``Q/J`` or ``T``)   ARGV[3] 'done' or 'dead'
 -- ARGV[4] the job's reason ('dead': why it dies)   ARGV[5] now (s)
@@ -38,7 +38,7 @@ if ARGV[3] == 'done' then
   end
   call('HSET', KEYS[2], '${JOB_STATE}', '${QUEUED}', '${JOB_ENTRY}', eid)
   call('HDEL', KEYS[2], '${JOB_PAYLOAD}')
-  call('SREM', KEYS[6], ARGV[1])
+  call('ZREM', KEYS[6], ARGV[1])
   return {2, eid}
 end
 local spec = call('HGET', KEYS[5], 'spec')
@@ -54,7 +54,7 @@ call('HSET', KEYS[2], '${JOB_STATE}', '${DEAD}', '${JOB_REASON}', ARGV[4],
 call('HDEL', KEYS[2], '${JOB_PAYLOAD}')
 call('EXPIRE', KEYS[2], ttl)
 call('DEL', KEYS[1])
-call('SREM', KEYS[6], ARGV[1])
+call('ZREM', KEYS[6], ARGV[1])
 call('XADD', KEYS[4], 'MAXLEN', '~', 10000, '*', '${DEAD_ENTRY}', '', '${DEAD_JOB}', ARGV[1],
   '${DEAD_REASON}', ARGV[4], '${DEAD_ERROR}', '', '${DEAD_ATTEMPTS}', 0,
   '${DEAD_PAYLOAD}', f[3] or '', '${DEAD_HANDLER}', f[2] or '', '${DEAD_WORKER}', '', '${DEAD_TS}', ARGV[5])

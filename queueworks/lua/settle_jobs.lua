@@ -9,9 +9,12 @@
 -- rejected if it has none (no job of this queue).
 -- The stream may be one of a handler's aside streams (set_aside.lua): once the settle leaves
 -- it empty, it is deleted and its handler leaves the aside set.
+-- The ids of the jobs counted done go to the head of the queue's done index, in one LPUSH
+-- and one LTRIM per call (capped: jobrecords.DONE_KEPT): what the dashboard lists as done.
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
--- KEYS[5] rate   KEYS[6] aside set   KEYS[7..] the records of the ok jobs, then of the dead
--- ones, in order, then the indexes of the unique keys released (n_unique below)
+-- KEYS[5] rate   KEYS[6] aside set   KEYS[7] done index   KEYS[8..] the records of the ok
+-- jobs, then of the dead ones, in order, then the indexes of the unique keys released
+-- (n_unique below)
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
 -- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
 -- ARGV[9] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
@@ -36,7 +39,8 @@ local n_rej, n_buckets = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now, worker, ttl = ARGV[2], ARGV[3], ARGV[4]
 local call = redis.call
 local ok, dead, rejected = 0, 0, 0
-local at, key = 10, 7
+local at, key = 10, 8
+local done_ids = {}  -- the jobs counted done: to the done index, at the end
 local acked = {}  -- entries this call acked: deleted together, at the end
 local outcomes = nil  -- with the dependents block and waiters: {job id, 'done'/'dead', why}
 do
@@ -86,8 +90,10 @@ for _ = 1, n_ok do
         '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
         '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
       ok = ok + 1
+      local id = string.match(job, ':job:([^:]+)$$')
+      done_ids[ok] = id
       if outcomes then
-        outcomes[#outcomes + 1] = {string.match(job, ':job:([^:]+)$$'), 'done', ''}
+        outcomes[#outcomes + 1] = {id, 'done', ''}
       end
     end
   end
@@ -153,6 +159,10 @@ if n_unique > 0 then  -- the unique keys of jobs settled here are free (or kept 
 end
 if ok > 0 then
   call('HINCRBY', KEYS[2], 'done', ok)
+  for i = 1, ok, 1000 do
+    call('LPUSH', KEYS[7], unpack(done_ids, i, math.min(i + 999, ok)))
+  end
+  call('LTRIM', KEYS[7], 0, tonumber('${DONE_KEPT}') - 1)
 end
 if dead > 0 then
   call('HINCRBY', KEYS[2], 'dead', dead)

@@ -1,23 +1,39 @@
 // queueworks dashboard: live updates and actions without page reloads (no library).
-//  * Every element with data-live="name" is refreshed from the same page every
-//    data-refresh ms (body attribute; at most 2 s): the page is fetched again and each
-//    live block whose HTML changed is replaced, unless the user is typing in it.
-//  * A form with data-api posts to that JSON endpoint with the CSRF token, shows the
-//    answer in #flash and refreshes the page's live blocks at once.
+//  * Every element with data-live="name" is refreshed every data-refresh ms (body
+//    attribute; at most 2 s): the page is asked again with an X-Live header naming the
+//    hash of each live block shown, and answers JSON with only the blocks that changed
+//    (and every block's hash). A block the user is typing in is left as it is. Open
+//    <details> stay open.
+//  * The header's Pause button stops the live updates (remembered in this browser) and
+//    Resume starts them again.
+//  * A form with data-api posts to that JSON endpoint with the CSRF token, asks first
+//    when it has data-confirm, shows the answer in #flash and refreshes at once.
 (function () {
   "use strict";
   var refreshMs = Math.min(Number(document.body.dataset.refresh || "1000"), 2000);
   var csrfMeta = document.querySelector('meta[name="csrf-token"]');
   var csrf = csrfMeta ? csrfMeta.content : "";
   var status = document.getElementById("live-status");
+  var toggle = document.getElementById("live-toggle");
   var flash = document.getElementById("flash");
+  var hashes = {};
   var busy = false;
   var again = false;
+  var paused = false;
+  try { paused = window.localStorage.getItem("qw-live") === "paused"; } catch (e) { paused = false; }
 
   function setStatus(state, text) {
     if (!status) return;
     status.dataset.state = state;
     status.textContent = text;
+  }
+
+  function showPaused() {
+    if (toggle) {
+      toggle.textContent = paused ? "Resume" : "Pause";
+      toggle.setAttribute("aria-pressed", paused ? "true" : "false");
+    }
+    setStatus(paused ? "idle" : "ok", paused ? "paused" : "live");
   }
 
   function typingIn(el) {
@@ -31,32 +47,46 @@
     return keys;
   }
 
-  function refresh() {
+  function have() {
+    var parts = [];
+    Object.keys(hashes).forEach(function (k) { parts.push(k + "=" + hashes[k]); });
+    return parts.join(";") || "-";
+  }
+
+  function apply(answer) {
+    var blocks = answer.blocks || {};
+    Object.keys(answer.hashes || {}).forEach(function (name) {
+      var cur = document.querySelector('[data-live="' + name + '"]');
+      if (!cur) return;
+      if (!Object.prototype.hasOwnProperty.call(blocks, name)) return;  // unchanged
+      if (typingIn(cur)) { delete hashes[name]; return; }  // sent again next time
+      var open = openDetails(cur);
+      cur.innerHTML = blocks[name];
+      cur.querySelectorAll("details[data-key]").forEach(function (d) { if (open[d.dataset.key]) d.open = true; });
+      hashes[name] = answer.hashes[name];
+    });
+  }
+
+  function refresh(force) {
     if (busy) { again = true; return Promise.resolve(); }
-    if (document.hidden || !document.querySelector("[data-live]")) return Promise.resolve();
+    if ((paused && !force) || document.hidden || !document.querySelector("[data-live]")) return Promise.resolve();
     busy = true;
-    return fetch(location.href, { headers: { "X-Live": "1" }, cache: "no-store", credentials: "same-origin" })
+    return fetch(location.href, { headers: { "X-Live": have() }, cache: "no-store", credentials: "same-origin" })
       .then(function (res) {
-        if (res.redirected || res.status === 401) { location.reload(); return null; }
+        var json = (res.headers.get("content-type") || "").indexOf("application/json") === 0;
+        if (res.redirected || res.status === 401 || (res.ok && !json)) { location.reload(); return null; }
         if (!res.ok) throw new Error("HTTP " + res.status);
-        return res.text();
+        return res.json();
       })
-      .then(function (html) {
-        if (html === null) return;
-        var doc = new DOMParser().parseFromString(html, "text/html");
-        doc.querySelectorAll("[data-live]").forEach(function (fresh) {
-          var cur = document.querySelector('[data-live="' + fresh.dataset.live + '"]');
-          if (!cur || typingIn(cur) || cur.innerHTML === fresh.innerHTML) return;
-          var open = openDetails(cur);
-          cur.innerHTML = fresh.innerHTML;
-          cur.querySelectorAll("details[data-key]").forEach(function (d) { if (open[d.dataset.key]) d.open = true; });
-        });
-        setStatus("ok", "live · " + new Date().toLocaleTimeString());
+      .then(function (answer) {
+        if (answer === null) return;
+        apply(answer);
+        if (!paused) setStatus("ok", "live · " + new Date().toLocaleTimeString());
       })
       .catch(function (err) { setStatus("error", "offline (" + err.message + ")"); })
       .finally(function () {
         busy = false;
-        if (again) { again = false; refresh(); }
+        if (again) { again = false; refresh(force); }
       });
   }
 
@@ -65,6 +95,15 @@
     flash.textContent = message;
     flash.classList.toggle("bad", !!bad);
     flash.hidden = false;
+  }
+
+  if (toggle) {
+    toggle.addEventListener("click", function () {
+      paused = !paused;
+      try { window.localStorage.setItem("qw-live", paused ? "paused" : "live"); } catch (e) { /* private mode */ }
+      showPaused();
+      if (!paused) refresh();
+    });
   }
 
   document.addEventListener("submit", function (ev) {
@@ -84,10 +123,10 @@
       .catch(function (err) { show("Failed: " + err.message, true); })
       .finally(function () {
         if (document.activeElement && form.contains(document.activeElement)) document.activeElement.blur();
-        refresh();
+        refresh(true);
       });
   });
 
   setInterval(refresh, refreshMs);
-  setStatus("ok", "live");
+  showPaused();
 })();

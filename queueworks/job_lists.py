@@ -1,0 +1,295 @@
+"""A queue's jobs listed by state, a page at a time, and one job in full, planned once
+(``queueworks.plans``) for ``Queue``/``AsyncQueue`` and the dashboard.
+
+Each state is read through its own index or a bounded range, never a scan of Redis:
+
+============  ======================================================================
+state         read from
+============  ======================================================================
+queued        the stream, after its group's last delivered entry (XRANGE with COUNT);
+              total: the stream's length less its pending entries
+running       the group's pending list (XPENDING with COUNT), oldest read first
+scheduled     the ``scheduled`` zset, by when each runs
+deferred      the ``deferred`` zset, by when each was enqueued
+done          the ``done`` list (``settle_jobs.lua`` keeps the newest ``DONE_KEPT``),
+              newest first
+dead          the dead-letter stream, newest first (entries that were no job left out)
+============  ======================================================================
+
+A stream is read from its start: on the three states read from one (queued, running, dead)
+``offset + limit`` is at most ``WINDOW``. Each job listed is then read from its record (one
+pipeline of HGETALLs), or its entry for a job to run now that has none yet.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from queueworks.connection import text
+from queueworks.jobrecords import (
+    DEAD_ATTEMPTS,
+    DEAD_ERROR,
+    DEAD_HANDLER,
+    DEAD_JOB,
+    DEAD_PAYLOAD,
+    DEAD_REASON,
+    DEAD_TS,
+    ENTRY_PAYLOAD,
+    JOB_ATTEMPTS,
+    JOB_ENTRY,
+    JOB_ERROR,
+    JOB_FINISHED,
+    JOB_HANDLER,
+    JOB_ID,
+    JOB_PAYLOAD,
+    JOB_REASON,
+    JOB_RESULT,
+    JOB_STATE,
+    decode_dead_letter,
+    entry_job,
+    has_state,
+    job_status,
+)
+from queueworks.keys import PARKED, Keys, TaskKeys, check_task_id
+from queueworks.models import JobDetail, JobPage, JobState, JobStatus
+from queueworks.plans import Plan, Trip
+from queueworks.queue_plans import plan_job_status_of
+from queueworks.queues import ENTRY_ID, running_entries, running_record, running_rows
+
+LISTED = (
+    JobState.QUEUED,
+    JobState.SCHEDULED,
+    JobState.DEFERRED,
+    JobState.RUNNING,
+    JobState.DONE,
+    JobState.DEAD,
+)
+MAX_LIMIT = 1000  # jobs on one page at most
+WINDOW = 10_000  # offset + limit at most, on a state read from a stream's start
+DEAD_LOOKED = 200  # the newest dead letters a job page looks in for a dead job's payload
+
+Listed = tuple[int, list[JobStatus]]
+
+
+def check_page(state: str, limit: int, offset: int) -> JobState:
+    """The state to list, checked with the page: ``ValueError`` naming what is wrong."""
+    try:
+        listed = JobState(state)
+    except ValueError:
+        listed = None
+    if listed not in LISTED:
+        raise ValueError(f"state must be one of {', '.join(LISTED)}, not {state!r}")
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_LIMIT:
+        raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}, not {limit!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer of 0 or more, not {offset!r}")
+    streamed = listed in (JobState.QUEUED, JobState.RUNNING, JobState.DEAD)
+    if streamed and offset + limit > WINDOW:
+        raise ValueError(f"offset + limit must be at most {WINDOW} for {state} jobs")
+    return listed
+
+
+def plan_jobs(keys: Keys, name: str, state: str, limit: int = 20, offset: int = 0) -> Plan[JobPage]:
+    """The page of queue ``name``'s jobs in ``state`` (one of ``LISTED``): ``limit`` of them
+    after ``offset``, and how many there are. Two or three round trips."""
+    qk = keys.task(check_task_id(name, "queue name"))
+    listed = check_page(state, limit, offset)
+    read = {
+        JobState.QUEUED: _queued,
+        JobState.RUNNING: _running,
+        JobState.SCHEDULED: _scheduled,
+        JobState.DEFERRED: _deferred,
+        JobState.DONE: _done,
+        JobState.DEAD: _dead,
+    }[listed]
+    total, jobs = yield from read(qk, limit, offset)
+    return JobPage(state=listed, total=total, offset=offset, limit=limit, jobs=jobs)
+
+
+def _reply(value: Any, default: Any) -> Any:
+    return default if value is None or isinstance(value, Exception) else value
+
+
+def _records(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[Mapping[bytes, bytes]]]:
+    if not ids:
+        return []
+    trip = Trip(errors=True)
+    for job_id in ids:
+        trip.hgetall(qk.job(job_id))
+    return [r if isinstance(r, dict) else {} for r in (yield trip)]
+
+
+def _by_record(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[JobStatus]]:
+    """The status of each of ``ids`` that has a whole record (one expired is left out)."""
+    records = yield from _records(qk, ids)
+    now = time.time()
+    name = qk.task_id
+    return [
+        job_status(name, i, r, [], now) for i, r in zip(ids, records, strict=True) if has_state(r)
+    ]
+
+
+def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    trip = Trip(errors=True)
+    trip.xlen(qk.stream)
+    trip.xpending(qk.stream, qk.group)
+    trip.xinfo_groups(qk.stream)
+    length, pending, groups = yield trip
+    total = max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
+    last = next(
+        (g["last-delivered-id"] for g in _reply(groups, []) if text(g["name"]) == qk.group),
+        b"0-0",
+    )
+    if offset >= total:
+        return total, []
+    trip = Trip(errors=True)
+    trip.xrange(qk.stream, f"({text(last)}", "+", count=offset + limit)
+    entries = [
+        (job, fields)
+        for eid, fields in _reply((yield trip)[0], [])[offset:]
+        if (job := entry_job(text(eid), fields)) is not None
+    ]
+    records = yield from _records(qk, [job.job_id for job, _ in entries])
+    now = time.time()
+    jobs = [
+        job_status(qk.task_id, job.job_id, running_record(fields, raw), [], now)
+        for (job, fields), raw in zip(entries, records, strict=True)
+    ]
+    return total, jobs
+
+
+def _running(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    trip = Trip(errors=True)
+    trip.xpending(qk.stream, qk.group)
+    trip.xpending_range(qk.stream, qk.group, "-", "+", offset + limit)
+    summary, reply = yield trip
+    consumers = _reply(summary, {}).get("consumers") or []
+    total = sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+    rows = running_rows(_reply(reply, []))[offset : offset + limit]
+    if not rows:
+        return total, []
+    trip = Trip(errors=True)
+    for row in rows:
+        trip.xrange(qk.stream, row["message_id"], row["message_id"], count=1)
+    held = running_entries(rows, (yield trip))
+    records = yield from _records(qk, [entry.job_id for _, entry, _ in held])
+    now = time.time()
+    jobs = [
+        job_status(qk.task_id, entry.job_id, running_record(fields, raw), [row], now)
+        for (row, entry, fields), raw in zip(held, records, strict=True)
+    ]
+    return total, jobs
+
+
+def _ranked(qk: TaskKeys, key: str, limit: int, offset: int) -> Plan[tuple[int, list[str]]]:
+    trip = Trip()
+    trip.zcard(key)
+    trip.zrange(key, offset, offset + limit - 1)
+    total, ids = yield trip
+    return int(total), [text(i) for i in ids]
+
+
+def _scheduled(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    total, ids = yield from _ranked(qk, qk.scheduled, limit, offset)
+    return total, (yield from _by_record(qk, ids))
+
+
+def _deferred(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    total, ids = yield from _ranked(qk, qk.deferred, limit, offset)
+    if not ids:
+        return total, []
+    trip = Trip(errors=True)
+    for job_id in ids:
+        trip.hgetall(qk.job(job_id))
+        trip.smembers(qk.deps(job_id))
+    replies = yield trip
+    now, out = time.time(), []
+    for i, job_id in enumerate(ids):
+        raw, waits = _reply(replies[2 * i], {}), _reply(replies[2 * i + 1], set())
+        if has_state(raw):
+            deps = sorted(text(w) for w in waits)
+            out.append(job_status(qk.task_id, job_id, raw, [], now, deps))
+    return total, out
+
+
+def _done(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    trip = Trip()
+    trip.llen(qk.done)
+    trip.lrange(qk.done, offset, offset + limit - 1)
+    total, ids = yield trip
+    return int(total), (yield from _by_record(qk, [text(i) for i in ids]))
+
+
+def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    trip = Trip()
+    trip.xlen(qk.dead)
+    trip.xrevrange(qk.dead, "+", "-", count=offset + limit)
+    total, entries = yield trip
+    letters = [decode_dead_letter(raw, errors="replace") for _, raw in entries[offset:]]
+    letters = [f for f in letters if f[DEAD_JOB] and JOB_ID.match(str(f[DEAD_JOB]).encode())]
+    ids = [str(f[DEAD_JOB]) for f in letters]
+    records = yield from _records(qk, ids)
+    now = time.time()
+    jobs = [
+        job_status(qk.task_id, i, raw if has_state(raw) else _from_letter(f), [], now)
+        for i, f, raw in zip(ids, letters, records, strict=True)
+    ]
+    return int(total), jobs
+
+
+def _from_letter(f: Mapping[str, str | None]) -> dict[bytes, bytes]:
+    """A dead job's record as its dead letter tells it (its own expired, or never written)."""
+    attempts = f[DEAD_ATTEMPTS] or ""
+    fields = {
+        JOB_STATE: JobState.DEAD.value,
+        JOB_HANDLER: f[DEAD_HANDLER] or "",
+        JOB_REASON: f[DEAD_REASON] or "dead",
+        JOB_ERROR: f[DEAD_ERROR] or "",
+        JOB_ATTEMPTS: attempts if attempts.isdigit() else "",
+        JOB_FINISHED: f[DEAD_TS] or "",
+    }
+    return {k.encode(): v.encode() for k, v in fields.items() if v}
+
+
+def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
+    """Job ``job_id`` of queue ``name`` in full: its status (``LookupError`` if there is no
+    such job), its payload while one is kept, its result, its traceback."""
+    if not JOB_ID.match(job_id.encode()):
+        raise LookupError(f"queue {name!r} has no job {job_id!r}")
+    status = yield from plan_job_status_of(keys, name, job_id)
+    qk = keys.task(name)
+    trip = Trip(errors=True)
+    trip.hgetall(qk.job(job_id))
+    if ENTRY_ID.match(job_id):
+        trip.xrange(qk.stream, job_id, job_id, count=1)
+    replies = yield trip
+    record = {k.decode(): v for k, v in _reply(replies[0], {}).items()}
+    entry = _reply(replies[1], []) if len(replies) > 1 else []
+    payload = record.get(JOB_PAYLOAD)
+    where = record.get(JOB_ENTRY)
+    if entry:
+        payload = payload or entry[0][1].get(ENTRY_PAYLOAD.encode())
+        where = where or entry[0][0]
+    if payload is None and status.state == JobState.DEAD:
+        payload = yield from _dead_payload(qk, job_id)
+    result = record.get(JOB_RESULT) if status.state == JobState.DONE else None
+    return JobDetail(
+        **status.model_dump(),
+        payload=None if payload is None else text(payload),
+        result=None if result is None else text(result),
+        traceback=text(record[JOB_ERROR]) if record.get(JOB_ERROR) else None,
+        entry=None if where is None else text(where),
+    )
+
+
+def _dead_payload(qk: TaskKeys, job_id: str) -> Plan[bytes | None]:
+    """A dead job's payload, from its dead letter among the newest ``DEAD_LOOKED``."""
+    trip = Trip()
+    trip.xrevrange(qk.dead, "+", "-", count=DEAD_LOOKED)
+    for _, raw in (yield trip)[0]:
+        if raw.get(DEAD_JOB.encode()) == job_id.encode():
+            found: bytes | None = raw.get(DEAD_PAYLOAD.encode())
+            return found
+    return None

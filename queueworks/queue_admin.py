@@ -1,0 +1,172 @@
+"""Operator actions on a whole queue, planned once (``queueworks.plans``) for ``Queue``,
+``AsyncQueue``, the dashboard and ``queueworks queue``: pause and resume, empty (drop the
+backlog), requeue or delete every dead letter, run a scheduled job now.
+
+Each is bounded: what it goes through is fixed when it starts (the stream's newest entry
+then), in batches of ``BATCH``, so jobs that keep arriving cannot make it chase them. Each
+emits one event saying what it did.
+
+* **pause** sets the queue's ``paused`` flag (``pause_queue.lua``): its members read no new
+  job (they see it with the membership check they already make, every 50 ms) while jobs
+  keep arriving; what they had read, they run. **resume** clears it.
+* **empty** cancels every job on the stream that no member has read (``cancel_job.lua``,
+  one call per job, a batch a round trip): each is recorded cancelled, its unique key is
+  freed and the jobs that wait for it die with it, as ``job.cancel()`` does. Scheduled,
+  deferred, running and set-aside jobs are left as they are.
+* **requeue-dead** puts every dead letter that was a job back on the stream
+  (``requeue_job.lua``, oldest first); **delete-dead** drops them all (the jobs stay
+  counted as dead).
+* **run now** moves a scheduled job (delayed, or a retry waiting) onto the stream at once
+  (``promote_due.lua``, as its due time would).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from queueworks import events
+from queueworks import script_calls as calls
+from queueworks.connection import text
+from queueworks.dependencies import plan_drain
+from queueworks.jobrecords import DEAD_JOB, JOB_ID, entry_job
+from queueworks.keys import Keys, TaskKeys, check_task_id
+from queueworks.models import StoredSpec, TaskState
+from queueworks.plans import Plan, Trip, alone
+from queueworks.queues import CANCELLED_LAST
+from queueworks.tasks import TaskNotFound
+
+BATCH = 100  # entries a round trip goes through
+
+
+def _queue(keys: Keys, name: str) -> Plan[tuple[TaskKeys, StoredSpec, TaskState]]:
+    """The queue's keys, spec and state; ``TaskNotFound`` for a name that is no queue."""
+    qk = keys.task(check_task_id(name, "queue name"))
+    trip = Trip()
+    trip.hmget(qk.record, ["spec", "state"])
+    spec_raw, state = (yield trip)[0]
+    try:
+        spec = StoredSpec.model_validate_json(spec_raw or b"")
+        found = TaskState(text(state))
+    except ValueError:
+        raise TaskNotFound(f"queue {name}") from None
+    if spec.mode != "queue":
+        raise TaskNotFound(f"queue {name}")
+    return qk, spec, found
+
+
+def _open(keys: Keys, name: str, doing: str) -> Plan[tuple[TaskKeys, StoredSpec]]:
+    qk, spec, state = yield from _queue(keys, name)
+    if state.finished:
+        raise ValueError(f"queue {name} is {state.value}: it cannot {doing}")
+    return qk, spec
+
+
+def plan_pause(keys: Keys, name: str, paused: bool) -> Plan[bool]:
+    """Pause (``paused``) or resume queue ``name``; whether that changed anything."""
+    qk, _ = yield from _open(keys, name, "be paused or resumed")
+    changed = (yield alone(calls.pause_queue(qk, paused)))[0]
+    if changed < 0:
+        raise TaskNotFound(f"queue {name}")
+    if changed:
+        trip = Trip()
+        events.emit(trip, keys, "paused" if paused else "resumed", task=name)
+        yield trip
+    return bool(changed)
+
+
+def _newest(trip_reply: Any) -> str | None:
+    return text(trip_reply[0][0]) if trip_reply else None
+
+
+def plan_empty(keys: Keys, name: str) -> Plan[int]:
+    """Cancel every job of the queue's backlog (on its stream, read by no member): how many."""
+    qk, spec = yield from _open(keys, name, "be emptied")
+    ttl = int(spec.result_ttl)
+    trip = Trip(errors=True)
+    trip.xrevrange(qk.stream, "+", "-", count=1)
+    trip.xinfo_groups(qk.stream)
+    newest, groups = yield trip
+    end = None if isinstance(newest, Exception) else _newest(newest)
+    if end is None or isinstance(groups, Exception):
+        return 0
+    last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
+    cursor, emptied, freed = f"({text(last)}", 0, []
+    while True:
+        trip = Trip()
+        trip.xrange(qk.stream, cursor, end, count=BATCH)
+        entries = (yield trip)[0]
+        if not entries:
+            break
+        cursor = f"({text(entries[-1][0])}"
+        jobs = [j for eid, f in entries if (j := entry_job(text(eid), f)) is not None]
+        trip, now = Trip(), time.time()
+        for job in jobs:
+            trip.call(calls.cancel_job(qk, job.job_id, now, ttl))
+        for job, (found, options) in zip(jobs, (yield trip), strict=True):
+            if found in (1, CANCELLED_LAST):
+                emptied += 1
+                if options is not None and options.key is not None:
+                    freed.append((options.key, job.job_id, options.unique_for))
+    trip = Trip()
+    for key, job_id, unique_for in freed:
+        trip.call(calls.release_unique(qk, key, job_id, unique_for))
+    events.emit(trip, keys, "emptied", task=name, jobs=emptied)
+    yield trip
+    if emptied:
+        yield from plan_drain(keys, [name])  # the jobs that waited for them die with them
+    return emptied
+
+
+def plan_requeue_dead(keys: Keys, name: str) -> Plan[int]:
+    """Put every dead letter of the queue that was a job back on its stream, oldest first
+    (those there when it starts): how many."""
+    qk, _ = yield from _open(keys, name, "take jobs back")
+    trip = Trip()
+    trip.xrevrange(qk.dead, "+", "-", count=1)
+    end = _newest((yield trip)[0])
+    cursor, requeued = "-", 0
+    while end is not None:
+        trip = Trip()
+        trip.xrange(qk.dead, cursor, end, count=BATCH)
+        entries = (yield trip)[0]
+        if not entries:
+            break
+        cursor = f"({text(entries[-1][0])}"
+        trip, now = Trip(), time.time()
+        for eid, raw in entries:
+            job = raw.get(DEAD_JOB.encode()) or b""
+            if job and JOB_ID.match(job):  # a rejected entry (no job) stays
+                trip.call(calls.requeue_job(qk, text(eid), text(job), now))
+        if len(trip):
+            requeued += sum(1 for reply in (yield trip) if int(reply[0]) == 1)
+    trip = Trip()
+    events.emit(trip, keys, "requeued", task=name, jobs=requeued)
+    yield trip
+    return requeued
+
+
+def plan_delete_dead(keys: Keys, name: str) -> Plan[int]:
+    """Drop every dead letter of the queue (its jobs stay counted as dead): how many."""
+    qk, _, _ = yield from _queue(keys, name)
+    trip = Trip()
+    trip.xtrim(qk.dead, maxlen=0, approximate=False)
+    dropped = int((yield trip)[0])
+    trip = Trip()
+    events.emit(trip, keys, "dead_letters_deleted", task=name, jobs=dropped)
+    yield trip
+    return dropped
+
+
+def plan_run_now(keys: Keys, name: str, job_id: str) -> Plan[bool]:
+    """Move scheduled job ``job_id`` onto the queue's stream now; False if it is not
+    scheduled (it runs already, or has run, or is no job of the queue)."""
+    if not JOB_ID.match(job_id.encode()):
+        raise ValueError(f"job id {job_id[:80]!r} is no job id")
+    qk, _ = yield from _open(keys, name, "run jobs")
+    moved = (yield alone(calls.promote_due(qk, [job_id])))[0]
+    if moved:
+        trip = Trip()
+        events.emit(trip, keys, "run_now", task=name, job=job_id)
+        yield trip
+    return bool(moved)
