@@ -196,7 +196,7 @@ def test_a_paused_queues_members_stop_reading(
     q = client.queue("views-pause")
     assert q.enqueue(H, {"x": 1}).result(timeout=60) == 2
     q.pause()
-    time.sleep(0.3)  # the members' next check (every 50 ms) sees the flag
+    time.sleep(1.0)  # a check (every 50 ms) rides a read (<= 100 ms): the next read sees it
     job = q.enqueue(H, {"x": 2})
     time.sleep(1.0)  # what must NOT happen has a second to happen
     assert job.status().state == JobState.QUEUED and q.status().nodes  # still a member
