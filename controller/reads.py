@@ -44,6 +44,7 @@ class WorkerRead:
     assign: str
     record: bytes | None
     member_of: bytes | None = None  # the queues it is a member of (JSON list), as it says
+    beat: float | None = None  # its score in qw:workers: its last heartbeat (its clock)
 
 
 def pages(ids: Sequence[str]) -> Iterator[Sequence[str]]:
@@ -133,7 +134,8 @@ def parse_workers(ids: Sequence[str], replies: Iterator[Any]) -> list[WorkerRead
     out = []
     for wid in ids:
         alive, score, assign, (record, member_of) = (next(replies) for _ in range(4))
-        read = WorkerRead(wid, bool(alive), score is not None, text(assign), record, member_of)
+        beat = float(score) if score is not None else None
+        read = WorkerRead(wid, bool(alive), beat is not None, text(assign), record, member_of, beat)
         out.append(read)
     return out
 

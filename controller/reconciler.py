@@ -244,7 +244,7 @@ class Reconciler:
                     self.log.warning("worker_record_invalid", worker=read.id, error=str(exc))
             if row is None:
                 if read.listed:  # its heartbeat is gone (or its record broken): lost
-                    writes.lost(read.id)
+                    writes.lost(read)
                 if known is not None:
                     touched.add(known.assign)
                     touched.update(known.member_of)

@@ -16,10 +16,13 @@ from typing import Any
 from queueworks import events
 from queueworks.events import EVENTS_MAXLEN
 from queueworks.keys import Keys
+from queueworks.lost_workers import KEPT as LOST_KEPT
+from queueworks.lost_workers import lost_entry
 from queueworks.models import TaskState
 
 from .fence import Batch
 from .mirror import Mirror, TaskRow
+from .reads import WorkerRead
 
 Done = Callable[[int], None]
 
@@ -65,13 +68,25 @@ class Writes:
 
         self._on(op, done)
 
-    def lost(self, worker_id: str) -> None:
-        """Forget a worker whose pool heartbeat is gone (one key per DEL: a cluster)."""
-        k = self.keys
+    def lost(self, read: WorkerRead) -> None:
+        """Forget a worker whose pool heartbeat is gone (one key per DEL: a cluster), and
+        keep what it was in ``qw:workers:lost`` (one entry a loss: only if the index
+        still listed it). A worker that is alive with a broken record is only forgotten."""
+        k, worker_id = self.keys, read.id
         op = self.batch.add("zrem", [k.workers], worker_id)
         self.batch.add("del", [k.assign(worker_id)])
         self.batch.add("del", [k.worker(worker_id)])
         self._event("worker_lost", op, worker=worker_id)
+        if not read.alive:
+            body = lost_entry(
+                worker_id,
+                time.time(),
+                record=read.record,
+                member_of=read.member_of,
+                assign=read.assign,
+                last_heartbeat=read.beat,
+            )
+            self.batch.xadd(k.workers_lost, LOST_KEPT, body, when=op, stage=1)
 
     # -- tasks ----------------------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any, TypeVar, Unpack
 
 from redis.cluster import RedisCluster
@@ -17,6 +18,7 @@ from queueworks.connection import Connection, connect
 from queueworks.eviction import CLIENT_OVERRIDE, EvictingRedis, judge, read_policies
 from queueworks.keys import Keys, check_task_id
 from queueworks.logs import get_logger
+from queueworks.lost_workers import WINDOW, LostWorker, plan_lost_workers
 from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
 from queueworks.queue_handle import Queue, open_queue
@@ -181,6 +183,11 @@ class Client:
 
     def workers(self) -> list[WorkerRecord]:
         return self._run(plan_workers(self.keys))
+
+    def lost_workers(self, within: float = WINDOW) -> list[LostWorker]:
+        """Workers found dead (heartbeat gone) in the last ``within`` seconds, newest
+        first (at most 50), each with what its task and queues reclaimed from it."""
+        return self._run(plan_lost_workers(self.keys, time.time(), within))
 
     def drain_worker(self, worker_id: str) -> None:
         """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""

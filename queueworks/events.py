@@ -25,6 +25,17 @@ def emit(r: Any, keys: Keys, kind: str, **fields: object) -> None:
     r.xadd(keys.events, event(kind, **fields), maxlen=EVENTS_MAXLEN, approximate=True)
 
 
+REASON_KEPT = 200  # characters of a dead letter's reason an event carries
+
+
+def dead_lettered(
+    r: Any, keys: Keys, task_id: str, count: int, reason: str, **first: object
+) -> None:
+    """A ``dead_lettered`` event: how many were dead-lettered at once, and the first one's
+    id (``job=``, ``index=`` or ``entry=``) and reason (cut to ``REASON_KEPT``)."""
+    emit(r, keys, "dead_lettered", task=task_id, count=count, reason=reason[:REASON_KEPT], **first)
+
+
 def latest_id(r: Connection, keys: Keys) -> str:
     """The id to read events after, so a reader sees only what comes next."""
     last: Any = r.xrevrange(keys.events, count=1)

@@ -76,6 +76,9 @@ key                                type          meaning
 ``qw:deps:tasks``                  set           tasks that jobs wait for (their outboxes'
                                                  backstop looks there)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
+``qw:workers:lost``                stream        workers found dead (heartbeat gone), newest last:
+                                                 when, host, pid, task, queues (capped ~50;
+                                                 ``queueworks.lost_workers``)
 ``qw:worker:<W>``                  hash          host, pid, labels, queues, member_of, state,
                                                  task, rank, current (``records``)
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
@@ -341,6 +344,10 @@ class Keys:
     @property
     def workers(self) -> str:
         return f"{self.prefix}:workers"
+
+    @property
+    def workers_lost(self) -> str:
+        return f"{self.prefix}:workers:lost"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"

@@ -825,3 +825,107 @@ def test_info_watch_ends_on_sigint_or_sigterm_even_with_sigint_ignored(
     finally:
         code = watch.stop(sig)
     assert code == 0, (code, watch.text())
+
+
+# -- lost workers and readable events ---------------------------------------------------------
+
+FAST_BEAT = {"QUEUEWORKS_HEARTBEAT_INTERVAL": "0.5", "QUEUEWORKS_HEARTBEAT_TTL": "1.5"}
+
+
+@pytest.mark.system
+def test_a_killed_worker_shows_as_lost_with_what_was_reclaimed_a_leaver_does_not(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client
+) -> None:
+    """SIGKILL a worker running a queue's job: /workers, /api/workers, /metrics and info
+    show it as lost (when, and what the queue reclaimed from it) after the controller has
+    dropped it from the index; a worker stopped with SIGTERM leaves without a trace."""
+    cluster.spawn(["controller"], "ctl", env=FAST_BEAT)
+    for name in ("w-keep", "w-doomed", "w-leaves"):
+        cluster.worker(name, env=FAST_BEAT)
+    cluster.wait_workers(r, 3)
+    q = client.queue("lw")
+    wait_for(lambda: len(q.status().nodes) == 3, 30, "three members of lw")
+    cluster.procs[3].terminate()  # w-leaves: a graceful leave
+    wait_for(lambda: r.zscore(keys.workers, "w-leaves") is None, 30, "w-leaves deregistered")
+    jobs = [q.enqueue("tests.handlers:sleep_for", {"seconds": 1.0}) for _ in range(6)]
+
+    def doomed_runs() -> bool:
+        return any(j.status().worker == "w-doomed" for j in jobs)
+
+    wait_for(doomed_runs, 30, "a job running on w-doomed")
+    cluster.procs[2].kill()  # w-doomed
+    killed_at = time.time()
+
+    def lost() -> Any:
+        found = {w.id: w for w in client.lost_workers()}
+        w = found.get("w-doomed")
+        return w if w and w.reclaims and w.reclaims[0].reclaimed is not None else None
+
+    doomed = wait_for(lost, 30, "w-doomed lost, with the rebalance that reclaimed from it")
+    assert r.zscore(keys.workers, "w-doomed") is None  # dropped from the index
+    assert killed_at - 5 <= doomed.lost_at <= time.time()
+    assert doomed.last_heartbeat is not None and doomed.last_heartbeat <= doomed.lost_at
+    assert doomed.pid == cluster.procs[2].pid and doomed.member_of == ["lw"]
+    [reclaim] = doomed.reclaims
+    assert reclaim.task == "lw" and reclaim.epoch is not None and reclaim.reclaimed >= 1
+    for job in jobs:  # nothing lost: the job it held ran again elsewhere
+        job.result(timeout=30)
+    assert {w.id for w in client.lost_workers()} == {"w-doomed"}  # the leaver is not lost
+
+    page = web.get("/workers").text
+    assert 'data-lost-worker="w-doomed"' in page and 'data-lost-worker="w-leaves"' not in page
+    assert 'data-reclaim="lw"' in page and f"epoch {reclaim.epoch}: <b>" in page
+    api = web.get("/api/workers").json()
+    assert [w["id"] for w in api["lost"]] == ["w-doomed"] and api["by_state"]["lost"] == 1
+    assert api["lost"][0]["reclaims"][0]["reclaimed"] == reclaim.reclaimed
+    assert web.get("/api/overview").json()["workers_by_state"]["lost"] == 1
+    values = metric_values(web.get("/metrics").text)
+    assert values[("queueworks_workers", (("state", "lost"),))] == 1
+    kinds = [e["kind"] for e in web.get("/api/events?count=1000").json()["events"]]
+    assert "worker_lost" in kinds
+
+    from queueworks.commands.info import render
+
+    text = render(client)
+    line = next(x for x in text.splitlines() if x.strip().startswith("w-doomed"))
+    assert "lost" in line and f"reclaimed=lw@{reclaim.epoch}={reclaim.reclaimed}" in line
+    assert "w-leaves" not in text
+    data = json.loads(render(client, as_json=True))
+    assert [w["id"] for w in data["lost_workers"]] == ["w-doomed"]
+
+
+@pytest.mark.system
+def test_events_name_their_task_and_dead_letters_say_which_and_why(
+    cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client
+) -> None:
+    """The events list shows a task's name beside its id; a ``dead_lettered`` event names
+    the first dead subtask (or job) and its reason, and how many died with it."""
+    cluster.controller()
+    cluster.worker("w-ev")
+    cluster.wait_workers(r, 1)
+    task = client.submit(
+        TaskSpec(
+            name="half-fail",
+            handler="tests.handlers:fail_odd",
+            subtasks=[{"x": i} for i in range(6)],
+            max_attempts=1,
+        )
+    )
+    task.wait(30)
+    q = client.queue("ev-q", max_attempts=1)
+    job = q.enqueue("tests.handlers:always_fails", {"x": 1})
+    with pytest.raises(Exception, match="failed"):
+        job.result(timeout=30)
+
+    events = web.get("/api/events?count=1000").json()["events"]
+    of_task = [e for e in events if e["task"] == task.id]
+    assert of_task and all(e["task_name"] == "half-fail" for e in of_task)
+    dead = [e["fields"] for e in of_task if e["kind"] == "dead_lettered"]
+    assert dead and sum(int(f["count"]) for f in dead) == 3
+    assert all(int(f["index"]) % 2 == 1 and f["reason"] == "failed 1 times" for f in dead)
+    [job_dead] = [e for e in events if e["task"] == "ev-q" and e["kind"] == "dead_lettered"]
+    assert job_dead["fields"]["job"] == job.id and job_dead["fields"]["count"] == "1"
+    assert job_dead["fields"]["reason"] == "failed 1 times"
+    page = web.get("/").text
+    assert f"half-fail <code>{task.id}</code>" in page
+    assert f'href="/queues/ev-q/jobs/{job.id}"' in page

@@ -157,7 +157,7 @@ class JobLedger(Attempts):
         if batch.later:
             self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe)
         if batch.dead or batch.rejected:
-            events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
+            self._dead_lettered(pipe, [batch])
         return True
 
     def _flush_all_into(self, pipe: Any) -> bool:
@@ -175,8 +175,22 @@ class JobLedger(Attempts):
             if b.later:
                 self.scripts.retry_later(self.tk, b.later, self.me, now, client=pipe, aside=aside)
         if any(b.dead or b.rejected for _, b in sent):
-            events.emit(pipe, self.keys, "dead_lettered", task=self.tk.task_id)
+            self._dead_lettered(pipe, [b for _, b in sent])
         return True
+
+    def _dead_lettered(self, pipe: Any, batches: Sequence[JobBatch]) -> None:
+        """The event of the dead letters in ``batches``: how many, the first one's id and
+        reason (a job's, else a rejected entry's)."""
+        count = sum(len(b.dead) + len(b.rejected) for b in batches)
+        dead = [job for b in batches for job in b.dead]
+        if dead:
+            first = dead[0]
+            events.dead_lettered(
+                pipe, self.keys, self.tk.task_id, count, first.reason, job=first.entry.job_id
+            )
+            return
+        entry, why, _ = next(r for b in batches for r in b.rejected)
+        events.dead_lettered(pipe, self.keys, self.tk.task_id, count, why, entry=entry)
 
     def settled(self, replies: Sequence[Any]) -> None:
         """The replies of what ``flush_into`` put on a pipe: a settle (or retry_later) that

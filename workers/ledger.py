@@ -173,11 +173,15 @@ class Ledger(Attempts):
             self.ended = self.ended or not settled.active
             if settled.rejected:
                 self.log.warning("entries_rejected", stream=stream, count=settled.rejected)
-        had_dead = any(self.dead.values())
+        buried = [d for entries in self.dead.values() for d in entries]
         self.ok.clear()
         self.dead.clear()
-        if had_dead:
-            events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
+        if buried:
+            first = buried[0]
+            which = {"index": first.index} if first.index is not None else {"entry": first.entry_id}
+            events.dead_lettered(
+                self.r, self.keys, self.tk.task_id, len(buried), first.reason, **which
+            )
         if finished:
             self._finished(finished)
 
@@ -187,7 +191,7 @@ class Ledger(Attempts):
         lost = self.scripts.sweep_lost(self.tk, streams, self.me, time.time())
         if lost:
             self.log.warning("subtasks_lost", count=lost, reason="stream entries deleted")
-            events.emit(self.r, self.keys, "dead_lettered", task=self.tk.task_id)
+            events.dead_lettered(self.r, self.keys, self.tk.task_id, lost, "lost")
             settled = self.scripts.settle(self.tk, streams[0], self.me, time.time(), [])
             if settled.finished:
                 self._finished(settled.state)

@@ -9,6 +9,7 @@ differs, and why: docs/asyncio.md.
 
 from __future__ import annotations
 
+import time
 from typing import Any, TypeVar, Unpack
 
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -27,6 +28,7 @@ from queueworks.client_plans import (
 )
 from queueworks.eviction import CLIENT_OVERRIDE, judge, read_policies_async
 from queueworks.keys import Keys, check_task_id
+from queueworks.lost_workers import WINDOW, LostWorker, plan_lost_workers
 from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
 from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running_of
@@ -153,6 +155,11 @@ class AsyncClient:
 
     async def workers(self) -> list[WorkerRecord]:
         return await self._run(plan_workers(self.keys))
+
+    async def lost_workers(self, within: float = WINDOW) -> list[LostWorker]:
+        """Workers found dead (heartbeat gone) in the last ``within`` seconds, newest
+        first (at most 50), each with what its task and queues reclaimed from it."""
+        return await self._run(plan_lost_workers(self.keys, time.time(), within))
 
     async def drain_worker(self, worker_id: str) -> None:
         """Ask a worker to leave gracefully and exit (as SIGTERM would), within a tick."""

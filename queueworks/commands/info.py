@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from queueworks.client import Client
 from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
+from queueworks.lost_workers import WINDOW, LostWorker
 from queueworks.models import JobStatus, NodeInfo, QueueStatus, Schedule, TaskState, WorkerRecord
 from queueworks.tasks import Backend
 from queueworks.wanted import Wanted
@@ -158,7 +159,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
     ]
     tasks.sort(key=lambda t: t.created_at)
     total = client.task_count()
-    workers = client.workers()
+    workers, lost = client.workers(), client.lost_workers()
     running = controller_running(client)
     jobs = {q.name: client.running_jobs(q.name) for q in queues if q.running}
     wanted = read_wanted(client.redis, client.keys)  # what `autoscale` runs
@@ -173,6 +174,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
                 "schedules": _dumped({n: found for n, found in schedules.items() if found}),
                 "running_jobs": _dumped(jobs),
                 "workers": [w.model_dump(mode="json") for w in workers],
+                "lost_workers": [w.model_dump(mode="json") for w in lost],
                 "wanted_workers": wanted.model_dump(mode="json") if wanted else None,
             },
             indent=2,
@@ -195,7 +197,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
         lines += _why(t.state, t.reason)
         lines += _nodes(nodes)
     lines += _queues(queues, schedules, jobs, now)
-    lines += _workers(workers, now)
+    lines += _workers(workers, now) + _lost(lost, now)
     lines.append(wanted_line(wanted, now))
     return "\n".join(lines)
 
@@ -211,6 +213,28 @@ def _workers(workers: Sequence[WorkerRecord], now: float) -> list[str]:
             f"  {w.id:<32} {w.state.value:<8} task={w.task or '-'} rank={rank}"
             f" processed={w.processed} labels={labels} queues={serves}"
             f" member_of={','.join(w.member_of) or '-'} heartbeat {beat}"
+        )
+    return lines
+
+
+def _lost(lost: Sequence[LostWorker], now: float) -> list[str]:
+    """The workers found dead lately: when, where, and what each of their task and queues
+    reclaimed from them (``-``: not recorded, or not dropped from it yet)."""
+    if not lost:
+        return []
+    lines = [f"{len(lost)} lost worker(s) in the last {int(WINDOW // 60)} min"]
+    for w in lost:
+        beat = f"{now - w.last_heartbeat:.1f}s ago" if w.last_heartbeat is not None else "-"
+        reclaims = " ".join(
+            f"{c.task}@{c.epoch if c.epoch is not None else '-'}="
+            f"{c.reclaimed if c.reclaimed is not None else '-'}"
+            for c in w.reclaims
+        )
+        lines.append(
+            f"  {w.id:<32} lost     {now - w.lost_at:.1f}s ago host={w.host or '-'}"
+            f" pid={w.pid if w.pid is not None else '-'} task={w.task or '-'}"
+            f" member_of={','.join(w.member_of) or '-'} last heartbeat {beat}"
+            f" reclaimed={reclaims or '-'}"
         )
     return lines
 

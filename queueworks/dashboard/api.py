@@ -128,12 +128,14 @@ def queue_jobs(request: Request) -> Response:
 def workers(request: Request) -> Response:
     d = dash_of(request)
     rows = d.reader.workers()
+    lost = d.reader.lost_workers()
     return json_response(
         request,
         {
             "count": len(rows),
-            "by_state": d.reader.worker_counts(rows),
+            "by_state": d.reader.worker_counts(rows, lost),
             "workers": [worker_json(w) for w in rows],
+            "lost": [w.model_dump(mode="json") for w in lost],
         },
     )
 
@@ -153,7 +155,7 @@ def overview(request: Request) -> Response:
     rows = d.reader.workers()
     body = Overview(
         tasks_by_state=task_counts(all_tasks),
-        workers_by_state=d.reader.worker_counts(rows),
+        workers_by_state=d.reader.worker_counts(rows, d.reader.lost_workers()),
         tasks_total=len(all_tasks),
         workers_total=len(rows),
         leader=d.reader.leader(),

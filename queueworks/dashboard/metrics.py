@@ -153,7 +153,7 @@ class Metrics:
         fam("queueworks_task_epoch", "gauge", "Membership epoch of a task.")
         for t in tasks:
             out.append(f'queueworks_task_epoch{{task="{_label(t.id)}"}} {t.epoch}')
-        out += worker_lines(workers, self.reader.worker_counts(workers))
+        out += worker_lines(workers, self.reader.worker_counts(workers, self.reader.lost_workers()))
         fam("queueworks_controller_leader", "gauge", "1 when a controller holds the lease.")
         out.append(f"queueworks_controller_leader {1 if self.reader.leader() else 0}")
         fam("queueworks_rebalances_total", "counter", "Rebalances recorded by rank-0 members.")

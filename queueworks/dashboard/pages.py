@@ -16,6 +16,7 @@ from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
 from queueworks.job_lists import LISTED, WINDOW
 from queueworks.keys import check_task_id
+from queueworks.lost_workers import WINDOW as LOST_WINDOW
 from queueworks.models import ACTIVE_STATES, JobState, TaskState
 from queueworks.validate import NAME_PATTERN
 
@@ -73,7 +74,7 @@ def overview(request: Request) -> Response:
         "overview",
         tasks_by_state=task_counts(index),
         tasks_total=len(index),
-        workers_by_state=d.reader.worker_counts(workers),
+        workers_by_state=d.reader.worker_counts(workers, d.reader.lost_workers()),
         workers_total=len(workers),
         running=d.reader.summaries(active),
         queues=d.queues.summaries(names),
@@ -180,11 +181,14 @@ def search(request: Request) -> Response:
 def workers_page(request: Request) -> Response:
     d = dash_of(request)
     workers = d.reader.workers()
+    lost = d.reader.lost_workers()
     ctx = d.context(
         request,
         "workers",
         workers=workers,
-        counts=d.reader.worker_counts(workers),
+        lost=lost,
+        lost_minutes=int(LOST_WINDOW // 60),
+        counts=d.reader.worker_counts(workers, lost),
     )
     return render(request, "workers.html", ctx)
 

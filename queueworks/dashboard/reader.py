@@ -8,6 +8,7 @@ it shows; records (HMGET of the fields shown) and member counts (ZCARD) in one p
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -30,10 +31,12 @@ from queueworks.dashboard.views import (
     WorkerView,
 )
 from queueworks.keys import GROUP, check_task_id
+from queueworks.lost_workers import LostWorker
 from queueworks.messages import NotJSON, from_json
 from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
 from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_record
 from queueworks.tasks import dead_letter
+from queueworks.validate import NAME_PATTERN
 
 INDEX_FIELDS = ("state", "created_at")
 _ACTIVE = {s.value.encode() for s in ACTIVE_STATES}
@@ -42,6 +45,7 @@ PENDING_SHOWN = 50
 DEAD_SHOWN = 50  # dead letters a page shows, newest first; older ones on the next page
 RESULTS_SHOWN = 10
 ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_TASK_ID = re.compile(NAME_PATTERN + r"\Z")
 
 
 class BadQuery(ValueError):
@@ -97,7 +101,16 @@ def _float(raw: Any) -> float | None:
 
 
 def _str(raw: Any) -> str | None:
-    return raw.decode() if raw not in (None, b"") else None
+    return raw.decode(errors="replace") if raw not in (None, b"") else None
+
+
+def _finite(raw: str) -> float:
+    """An event's time: 0 where it is no finite number (another writer's)."""
+    try:
+        value = float(raw or 0)
+    except ValueError:
+        return 0.0
+    return value if math.isfinite(value) else 0.0
 
 
 def summary(task_id: str, raw: Sequence[Any], members: int) -> TaskSummary:
@@ -355,7 +368,7 @@ class Reader:
                 EventView(
                     id=entry_id.decode(),
                     kind=fields.pop("kind", ""),
-                    ts=float(fields.pop("ts", 0) or 0),
+                    ts=_finite(fields.pop("ts", "")),
                     task=fields.pop("task", None),
                     worker=fields.pop("worker", None),
                     fields=fields,
@@ -363,17 +376,42 @@ class Reader:
             )
             if len(out) >= count:
                 break
-        return out
+        return self._named(out)
+
+    def _named(self, events: list[EventView]) -> list[EventView]:
+        """``events`` with their tasks' names: one HMGET per distinct task, pipelined."""
+        ids = list(dict.fromkeys(e.task for e in events if e.task and _TASK_ID.match(e.task)))
+        if not ids:
+            return events
+        pipe = self.r.pipeline(transaction=False)
+        for tid in ids:
+            pipe.hget(self.keys.task(tid).record, "name")
+        replies = pipe.execute(raise_on_error=False)
+        names = {t: _str(_ok(n)) for t, n in zip(ids, replies, strict=True)}
+        return [
+            e.model_copy(update={"task_name": names.get(e.task)}) if e.task in names else e
+            for e in events
+        ]
+
+    def lost_workers(self) -> list[LostWorker]:
+        """Workers found dead in the last 10 minutes (``Client.lost_workers``)."""
+        return self.client.lost_workers()
 
     def leader(self) -> str | None:
         """The leader's controller id (the lease holds ``<id>#<term>``), or None."""
         token = _str(self.r.get(self.keys.leader))
         return token.partition("#")[0] if token else None
 
-    def worker_counts(self, workers: Sequence[WorkerView]) -> dict[str, int]:
+    def worker_counts(
+        self, workers: Sequence[WorkerView], lost: Sequence[LostWorker] = ()
+    ) -> dict[str, int]:
+        """Workers by status; ``lost`` adds those found dead and dropped since (each once,
+        and not one that is listed again: it came back under its name)."""
         counts = {s.value: 0 for s in WorkerState} | {"draining": 0, "lost": 0}
         for w in workers:
             counts[w.status] = counts.get(w.status, 0) + 1
+        listed = {w.id for w in workers}
+        counts["lost"] += len({w.id for w in lost} - listed)
         return counts
 
 

@@ -123,6 +123,7 @@ class EventView(_View):
     kind: str
     ts: float
     task: str | None = None
+    task_name: str | None = None  # the task's name (a queue's is its id), if it is known
     worker: str | None = None
     fields: dict[str, str]
 
