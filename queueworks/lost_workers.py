@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict
 from queueworks.connection import text
 from queueworks.keys import Keys
 from queueworks.plans import Plan, Trip
-from queueworks.validate import NAME_PATTERN, WORKER_PATTERN
+from queueworks.validate import NAME_PATTERN
 
 KEPT = 50  # lost workers kept (the stream is trimmed near it) and shown
 WINDOW = 600.0  # s: a lost worker is shown this long after it was found
@@ -34,7 +34,6 @@ TASKS_READ = 100  # distinct tasks whose history one read looks at
 SKEW = 5.0  # s: a prune may be stamped this much before the worker's last heartbeat
 _TEXT_MAX = 200  # a stored host (or other text) is shown cut to this
 _NAME_RE = re.compile(NAME_PATTERN + r"\Z")
-_WORKER_RE = re.compile(WORKER_PATTERN + r"\Z")
 
 
 class Reclaim(BaseModel):
@@ -91,15 +90,17 @@ def lost_entry(
         "host": host,
         "pid": pid,
         "task": assign,
-        "member_of": text(member_of or b"[]"),
+        "member_of": _text(member_of or b"[]"),
     }
 
 
 def parse_lost(raw: Mapping[bytes, bytes]) -> LostWorker | None:
-    """A ``qw:workers:lost`` entry, or None if it does not decode (another writer's)."""
-    f = {text(k): text(v) for k, v in raw.items()}
-    wid, lost_at = f.get("worker", ""), _float(f.get("ts"))
-    if not _WORKER_RE.match(wid) or lost_at is None:
+    """A ``qw:workers:lost`` entry, or None if it names no worker or no time. Its texts are
+    kept as stored (cut to ``_TEXT_MAX``), to be shown as text; only well-formed task and
+    queue names are looked up."""
+    f = {_text(k): _text(v) for k, v in raw.items()}
+    wid, lost_at = f.get("worker", "")[:_TEXT_MAX], _float(f.get("ts"))
+    if not wid or lost_at is None:
         return None
     try:
         queues = json.loads(f.get("member_of") or "[]")
@@ -112,8 +113,10 @@ def parse_lost(raw: Mapping[bytes, bytes]) -> LostWorker | None:
         last_heartbeat=_float(f.get("last_heartbeat")),
         host=f.get("host", "")[:_TEXT_MAX] or None,
         pid=int(pid) if pid.isdigit() and len(pid) < 12 else None,
-        task=_name(f.get("task")),
-        member_of=_names(queues),
+        task=f.get("task", "")[:_TEXT_MAX] or None,
+        member_of=[str(q)[:_TEXT_MAX] for q in queues[:TASKS_READ]]
+        if isinstance(queues, list)
+        else [],
     )
 
 
@@ -149,7 +152,9 @@ def _parsed(entries: Iterable[Any]) -> list[LostWorker]:
 
 
 def _tasks_of(w: LostWorker) -> list[str]:
-    return list(dict.fromkeys([*([w.task] if w.task else []), *w.member_of]))
+    """The task and queues ``w`` was in, those whose names are well-formed (to look up)."""
+    named = [*([w.task] if w.task else []), *w.member_of]
+    return list(dict.fromkeys(n for n in named if _NAME_RE.match(n)))
 
 
 def _reclaim(w: LostWorker, task_id: str, history: Sequence[Any]) -> Reclaim:
@@ -158,7 +163,7 @@ def _reclaim(w: LostWorker, task_id: str, history: Sequence[Any]) -> Reclaim:
     since = (w.last_heartbeat if w.last_heartbeat is not None else w.lost_at - WINDOW) - SKEW
     done: dict[int, int | None] = {}
     for _id, raw in history:
-        f = {text(k): text(v) for k, v in raw.items()}
+        f = {_text(k): _text(v) for k, v in raw.items()}
         epoch = _int(f.get("epoch"))
         if epoch is None:
             continue
@@ -171,6 +176,11 @@ def _reclaim(w: LostWorker, task_id: str, history: Sequence[Any]) -> Reclaim:
     return Reclaim(task=task_id)
 
 
+def _text(raw: Any) -> str:
+    """A stored value as text, whatever its bytes (another writer's)."""
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else text(raw)
+
+
 def _float(raw: str | None) -> float | None:
     try:
         value = float(raw or "")
@@ -181,13 +191,3 @@ def _float(raw: str | None) -> float | None:
 
 def _int(raw: str | None) -> int | None:
     return int(raw) if raw and raw.isdigit() and len(raw) < 19 else None
-
-
-def _name(raw: Any) -> str | None:
-    return raw if isinstance(raw, str) and _NAME_RE.match(raw) else None
-
-
-def _names(raw: Any) -> list[str]:
-    if not isinstance(raw, list):
-        return []
-    return [n for n in (_name(x) for x in raw[:TASKS_READ]) if n]

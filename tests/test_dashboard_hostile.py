@@ -260,6 +260,35 @@ def plant(client: Client, r: redis.Redis, keys: Keys) -> dict[str, str]:
         )
     r.xadd(qk.history, {"epoch": 1, "cause": h("queue-cause"), "ts": now, "worker": worker})
     r.xadd(keys.events, {"kind": h("queue-event"), "ts": now, "task": "hq"})
+    r.xadd(  # a dead letter's event: its job and reason, and a time that is no number
+        keys.events,
+        {
+            "kind": "dead_lettered",
+            "ts": h("ev-ts"),
+            "task": "hq",
+            "count": "1",
+            "job": h("ev-job"),
+            "reason": h("ev-reason"),
+        },
+    )
+    # a lost worker whose id, host, task and queues are hostile, one whose fields are
+    # not what the controller writes, and the task's history of its drop
+    r.xadd(
+        keys.workers_lost,
+        {
+            "worker": h("lost-id"),
+            "ts": repr(now),
+            "last_heartbeat": h("lost-beat"),
+            "host": h("lost-host"),
+            "pid": h("lost-pid"),
+            "task": h("lost-task"),
+            "member_of": json.dumps([h("lost-queue"), "hq", 7]),
+        },
+    )
+    r.xadd(keys.workers_lost, {"worker": "w-odd", "ts": "nan", "member_of": "{"})
+    r.xadd(keys.workers_lost, {"worker": "w-odd2", "ts": repr(now), "member_of": h("lost-mo")})
+    r.xadd(qk.history, {"epoch": 2, "cause": "dead", "ts": now, "worker": h("lost-id")})
+    r.xadd(qk.history, {"epoch": 2, "cause": "rebalanced", "ts": now, "reclaimed": h("recl")})
     copy_record(r, qk.record, keys.task(bad_queue).record)
     r.sadd(keys.queues, bad_queue)
     return {
@@ -325,6 +354,8 @@ def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, 
             "progress",
             "queue-cause",
             "queue-event",
+            "ev-job",
+            "ev-reason",
         ],
         "/workers": [
             "worker-id",
@@ -336,6 +367,10 @@ def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, 
             "member-of",
             "worker-task",
             "current",
+            "lost-id",
+            "lost-host",
+            "lost-task",
+            "lost-queue",
         ],
         "/queues/hq?jobs=running": ["running-handler", "running-worker", "progress"],
         f"/queues/hq/jobs/{ids['waiting']}": ["job-payload"],
@@ -361,6 +396,22 @@ def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, 
         detail = web.get(f"/api/tasks/{task}").json()
         assert detail["task"]["name"] == hostile("task-name")
         assert detail["handler"] == hostile("handler")
+        api = web.get("/api/workers").json()
+        (lost,) = [w for w in api["lost"] if w["id"] == hostile("lost-id")]
+        assert (lost["host"], lost["task"], lost["pid"]) == (
+            hostile("lost-host"),
+            hostile("lost-task"),
+            None,
+        )
+        assert lost["member_of"] == [hostile("lost-queue"), "hq", "7"]
+        hq, seven = lost["reclaims"]  # (a name of no task is looked up, and says so)
+        assert (hq["task"], hq["epoch"], hq["reclaimed"]) == ("hq", 2, None)
+        assert seven == {"task": "7", "epoch": None, "pruned_at": None, "reclaimed": None}
+        events = web.get("/api/events?count=1000").json()["events"]
+        (ev,) = [e for e in events if e["fields"].get("job") == hostile("ev-job")]
+        assert ev["ts"] == 0 and ev["fields"]["reason"] == hostile("ev-reason")
+        named = [e for e in events if e["task"] == task]
+        assert named and all(e["task_name"] == hostile("task-name") for e in named)
 
     # attribute values hold the stored values whole
     page = parsed[f"/tasks/{task}"]
@@ -378,6 +429,13 @@ def test_hostile_values_stay_text_on_every_page(client: Client, r: redis.Redis, 
     (form,) = [a for t, a in page.tags if t == "form" and "data-confirm" in a]
     assert form["data-confirm"].startswith(f"Drain worker {worker}?")
     assert form["action"] == f"/workers/{quote(worker, safe='')}/drain"
+    page = parsed["/workers"]
+    lost = {a["data-lost-worker"] for t, a in page.tags if t == "tr" and "data-lost-worker" in a}
+    assert lost == {hostile("lost-id"), "w-odd2"}  # (w-odd: no time it was lost)
+    assert {a["data-reclaim"] for t, a in page.tags if "data-reclaim" in a} >= {"hq"}
+    page = parsed["/queues/hq"]
+    links = {a["href"] for t, a in page.tags if t == "a" and "href" in a}
+    assert f"/queues/hq/jobs/{quote(hostile('ev-job'), safe='')}" in links
     page = parsed["/queues"]
     assert {a["data-queue"] for t, a in page.tags if t == "tr" and "data-queue" in a} == {
         "hq",
