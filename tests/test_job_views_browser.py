@@ -9,6 +9,8 @@ Budget: ~20 s.
 
 from __future__ import annotations
 
+import json
+import time
 from typing import Any
 
 import pytest
@@ -41,6 +43,29 @@ def plant(client: Client, r: redis.Redis, keys: Keys) -> dict[str, Any]:
     waiting = q.enqueue(H, {"x": hostile("job-payload")})
     later = q.enqueue(H, {"x": hostile("later")}, delay=600)
     [q.enqueue(H, {"x": i}) for i in range(30)]  # a second page of queued jobs
+    now = repr(time.time())
+    r.xadd(  # a lost worker (on /workers) and a dead letter's event (on / and the queue's)
+        keys.workers_lost,
+        {
+            "worker": hostile("lost-id"),
+            "ts": now,
+            "host": hostile("lost-host"),
+            "pid": "7",
+            "task": "bq",
+            "member_of": json.dumps(["bq", hostile("lost-queue")]),
+        },
+    )
+    r.xadd(
+        keys.events,
+        {
+            "kind": "dead_lettered",
+            "ts": now,
+            "task": "bq",
+            "count": "1",
+            "job": hostile("ev-job"),
+            "reason": hostile("ev-reason"),
+        },
+    )
     return {"q": q, "dead": dead, "waiting": waiting, "later": later}
 
 
@@ -79,6 +104,8 @@ def test_job_views_at_two_widths_and_every_action(
         page = browser.new_page(viewport={"width": width, "height": 900}, base_url=base)
         for path in pages:
             problems += check(page, path, width)
+        page.goto("/workers")  # the lost worker's row is there, on screen's width
+        assert page.query_selector("#lost-workers tr[data-lost-worker]")
         page.close()
     assert problems == []
 
