@@ -110,8 +110,9 @@ XDIST_WORKERS = 6
 @pytest.hookimpl(tryfirst=True)
 def pytest_cmdline_main(config: pytest.Config) -> None:
     """``python -m pytest`` runs on ``XDIST_WORKERS`` xdist workers, handing them one test
-    at a time (``--dist load --maxschedchunk 1``), unless told how many (``-n``, ``-n 0``),
-    without xdist (``-p no:xdist``), under ``--pdb``, or with ``-s`` (output shown: the
+    at a time (``--dist loadgroup --maxschedchunk 1``: tests marked with one
+    ``xdist_group`` run one after the other, on one worker), unless told how many (``-n``,
+    ``-n 0``), without xdist (``-p no:xdist``), under ``--pdb``, or with ``-s`` (output shown: the
     tests' prints, such as their FIGURE lines, reach the terminal from one process only)."""
     option = config.option
     if not config.pluginmanager.hasplugin("xdist") or hasattr(config, "workerinput"):
@@ -121,8 +122,8 @@ def pytest_cmdline_main(config: pytest.Config) -> None:
     if option.capture == "no":
         return
     option.numprocesses = XDIST_WORKERS
-    if option.dist == "no":
-        option.dist = "load"
+    if option.dist == "no":  # loadgroup: ``load``, but a group's tests share one worker
+        option.dist = "loadgroup"
         option.maxschedchunk = option.maxschedchunk or 1
 
 

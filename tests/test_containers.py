@@ -376,6 +376,7 @@ def stopped_cleanly(stack: Stack, cid: str, service: str, grace: float) -> float
     return took
 
 
+@pytest.mark.xdist_group("containers")  # one stack, one engine: never two at once
 def test_readme_deploy_scenario_in_real_containers(stack: Stack) -> None:
     t_start = time.monotonic()
     nets_before = networks()
@@ -634,6 +635,7 @@ def _pings(r: redis.Redis) -> bool:
         return False
 
 
+@pytest.mark.xdist_group("containers")  # one stack, one engine: never two at once
 def test_autoscale_0_to_n_to_0_with_a_running_task(stack: Stack, tmp_path: Path) -> None:
     """``queueworks autoscale`` (on the host, as compose.yaml's ``autoscale`` service runs it
     in a container) scales the worker containers with ``up --scale``: from none, a task of

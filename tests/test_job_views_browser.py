@@ -73,7 +73,9 @@ def check(page: Page, path: str, width: int) -> list[str]:
     page.goto(path)
     problems = []
     if not page.evaluate(NO_SIDEWAYS):
-        problems.append(f"{path} at {width}px: the page scrolls sideways")
+        page.wait_for_timeout(500)  # a layout still settling on a loaded machine: look again
+        if not page.evaluate(NO_SIDEWAYS):
+            problems.append(f"{path} at {width}px: the page scrolls sideways")
     if not page.evaluate(CONTROLS_ON_SCREEN):
         problems.append(f"{path} at {width}px: a control is off screen")
     if page.query_selector("qwx-injected, script:not([src])"):
