@@ -139,6 +139,8 @@ def test_job_views_at_two_widths_and_every_action(
     wait_js(page, "() => !!document.getElementById('queue-paused')")
     page.click(".controls button:text-is('Resume')")
     wait_for(lambda: not q.status().paused, 10, "the queue resumed")
+    # the live refresh redraws the controls once it sees the queue resumed: click after it
+    wait_js(page, "() => !document.getElementById('queue-paused')")
     page.click(".controls button:text-is('Empty')")
     wait_for(lambda: q.status().backlog == 0, 10, "the backlog emptied")
     page.click("#job-states >> text=scheduled")
