@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from queueworks.connection import text
+from queueworks.job_options import JobOptions
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -36,6 +37,7 @@ from queueworks.jobrecords import (
     DEAD_PAYLOAD,
     DEAD_REASON,
     DEAD_TS,
+    ENTRY_OPTIONS,
     ENTRY_PAYLOAD,
     JOB_ATTEMPTS,
     JOB_ENTRY,
@@ -43,6 +45,7 @@ from queueworks.jobrecords import (
     JOB_FINISHED,
     JOB_HANDLER,
     JOB_ID,
+    JOB_OPTIONS,
     JOB_PAYLOAD,
     JOB_REASON,
     JOB_RESULT,
@@ -275,12 +278,16 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
     if payload is None and status.state == JobState.DEAD:
         payload = yield from _dead_payload(qk, job_id)
     result = record.get(JOB_RESULT) if status.state == JobState.DONE else None
+    options = record.get(JOB_OPTIONS) or (
+        entry[0][1].get(ENTRY_OPTIONS.encode()) if entry else None
+    )
     return JobDetail(
         **status.model_dump(),
         payload=None if payload is None else text(payload),
         result=None if result is None else text(result),
         traceback=text(record[JOB_ERROR]) if record.get(JOB_ERROR) else None,
         entry=None if where is None else text(where),
+        options=JobOptions.parse(options).given_only(),
     )
 
 

@@ -85,10 +85,15 @@ class JobOptions:
         )
         return options if options != _NONE else None
 
+    def given_only(self) -> dict[str, Any]:
+        """The options given (set), by name."""
+        return {
+            f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None
+        }
+
     def json(self) -> str:
         """The ``o`` field: the options given, compact ('' for none)."""
-        given = {f.name: getattr(self, f.name) for f in fields(self)}
-        given = {k: v for k, v in given.items() if v is not None}
+        given = self.given_only()
         return json.dumps(given, separators=(",", ":")) if given else ""
 
     @classmethod

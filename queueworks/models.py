@@ -355,6 +355,7 @@ class JobDetail(JobStatus):
     result: str | None = None  # a done job's result JSON
     traceback: str | None = None  # a dead job's (or the last failed attempt's) traceback
     entry: str | None = None  # its stream entry, while it has one
+    options: dict[str, Any] = Field(default_factory=dict)  # its own: retry schedule, unique key
 
 
 class JobPage(_Model):

@@ -72,3 +72,20 @@ def test_options_ride_on_the_entry_and_on_a_delayed_jobs_record(
             client.scripts.promote_due(tk, due)
     moved = [f for _, f in r.xrange(tk.stream) if f.get(b"j") == later.id.encode()]
     assert moved and moved[0][b"o"] == b'{"retry_backoff":4.0}'
+
+
+@pytest.mark.integration
+def test_a_jobs_own_options_show_in_its_detail_and_on_its_page(client: Client) -> None:
+    from tests.test_dashboard import make_app
+
+    q = client.queue("options")
+    own = q.enqueue(NOOP, {"x": 1}, key="invoice-42", unique_for=60, retry_delay=2)
+    later = q.enqueue(NOOP, {"x": 2}, delay=60, retry_backoff=3)
+    plain = q.enqueue(NOOP, {"x": 3})
+    assert own.detail().options == {"retry_delay": 2.0, "key": "invoice-42", "unique_for": 60.0}
+    assert later.detail().options == {"retry_backoff": 3.0}  # from its record
+    assert plain.detail().options == {}
+    with make_app(client) as web:
+        page = web.get(f"/queues/options/jobs/{own.id}").text
+        assert "key=invoice-42" in page and "retry_delay=2.0" in page
+        assert 'id="job-options"' not in web.get(f"/queues/options/jobs/{plain.id}").text
