@@ -25,7 +25,7 @@ from queueworks import wanted as published
 from queueworks.connection import Connection
 from queueworks.keys import Keys
 
-from .fence import Batch, Fence, Fenced
+from .fence import Batch, Fence
 from .mirror import Mirror, TaskRow
 from .tally import Tally
 from .wanted import Need, wanted
@@ -82,10 +82,7 @@ class Demand:
         )
         batch = Batch()
         batch.add("set_px", [self.keys.wanted], published.encode(value), int(TTL * 1000))
-        if not self.held():
-            raise Fenced("the lease may have expired (by this process's clock)")
-        self.tally.ops += 1
-        self.fence.apply(batch)
+        self.fence.apply_held(batch, self.held)
         if self.written is None or self.written[1] != counts:
             self.log.info("wanted_workers", selectors=counts)
         self.written = (now, counts)

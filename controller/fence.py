@@ -26,7 +26,7 @@ slots are resolved between stages.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,6 +127,16 @@ class Fence:
             for n, value in zip(chunk, reply[1:], strict=True):
                 replies[n] = value
         return replies
+
+    def apply_held(self, batch: Batch, held: Callable[[], bool]) -> list[int]:
+        """``apply``, refused here first (``Fenced``) if ``held`` says the lease may have
+        expired by this process's clock: the local half of the fence, for the leader's own
+        writes (schedules, wanted workers) as ``Controller._before_apply`` is for a pass's.
+        Counts the ops in the tally."""
+        if not held():
+            raise Fenced("the lease may have expired (by this process's clock)")
+        self.tally.ops += len(batch)
+        return self.apply(batch)
 
     def seal(self) -> None:
         """Cluster: raise every slot's term to ours before reading anything as a new leader."""

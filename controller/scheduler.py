@@ -29,7 +29,7 @@ from queueworks import schedules as sched
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
 
-from .fence import Batch, Fence, Fenced
+from .fence import Batch, Fence
 from .tally import Tally
 
 BATCH = 500  # due schedules fired per script call round
@@ -74,10 +74,7 @@ class Scheduler:
                     "zadd", [self.keys.schedules], int(score), sched.member(queue, text(name))
                 )
         if len(batch):
-            if not self.held():
-                raise Fenced("the lease may have expired (by this process's clock)")
-            self.tally.ops += len(batch)
-            self.fence.apply(batch)
+            self.fence.apply_held(batch, self.held)
         self.restored = True
         return len(batch)
 
@@ -134,10 +131,7 @@ class Scheduler:
                 continue
             op = self._add_fire(batch, queue, name, d, due_ms, now_ms)
             tried.append((queue, name, m, due_ms, op))
-        if not self.held():
-            raise Fenced("the lease may have expired (by this process's clock)")
-        self.tally.ops += len(batch)
-        replies = self.fence.apply(batch)
+        replies = self.fence.apply_held(batch, self.held)
         stale = [(q, n, m, due_ms) for q, n, m, due_ms, op in tried if not replies[op - 1]]
         if stale:
             self._repair(stale)
