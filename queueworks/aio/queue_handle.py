@@ -124,7 +124,6 @@ class AsyncQueue:
         key; while a job holding it is live (or finished less than ``unique_for`` s ago),
         this returns that job (``created`` False: this call's handler and payload are not
         used) instead of making one.
-        schedule, instead of the queue's settings of the same names.
         ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
         ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
         (a task: completed), and dies, never run, if one dies, fails or is cancelled.
