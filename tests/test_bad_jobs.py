@@ -153,6 +153,8 @@ def test_cancelling_a_job_nobody_may_run_leaves_no_trace(
     wait_for(lambda: worse.status().reason, 15, "the waiting jobs' reason")
     assert r.smembers(tk.aside) == {b"os:system"} and r.xlen(tk.aside_stream("os:system")) == 2
     assert "'os:system'" in (bad.status().reason or "")
+    # (the state and the reason are the controller's word, soon after the member joined)
+    wait_for(lambda: q.status().state == TaskState.RUNNING, 15, "the queue running")
     status = q.status()
     assert [n.worker for n in status.nodes] == ["narrow"] and not status.reason
 
