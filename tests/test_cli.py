@@ -19,6 +19,7 @@ import socket
 import subprocess
 import sys
 import time
+import traceback
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from pathlib import Path
 import click
 import pytest
 import redis
+import structlog
+from click.testing import CliRunner
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.cli import main
@@ -42,6 +45,10 @@ pytestmark = pytest.mark.system
 PREFIX_ENV = ("QUEUEWORKS_REDIS_URL", "QUEUEWORKS_PREFIX", "QUEUEWORKS_DEBUG", "QUEUEWORKS_QUEUES")
 
 
+# Commands that run until stopped, or install signal handlers: always a process of their own.
+PROCESS_COMMANDS = {"worker", "controller", "demo", "redis", "dashboard", "autoscale"}
+
+
 def cli(
     args: Sequence[str],
     url: str,
@@ -49,22 +56,48 @@ def cli(
     *,
     code: str | None = None,
     env: dict[str, str] | None = None,
+    process: bool = False,
 ) -> subprocess.CompletedProcess[str]:
-    """``python -m queueworks ARGS`` (or ``python -c CODE ARGS``) against ``url``, with
-    ``env`` added to the environment."""
-    given = env or {}
+    """``queueworks ARGS`` against ``url``, with ``env`` added to the environment: in this
+    process through click's runner (what the command prints, its exit code, and a traceback
+    on stderr as ``python -m`` would print it), or as ``python -m queueworks ARGS`` (or
+    ``python -c CODE ARGS``) when asked (``process``), given code, or for a command that
+    runs until stopped. In-process costs milliseconds where a process costs a Python start
+    and imports: the suite runs a few hundred of these."""
+    given = {"QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": prefix, **(env or {})}
+    if process or code or PROCESS_COMMANDS.intersection(args) or "--watch" in args:
+        return cli_process(args, given, code)
+    return cli_in_process(args, given)
+
+
+def cli_process(
+    args: Sequence[str], given: dict[str, str], code: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in PREFIX_ENV}
-    env.update({"QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": prefix, **given})
     entry = ["-c", code] if code else ["-m", "queueworks"]
     return subprocess.run(
         [sys.executable, *entry, *args],
-        env=env,
+        env={**env, **given},
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
+
+
+def cli_in_process(args: Sequence[str], given: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env: dict[str, str | None] = {k: None for k in PREFIX_ENV if k not in given}
+    env.update(given)
+    logging = structlog.get_config()  # the command configures logging for its process
+    try:
+        res = CliRunner().invoke(main, list(args), env=env, prog_name="queueworks")
+    finally:
+        structlog.configure(**logging)
+    stderr = res.stderr
+    if res.exception is not None and not isinstance(res.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(res.exception))  # as Python prints it
+    return subprocess.CompletedProcess(["queueworks", *args], res.exit_code, res.stdout, stderr)
 
 
 def one_line_error(res: subprocess.CompletedProcess[str], code: int, *pieces: str) -> str:
@@ -550,6 +583,8 @@ def test_commands_say_when_no_controller_runs_and_count_a_queues_dead(
     assert res.returncode == 3 and none not in res.stderr, (res.stdout, res.stderr)
     with Client.from_url(redis_url, prefix=prefix) as client:
         wait_for(lambda: client.queue("q").status().dead == 2, 30, "both jobs dead")
+        # (the state is the controller's word, soon after the member joined)
+        wait_for(lambda: client.queue("q").status().state == "running", 15, "q running")
     listed = cli(["dead", "q"], redis_url, prefix)
     assert listed.returncode == 0, listed.stderr
     assert (

@@ -1,7 +1,10 @@
 """One virtual environment per peer, with pinned packages from PyPI.
 
 A venv is reused while its pin list is unchanged (``.bench-pins`` inside it); delete the
-folder to rebuild it. Every venv gets ``hiredis``, the parser queueworks uses, so every
+folder to rebuild it. ``python -m bench.peers.venvs NAME...`` builds (or checks) the named
+ones ahead of a run: CI builds the asyncio peers' beside its other set-up.
+
+Every venv gets ``hiredis``, the parser queueworks uses, so every
 system's redis-py client parses replies the same way (streaq's own client is coredis; its
 venv gets redis-py only for the harness's probes and marks).
 """
@@ -91,3 +94,23 @@ def ensure(spec: VenvSpec, root: Path = DEFAULT_DIR) -> Built:
 
 def _run(argv: list[str]) -> None:
     subprocess.run(argv, capture_output=True, text=True, check=True, timeout=900)
+
+
+def main(argv: list[str]) -> int:
+    """Build the named venvs (every one if none is named), side by side; 1 if one failed."""
+    import concurrent.futures
+
+    names = argv or list(VENVS)
+    unknown = sorted(set(names) - set(VENVS))
+    if unknown:
+        print(f"unknown venv(s) {unknown}; known: {sorted(VENVS)}", file=sys.stderr)
+        return 2
+    with concurrent.futures.ThreadPoolExecutor(len(names)) as pool:
+        built = list(pool.map(ensure, (VENVS[n] for n in names)))
+    for b in built:
+        print(f"{b.spec.name}: {'ok' if b.python else 'FAILED'} in {b.seconds:.1f} s {b.error}")
+    return 0 if all(b.python for b in built) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
