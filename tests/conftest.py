@@ -303,6 +303,11 @@ class Cluster:
         keys = Keys(self.prefix)
         wait_for(lambda: r.zcard(keys.workers) >= n, timeout, f"{n} workers registered")
 
+    def wait_leader(self, r: redis.Redis, timeout: float = 30.0) -> None:
+        """Until some controller holds the leader lease (what commands call "running")."""
+        keys = Keys(self.prefix)
+        wait_for(lambda: r.exists(keys.leader), timeout, "a controller holding the lease")
+
     def logs(self) -> str:
         return "\n".join(f"--- {p.name} ---\n{p.log()[-4000:]}" for p in self.procs)
 

@@ -578,7 +578,7 @@ def test_commands_say_when_no_controller_runs_and_count_a_queues_dead(
     cluster.controller()
     cluster.worker()
     cluster.wait_workers(r, 1)
-    wait_for(lambda: r.exists(f"{prefix}:controller:leader"), 20, "a leader")
+    cluster.wait_leader(r)
     res = cli([*args, "--wait", "--timeout", "30"], redis_url, prefix)  # the job dies
     assert res.returncode == 3 and none not in res.stderr, (res.stdout, res.stderr)
     with Client.from_url(redis_url, prefix=prefix) as client:

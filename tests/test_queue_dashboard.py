@@ -459,6 +459,7 @@ def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     cluster.controller()
     cluster.worker("w-cli")
     cluster.wait_workers(r, 1)
+    cluster.wait_leader(r)  # else `enqueue --wait` rightly says no controller runs
     args = ["enqueue", "jobs", "tests.handlers:double", "--json", '{"x": 21}']
     res = cli([*args, "--max-attempts", "1"], redis_url, prefix)  # creates the queue
     assert res.returncode == 0, res.stderr
