@@ -48,3 +48,13 @@ def read_log(r: redis.Redis, log: str) -> tuple[dict[str, list[float]], dict[str
         group, n = raw.decode().rsplit("|", 1)
         peaks[group] = max(peaks.get(group, 0), int(n))
     return starts, peaks
+
+
+def hangs_first(payload: dict[str, Any], ctx: Any) -> int:
+    """Note the start as ``noted`` does; the first attempt hangs (until its worker is
+    killed), a later one returns its attempt."""
+    r, log = _conn(), payload["log"]
+    r.rpush(f"{log}:attempts", f"{ctx.attempt}|{ctx.worker_id}")
+    if ctx.attempt == 1:
+        time.sleep(120)
+    return int(ctx.attempt)
