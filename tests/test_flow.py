@@ -12,6 +12,7 @@ import pytest
 import redis
 
 from queueworks import Client
+from queueworks.commands.info import _queues
 from queueworks.flow import burst_of
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decode_entry
@@ -20,6 +21,7 @@ from queueworks.queue_settings import check_queue_settings
 from queueworks.scripts import JobBatch, Scripts
 from tests.conftest import Cluster, wait_for
 from tests.handlers_flow import read_log
+from tests.test_dashboard import make_app, metric_values
 
 NOTED = "tests.handlers_flow:noted"
 ALLOW = ("tests.handlers_flow",)
@@ -242,3 +244,45 @@ def test_cancelling_a_job_that_waits_for_a_slot_or_holds_one_gives_it_up(
     assert q.status().groups_running == {"g": 1}
     assert handed.cancel() is True
     assert q.status().groups_running == {}
+
+
+@pytest.mark.integration
+def test_limits_and_groups_show_in_the_dashboard_metrics_and_info(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("shown", group_limit=1, rate_limit=5)
+    tk, scripts = keys.task("shown"), Scripts(r)
+    running, waiting = (q.enqueue(NOTED, {"i": i}, group="t<7>") for i in range(2))
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    for job in (running, waiting):
+        scripts.group_take(tk, tk.stream, job.id, "w1", job.id, "t<7>", 1, 0, False)
+    assert scripts.rate_read(tk, [tk.stream], "w1", 5.0, 3)[0] == []  # nothing to read:
+    assert q.status().limited is False  # tokens were left, nothing was held back
+
+    def held_back() -> None:  # as a read held back just now ("limited" for 1 s: set it anew)
+        r.hset(tk.bucket, "empty", int(time.time() * 1000))
+
+    held_back()
+    status = q.status()
+    assert (status.rate_limit, status.group_limit, status.limited) == (5.0, 1, True)
+    assert (status.groups_running, status.groups_waiting) == ({"t<7>": 1}, {"t<7>": 1})
+    assert _queues([status], {}, {}, time.time())[2:4] == [
+        "      rate_limit=5/s (limited now)",
+        "      group_limit=1 running+waiting: t<7>=1+1",
+    ]
+    with make_app(client) as web:
+        held_back()
+        detail = web.get("/api/queues/shown").json()
+        assert (detail["rate_limit"], detail["group_limit"]) == (5.0, 1)
+        queue = detail["queue"]
+        assert queue["limited"] and queue["groups_waiting"] == {"t<7>": 1}
+        held_back()
+        page = web.get("/queues/shown").text
+        assert 'id="queue-limited"' in page and "<td>t&lt;7&gt;</td>" in page
+        assert "at most 5 job(s) started per second" in page
+        held_back()
+        values = metric_values(web.get("/metrics").text)
+    group = (("group", "t<7>"), ("queue", "shown"))
+    assert values[("queueworks_queue_group_running", group)] == 1
+    assert values[("queueworks_queue_group_waiting", group)] == 1
+    assert values[("queueworks_queue_limited", (("queue", "shown"),))] == 1
