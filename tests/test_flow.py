@@ -19,6 +19,7 @@ from queueworks.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decod
 from queueworks.keys import GROUP, Keys, TaskKeys
 from queueworks.queue_settings import check_queue_settings
 from queueworks.scripts import JobBatch, Scripts
+from queueworks.workers.flow import sweep_held
 from tests.conftest import Cluster, wait_for
 from tests.handlers_flow import read_log
 from tests.test_dashboard import make_app, metric_values
@@ -286,3 +287,17 @@ def test_limits_and_groups_show_in_the_dashboard_metrics_and_info(
     assert values[("queueworks_queue_group_running", group)] == 1
     assert values[("queueworks_queue_group_waiting", group)] == 1
     assert values[("queueworks_queue_limited", (("queue", "shown"),))] == 1
+
+
+@pytest.mark.integration
+def test_the_backstop_frees_slots_of_finished_or_vanished_jobs(r: redis.Redis, keys: Keys) -> None:
+    tk, scripts = keys.task("sw"), Scripts(r)
+    ids = _stream(r, tk, 3, options='{"group":"g"}')
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    assert [_take(scripts, tk, r, i, 3) for i in ids] == [1, 1, 1]
+    r.hset(tk.job(ids[0]), JOB_STATE, "done")  # settled, its slot not given back
+    r.xdel(tk.stream, ids[1])  # deleted while pending: it never settles
+    _, freed = sweep_held(r, scripts, tk, 3, 0)
+    assert sorted(freed) == sorted(ids[:2])
+    assert r.hget(tk.groups, "g") == b"1" and r.hkeys(tk.groups_held) == [ids[2].encode()]
+    assert sweep_held(r, scripts, tk, 3, 0)[1] == []  # the running one keeps its slot

@@ -19,14 +19,17 @@ from typing import Any
 from queueworks.connection import text
 from queueworks.flow import Read, group_pump, rate_read
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import JobEntry
+from queueworks.jobrecords import JOB_STATE, JobEntry
 from queueworks.keys import TaskKeys
+from queueworks.models import JobState
+from queueworks.queues import ENTRY_ID
 from queueworks.scripts import Queued, Scripts
 
 from .loop import Run
 from .work import Work
 
 POLL_SECONDS = 0.02  # a gate whose queue had nothing to read looks again this often
+SWEEP_COUNT = 100  # holders the leader's backstop looks at per pass
 PUMP_SECONDS = 1.0  # the leader's backstop pump of waiting groups, this often
 DUE_BLOCK_MS = 5  # a read with a gate due blocks at most this long on the other queues
 
@@ -77,10 +80,12 @@ class GroupSlots:
     def __init__(self, run: Run, limit: int) -> None:
         self.run, self.limit = run, limit
         self.pumped_at = time.monotonic()
+        self.cursor = 0  # where the sweep of the holders goes on
 
     def backstop(self) -> None:
         """The leader's, every ``PUMP_SECONDS``: the pump of every group with jobs waiting
-        (a settle's pump that never ran: the member died between the two)."""
+        (a settle's pump that never ran: the member died between the two), and a page of
+        the slots' holders swept (``sweep_held``)."""
         run = self.run
         role = run.membership.role
         if time.monotonic() - self.pumped_at < PUMP_SECONDS or role is None or not role.leader:
@@ -89,6 +94,9 @@ class GroupSlots:
         waiting = sorted(text(g) for g in run.r.hkeys(run.tk.groups_waiting))
         if waiting and (moved := run.scripts.group_pump(run.tk, self.limit, waiting)):
             run.log.info("group_jobs_pumped", moved=moved)
+        self.cursor, freed = sweep_held(run.r, run.scripts, run.tk, self.limit, self.cursor)
+        if freed:
+            run.log.warning("group_slots_freed", jobs=freed)
 
     @staticmethod
     def group_of(entry: JobEntry) -> str | None:
@@ -120,3 +128,37 @@ def pump_into(
     """Put on ``pipe`` the pump of ``groups``' free slots, after the settle that freed them
     (the replies' ``reply`` of the call returned reads it)."""
     return Queued(scripts, group_pump(tk, limit, sorted(groups)), pipe)
+
+
+FINISHED = {JobState.DONE.value.encode(), JobState.DEAD.value.encode()}
+FINISHED.add(JobState.CANCELLED.value.encode())
+
+
+def sweep_held(
+    r: Any, scripts: Scripts, tk: TaskKeys, limit: int, cursor: int, count: int = SWEEP_COUNT
+) -> tuple[int, list[str]]:
+    """A page (``HSCAN`` from ``cursor``) of the jobs holding a group slot: a holder that is
+    finished (its record says so) or gone (a job to run now with neither record nor
+    entry: its entry deleted while pending) gives its slot back, to the group's next
+    waiting job. The next cursor (0: the end) and the jobs freed."""
+    cursor, held = r.hscan(tk.groups_held, cursor, count=count)
+    jobs = [(text(j), text(g)) for j, g in held.items()]
+    if not jobs:
+        return cursor, []
+    pipe = r.pipeline(transaction=False)
+    for job, _ in jobs:
+        pipe.hget(tk.job(job), JOB_STATE)
+        if ENTRY_ID.match(job):  # a job to run now: its entry, while it is on the stream
+            pipe.xrange(tk.stream, job, job)
+        else:
+            pipe.echo("")
+    replies = pipe.execute(raise_on_error=False)
+    freed: dict[str, list[str]] = {}
+    for i, (job, group) in enumerate(jobs):
+        state, entry = replies[2 * i], replies[2 * i + 1]
+        gone = state is None and isinstance(entry, list) and not entry
+        if state in FINISHED or gone:
+            freed.setdefault(group, []).append(job)
+    for group, ids in freed.items():
+        scripts.group_pump(tk, limit, [group], back=ids)
+    return cursor, [j for ids in freed.values() for j in ids]
