@@ -82,6 +82,10 @@ def test_the_bucket_bursts_then_refills_by_time(r: redis.Redis, keys: Keys) -> N
     assert _read(scripts, tk, "a", 20.0, 10)[0] == 2  # refilled by time, capped at the burst
     time.sleep(0.06)
     assert _read(scripts, tk, "b", 20.0, 10)[0] == 1
+    idle = keys.task("idle")
+    _stream(r, idle, 0)
+    assert _read(scripts, idle, "a", 20.0, 10) == (0, 0)  # nothing to read, tokens left:
+    assert not r.exists(idle.bucket)  # an idle member's look writes nothing
 
 
 @pytest.mark.integration

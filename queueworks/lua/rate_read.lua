@@ -3,8 +3,9 @@
 -- and refills at ARGV[3] per second by the server's clock (TIME: one clock for every
 -- member); a missing bucket is full. At most min(tokens, ARGV[5]) entries are read, from
 -- the streams in order (the queue's, then its aside streams; one missing is skipped), and
--- only what was read is taken. When tokens were fewer than wanted and all were used, the
--- bucket records when ('empty': the queue is limited now).
+-- only what was read is taken (a read that takes nothing writes nothing). When tokens were
+-- fewer than wanted and all were used, the bucket records when ('empty': the queue is
+-- limited now).
 -- KEYS[1] bucket   KEYS[2..] streams to read
 -- ARGV[1] consumer group   ARGV[2] consumer   ARGV[3] rate (jobs/s)   ARGV[4] burst
 -- ARGV[5] entries wanted
@@ -37,8 +38,10 @@ tokens = tokens - taken
 if allowed < want and taken == allowed then
   redis.call('HSET', KEYS[1], 'empty', now)
 end
-redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ms', now)
-redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) * 1000 / rate) + 1000)
+if taken > 0 then  -- (nothing taken: the bucket as stored refills to the same tokens)
+  redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'ms', now)
+  redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) * 1000 / rate) + 1000)
+end
 local wait = 0
 if tokens < 1 then
   wait = math.ceil((1 - tokens) * 1000 / rate)
