@@ -143,15 +143,21 @@ for _ = 1, n_buckets do
   call('HINCRBYFLOAT', KEYS[4], ARGV[at], ARGV[at + 1])
   at = at + 2
 end
-local settled = {}  -- the entries this call acked, as a set
-for _, entry in ipairs(acked) do
-  settled[entry] = true
+local settled = nil  -- the entries this call acked, as a set (made when a section needs it)
+local function acked_here(entry)
+  if not settled then
+    settled = {}
+    for _, e in ipairs(acked) do
+      settled[e] = true
+    end
+  end
+  return settled[entry]
 end
 local n_unique = tonumber(ARGV[at] or '0')
 at = at + 1
 if n_unique > 0 then  -- the unique keys of jobs settled here are free (or kept unique_for)
   for _ = 1, n_unique do
-    if settled[ARGV[at]] and call('GET', KEYS[key]) == ARGV[at + 1] then
+    if acked_here(ARGV[at]) and call('GET', KEYS[key]) == ARGV[at + 1] then
       if ARGV[at + 2] == '' then
         call('DEL', KEYS[key])
       else
@@ -186,7 +192,7 @@ end
 local n_group = tonumber(ARGV[at + 1] or '0')  -- (ARGV[at]: the dependents block's flag)
 at = at + 2
 for _ = 1, n_group do
-  if settled[ARGV[at]] then
+  if acked_here(ARGV[at]) then
     local g = call('HGET', KEYS[key + 1], ARGV[at + 1])
     if g then
       call('HDEL', KEYS[key + 1], ARGV[at + 1])
