@@ -237,6 +237,7 @@ def test_cancelling_a_job_that_waits_for_a_slot_or_holds_one_gives_it_up(
     assert [_take(scripts, tk, r, j.id, 1) for j in (first, waiting)] == [1, 0]
     status = waiting.status()
     assert status.state == "queued" and "group 'g'" in (status.reason or "")
+    assert waiting.detail().options == {"group": "g"}
     assert q.status().groups_waiting == {"g": 1} and q.status().groups_running == {"g": 1}
     assert waiting.cancel() is True and waiting.status().state == "cancelled"
     assert scripts.group_pump(tk, 1, ["g"], back=[first.id]) == 0  # passed over

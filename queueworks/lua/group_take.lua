@@ -5,9 +5,9 @@
 -- holder). At the limit the job waits, blocking no other: only if its entry is still pending
 -- on the caller, the entry leaves its stream (XACK + XDEL) for the tail of its group's wait
 -- list (its record key and the fields of the entry it will be again: 'j' naming the job,
--- 'a' the starts it had, so attempts count on), its record says queued, with no entry, and
--- why; the group's count in the waiting hash grows by one. group_pump.lua brings it back when a slot is
--- free.
+-- 'a' the starts it had, so attempts count on), its record says queued, with no entry, why,
+-- and its options (a cancel frees its unique key); the group's count in the waiting hash
+-- grows by one. group_pump.lua brings it back when a slot is free.
 -- KEYS[1] the stream the entry is on   KEYS[2] groups hash   KEYS[3] held hash
 -- KEYS[4] waiting hash   KEYS[5] the group's wait list   KEYS[6] the job's record
 -- ARGV[1] consumer group   ARGV[2] entry id   ARGV[3] caller   ARGV[4] job id   ARGV[5] group
@@ -46,12 +46,14 @@ local fields = {'${ENTRY_JOB}', ARGV[4], '${ENTRY_HANDLER}', f['${ENTRY_HANDLER}
   '${ENTRY_PAYLOAD}', f['${ENTRY_PAYLOAD}'] or 'null', '${ENTRY_ENQUEUED}', t,
   '${ENTRY_STARTS}', ARGV[7], '${ENTRY_OPTIONS}', f['${ENTRY_OPTIONS}'] or ''}
 redis.call('RPUSH', KEYS[5], cjson.encode({k = KEYS[6], j = ARGV[4], f = fields}))
+local o = f['${ENTRY_OPTIONS}'] or ''
 if named then
   redis.call('HSET', KEYS[6], '${JOB_STATE}', '${QUEUED}', '${JOB_ENTRY}', '',
-    '${JOB_WHY}', ARGV[8])
+    '${JOB_WHY}', ARGV[8], '${JOB_OPTIONS}', o)
 else
   redis.call('HSET', KEYS[6], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}',
-    f['${ENTRY_HANDLER}'] or '', '${JOB_ENQUEUED}', t, '${JOB_ENTRY}', '', '${JOB_WHY}', ARGV[8])
+    f['${ENTRY_HANDLER}'] or '', '${JOB_ENQUEUED}', t, '${JOB_ENTRY}', '', '${JOB_WHY}', ARGV[8],
+    '${JOB_OPTIONS}', o)
 end
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
