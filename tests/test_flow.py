@@ -22,6 +22,7 @@ from queueworks.scripts import JobBatch, Scripts
 from queueworks.workers.flow import sweep_held
 from tests.conftest import Cluster, wait_for
 from tests.handlers_flow import read_log
+from tests.test_cli import cli, one_line_error
 from tests.test_dashboard import make_app, metric_values
 
 NOTED = "tests.handlers_flow:noted"
@@ -306,3 +307,17 @@ def test_the_backstop_frees_slots_of_finished_or_vanished_jobs(r: redis.Redis, k
     assert sorted(freed) == sorted(ids[:2])
     assert r.hget(tk.groups, "g") == b"1" and r.hkeys(tk.groups_held) == [ids[2].encode()]
     assert sweep_held(r, scripts, tk, 3, 0)[1] == []  # the running one keeps its slot
+
+
+@pytest.mark.integration
+def test_the_enqueue_command_takes_a_group_and_the_limits(
+    redis_url: str, prefix: str, client: Client
+) -> None:
+    base = ["enqueue", "cmd", NOTED, "--json", "{}", "--rate-limit", "2.5", "--group-limit", "3"]
+    res = cli([*base, "--group", "tenant-7"], redis_url, prefix)
+    assert res.returncode == 0, res.stderr
+    q = client.queue("cmd")
+    assert q.job(res.stdout.strip()).detail().options == {"group": "tenant-7"}
+    assert (q.status().rate_limit, q.status().group_limit) == (2.5, 3)
+    one_line_error(cli([*base, "--group", "a\tb"], redis_url, prefix), 2, "group", "control")
+    one_line_error(cli([*base[:5], "--rate-limit", "0"], redis_url, prefix), 2, "rate")
