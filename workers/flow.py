@@ -13,7 +13,6 @@ read as ever. A gate whose queue had nothing to read looks again every ``POLL_SE
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from typing import Any
 
 from queueworks.connection import text
@@ -25,6 +24,7 @@ from queueworks.models import JobState
 from queueworks.queues import ENTRY_ID
 from queueworks.scripts import Queued, Scripts
 
+from .aside import Aside
 from .loop import Run
 from .work import Work
 
@@ -37,8 +37,8 @@ DUE_BLOCK_MS = 5  # a read with a gate due blocks at most this long on the other
 class RateGate:
     """When this member may next read its rate-limited queue, and the read itself."""
 
-    def __init__(self, run: Run, rate: float) -> None:
-        self.run, self.rate = run, rate
+    def __init__(self, run: Run, rate: float, aside: Aside) -> None:
+        self.run, self.rate, self.aside = run, rate, aside
         self.next_at = 0.0  # monotonic: when to read again
         self.sent: Queued[tuple[Read, int]] | None = None
 
@@ -51,10 +51,11 @@ class RateGate:
             return DUE_BLOCK_MS
         return max(1, int((self.next_at - now) * 1000))
 
-    def put(self, pipe: Any, streams: Sequence[str], want: int) -> None:
-        """Put the gated read on ``pipe``; ``took`` reads its reply."""
+    def put(self, pipe: Any, want: int) -> None:
+        """Put the gated read of the queue's streams (and the aside streams its member
+        reads) on ``pipe``; ``took`` reads its reply."""
         run = self.run
-        call = rate_read(run.tk, streams, run.me, self.rate, want)
+        call = rate_read(run.tk, list(self.aside.read), run.me, self.rate, want)
         self.sent = Queued(run.scripts, call, pipe)
 
     def took(self, replies: list[Any], now: float) -> Read:

@@ -63,7 +63,7 @@ class QueueLoop:
             self._handler(path)  # imported once, before the first job
         self.aside = Aside(run, self._reads_aside)
         limits = Limits.of(run.spec)
-        self.gate = RateGate(run, limits.rate) if limits.rate is not None else None
+        self.gate = RateGate(run, limits.rate, self.aside) if limits.rate is not None else None
         self.slots = GroupSlots(run, limits.group) if limits.group is not None else None
         self.duties = LeaderDuties(run)
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)

@@ -33,6 +33,7 @@ from queueworks.keys import GROUP
 from queueworks.records import queue_memberships
 from queueworks.signals import ColdStop
 
+from .flow import RateGate
 from .inflight import Call, InFlight
 from .queue_loop import QueueLoop
 from .queue_scout import Scout
@@ -146,7 +147,7 @@ class QueueSet:
         count = count or min(m.loop.read_count() for m in members)
         streams: dict[Any, Any] = {}
         owner: dict[str, Member] = {}
-        gated: list[Member] = []
+        gated: list[RateGate] = []  # the rate-limited queues' gates due now
         for m in members:
             if m.loop.paused:  # a paused queue's streams are not read (its checks are)
                 continue
@@ -156,7 +157,7 @@ class QueueSet:
                 streams.update(m.loop.aside.read)
                 continue
             if gate.due(now):
-                gated.append(m)
+                gated.append(gate)
             if wait is not None:
                 wait = min(wait, gate.block_ms(now))
         due = [(m, settle) for m, settle, _ in plans if settle or m.loop.check_due(now)]
@@ -169,16 +170,16 @@ class QueueSet:
             return self._xreadgroup(self.r, streams, count, wait), owner
         pipe = self.r.pipeline(transaction=False)
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
-        for m in gated:
-            m.loop.gate.put(pipe, list(m.loop.aside.read), count)  # type: ignore[union-attr]
+        for gate in gated:
+            gate.put(pipe, count)
         if streams:
             pipe.xreadgroup(GROUP, self.me, streams, count=count, block=wait)
         replies = pipe.execute(raise_on_error=False)
         for looked in looks:
             looked(replies)
         read: list[Any] = []
-        for m in gated:
-            read += m.loop.gate.took(replies, now)  # type: ignore[union-attr]
+        for gate in gated:
+            read += gate.took(replies, now)
         if streams:
             if isinstance(replies[-1], Exception):
                 self._read_failed(replies[-1], members)
@@ -225,11 +226,15 @@ class QueueSet:
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
         at = len(pipe)
         reading = [m for m in members if not m.loop.paused and m.loop.gate is None]
-        gated = [m for m in members if not m.loop.paused and m.loop.gate and m.loop.gate.due(now)]
+        gated = [
+            m.loop.gate
+            for m in members
+            if not m.loop.paused and m.loop.gate is not None and m.loop.gate.due(now)
+        ]
         for m in reading:
             pipe.xreadgroup(GROUP, self.me, m.loop.aside.read, count=count)
-        for m in gated:  # (a cluster pipeline runs each at once)
-            m.loop.gate.put(pipe, list(m.loop.aside.read), count)  # type: ignore[union-attr]
+        for gate in gated:  # (a cluster pipeline runs each at once)
+            gate.put(pipe, count)
         replies = pipe.execute(raise_on_error=False)
         for looked in looks:
             looked(replies)
@@ -239,8 +244,8 @@ class QueueSet:
                 m.loop.read_failed(reply)
             elif reply:
                 read += reply
-        for m in gated:
-            read += m.loop.gate.took(replies, now)  # type: ignore[union-attr]
+        for gate in gated:
+            read += gate.took(replies, now)
         if not read:
             self.parts.state.wake.wait(CLUSTER_WAIT)
             self.parts.state.wake.clear()
