@@ -1,6 +1,7 @@
 """A job's own options, given on enqueue: its retry schedule (``retry_delay``,
 ``retry_backoff``, ``retry_max_delay``: the queue's settings of the same names, for this job
-alone) and its uniqueness (``key``, ``unique_for``).
+alone) its uniqueness (``key``, ``unique_for``) and its ``group`` (at most the queue's
+``group_limit`` jobs of one group run at once: ``queueworks.workers.groups``).
 
 A job that has any carries them as one compact JSON object, in its stream entry's ``o``
 field and, while it waits off the stream (delayed, deferred, a retry waiting for its time),
@@ -10,6 +11,7 @@ stays one bare ``XADD`` of three fields. ``JobOptions.parse`` reads it back on a
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import dataclass, fields
 from typing import Any
@@ -29,15 +31,21 @@ def check_retry_backoff(value: Any) -> float:
     return check_number("retry_backoff", value, 1.0, MAX_BACKOFF)
 
 
-def check_key(value: Any) -> str:
-    """A unique key: a non-empty string of at most ``MAX_KEY`` bytes, no control chars."""
+def check_key(value: Any, what: str = "key") -> str:
+    """A unique key (or a group's name: ``what``): a non-empty string of at most
+    ``MAX_KEY`` bytes, no control chars."""
     if not isinstance(value, str) or not value:
-        raise ValueError(f"key must be a non-empty string, got {value!r}")
+        raise ValueError(f"{what} must be a non-empty string, got {value!r}")
     if len(value.encode()) > MAX_KEY:
-        raise ValueError(f"key is too long: {len(value.encode())} bytes (at most {MAX_KEY})")
+        raise ValueError(f"{what} is too long: {len(value.encode())} bytes (at most {MAX_KEY})")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError(f"key {value!r} holds a control character")
+        raise ValueError(f"{what} {value!r} holds a control character")
     return value
+
+
+def check_group(value: Any) -> str:
+    """A job's group: as a unique key is checked."""
+    return check_key(value, "group")
 
 
 @dataclass(frozen=True)
@@ -49,6 +57,7 @@ class JobOptions:
     retry_max_delay: float | None = None
     key: str | None = None
     unique_for: float | None = None
+    group: str | None = None
 
     @classmethod
     def given(
@@ -59,6 +68,7 @@ class JobOptions:
         retry_max_delay: Any = None,
         key: Any = None,
         unique_for: Any = None,
+        group: Any = None,
     ) -> JobOptions | None:
         """The options an enqueue was given, checked (``ValueError`` naming the bad one);
         None if it was given none (at once: the plain enqueue's path)."""
@@ -68,6 +78,7 @@ class JobOptions:
             and retry_max_delay is None
             and key is None
             and unique_for is None
+            and group is None
         ):
             return None
         if unique_for is not None and key is None:
@@ -82,6 +93,7 @@ class JobOptions:
             None
             if unique_for is None
             else check_number("unique_for", unique_for, 0.0, MAX_TTL, above_low=True),
+            None if group is None else check_group(group),
         )
         return options if options != _NONE else None
 
@@ -111,7 +123,10 @@ class JobOptions:
         kept: dict[str, Any] = {}
         for f in fields(cls):
             value: Any = found.get(f.name)
-            if f.name == "key":
+            if f.name == "group":
+                with contextlib.suppress(ValueError):
+                    kept[f.name] = check_group(value)
+            elif f.name == "key":
                 if isinstance(value, str) and value:
                     kept[f.name] = value
             elif _number(value):

@@ -34,6 +34,15 @@ key                                type          meaning
 ``qw:task:{Q}:aside:<H>``          stream        the jobs of handler H set aside: read (group
                                                  ``workers``) by members that may run H; deleted
                                                  once empty
+``qw:task:{Q}:bucket``             hash + TTL    a queue's rate_limit token bucket: tokens, ms of
+                                                 the last refill, when a read last found it
+                                                 empty (absent: full; expires once full)
+``qw:task:{Q}:groups``             hash          a queue's group slots: group -> jobs holding one
+``qw:task:{Q}:groups:held``        hash          job id -> the group whose slot it holds (until
+                                                 it is settled, retried later or cancelled)
+``qw:task:{Q}:groups:waiting``     hash          group -> its jobs waiting for a slot
+``qw:task:{Q}:groups:wait:<G>``    list          group G's jobs waiting for a slot, oldest first
+                                                 (each: its record key and entry fields, JSON)
 ``qw:task:{Q}:unique:<K>``         string        unique key K of a queue's jobs: the id of the job
                                                  that holds it while it is live (no TTL), or
                                                  for ``unique_for`` s after it finished (TTL)
@@ -226,6 +235,29 @@ class TaskKeys:
         them (a valid ``module:function`` path: no brace can break the hash tag)."""
         return f"{self._base}:aside:{handler}"
 
+    @property
+    def bucket(self) -> str:
+        """The queue's rate_limit token bucket (``rate_read.lua``)."""
+        return f"{self._base}:bucket"
+
+    @property
+    def groups(self) -> str:
+        """Group -> slots held (``group_take.lua``, ``group_release.lua``)."""
+        return f"{self._base}:groups"
+
+    @property
+    def groups_held(self) -> str:
+        return f"{self._base}:groups:held"
+
+    @property
+    def groups_waiting(self) -> str:
+        return f"{self._base}:groups:waiting"
+
+    def group_wait(self, group: str) -> str:
+        """Group ``group``'s jobs waiting for a slot (a checked group name,
+        ``job_options.check_group``: no brace can break the hash tag)."""
+        return f"{self._base}:groups:wait:{group}"
+
     def unique(self, key: str) -> str:
         """The index of a unique key of the queue's jobs: the id of the job holding it (a
         checked key, ``job_options.check_key``: a brace in it cannot break the hash tag,
@@ -294,6 +326,10 @@ class TaskKeys:
             self.aside,
             self.latency,
             self.rate,
+            self.bucket,
+            self.groups,
+            self.groups_held,
+            self.groups_waiting,
             self.schedules,
             self.schedules_due,
             self.schedules_last,

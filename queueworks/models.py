@@ -389,6 +389,11 @@ class QueueStatus(_Model):
     rates: dict[str, float] = Field(default_factory=dict)  # jobs finished per s: "1s", ...
     reason: str | None = None
     paused: bool = False  # its members read no new job (``Queue.pause``)
+    rate_limit: float | None = None  # jobs started per second at most (``queueworks.flow``)
+    group_limit: int | None = None  # jobs of one group running at once at most
+    limited: bool = False  # held back by its rate_limit now (a read found no token, < 1 s ago)
+    groups_running: dict[str, int] = Field(default_factory=dict)  # slots held, by group
+    groups_waiting: dict[str, int] = Field(default_factory=dict)  # jobs waiting for a slot
 
 
 class Event(_Model):

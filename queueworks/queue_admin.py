@@ -29,6 +29,7 @@ from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.dependencies import plan_drain
+from queueworks.flow import Limits, group_pump
 from queueworks.jobrecords import DEAD_JOB, JOB_ID, entry_job
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.models import StoredSpec, TaskState
@@ -92,6 +93,7 @@ def plan_empty(keys: Keys, name: str) -> Plan[int]:
         return 0
     last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
     cursor, emptied, freed = f"({text(last)}", 0, []
+    grouped: dict[str, list[str]] = {}  # group -> emptied jobs of it (a slot they held goes)
     while True:
         trip = Trip()
         trip.xrange(qk.stream, cursor, end, count=BATCH)
@@ -108,9 +110,14 @@ def plan_empty(keys: Keys, name: str) -> Plan[int]:
                 emptied += 1
                 if options is not None and options.key is not None:
                     freed.append((options.key, job.job_id, options.unique_for))
+                if options is not None and options.group is not None:
+                    grouped.setdefault(options.group, []).append(job.job_id)
     trip = Trip()
     for key, job_id, unique_for in freed:
         trip.call(calls.release_unique(qk, key, job_id, unique_for))
+    limit = Limits.of(spec).group or 0
+    for group, ids in grouped.items():
+        trip.call(group_pump(qk, limit, [group], back=ids))
     events.emit(trip, keys, "emptied", task=name, jobs=emptied)
     yield trip
     if emptied:

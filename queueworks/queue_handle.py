@@ -110,6 +110,7 @@ class Queue:
         retry_max_delay: float | None = None,
         key: str | None = None,
         unique_for: float | None = None,
+        group: str | None = None,
         depends_on: Iterable[Any] | None = None,
     ) -> Job:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
@@ -118,7 +119,8 @@ class Queue:
         schedule, instead of the queue's settings of the same names. ``key``: a unique
         key; while a job holding it is live (or finished less than ``unique_for`` s ago),
         this returns that job (``created`` False: this call's handler and payload are not
-        used) instead of making one.
+        used) instead of making one. ``group``: the job's group; with the queue's
+        ``group_limit``, at most that many jobs of one group run at once.
         ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
         ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
         (a task: completed), and dies, never run, if one dies, fails or is cancelled.
@@ -131,6 +133,7 @@ class Queue:
             retry_max_delay=retry_max_delay,
             key=key,
             unique_for=unique_for,
+            group=group,
         )
         job = new_job(self._path(handler), payload, delay, at, options)
         deps = [] if depends_on is None else deferred_on(depends_on, delay, at)

@@ -115,6 +115,8 @@ def about(kind: type, help: str, **more: Any) -> dict[str, Setting]:
 
 
 MAX_WAIT_REPLICAS = 100  # replicas an enqueue may wait for
+MAX_RATE = 1_000_000.0  # rate_limit: jobs started per second
+MAX_GROUP_LIMIT = 1_000_000  # group_limit: jobs of a group running at once
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,32 @@ class QueueSettings:
         ),
     )
 
+    rate_limit: float | None = field(
+        default=None,
+        metadata=about(
+            float,
+            "jobs started per second at most, across every member (bursts: a tenth of a "
+            "second's worth, at least 1)",
+            high=MAX_RATE,
+            above_low=True,
+            optional=True,
+            stored="options.queue.rate_limit",
+            sparse=True,
+        ),
+    )
+    group_limit: int | None = field(
+        default=None,
+        metadata=about(
+            int,
+            "jobs of one group (enqueue group=...) running at once at most, across every member",
+            low=1,
+            high=MAX_GROUP_LIMIT,
+            optional=True,
+            stored="options.queue.group_limit",
+            sparse=True,
+        ),
+    )
+
     def spec(self, name: str) -> TaskSpec:
         """The queue's ``TaskSpec`` (mode ``queue``), each setting where ``Setting.stored``
         says."""
@@ -258,6 +286,8 @@ class QueueOptions(TypedDict, total=False):
     retry_delay: float
     retry_backoff: float
     retry_max_delay: float
+    rate_limit: float | None
+    group_limit: int | None
 
 
 DEFAULTS = QueueSettings()

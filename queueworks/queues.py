@@ -27,6 +27,7 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, dependencies
+from queueworks.flow import flow_reads, flow_status
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import (
     RESULT_FIELDS,
@@ -187,12 +188,13 @@ def queue_reads(pipe: Any, qk: TaskKeys) -> None:
     pipe.hgetall(qk.rate)
     pipe.zcard(qk.deferred)
     pipe.hget(qk.record, QUEUE_PAUSED)
+    flow_reads(pipe, qk, "spec")
 
 
 def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueStatus:
     """A queue's status from its task's and the replies of ``queue_reads`` (errors as
     exceptions in them: a key of the wrong type counts nothing)."""
-    length, pending, scheduled, rate, deferred, paused = replies
+    length, pending, scheduled, rate, deferred, paused = replies[:6]
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
     return QueueStatus(
@@ -213,6 +215,7 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         rates=rates,
         reason=task.reason,
         paused=paused == b"1",
+        **flow_status(replies[6:], now),
     )
 
 

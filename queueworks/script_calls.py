@@ -415,6 +415,11 @@ def settle_jobs(
     if not (held and release_keys(tk, held, keys, argv)):
         argv.append(0)  # no unique key to free
     argv.append("1")  # the dependents block: the waiters hash and outbox, last
+    grouped = [(e.entry_id, e.job_id) for e in held if JobOptions.parse(e.options).group]
+    if grouped:  # the group block: the slots these jobs hold go back
+        argv.append(len(grouped))
+        argv += [x for pair in grouped for x in pair]
+        keys += (tk.groups, tk.groups_held)
     keys += (tk.waiters, tk.released)
     return Call("settle_jobs", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 
@@ -699,6 +704,9 @@ NAMES = (
     "pause_queue",
     "lease_acquire",
     "submit_small",
+    "rate_read",
+    "group_take",
+    "group_pump",
     "fenced",  # composed with set_state and expire_finished when loaded (scripts._source)
 )
 

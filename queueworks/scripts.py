@@ -23,7 +23,7 @@ from redis.cluster import ClusterPipeline
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
-from queueworks import jobrecords, messages, records
+from queueworks import flow, jobrecords, messages, records
 from queueworks import script_calls as calls
 from queueworks.models import JobState, TaskState
 from queueworks.script_calls import (  # re-exported: the workers' and tests' names
@@ -161,6 +161,9 @@ class _Functions:
     submit_small = _Bound(calls.submit_small)
     lease_acquire = _Bound(calls.lease_acquire)
     fenced = _Bound(calls.fenced)
+    rate_read = _Bound(flow.rate_read)
+    group_take = _Bound(flow.group_take)
+    group_pump = _Bound(flow.group_pump)
 
     _s: dict[str, Script] | dict[str, AsyncScript]
 

@@ -537,6 +537,29 @@ def test_one_worker_serves_queues_on_every_shard(
 
 
 @pytest.mark.system
+def test_rate_and_group_limits_on_every_shard(
+    cc: Cluster, cclient: Client, rc: RedisCluster
+) -> None:
+    """One worker (``--concurrency 4``) serves a rate-limited queue, a group-limited one and
+    a plain one, each on its own primary: the gate reads its queue on its own shard, the
+    group slots live in their queue's slot, and the plain queue runs beside them."""
+    slot_map = read_slot_map(rc)
+    a, b, c = (task_id_on(slot_map, node) for node in sorted(slot_map.primaries))
+    rated, grouped = cclient.queue(a, rate_limit=20), cclient.queue(b, group_limit=1)
+    plain = cclient.queue(c)
+    cc.worker("limits", allow=ALLOW, extra=["--concurrency", "4"])
+    double = "queueworks.examples:double"
+    slow = rated.enqueue_many((double, {"x": i}) for i in range(20))
+    one_by_one = [grouped.enqueue(double, {"x": i}, group="g") for i in range(4)]
+    free = plain.enqueue_many((double, {"x": i}) for i in range(20))
+    for jobs in (free, one_by_one, slow):
+        assert [j.result(timeout=60) for j in jobs] == [2 * i for i in range(len(jobs))]
+    starts = sorted(j.status().started_at or 0.0 for j in slow)
+    assert (len(starts) - 1) / (starts[-1] - starts[0]) <= 20 * 1.15
+    assert (grouped.status().groups_running, rated.status().rate_limit) == ({}, 20.0)
+
+
+@pytest.mark.system
 def test_dependencies_across_shards(cc: Cluster, cclient: Client, rc: RedisCluster) -> None:
     """A job waiting for jobs of queues on other primaries, and for a task on a third: its
     dependencies' settles cannot touch its slot; each writes its outbox, drained into the

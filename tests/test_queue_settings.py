@@ -87,7 +87,7 @@ def test_defaults_and_spec_round_trip() -> None:
     assert (spec.mode, spec.subtask_timeout, spec.options) == ("queue", 1.5, {})
     stored = StoredSpec.model_validate_json(spec.model_dump_json(exclude={"subtasks"}))
     assert QueueSettings.of(stored) == settings
-    values = (2, 5, 7, 4, 1.5, 60.0, {"gpu": "a100"}, 0, 1.0, 0.0, 2.0, 600.0)
+    values = (2, 5, 7, 4, 1.5, 60.0, {"gpu": "a100"}, 0, 1.0, 0.0, 2.0, 600.0, None, None)
     assert settings.given() == dict(zip(DECLARED, values, strict=True))
 
 

@@ -20,14 +20,16 @@ from redis.exceptions import NoScriptError
 
 from queueworks import events
 from queueworks.dependencies import plan_drain
+from queueworks.flow import Limits
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.retry_policy import RetryPolicy
 from queueworks.runner import run
-from queueworks.scripts import JobBatch
+from queueworks.scripts import JobBatch, Queued
 
+from .flow import pump_into
 from .ledger import Attempts
 from .running_job import RunningJob
 from .work import Gone, Work
@@ -54,6 +56,8 @@ class JobLedger(Attempts):
         self.ttl = int(self.spec.result_ttl)
         spec = self.spec
         self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
+        self.group_limit = Limits.of(spec).group
+        self.pumped: Queued[int] | None = None  # the pump after a settle, on the pipeline
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:
@@ -158,7 +162,23 @@ class JobLedger(Attempts):
             self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe)
         if batch.dead or batch.rejected:
             self._dead_lettered(pipe, [batch])
+        self._pump_into(pipe, [batch])
         return True
+
+    def _pump_into(self, pipe: Any, batches: Sequence[JobBatch]) -> None:
+        """Last on ``pipe``, after the settles that gave their slots back: the pump that
+        hands them to the jobs waiting in those groups (only if a settled job had one)."""
+        self.pumped = None
+        if self.group_limit is None:
+            return
+        groups = {
+            g
+            for b in batches
+            for job in (*b.ok, *b.dead)
+            if job.entry.options and (g := JobOptions.parse(job.entry.options).group)
+        }
+        if groups:
+            self.pumped = pump_into(self.scripts, pipe, self.tk, self.group_limit, groups)
 
     def _flush_all_into(self, pipe: Any) -> bool:
         """``flush_into`` with jobs of aside streams too: a settle per stream."""
@@ -176,6 +196,7 @@ class JobLedger(Attempts):
                 self.scripts.retry_later(self.tk, b.later, self.me, now, client=pipe, aside=aside)
         if any(b.dead or b.rejected for _, b in sent):
             self._dead_lettered(pipe, [b for _, b in sent])
+        self._pump_into(pipe, [b for _, b in sent])
         return True
 
     def _dead_lettered(self, pipe: Any, batches: Sequence[JobBatch]) -> None:
@@ -198,6 +219,13 @@ class JobLedger(Attempts):
         again, loading it; any other error is raised."""
         sent, self.sent = self.sent, None
         batches, now = sent if sent is not None else ([], 0.0)
+        pumped, self.pumped = self.pumped, None
+        if pumped is not None and pumped.index is not None:  # the last reply: the pump's
+            last, replies = replies[-1], replies[:-1]
+            if isinstance(last, NoScriptError):
+                self.scripts.run(pumped.call)
+            elif isinstance(last, Exception):
+                raise last
         moved = 0  # dependents the settles moved to the queue's outbox
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
             if isinstance(reply, NoScriptError) and i < len(batches):

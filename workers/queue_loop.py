@@ -25,6 +25,7 @@ from redis.exceptions import ResponseError
 from queueworks.connection import text
 from queueworks.context import JobContext, Suspended, call_ended
 from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
+from queueworks.flow import Limits
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, parse_handler_path
@@ -33,6 +34,7 @@ from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
 
 from .aside import Aside
+from .flow import GroupSlots, RateGate
 from .handlers import Handler, HandlerRefused, resolve
 from .inflight import Call, is_async
 from .jobledger import JobLedger
@@ -60,6 +62,9 @@ class QueueLoop:
         for path in sorted(text(h) for h in run.r.smembers(run.tk.handlers)):
             self._handler(path)  # imported once, before the first job
         self.aside = Aside(run, self._reads_aside)
+        limits = Limits.of(run.spec)
+        self.gate = RateGate(run, limits.rate, self.aside) if limits.rate is not None else None
+        self.slots = GroupSlots(run, limits.group) if limits.group is not None else None
         self.duties = LeaderDuties(run)
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
@@ -196,6 +201,8 @@ class QueueLoop:
         if isinstance(handler, HandlerRefused):
             self._refused(work, entry, handler)
             return None
+        if self.slots is not None and entry.options and not self._slot(work, entry):
+            return None
         started = time.time()
         if work.attempt == 1 and entry.enqueued:
             with contextlib.suppress(ValueError):  # a time that is no number: no sample
@@ -206,6 +213,18 @@ class QueueLoop:
         job = RunningJob(work, entry, handler.fn, (payload, ctx), started)
         job.ctx = ctx
         return job
+
+    def _slot(self, work: Work, entry: JobEntry) -> bool:
+        """Whether the job may run now: it has no group, or it holds a slot of its group
+        (else it waits for one off the stream, or is no job of ours)."""
+        assert self.slots is not None
+        group = self.slots.group_of(entry)
+        if group is None:
+            return True
+        took = self.slots.take(work, entry, group)
+        if took == -2:
+            self.ledger.reject(work, "no such job waiting in this queue (group slot)")
+        return took == 1
 
     def _run_one(self, work: Work) -> bool:
         """Run one job and record its outcome; False if the batch should stop here (a
@@ -263,6 +282,8 @@ class QueueLoop:
     def tick(self) -> None:
         self.duties.tick()
         self.aside.tick()
+        if self.slots is not None:
+            self.slots.backstop()
 
     def _context(self, entry: JobEntry, work: Work) -> JobContext:
         run = self.run

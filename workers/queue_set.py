@@ -33,6 +33,7 @@ from queueworks.keys import GROUP
 from queueworks.records import queue_memberships
 from queueworks.signals import ColdStop
 
+from .flow import RateGate
 from .inflight import Call, InFlight
 from .queue_loop import QueueLoop
 from .queue_scout import Scout
@@ -136,7 +137,8 @@ class QueueSet:
     def read(self, count: int | None = None, *, block: bool) -> tuple[Any, dict[str, Member]]:
         """One read over every queue's streams (``count`` each, or what each queue's jobs
         call for; waiting if ``block``), carrying each queue's settle and checks when due:
-        the reply and which member each stream is of."""
+        the reply and which member each stream is of. A rate-limited queue is read through
+        its gate (``workers.flow``) on the same pipeline, when it is due."""
         now = time.monotonic()
         members = self._ordered()
         self.turn += 1
@@ -145,28 +147,56 @@ class QueueSet:
         count = count or min(m.loop.read_count() for m in members)
         streams: dict[Any, Any] = {}
         owner: dict[str, Member] = {}
+        gated: list[RateGate] = []  # the rate-limited queues' gates due now
         for m in members:
-            if not m.loop.paused:  # a paused queue's streams are not read (its checks are)
+            if m.loop.paused:  # a paused queue's streams are not read (its checks are)
+                continue
+            owner.update(dict.fromkeys(m.loop.aside.read, m))
+            gate = m.loop.gate
+            if gate is None:
                 streams.update(m.loop.aside.read)
-                owner.update(dict.fromkeys(m.loop.aside.read, m))
+                continue
+            if gate.due(now):
+                gated.append(gate)
+            if wait is not None:
+                wait = min(wait, gate.block_ms(now))
         due = [(m, settle) for m, settle, _ in plans if settle or m.loop.check_due(now)]
         if self.cluster and len(members) > 1:  # (one queue's streams share its slot)
             return self._read_cluster(members, due, now, count), owner
-        if not streams:
+        if not streams and not gated:
             self._idle(due, now, wait)
             return None, owner
-        if not due:
+        if not due and not gated:
             return self._xreadgroup(self.r, streams, count, wait), owner
         pipe = self.r.pipeline(transaction=False)
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
-        pipe.xreadgroup(GROUP, self.me, streams, count=count, block=wait)
-        *replies, read = pipe.execute(raise_on_error=False)
+        for gate in gated:
+            gate.put(pipe, count)
+        if streams:
+            pipe.xreadgroup(GROUP, self.me, streams, count=count, block=wait)
+        replies = pipe.execute(raise_on_error=False)
         for looked in looks:
             looked(replies)
-        if isinstance(read, Exception):
-            self._read_failed(read, members)
-            return None, owner
-        return read, owner
+        read: list[Any] = []
+        for gate in gated:
+            read += gate.took(replies, now)
+        if streams:
+            if isinstance(replies[-1], Exception):
+                self._read_failed(replies[-1], members)
+            else:
+                read += replies[-1] or []
+        elif not read and wait:
+            self._gate_wait(wait)
+        return read or None, owner
+
+    def _gate_wait(self, wait: int) -> None:
+        """Only gated queues were read, and brought nothing: wait for the first gate due
+        (or the read's own wait)."""
+        now = time.monotonic()
+        gates = [m.loop.gate for m in self.members.values() if m.loop.gate is not None]
+        ms = min([wait, *(g.block_ms(now) for g in gates)])
+        self.parts.state.wake.wait(ms / 1000)
+        self.parts.state.wake.clear()
 
     def _idle(self, due: list[tuple[Member, bool]], now: float, wait: int | None) -> None:
         """Every queue is paused: no read, only the settles and checks that are due, then
@@ -195,18 +225,27 @@ class QueueSet:
         pipe = self.r.pipeline(transaction=False)
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
         at = len(pipe)
-        reading = [m for m in members if not m.loop.paused]
+        reading = [m for m in members if not m.loop.paused and m.loop.gate is None]
+        gated = [
+            m.loop.gate
+            for m in members
+            if not m.loop.paused and m.loop.gate is not None and m.loop.gate.due(now)
+        ]
         for m in reading:
             pipe.xreadgroup(GROUP, self.me, m.loop.aside.read, count=count)
+        for gate in gated:  # (a cluster pipeline runs each at once)
+            gate.put(pipe, count)
         replies = pipe.execute(raise_on_error=False)
         for looked in looks:
             looked(replies)
         read: list[Any] = []
-        for m, reply in zip(reading, replies[at:], strict=True):
+        for m, reply in zip(reading, replies[at : at + len(reading)], strict=True):
             if isinstance(reply, Exception):
                 m.loop.read_failed(reply)
             elif reply:
                 read += reply
+        for gate in gated:
+            read += gate.took(replies, now)
         if not read:
             self.parts.state.wake.wait(CLUSTER_WAIT)
             self.parts.state.wake.clear()

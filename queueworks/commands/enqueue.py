@@ -109,6 +109,13 @@ def wait_for_job(
     show_default="only while the job is not finished",
 )
 @option(
+    "--group",
+    default=None,
+    help="the job's group: with the queue's --group-limit, at most that many jobs of one "
+    "group run at once",
+    show_default="none",
+)
+@option(
     "--depends-on",
     "depends_on",
     multiple=True,
@@ -143,6 +150,7 @@ def enqueue(
     delay: float | None,
     key: str | None,
     unique_for: float | None,
+    group: str | None,
     depends_on: tuple[str, ...],
     wait: bool,
     timeout: float | None,
@@ -157,7 +165,7 @@ def enqueue(
     --wait: print the job's result as JSON and exit 0, or say why it died (or was
     cancelled) on stderr and exit 3. With --key, a job holding that key that is not finished
     (or finished less than --unique-for ago) is not enqueued again: its id is printed (and
-    --wait waits for it), and stderr says so."""
+    --wait waits for it), and stderr says so. --group: see --group-limit."""
     from queueworks.messages import NotJSON, from_json
     from queueworks.models import parse_handler_path
 
@@ -177,16 +185,10 @@ def enqueue(
         raise BadInput(f"invalid queue setting: {validation_text(exc)}") from None
     except ValueError as exc:  # a setting the queue has otherwise, a task of that name...
         raise BadInput(str(exc)) from None
+    own: dict[str, Any] = {"key": key, "unique_for": unique_for, "group": group}
     try:
-        job = q.enqueue(
-            handler,
-            value,
-            delay=delay,
-            key=key,
-            unique_for=unique_for,
-            depends_on=depends_on or None,
-        )
-    except ValueError as exc:  # a payload nested too deep, a bad --key, an unknown dependency
+        job = q.enqueue(handler, value, delay=delay, depends_on=depends_on or None, **own)
+    except ValueError as exc:  # a payload too deep, a bad --key or --group, a dependency...
         raise BadInput(str(exc)) from None
     click.echo(job.id)
     if not job.created:

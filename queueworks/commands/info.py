@@ -118,12 +118,30 @@ def _queues(
         )
         if q.rejected:
             lines.append(f"      rejected {q.rejected} stream entries that were no job")
+        lines += _flow(q)
         lines += _why(q.state, q.reason)
         lines += _nodes(q.nodes)
         lines += _running(running.get(q.name, []), now)
         if schedules.get(q.name):
             lines.append(f"      {len(schedules[q.name])} schedule(s)")
             lines += [f"        {describe(s, now)}" for s in schedules[q.name]]
+    return lines
+
+
+def _flow(q: QueueStatus) -> list[str]:
+    """A queue's rate_limit (and whether it holds it back now) and its groups' slots."""
+    lines = []
+    if q.rate_limit is not None:
+        now = " (limited now)" if q.limited else ""
+        lines.append(f"      rate_limit={q.rate_limit:g}/s{now}")
+    if q.group_limit is not None:
+        groups = sorted({*q.groups_running, *q.groups_waiting})
+        shown = " ".join(
+            f"{_printable(g)}={q.groups_running.get(g, 0)}+{q.groups_waiting.get(g, 0)}"
+            for g in groups[:20]
+        )
+        more = f" (+{len(groups) - 20} more)" if len(groups) > 20 else ""
+        lines.append(f"      group_limit={q.group_limit} running+waiting: {shown or '-'}{more}")
     return lines
 
 

@@ -222,6 +222,18 @@ def queue_lines(queues: Sequence[QueueSummary], latency: Latency) -> list[str]:
         fam(f"queueworks_queue_{what}", "gauge", help_text)
         for q in queues:
             out.append(f'queueworks_queue_{what}{{queue="{_label(q.name)}"}} {getattr(q, what)}')
+    fam("queueworks_queue_limited", "gauge", "1 while a queue's rate_limit holds it back.")
+    for q in queues:
+        out.append(f'queueworks_queue_limited{{queue="{_label(q.name)}"}} {int(q.limited)}')
+    for what, help_text in (
+        ("running", "Jobs of a group holding a slot of the queue's group_limit."),
+        ("waiting", "Jobs of a group waiting for a slot of the queue's group_limit."),
+    ):
+        fam(f"queueworks_queue_group_{what}", "gauge", help_text)
+        for q in queues:
+            for group, n in getattr(q, f"groups_{what}").items():
+                label = f'queue="{_label(q.name)}",group="{_label(group)}"'
+                out.append(f"queueworks_queue_group_{what}{{{label}}} {n}")
     fam(
         "queueworks_queue_jobs_total",
         "counter",

@@ -32,6 +32,7 @@ from queueworks.dashboard.views import (
     QueueDetail,
     QueueSummary,
 )
+from queueworks.flow import flow_reads, flow_status
 from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
@@ -60,6 +61,7 @@ from queueworks.runner import run
 from queueworks.schedule_plans import plan_schedules
 
 INF = float("inf")
+SUMMARY_READS = 12  # replies per queue of a summaries pipeline (the last 4: flow_reads)
 RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
 _EMPTY = [None] * len(TASK_FIELDS)
 
@@ -157,16 +159,19 @@ class QueueReader:
             pipe.hgetall(tk.rate)
             pipe.zcard(tk.deferred)
             pipe.hget(tk.record, QUEUE_PAUSED)
+            flow_reads(pipe, tk, "spec")
         replies = pipe.execute(raise_on_error=False)
         now = time.time()
         out = []
+        n = SUMMARY_READS
         for i, name in enumerate(names):
-            record, members, length, pending, scheduled, rate = replies[8 * i : 8 * i + 6]
-            deferred, paused = replies[8 * i + 6 : 8 * i + 8]
+            record, members, length, pending, scheduled, rate = replies[n * i : n * i + 6]
+            deferred, paused = replies[n * i + 6 : n * i + 8]
             if isinstance(record, Exception) or record[1] is None:
                 continue
             row = self._summary(name, record, members, length, pending, scheduled, rate, now)
             more = {"deferred": 0 if row.finished else _int(deferred), "paused": paused == b"1"}
+            more |= flow_status(replies[n * i + 8 : n * (i + 1)], now)
             out.append(row.model_copy(update=more))
         return out
 

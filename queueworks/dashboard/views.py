@@ -163,6 +163,11 @@ class QueueSummary(_View):
     created_at: float
     problems: list[str] = []  # record fields that did not decode (shown as their default)
     paused: bool = False  # its members read no new job (``Queue.pause``)
+    rate_limit: float | None = None  # jobs started per second at most (``queueworks.flow``)
+    group_limit: int | None = None  # jobs of one group running at once at most
+    limited: bool = False  # held back by its rate_limit now
+    groups_running: dict[str, int] = {}  # slots held, by group
+    groups_waiting: dict[str, int] = {}  # jobs waiting for a slot, by group
 
     @property
     def finished(self) -> bool:
@@ -199,6 +204,8 @@ class QueueDetail(_View):
     retry_delay: float = 0.0
     retry_backoff: float = 2.0
     retry_max_delay: float = 600.0
+    rate_limit: float | None = None
+    group_limit: int | None = None
     handlers: list[str]
     nodes: list[NodeInfo]
     rebalances: list[Rebalance]

@@ -5,6 +5,7 @@
 -- with another stream, the reply names that handler, to call again with its stream. The
 -- last job cancelled off an aside stream takes the stream and its handler with it (out of
 -- the aside set and the queue's handler set: no job of it waits any more).
+-- A job waiting for its group's slot (group_take.lua: no entry) is cancelled where it is.
 -- A deferred job (waiting for its dependencies) is cancelled as a delayed one: it never
 -- runs; the releases still to come from its dependencies count nothing (its set is gone).
 -- Dependents: a cancelled job's waiters (the queue's waiters hash) go to the outbox, to be
@@ -60,6 +61,9 @@ local f = redis.call('HMGET', KEYS[3], '${JOB_STATE}', '${JOB_ENTRY}', '${JOB_AS
   '${JOB_OPTIONS}')
 local state, entry, aside = f[1], f[2], f[3] or ''
 options = f[4]
+if state == '${QUEUED}' and entry == '' then  -- waiting for its group's slot: the pump
+  return cancelled(1)                          -- (group_pump.lua) passes it over
+end
 if state == '${QUEUED}' and aside ~= ARGV[5] then
   return aside  -- it waits elsewhere: call again with that stream
 end

@@ -33,6 +33,10 @@
 --   when the waiters hash exists (one EXISTS per call) are the counted jobs looked up in it:
 --   the dependents of each go to the outbox, released 'done', or 'dead' with the job's
 --   reason (queueworks.dependencies drains it)
+-- then, optionally (after the dependents block's flag, which must then be given), n_group,
+--   then n_group pairs of the settled jobs that have a group: entry id, job id; with the
+--   queue's groups hash and held hash as KEYS after the unique keys' indexes (before the
+--   waiters hash and outbox): a job whose entry was settled here gives back its slot
 -- returns {ok counted, dead counted, rejected counted, dependents moved to the outbox}
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
 local n_rej, n_buckets = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -139,15 +143,21 @@ for _ = 1, n_buckets do
   call('HINCRBYFLOAT', KEYS[4], ARGV[at], ARGV[at + 1])
   at = at + 2
 end
-local n_unique = tonumber(ARGV[at] or '0')
-if n_unique > 0 then  -- the unique keys of jobs settled here are free (or kept unique_for)
-  local settled = {}
-  for _, entry in ipairs(acked) do
-    settled[entry] = true
+local settled = nil  -- the entries this call acked, as a set (made when a section needs it)
+local function acked_here(entry)
+  if not settled then
+    settled = {}
+    for _, e in ipairs(acked) do
+      settled[e] = true
+    end
   end
-  at = at + 1
+  return settled[entry]
+end
+local n_unique = tonumber(ARGV[at] or '0')
+at = at + 1
+if n_unique > 0 then  -- the unique keys of jobs settled here are free (or kept unique_for)
   for _ = 1, n_unique do
-    if settled[ARGV[at]] and call('GET', KEYS[key]) == ARGV[at + 1] then
+    if acked_here(ARGV[at]) and call('GET', KEYS[key]) == ARGV[at + 1] then
       if ARGV[at + 2] == '' then
         call('DEL', KEYS[key])
       else
@@ -176,6 +186,22 @@ if ok + dead > 0 then
     call('HDEL', KEYS[5], second - 61)
     call('EXPIRE', KEYS[5], 120)
   end
+end
+-- the group block: a job settled here gives back its group's slot (group_pump.lua hands it
+-- to a waiting job, on the same pipeline)
+local n_group = tonumber(ARGV[at + 1] or '0')  -- (ARGV[at]: the dependents block's flag)
+at = at + 2
+for _ = 1, n_group do
+  if acked_here(ARGV[at]) then
+    local g = call('HGET', KEYS[key + 1], ARGV[at + 1])
+    if g then
+      call('HDEL', KEYS[key + 1], ARGV[at + 1])
+      if call('HINCRBY', KEYS[key], g, -1) <= 0 then
+        call('HDEL', KEYS[key], g)
+      end
+    end
+  end
+  at = at + 2
 end
 -- the dependents block: a counted job's waiters go to the outbox (its final outcome)
 local moved = 0

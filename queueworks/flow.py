@@ -1,0 +1,159 @@
+"""A queue's flow control: ``rate_limit`` (jobs started per second, across every member) and
+``group_limit`` (jobs of one group running at once, across every member).
+
+**Rate.** A token bucket in Redis (``qw:task:{Q}:bucket``), refilled by the server's clock
+at ``rate_limit`` tokens per second and holding at most ``burst_of(rate_limit)`` (a tenth of
+a second's worth, at least 1): a queue idle for a while starts that many jobs at once, then
+``rate_limit`` per second. A member reads a rate-limited queue with ``rate_read.lua``, which
+reads no more entries than there are tokens and takes one per entry read, in one atomic
+step: no two members can read past the limit between them. Its other queues are read as
+before, on the same pipeline; a queue out of tokens is simply not read until the next one.
+
+**Groups.** A job enqueued with ``group="tenant-7"`` on a queue with a ``group_limit`` takes
+a slot of its group before it runs (``group_take.lua``); at the limit it leaves the stream
+for its group's wait list, and the member goes on with the next job (of any other group:
+no head-of-line blocking). A slot is held by the job, not by the member: a job retried,
+or reclaimed from a member that died, keeps its slot; its settle gives it back
+(``settle_jobs.lua``), and ``group_pump.lua``, on the same pipeline, hands it to the
+oldest job waiting in that group, which goes back onto the stream.
+
+This module holds what both sides share: the limits read from a queue's spec, the calls
+of the three scripts, and the status read of both.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from queueworks.connection import text
+from queueworks.keys import TaskKeys
+from queueworks.models import TaskSpec
+from queueworks.queue_settings import SETTINGS, stored_setting
+from queueworks.script_calls import Call, fields_of
+
+BURST_SECONDS = 0.1  # a full bucket holds this many seconds' worth of tokens (at least 1)
+LIMITED_SECONDS = 1.0  # a queue is "limited" this long after a read found no token
+BUCKET_EMPTY = "empty"  # the bucket's field: when a read last wanted more than its tokens
+
+
+def burst_of(rate: float) -> int:
+    """The tokens a full bucket holds: the jobs a queue idle for a while starts at once."""
+    return max(1, math.ceil(rate * BURST_SECONDS))
+
+
+@dataclass(frozen=True)
+class Limits:
+    """A queue's ``rate_limit`` and ``group_limit`` (None: none)."""
+
+    rate: float | None = None
+    group: int | None = None
+
+    @classmethod
+    def of(cls, spec: TaskSpec | Mapping[str, Any]) -> Limits:
+        return cls(
+            stored_setting(SETTINGS["rate_limit"], spec),
+            stored_setting(SETTINGS["group_limit"], spec),
+        )
+
+
+NONE = Limits()
+
+Read = list[Any]  # as redis-py gives XREADGROUP's reply: [[stream, [(id, fields)]], ...]
+
+
+def _rate_reply(reply: Any) -> tuple[Read, int]:
+    read = [
+        [stream, [(eid, fields_of(flat)) for eid, flat in entries]] for stream, entries in reply[0]
+    ]
+    return read, int(reply[1])
+
+
+def rate_read(
+    tk: TaskKeys, streams: Sequence[str], worker_id: str, rate: float, want: int
+) -> Call[tuple[Read, int]]:
+    """Read up to ``want`` entries of ``streams`` (the queue's, then its aside streams),
+    no more than the queue's bucket has tokens, taking one each (``rate_read.lua``): what
+    was read, and the ms until the next token (0: some are left)."""
+    keys = [tk.bucket, *streams]
+    args = [tk.group, worker_id, repr(rate), burst_of(rate), max(1, want)]
+    return Call("rate_read", keys, args, _rate_reply)
+
+
+def group_take(
+    tk: TaskKeys,
+    stream: str,
+    entry_id: str,
+    worker_id: str,
+    job_id: str,
+    group: str,
+    limit: int,
+    starts: int,
+    named: bool,
+) -> Call[int]:
+    """Take a slot of ``group`` for a job about to run (``group_take.lua``): 1 run it, 0 it
+    waits for a slot (moved off the stream), -1 the entry is not ours (leave it), -2 it
+    names no waiting job (reject it)."""
+    why = f"group {group!r} has {limit} job(s) running (group_limit)"
+    keys = [stream, tk.groups, tk.groups_held, tk.groups_waiting, tk.group_wait(group)]
+    keys.append(tk.job(job_id))
+    args = [tk.group, entry_id, worker_id, job_id, group, limit, starts, why]
+    args.append("1" if named else "")
+    return Call("group_take", keys, args, int)
+
+
+def group_pump(
+    tk: TaskKeys, limit: int, groups: Sequence[str], back: Sequence[str] = ()
+) -> Call[int]:
+    """Give the free slots of ``groups`` to their waiting jobs (``group_pump.lua``), after
+    the jobs ``back`` gave theirs back: how many went back onto the stream."""
+    keys = [tk.groups, tk.groups_held, tk.groups_waiting, tk.stream]
+    keys += [tk.group_wait(g) for g in groups]
+    return Call("group_pump", keys, [limit, len(back), *back, *groups], int)
+
+
+# -- status ---------------------------------------------------------------------------------
+
+
+def flow_reads(pipe: Any, tk: TaskKeys, spec_field: str) -> None:
+    """Queue on ``pipe`` what ``flow_status`` reads."""
+    pipe.hget(tk.record, spec_field)
+    pipe.hget(tk.bucket, BUCKET_EMPTY)
+    pipe.hgetall(tk.groups)
+    pipe.hgetall(tk.groups_waiting)
+
+
+def flow_status(replies: Sequence[Any], now: float) -> dict[str, Any]:
+    """``QueueStatus``' flow fields from the replies of ``flow_reads`` (an error counts
+    nothing)."""
+    spec, empty, running, waiting = (None if isinstance(r, Exception) else r for r in replies)
+    try:
+        limits = Limits.of(json.loads(spec)) if spec else NONE
+    except (ValueError, TypeError):
+        limits = NONE
+    try:
+        limited = empty is not None and now - float(empty) / 1000 < LIMITED_SECONDS
+    except ValueError:
+        limited = False
+    return {
+        "rate_limit": limits.rate,
+        "group_limit": limits.group,
+        "limited": limited and limits.rate is not None,
+        "groups_running": _counts(running),
+        "groups_waiting": _counts(waiting),
+    }
+
+
+def _counts(raw: Any) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for k, v in (raw or {}).items():
+        try:
+            n = int(v)
+        except ValueError:
+            continue
+        if n > 0:
+            out[text(k)] = n
+    return dict(sorted(out.items()))

@@ -1,0 +1,323 @@
+"""Flow control (``queueworks.flow``): a queue's ``rate_limit`` (a token bucket in Redis,
+taken atomically with the read) and ``group_limit`` (slots per group, held by the job,
+given back by its settle and handed to the oldest waiting job of the group). The scripts
+on a real Redis, then real worker processes."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+import redis
+
+from queueworks import Client
+from queueworks.commands.info import _queues
+from queueworks.flow import burst_of
+from queueworks.job_options import JobOptions
+from queueworks.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decode_entry
+from queueworks.keys import GROUP, Keys, TaskKeys
+from queueworks.queue_settings import check_queue_settings
+from queueworks.scripts import JobBatch, Scripts
+from queueworks.workers.flow import sweep_held
+from tests.conftest import Cluster, wait_for
+from tests.handlers_flow import read_log
+from tests.test_cli import cli, one_line_error
+from tests.test_dashboard import make_app, metric_values
+
+NOTED = "tests.handlers_flow:noted"
+ALLOW = ("tests.handlers_flow",)
+
+# -- settings and options (unit) ----------------------------------------------------------
+
+
+@pytest.mark.unit
+def test_limits_and_groups_are_checked_where_they_enter() -> None:
+    for bad, what in (
+        ({"rate_limit": 0}, "rate_limit"),
+        ({"rate_limit": float("nan")}, "rate_limit"),
+        ({"group_limit": 0}, "group_limit"),
+        ({"group_limit": 1.5}, "group_limit"),
+    ):
+        with pytest.raises(ValueError, match=what):
+            check_queue_settings(bad)
+    assert check_queue_settings({"rate_limit": 2.5, "group_limit": 3}) == {
+        "rate_limit": 2.5,
+        "group_limit": 3,
+    }
+    for bad in ("", "a\nb", "x" * 300, 7):
+        with pytest.raises(ValueError, match="group"):
+            JobOptions.given(group=bad)
+    options = JobOptions.given(group="tenant-7")
+    assert options is not None and options.json() == '{"group":"tenant-7"}'
+    assert JobOptions.parse(options.json()).group == "tenant-7"
+    assert JobOptions.parse('{"group":"bad\\u0000"}').group is None  # written by hand: none
+    assert [burst_of(r) for r in (0.5, 10, 50, 1000)] == [1, 1, 5, 100]
+
+
+# -- the scripts (integration) ------------------------------------------------------------
+
+
+def _stream(r: redis.Redis, tk: TaskKeys, n: int, options: str = "") -> list[str]:
+    r.xgroup_create(tk.stream, GROUP, id="0", mkstream=True)
+    fields = {"h": "m:f", "p": "{}", "t": repr(time.time())}
+    if options:
+        fields["o"] = options
+    return [r.xadd(tk.stream, fields).decode() for _ in range(n)]  # type: ignore[union-attr]
+
+
+def _read(scripts: Scripts, tk: TaskKeys, who: str, rate: float, want: int) -> tuple[int, int]:
+    read, wait = scripts.rate_read(tk, [tk.stream], who, rate, want)
+    return sum(len(entries) for _, entries in read), wait
+
+
+@pytest.mark.integration
+def test_the_bucket_bursts_then_refills_by_time(r: redis.Redis, keys: Keys) -> None:
+    tk, scripts = keys.task("rl"), Scripts(r)
+    _stream(r, tk, 40)
+    assert _read(scripts, tk, "a", 20.0, 10)[0] == 2  # a full bucket: the burst, no more
+    got, wait = _read(scripts, tk, "b", 20.0, 10)
+    assert got == 0 and 1 <= wait <= 50  # empty: the next token in 1/20 s
+    assert r.hget(tk.bucket, "empty") is not None  # it held a read back: "limited"
+    time.sleep(0.12)
+    assert _read(scripts, tk, "a", 20.0, 10)[0] == 2  # refilled by time, capped at the burst
+    time.sleep(0.06)
+    assert _read(scripts, tk, "b", 20.0, 10)[0] == 1
+    idle = keys.task("idle")
+    _stream(r, idle, 0)
+    assert _read(scripts, idle, "a", 20.0, 10) == (0, 0)  # nothing to read, tokens left:
+    assert not r.exists(idle.bucket)  # an idle member's look writes nothing
+
+
+@pytest.mark.integration
+def test_readers_together_never_take_more_than_the_tokens(r: redis.Redis, keys: Keys) -> None:
+    tk, scripts = keys.task("rl2"), Scripts(r)
+    _stream(r, tk, 500)
+    started, taken = time.monotonic(), 0
+    while time.monotonic() - started < 0.5:
+        for who in ("a", "b", "c"):
+            taken += _read(scripts, tk, who, 40.0, 5)[0]
+    elapsed = time.monotonic() - started
+    assert taken <= burst_of(40.0) + 40.0 * elapsed + 1
+    assert taken >= 10  # (and it does read)
+    pending = r.xpending(tk.stream, GROUP)["pending"]
+    assert pending == taken  # what was read is exactly what was taken
+
+
+@dataclass
+class _Settled:
+    """A job as a settle writes it (``scripts.SettledJob``)."""
+
+    entry: JobEntry
+    started_at: float = 0.0
+    attempt: int = 1
+    outcome: str = "1"
+    reason: str = ""
+
+
+def _take(scripts: Scripts, tk: TaskKeys, r: redis.Redis, entry_id: str, limit: int = 2) -> int:
+    fields = r.xrange(tk.stream, entry_id, entry_id)[0][1]
+    entry = decode_entry(entry_id, fields)
+    args = (tk, tk.stream, entry_id, "w1", entry.job_id, "g", limit, 0, entry.named)
+    return scripts.group_take(*args)
+
+
+@pytest.mark.integration
+def test_group_slots_are_taken_waited_for_given_back_and_handed_on(
+    r: redis.Redis, keys: Keys
+) -> None:
+    tk, scripts = keys.task("gl"), Scripts(r)
+    ids = _stream(r, tk, 3, options='{"group":"g"}')
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"}, count=3)
+    assert [_take(scripts, tk, r, i) for i in ids[:2]] == [1, 1]
+    assert _take(scripts, tk, r, ids[0]) == 1  # a job that holds one keeps it (a retry)
+    assert _take(scripts, tk, r, ids[2]) == 0  # at the limit: it waits, off the stream
+    assert r.hget(tk.groups, "g") == b"2" and r.hget(tk.groups_waiting, "g") == b"1"
+    assert r.xrange(tk.stream, ids[2], ids[2]) == []
+    record = r.hgetall(tk.job(ids[2]))
+    assert record[JOB_STATE.encode()] == b"queued" and record[JOB_ENTRY.encode()] == b""
+    assert b"group_limit" in record[JOB_WHY.encode()]
+    # the first job settles (done): its slot goes back; the pump hands it to the waiting one
+    fields = r.xrange(tk.stream, ids[0], ids[0])[0][1]
+    batch = JobBatch(ok=[_Settled(decode_entry(ids[0], fields))])
+    scripts.settle_jobs(tk, batch, "w1", time.time(), 60, client=None)
+    assert r.hget(tk.groups, "g") == b"1" and r.hget(tk.groups_held, ids[0]) is None
+    assert scripts.group_pump(tk, 2, ["g"]) == 1
+    assert r.hget(tk.groups, "g") == b"2" and r.hget(tk.groups_held, ids[2]) == b"g"
+    assert r.hget(tk.groups_waiting, "g") is None
+    new = r.hget(tk.job(ids[2]), JOB_ENTRY).decode()  # type: ignore[union-attr]
+    back = r.xreadgroup(GROUP, "w2", {tk.stream: ">"})[0][1]
+    assert [e.decode() for e, _ in back] == [new]  # back on the stream, attempts counted on
+    assert back[0][1][b"j"] == ids[2].encode() and back[0][1][b"a"] == b"0"
+    assert scripts.group_pump(tk, 2, ["g"]) == 0  # idempotent
+    # a job that gives back a slot it held (cancelled on the stream), by id
+    assert scripts.group_pump(tk, 2, ["g"], back=[ids[2]]) == 0
+    assert r.hget(tk.groups, "g") == b"1"
+
+
+# -- workers (system) ---------------------------------------------------------------------
+
+
+def _workers(cluster: Cluster, r: redis.Redis, n: int, concurrency: int) -> None:
+    cluster.controller()
+    fast = ["--heartbeat-interval", "0.2", "--heartbeat-ttl", "0.8"]
+    for _ in range(n):
+        cluster.worker(allow=ALLOW, extra=["--concurrency", str(concurrency), *fast])
+    cluster.wait_workers(r, n)
+
+
+@pytest.mark.system
+def test_a_rate_limit_holds_across_workers_and_blocks_no_other_queue(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    _workers(cluster, r, 2, 5)
+    limited = client.queue("limited", rate_limit=40.0, min_nodes=2)
+    free = client.queue("free", min_nodes=2)
+    log = f"{prefix}:log"
+    wait_for(lambda: len(limited.status().nodes) == 2 == len(free.status().nodes), 30, "members")
+    slow = limited.enqueue_many((NOTED, {"log": log, "group": "limited"}) for _ in range(40))
+    fast = free.enqueue_many((NOTED, {"log": log, "group": "free"}) for _ in range(40))
+    assert wait_for(lambda: limited.status().limited, 10, "the queue limited")
+    for job in fast + slow:
+        job.result(timeout=60)
+    starts, _ = read_log(r, log)
+    held, other = sorted(starts["limited"]), sorted(starts["free"])
+    rate = (len(held) - 1) / (held[-1] - held[0])
+    assert 40.0 * 0.6 <= rate <= 40.0 * 1.15  # generous: a loaded machine
+    # the free queue never waited for the tokens: it ran at more than twice the limit
+    assert other[-1] - other[0] < (held[-1] - held[0]) / 2
+
+
+@pytest.mark.system
+def test_groups_run_at_most_their_limit_and_a_killed_member_gives_its_slot_back(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    _workers(cluster, r, 2, 4)
+    q = client.queue("tenants", group_limit=2, min_nodes=2, job_timeout=300.0)
+    log = f"{prefix}:log"
+    wait_for(lambda: len(q.status().nodes) == 2, 30, "members")
+    hog_job = {"log": log, "group": "hog", "seconds": 0.2}
+    hog = [q.enqueue(NOTED, hog_job, group="hog") for _ in range(6)]
+    others = [
+        q.enqueue(NOTED, {"log": log, "group": g, "seconds": 0.05}, group=g)
+        for _ in range(4)
+        for g in ("a", "b")
+    ]
+    assert wait_for(lambda: q.status().groups_waiting.get("hog"), 10, "hog jobs waiting")
+    for job in others:
+        job.result(timeout=60)
+    assert len(read_log(r, log)[0]["hog"]) < 6  # a and b never waited for hog's slots
+    for job in hog:
+        job.result(timeout=60)
+    _, peaks = read_log(r, log)
+    assert peaks["hog"] == 2 and max(peaks.values()) == 2  # never more than the limit
+    status = q.status()
+    assert (status.groups_running, status.groups_waiting, status.done) == ({}, {}, 14)
+    # a member killed while running a group's job: its slot comes back with the job
+    hangs = q.enqueue("tests.handlers_flow:hangs_first", {"log": log}, group="k")
+    first = wait_for(lambda: r.lrange(f"{log}:attempts", 0, -1), 30, "the first attempt")
+    worker = first[0].decode().split("|")[1]
+    assert q.status().groups_running == {"k": 1}
+    victim = next(p for p in cluster.procs if p.name == worker)
+    victim.kill()
+    assert hangs.result(timeout=30) == 2  # reclaimed, run again, holding the same slot
+    after = q.enqueue(NOTED, {"log": log, "group": "k"}, group="k")
+    assert after.result(timeout=30) == "k"
+    status = q.status()
+    assert (status.groups_running, status.groups_waiting) == ({}, {})
+
+
+@pytest.mark.integration
+def test_cancelling_a_job_that_waits_for_a_slot_or_holds_one_gives_it_up(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("gc", group_limit=1)
+    tk, scripts = keys.task("gc"), Scripts(r)
+    first, waiting = (q.enqueue(NOTED, {"i": i}, group="g") for i in range(2))
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    assert [_take(scripts, tk, r, j.id, 1) for j in (first, waiting)] == [1, 0]
+    status = waiting.status()
+    assert status.state == "queued" and "group 'g'" in (status.reason or "")
+    assert waiting.detail().options == {"group": "g"}
+    assert q.status().groups_waiting == {"g": 1} and q.status().groups_running == {"g": 1}
+    assert waiting.cancel() is True and waiting.status().state == "cancelled"
+    assert scripts.group_pump(tk, 1, ["g"], back=[first.id]) == 0  # passed over
+    assert q.status().groups_waiting == {} and q.status().groups_running == {}
+    # a job handed a slot, back on the stream, cancelled before a member read it
+    held, handed = (q.enqueue(NOTED, {"i": i}, group="g") for i in range(2))
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    assert [_take(scripts, tk, r, j.id, 1) for j in (held, handed)] == [1, 0]
+    assert scripts.group_pump(tk, 1, ["g"], back=[held.id]) == 1
+    assert q.status().groups_running == {"g": 1}
+    assert handed.cancel() is True
+    assert q.status().groups_running == {}
+
+
+@pytest.mark.integration
+def test_limits_and_groups_show_in_the_dashboard_metrics_and_info(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("shown", group_limit=1, rate_limit=5)
+    tk, scripts = keys.task("shown"), Scripts(r)
+    running, waiting = (q.enqueue(NOTED, {"i": i}, group="t<7>") for i in range(2))
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    for job in (running, waiting):
+        scripts.group_take(tk, tk.stream, job.id, "w1", job.id, "t<7>", 1, 0, False)
+    assert scripts.rate_read(tk, [tk.stream], "w1", 5.0, 3)[0] == []  # nothing to read:
+    assert q.status().limited is False  # tokens were left, nothing was held back
+
+    def held_back() -> None:  # as a read held back just now ("limited" for 1 s: set it anew)
+        r.hset(tk.bucket, "empty", int(time.time() * 1000))
+
+    held_back()
+    status = q.status()
+    assert (status.rate_limit, status.group_limit, status.limited) == (5.0, 1, True)
+    assert (status.groups_running, status.groups_waiting) == ({"t<7>": 1}, {"t<7>": 1})
+    assert _queues([status], {}, {}, time.time())[2:4] == [
+        "      rate_limit=5/s (limited now)",
+        "      group_limit=1 running+waiting: t<7>=1+1",
+    ]
+    with make_app(client) as web:
+        held_back()
+        detail = web.get("/api/queues/shown").json()
+        assert (detail["rate_limit"], detail["group_limit"]) == (5.0, 1)
+        queue = detail["queue"]
+        assert queue["limited"] and queue["groups_waiting"] == {"t<7>": 1}
+        held_back()
+        page = web.get("/queues/shown").text
+        assert 'id="queue-limited"' in page and "<td>t&lt;7&gt;</td>" in page
+        assert "at most 5 job(s) started per second" in page
+        held_back()
+        values = metric_values(web.get("/metrics").text)
+    group = (("group", "t<7>"), ("queue", "shown"))
+    assert values[("queueworks_queue_group_running", group)] == 1
+    assert values[("queueworks_queue_group_waiting", group)] == 1
+    assert values[("queueworks_queue_limited", (("queue", "shown"),))] == 1
+
+
+@pytest.mark.integration
+def test_the_backstop_frees_slots_of_finished_or_vanished_jobs(r: redis.Redis, keys: Keys) -> None:
+    tk, scripts = keys.task("sw"), Scripts(r)
+    ids = _stream(r, tk, 3, options='{"group":"g"}')
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    assert [_take(scripts, tk, r, i, 3) for i in ids] == [1, 1, 1]
+    r.hset(tk.job(ids[0]), JOB_STATE, "done")  # settled, its slot not given back
+    r.xdel(tk.stream, ids[1])  # deleted while pending: it never settles
+    _, freed = sweep_held(r, scripts, tk, 3, 0)
+    assert sorted(freed) == sorted(ids[:2])
+    assert r.hget(tk.groups, "g") == b"1" and r.hkeys(tk.groups_held) == [ids[2].encode()]
+    assert sweep_held(r, scripts, tk, 3, 0)[1] == []  # the running one keeps its slot
+
+
+@pytest.mark.integration
+def test_the_enqueue_command_takes_a_group_and_the_limits(
+    redis_url: str, prefix: str, client: Client
+) -> None:
+    base = ["enqueue", "cmd", NOTED, "--json", "{}", "--rate-limit", "2.5", "--group-limit", "3"]
+    res = cli([*base, "--group", "tenant-7"], redis_url, prefix)
+    assert res.returncode == 0, res.stderr
+    q = client.queue("cmd")
+    assert q.job(res.stdout.strip()).detail().options == {"group": "tenant-7"}
+    assert (q.status().rate_limit, q.status().group_limit) == (2.5, 3)
+    one_line_error(cli([*base, "--group", "a\tb"], redis_url, prefix), 2, "group", "control")
+    one_line_error(cli([*base[:5], "--rate-limit", "0"], redis_url, prefix), 2, "rate")

@@ -1,0 +1,165 @@
+"""A member's part in its queue's flow control (``queueworks.flow``): the rate gate its reads
+pass through (``RateGate``) and the group slots its jobs take before they run
+(``GroupSlots``).
+
+A rate-limited queue's streams are not in the worker's one ``XREADGROUP``: the gate reads
+them with ``rate_read.lua`` on the same pipeline (one round trip still), only as many
+entries as the bucket has tokens. Out of tokens, the gate waits until the next one is due
+(the reply says when) and the queue is not read until then; the worker's other queues are
+read as ever. A gate whose queue had nothing to read looks again every ``POLL_SECONDS``
+(a job enqueued there starts up to that much later than on an unlimited queue).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from queueworks.connection import text
+from queueworks.flow import Read, group_pump, rate_read
+from queueworks.job_options import JobOptions
+from queueworks.jobrecords import JOB_STATE, JobEntry
+from queueworks.keys import TaskKeys
+from queueworks.models import JobState
+from queueworks.queues import ENTRY_ID
+from queueworks.scripts import Queued, Scripts
+
+from .aside import Aside
+from .loop import Run
+from .work import Work
+
+POLL_SECONDS = 0.02  # a gate whose queue had nothing to read looks again this often
+SWEEP_COUNT = 100  # holders the leader's backstop looks at per pass
+PUMP_SECONDS = 1.0  # the leader's backstop pump of waiting groups, this often
+DUE_BLOCK_MS = 5  # a read with a gate due blocks at most this long on the other queues
+
+
+class RateGate:
+    """When this member may next read its rate-limited queue, and the read itself."""
+
+    def __init__(self, run: Run, rate: float, aside: Aside) -> None:
+        self.run, self.rate, self.aside = run, rate, aside
+        self.next_at = 0.0  # monotonic: when to read again
+        self.sent: Queued[tuple[Read, int]] | None = None
+
+    def due(self, now: float) -> bool:
+        return now >= self.next_at
+
+    def block_ms(self, now: float) -> int:
+        """How long a read of the other queues may block before this gate is due."""
+        if self.due(now):
+            return DUE_BLOCK_MS
+        return max(1, int((self.next_at - now) * 1000))
+
+    def put(self, pipe: Any, want: int) -> None:
+        """Put the gated read of the queue's streams (and the aside streams its member
+        reads) on ``pipe``; ``took`` reads its reply."""
+        run = self.run
+        call = rate_read(run.tk, list(self.aside.read), run.me, self.rate, want)
+        self.sent = Queued(run.scripts, call, pipe)
+
+    def took(self, replies: list[Any], now: float) -> Read:
+        """What the read put on the pipe brought (entries are ``XREADGROUP``'s shape)."""
+        sent, self.sent = self.sent, None
+        if sent is None:
+            return []
+        read, wait_ms = sent.reply(replies)
+        if read:
+            self.next_at = now  # more may wait: read again at once
+        elif wait_ms:
+            self.next_at = now + wait_ms / 1000
+        else:
+            self.next_at = now + POLL_SECONDS
+        return read
+
+
+class GroupSlots:
+    """The slots of a queue with a ``group_limit``: a job of a group takes one before it
+    runs, or waits for one off the stream; a settle gives them back (``JobLedger``) and
+    the pump hands them on."""
+
+    def __init__(self, run: Run, limit: int) -> None:
+        self.run, self.limit = run, limit
+        self.pumped_at = time.monotonic()
+        self.cursor = 0  # where the sweep of the holders goes on
+
+    def backstop(self) -> None:
+        """The leader's, every ``PUMP_SECONDS``: the pump of every group with jobs waiting
+        (a settle's pump that never ran: the member died between the two), and a page of
+        the slots' holders swept (``sweep_held``)."""
+        run = self.run
+        role = run.membership.role
+        if time.monotonic() - self.pumped_at < PUMP_SECONDS or role is None or not role.leader:
+            return
+        self.pumped_at = time.monotonic()
+        waiting = sorted(text(g) for g in run.r.hkeys(run.tk.groups_waiting))
+        if waiting and (moved := run.scripts.group_pump(run.tk, self.limit, waiting)):
+            run.log.info("group_jobs_pumped", moved=moved)
+        self.cursor, freed = sweep_held(run.r, run.scripts, run.tk, self.limit, self.cursor)
+        if freed:
+            run.log.warning("group_slots_freed", jobs=freed)
+
+    @staticmethod
+    def group_of(entry: JobEntry) -> str | None:
+        return JobOptions.parse(entry.options).group if entry.options else None
+
+    def take(self, work: Work, entry: JobEntry, group: str) -> int:
+        """1: the job holds a slot of ``group`` (run it); 0: it waits for one; -1: the
+        entry is no longer ours; -2: it names no waiting job."""
+        run = self.run
+        took = run.scripts.group_take(
+            run.tk,
+            work.stream,
+            work.entry_id,
+            run.me,
+            entry.job_id,
+            group,
+            self.limit,
+            work.attempt - 1,
+            entry.named,
+        )
+        if took == 0:
+            run.log.info("job_waits_for_group", job=entry.job_id, group=group, limit=self.limit)
+        return took
+
+
+def pump_into(
+    scripts: Scripts, pipe: Any, tk: TaskKeys, limit: int, groups: set[str]
+) -> Queued[int]:
+    """Put on ``pipe`` the pump of ``groups``' free slots, after the settle that freed them
+    (the replies' ``reply`` of the call returned reads it)."""
+    return Queued(scripts, group_pump(tk, limit, sorted(groups)), pipe)
+
+
+FINISHED = {JobState.DONE.value.encode(), JobState.DEAD.value.encode()}
+FINISHED.add(JobState.CANCELLED.value.encode())
+
+
+def sweep_held(
+    r: Any, scripts: Scripts, tk: TaskKeys, limit: int, cursor: int, count: int = SWEEP_COUNT
+) -> tuple[int, list[str]]:
+    """A page (``HSCAN`` from ``cursor``) of the jobs holding a group slot: a holder that is
+    finished (its record says so) or gone (a job to run now with neither record nor
+    entry: its entry deleted while pending) gives its slot back, to the group's next
+    waiting job. The next cursor (0: the end) and the jobs freed."""
+    cursor, held = r.hscan(tk.groups_held, cursor, count=count)
+    jobs = [(text(j), text(g)) for j, g in held.items()]
+    if not jobs:
+        return cursor, []
+    pipe = r.pipeline(transaction=False)
+    for job, _ in jobs:
+        pipe.hget(tk.job(job), JOB_STATE)
+        if ENTRY_ID.match(job):  # a job to run now: its entry, while it is on the stream
+            pipe.xrange(tk.stream, job, job)
+        else:
+            pipe.echo("")
+    replies = pipe.execute(raise_on_error=False)
+    freed: dict[str, list[str]] = {}
+    for i, (job, group) in enumerate(jobs):
+        state, entry = replies[2 * i], replies[2 * i + 1]
+        gone = state is None and isinstance(entry, list) and not entry
+        if state in FINISHED or gone:
+            freed.setdefault(group, []).append(job)
+    for group, ids in freed.items():
+        scripts.group_pump(tk, limit, [group], back=ids)
+    return cursor, [j for ids in freed.values() for j in ids]
