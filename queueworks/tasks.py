@@ -28,6 +28,7 @@ from queueworks.records import task_fields
 from queueworks.runner import run
 from queueworks.scripts import Scripts
 from queueworks.validate import check_priority, check_resize
+from queueworks.wire import Line
 
 T = TypeVar("T")
 
@@ -42,6 +43,7 @@ class Backend(Protocol):
     redis: Connection
     keys: Keys
     scripts: Scripts
+    line: Line | None  # for commands of pre-built bytes (None: a cluster's client)
 
     def check_eviction(self) -> None:
         """Before a write: ``EvictingRedis`` if the server may evict (once per client)."""

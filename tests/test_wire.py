@@ -1,0 +1,135 @@
+"""``queueworks.wire``: the enqueue of a job to run now, as pre-built RESP on a kept
+connection, against a real server: the same bytes as redis-py's ``XADD``, and the same
+errors (a bad payload, an error reply, a dropped connection, a read-only server)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import redis
+
+from queueworks import Client
+from queueworks.connection import RedisUnavailable
+from queueworks.keys import Keys
+from queueworks.queues import xadd_now
+from queueworks.redis_server import RedisServer
+from queueworks.script_calls import NewJob
+from queueworks.wire import Line, pack, xadd_head, xadd_tail
+
+NOOP = "queueworks.examples:noop"
+
+
+@pytest.mark.unit
+def test_the_prebuilt_xadd_is_xadd_now_in_resp() -> None:
+    qk = Keys("p").task("q")
+    job = NewJob("", NOOP, '{"to":"é"}')
+    now = 1_700_000_000.123456
+    built = xadd_head(qk.stream, NOOP) + xadd_tail(job.payload, now)
+    assert built == pack(*xadd_now(qk, job, now))
+    # and what redis-py would send for it
+    packed = redis.Redis().connection_pool.make_connection().pack_command(*xadd_now(qk, job, now))
+    assert built == b"".join(packed)
+
+
+@pytest.mark.integration
+def test_enqueue_takes_the_line_and_keeps_one_connection(client: Client, r: redis.Redis) -> None:
+    assert client.line is not None
+    q = client.queue("wire")
+    jobs = [q.enqueue(NOOP, {"i": i}) for i in range(5)]
+    assert len(client.line.idle) == 1  # one connection, kept between calls
+    entries = r.xrange(q.keys.stream)
+    assert [e[0].decode() for e in entries] == [j.id for j in jobs]
+    assert entries[-1][1][b"p"] == b'{"i":4}'
+    assert q.job(jobs[0].id).status().state == "queued"
+
+
+@pytest.mark.integration
+def test_a_bad_payload_is_a_value_error_and_sends_nothing(client: Client, r: redis.Redis) -> None:
+    q = client.queue("wire")
+    q.enqueue(NOOP, 1)
+    with pytest.raises(ValueError, match="payload"):
+        q.enqueue(NOOP, {"x": object()})
+    with pytest.raises(ValueError, match="payload"):
+        q.enqueue(NOOP, float("nan"))
+    assert r.xlen(q.keys.stream) == 1
+    assert q.enqueue(NOOP, 2).id
+
+
+@pytest.mark.integration
+def test_an_error_reply_is_raised_and_the_connection_stays_good(
+    client: Client, r: redis.Redis, prefix: str
+) -> None:
+    line = client.line
+    assert line is not None
+    r.set(f"{prefix}:s", "a string")
+    with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+        line.call(pack("XADD", f"{prefix}:s", "*", "a", "b"))
+    kept = line.idle[0][0]
+    assert line.call(pack("PING")) == b"PONG"
+    assert line.idle[0][0] is kept  # not reconnected
+
+
+@pytest.mark.integration
+def test_a_dropped_connection_is_made_again_and_nothing_is_sent_twice(
+    client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("wire")
+    q.enqueue(NOOP, 1)  # the first job of a handler tells the queue about it (a script)
+    q.enqueue(NOOP, 2)  # the next ones take the line
+    assert client.line is not None
+    conn = client.line.idle[0][0]
+    assert r.client_kill_filter(_id=_client_id(conn)) == 1
+    job = q.enqueue(NOOP, 3)  # the closed socket is seen before sending: a new connection
+    assert client.line.idle[0][0] is conn  # connected again
+    assert r.xlen(q.keys.stream) == 3
+    assert r.xrange(q.keys.stream)[-1][0].decode() == job.id
+
+
+def _client_id(conn: object) -> int:
+    """The server's id of a connection, asked on it."""
+    conn.send_command("CLIENT", "ID")  # type: ignore[attr-defined]
+    return int(conn.read_response())  # type: ignore[attr-defined]
+
+
+@pytest.mark.integration
+def test_a_server_gone_is_a_connection_error_then_it_comes_back() -> None:
+    with RedisServer() as server:
+        client = Client.from_url(server.url, prefix="w")
+        q = client.queue("wire")
+        q.enqueue(NOOP, 1)
+        server.stop()
+        with pytest.raises(redis.ConnectionError):
+            q.enqueue(NOOP, 2)
+        with pytest.raises(RedisUnavailable, match="cannot reach Redis"):
+            q.enqueue(NOOP, 3)
+        server.restart()  # on the same port
+        client.queue("wire")  # the server came back empty: the queue made again
+        assert q.enqueue(NOOP, 4).id
+        client.close()
+
+
+@pytest.mark.integration
+def test_a_read_only_server_raises_read_only() -> None:
+    with RedisServer(extra_args=["--replicaof", "127.0.0.1", "1"]) as replica:
+        line = Line.of(redis.Redis.from_url(replica.url))
+        assert line is not None
+        with pytest.raises(redis.ReadOnlyError):
+            line.call(pack("XADD", "s", "*", "a", "b"))
+        assert line.call(pack("PING")) == b"PONG"
+
+
+@pytest.mark.integration
+def test_a_forked_child_makes_its_own_connection(client: Client) -> None:
+    q = client.queue("wire")
+    q.enqueue(NOOP, 1)
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's kept socket is not used
+        try:
+            q.enqueue(NOOP, 2)
+            os._exit(0 if client.line is not None and client.line.pid == os.getpid() else 1)
+        except BaseException:
+            os._exit(2)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert q.enqueue(NOOP, 3).id  # the parent's connection is still in step
