@@ -47,7 +47,6 @@ from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
-    PATHS_KEPT,
     RUNNING_SHOWN,
     HandlerPaths,
     deferred_on,
@@ -62,7 +61,7 @@ from queueworks.runner import run, send_trip
 from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import Backend, Task
-from queueworks.wire import pack, xadd_head, xadd_tail
+from queueworks.wire import XaddBytes
 
 T = TypeVar("T")
 
@@ -80,7 +79,7 @@ class Queue:
         self.ref = QueueRef(client.keys, name, settings, revives)
         self.keys = self.ref.qk
         self._path = HandlerPaths()
-        self._heads: dict[str, bytes] = {}  # handler -> its XADD's bytes (``_xadd``)
+        self._xadd_bytes = XaddBytes(self.keys)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -161,14 +160,7 @@ class Queue:
         line = self.client.line
         if line is None:
             return one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
-        if job.options:
-            return line.call(pack(*xadd_now(self.keys, job, time.time())))
-        head = self._heads.get(job.handler)
-        if head is None:
-            if len(self._heads) >= PATHS_KEPT:
-                self._heads.clear()
-            head = self._heads[job.handler] = xadd_head(self.keys.stream, job.handler)
-        return line.call(head + xadd_tail(job.payload, time.time()))
+        return line.call(self._xadd_bytes(job, time.time()))
 
     def _replicated(self, jobs: list[Job], acked: int | None, wait: Replicas) -> list[Job]:
         error = jobs_not_replicated(self.name, jobs, acked, wait)

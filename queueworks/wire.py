@@ -34,6 +34,9 @@ from redis.exceptions import ReadOnlyError
 from redis.utils import HIREDIS_AVAILABLE
 
 from queueworks.jobrecords import ENTRY_ENQUEUED, ENTRY_HANDLER, ENTRY_PAYLOAD
+from queueworks.keys import TaskKeys
+from queueworks.queues import xadd_now
+from queueworks.script_calls import NewJob
 
 _ENQUEUED = b"$%d\r\n%s\r\n" % (len(ENTRY_ENQUEUED), ENTRY_ENQUEUED.encode())
 _STALE = select.POLLIN | select.POLLHUP | select.POLLERR  # data nobody asked for, or closed
@@ -60,6 +63,27 @@ def xadd_tail(payload: str, now: float) -> bytes:
 def pack(*args: str) -> bytes:
     """Any command of text arguments as RESP."""
     return b"*%d\r\n" % len(args) + b"".join(bulk(a.encode()) for a in args)
+
+
+class XaddBytes:
+    """A queue handle's ``XADD`` of a job to run now (``xadd_now``) as RESP: the part before
+    the payload made once per handler (up to ``HEADS_KEPT`` of them)."""
+
+    HEADS_KEPT = 1024
+
+    def __init__(self, qk: TaskKeys) -> None:
+        self.qk = qk
+        self.heads: dict[str, bytes] = {}
+
+    def __call__(self, job: NewJob, now: float) -> bytes:
+        if job.options:  # a job with options of its own: its whole command packed
+            return pack(*xadd_now(self.qk, job, now))
+        head = self.heads.get(job.handler)
+        if head is None:
+            if len(self.heads) >= self.HEADS_KEPT:
+                self.heads.clear()
+            head = self.heads[job.handler] = xadd_head(self.qk.stream, job.handler)
+        return head + xadd_tail(job.payload, now)
 
 
 class Line:

@@ -4,12 +4,13 @@ errors (a bad payload, an error reply, a dropped connection, a read-only server)
 
 from __future__ import annotations
 
+import asyncio
 import os
 
 import pytest
 import redis
 
-from queueworks import Client
+from queueworks import AsyncClient, Client
 from queueworks.connection import RedisUnavailable
 from queueworks.keys import Keys
 from queueworks.queues import xadd_now
@@ -133,3 +134,46 @@ def test_a_forked_child_makes_its_own_connection(client: Client) -> None:
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
     assert q.enqueue(NOOP, 3).id  # the parent's connection is still in step
+
+
+@pytest.mark.integration
+def test_the_async_line_same_bytes_same_errors(redis_url: str, prefix: str, r: redis.Redis) -> None:
+    async def go() -> None:
+        client = AsyncClient.from_url(redis_url, prefix=prefix)
+        try:
+            line = client.line
+            assert line is not None
+            q = await client.queue("wire")
+            first = await q.enqueue(NOOP, 1)  # tells the queue about the handler
+            job = await q.enqueue(NOOP, {"i": 2})  # on the line
+            assert len(line.idle) == 1
+            entry_id, fields = r.xrange(q.keys.stream)[-1]
+            assert (entry_id.decode(), fields[b"p"]) == (job.id, b'{"i":2}')
+            with pytest.raises(ValueError, match="payload"):
+                await q.enqueue(NOOP, {"x": object()})
+            r.set(f"{prefix}:s", "a string")
+            with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+                await line.call(pack("XADD", f"{prefix}:s", "*", "a", "b"))
+            conn = line.idle[0][0]
+            assert await line.call(pack("PING")) == b"PONG" and line.idle[0][0] is conn
+            # the server closes it: seen before the next send, a new connection
+            await conn.send_command("CLIENT", "ID")
+            assert r.client_kill_filter(_id=int(await conn.read_response())) == 1
+            await asyncio.sleep(0.05)  # the loop sees the EOF
+            await q.enqueue(NOOP, 3)
+            # a call cancelled while it waits for its reply: its connection is dropped
+            r.execute_command("CLIENT", "PAUSE", "300", "WRITE")
+            call = asyncio.ensure_future(q.enqueue(NOOP, 4))
+            await asyncio.sleep(0.05)
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert line.idle == []
+            after = await q.enqueue(NOOP, 5)  # its own reply, not the cancelled call's
+            entries = r.xrange(q.keys.stream)
+            assert entries[-1][0].decode() == after.id and entries[-1][1][b"p"] == b"5"
+            assert first.id == entries[0][0].decode()
+        finally:
+            await client.close()
+
+    asyncio.run(go())
