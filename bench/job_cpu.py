@@ -170,6 +170,20 @@ def table(runs: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -> st
     return "\n".join(lines)
 
 
+def measure(
+    trees: dict[str, Path | None], jobs: int, rounds: int, workers: int
+) -> dict[str, list[dict[str, float]]]:
+    """``rounds`` runs of each system (None: the floor), their order reversed every other
+    round: µs of CPU per job of each part, per run."""
+    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    for k in range(rounds):
+        order = list(trees) if k % 2 == 0 else list(reversed(trees))
+        for name in order:
+            runs[name].append(one_run(trees[name], jobs, workers))
+            print(f"round {k + 1} {name}: {runs[name][-1]}", file=sys.stderr)
+    return runs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", help="a git revision to measure beside this tree")
@@ -180,12 +194,7 @@ def main() -> None:
     trees: dict[str, Path | None] = {"queueworks": ROOT, FLOOR: None}
     if args.against:
         trees[args.against] = checkout(args.against)
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for k in range(args.rounds):
-        order = list(trees) if k % 2 == 0 else list(reversed(trees))
-        for name in order:
-            runs[name].append(one_run(trees[name], args.jobs, args.workers))
-            print(f"round {k + 1} {name}: {runs[name][-1]}", file=sys.stderr)
+    runs = measure(trees, args.jobs, args.rounds, args.workers)
     print(table(runs, args.jobs, args.rounds))
 
 
