@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis
@@ -177,3 +178,20 @@ def test_the_async_line_same_bytes_same_errors(redis_url: str, prefix: str, r: r
             await client.close()
 
     asyncio.run(go())
+
+
+@pytest.mark.integration
+def test_threads_share_the_line_each_call_its_own_reply(client: Client, r: redis.Redis) -> None:
+    q = client.queue("wire")
+    q.enqueue(NOOP, -1)
+
+    def produce(t: int) -> list[tuple[str, bytes]]:
+        return [
+            (q.enqueue(NOOP, {"t": t, "i": i}).id, b'{"t":%d,"i":%d}' % (t, i)) for i in range(200)
+        ]
+
+    with ThreadPoolExecutor(4) as pool:
+        made = [pair for pairs in pool.map(produce, range(4)) for pair in pairs]
+    assert client.line is not None and 1 <= len(client.line.idle) <= 4
+    stored = {e[0].decode(): e[1][b"p"] for e in r.xrange(q.keys.stream)}
+    assert len(made) == 800 and all(stored[job_id] == payload for job_id, payload in made)
