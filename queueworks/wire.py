@@ -39,6 +39,7 @@ from queueworks.queues import xadd_now
 from queueworks.script_calls import NewJob
 
 _ENQUEUED = b"$%d\r\n%s\r\n" % (len(ENTRY_ENQUEUED), ENTRY_ENQUEUED.encode())
+KEPT = 4  # connections a line keeps at most (more, at once, go back to the pool after use)
 _STALE = select.POLLIN | select.POLLHUP | select.POLLERR  # data nobody asked for, or closed
 
 
@@ -86,16 +87,25 @@ class XaddBytes:
         return head + xadd_tail(job.payload, now)
 
 
+def kept(pool: Any) -> int:
+    """How many connections a line may keep out of ``pool``: ``KEPT``, and at most a
+    quarter of a bounded pool's (none of a pool of 1 to 3: every call takes one and gives
+    it back), so the client's other calls always find one."""
+    return min(KEPT, int(getattr(pool, "max_connections", KEPT * 4)) // 4)
+
+
 class Line:
     """Connections of one client's pool kept out of it for pre-built commands (see the
-    module docstring). ``call`` is safe from any thread; a forked child starts with none
-    (its parent's sockets are not its own); ``close`` gives them back to the pool."""
+        module docstring). ``call`` is safe from any thread; a forked child starts with none
+        (its parent's sockets are not its own); ``close`` gives them back to the pool. It keeps
+    at most ``kept(pool)`` connections between calls."""
 
     def __init__(self, r: redis.Redis) -> None:
         self.pool: Any = r.connection_pool
         self.sentinel = bool(getattr(self.pool, "is_master", False))
         self.idle: list[tuple[Any, Any, Any]] = []  # (connection, its socket, its poll)
         self.pid = os.getpid()
+        self.kept = kept(self.pool)
 
     @classmethod
     def of(cls, r: Any) -> Line | None:
@@ -129,10 +139,16 @@ class Line:
             if self.sentinel and isinstance(reply, ReadOnlyError):
                 self._drop(conn)
                 raise redis.ConnectionError("The previous master is now a slave")
-            self.idle.append((conn, sock, poll))
+            self._keep(conn, sock, poll)
             raise reply
-        self.idle.append((conn, sock, poll))
+        self._keep(conn, sock, poll)
         return reply
+
+    def _keep(self, conn: Any, sock: Any, poll: Any) -> None:
+        if len(self.idle) < self.kept:
+            self.idle.append((conn, sock, poll))
+        else:
+            self.pool.release(conn)
 
     def _take(self) -> tuple[Any, Any, Any]:
         """A connection ready to send: a kept one whose socket has nothing to read (else it

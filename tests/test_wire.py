@@ -195,3 +195,16 @@ def test_threads_share_the_line_each_call_its_own_reply(client: Client, r: redis
     assert client.line is not None and 1 <= len(client.line.idle) <= 4
     stored = {e[0].decode(): e[1][b"p"] for e in r.xrange(q.keys.stream)}
     assert len(made) == 800 and all(stored[job_id] == payload for job_id, payload in made)
+
+
+@pytest.mark.integration
+def test_a_small_pool_keeps_none_out_for_the_line(redis_url: str, prefix: str) -> None:
+    client = Client.from_url(redis_url, prefix=prefix, max_connections=1)
+    try:
+        q = client.queue("wire")
+        for i in range(3):  # a pool of 1: each call takes the connection and gives it back
+            job = q.enqueue(NOOP, i)
+            assert job.status().state == "queued"
+        assert client.line is not None and client.line.idle == []
+    finally:
+        client.close()

@@ -19,15 +19,19 @@ from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.exceptions import ReadOnlyError
 from redis.utils import HIREDIS_AVAILABLE
 
+from queueworks.wire import kept
+
 
 class AsyncLine:
-    """Connections of one asyncio client's pool kept out of it for pre-built commands."""
+    """Connections of one asyncio client's pool kept out of it for pre-built commands, at
+    most ``kept(pool)`` between calls (the pool blocks a call that finds none free)."""
 
     def __init__(self, r: redis.asyncio.Redis) -> None:
         self.pool: Any = r.connection_pool
         self.sentinel = bool(getattr(self.pool, "is_master", False))
         self.idle: list[tuple[Any, Any]] = []  # (connection, its event loop)
         self.pid = os.getpid()
+        self.kept = kept(self.pool)
 
     @classmethod
     def of(cls, r: Any) -> AsyncLine | None:
@@ -63,7 +67,10 @@ class AsyncLine:
         if self.sentinel and isinstance(reply, ReadOnlyError):
             await self._drop(conn)
             raise redis.ConnectionError("The previous master is now a slave")
-        self.idle.append((conn, loop))
+        if len(self.idle) < self.kept:
+            self.idle.append((conn, loop))
+        else:
+            await self.pool.release(conn)
         if isinstance(reply, redis.ResponseError):
             raise reply
         return reply
