@@ -34,6 +34,14 @@ def test_the_prebuilt_xadd_is_xadd_now_in_resp() -> None:
     assert built == b"".join(packed)
 
 
+@pytest.mark.unit
+def test_the_prebuilt_xadd_knows_every_field_of_a_job() -> None:
+    """``XaddBytes`` writes a job with no options from its handler, payload and time alone:
+    a field added to ``NewJob`` (or to the entry) must be written there too, or such jobs
+    would lose it on the hot path."""
+    assert NewJob._fields == ("id", "handler", "payload", "at", "options")
+
+
 @pytest.mark.integration
 def test_enqueue_takes_the_line_and_keeps_one_connection(client: Client, r: redis.Redis) -> None:
     assert client.line is not None
