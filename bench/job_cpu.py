@@ -1,14 +1,16 @@
-"""CPU per job of the plain job path, this tree against a git revision, side by side.
+"""CPU per job of the plain job path beside its floor (and a git revision's, if asked).
 
-    python -m bench.job_cpu --against REV                 # 20,000 jobs, 5 rounds
+    python -m bench.job_cpu                               # 20,000 jobs, 5 rounds (~1 min)
     python -m bench.job_cpu --against REV --jobs 5000 --rounds 3
 
-Each round runs both trees, in turn (their order reversed every other round), each on a
-fresh private redis-server: 1 worker (``queueworks worker``) and 1 producer that calls
-``q.enqueue(noop)`` once per job, then waits until the queue counts them all done. Every
+Each round runs every system in turn (their order reversed every other round), each on a
+fresh private redis-server: 2 workers (``queueworks worker``) and 1 producer that calls
+``q.enqueue(noop)`` once per job, then waits until the queue counts them all done. The
+*floor* is ``bench.resp_floor``: a producer writing one ``XADD`` per job in RESP by hand on
+a bare socket, and 2 consumers that read in batches and store each job's result. Every
 process is pinned to one core (``taskset -c 0``), so the time a job takes is the CPU it
-costs: the producer's, redis-server's and the worker's CPU time (from ``/proc``) over the
-run, divided by the jobs. The figures are the medians over rounds, and the ratio the
+costs: the producer's, redis-server's and the workers' CPU time (from ``/proc``) over the
+run, divided by the jobs. The figures are the medians over rounds, and each ratio the
 median of the per-round ratios. ``REV``'s code is checked out with ``git archive``.
 """
 
@@ -24,6 +26,7 @@ import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
+from typing import Any
 
 from bench.common import ROOT
 from queueworks.redis_server import RedisServer
@@ -35,9 +38,9 @@ import sys, time
 from queueworks import Client
 client = Client.from_url(sys.argv[1], prefix="qw")
 q = client.queue("cpu")
-n = int(sys.argv[2])
+n, members = int(sys.argv[2]), int(sys.argv[3])
 deadline = time.time() + 30
-while not q.status().nodes and time.time() < deadline:  # the worker is a member
+while len(q.status().nodes) < members and time.time() < deadline:  # the workers are in
     time.sleep(0.05)
 print("go", flush=True)
 sys.stdin.readline()
@@ -73,84 +76,126 @@ def checkout(rev: str) -> Path:
     return where
 
 
-def one_run(tree: Path, jobs: int) -> dict[str, float]:
-    """µs of CPU per job of producer, redis-server and worker, for ``tree``'s code."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "QUEUEWORKS_LOG_LEVEL": "warning"}
+FLOOR = "floor"
+
+
+def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> list[Any]:
+    """``n`` worker processes of ``tree``'s queueworks (None: the floor's consumers)."""
+    if tree is None:
+        argvs = [
+            [sys.executable, "-m", "bench.resp_floor", "consume", url, f"c{i}"] for i in range(n)
+        ]
+        cwd, env = ROOT, {**env, "PYTHONPATH": str(ROOT)}
+    else:
+        argv = [sys.executable, "-m", "queueworks", "worker", "--allow", ALLOW]
+        argvs, cwd = [argv] * n, tree
+        env = {**env, "QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": "qw"}
+    return [
+        subprocess.Popen(
+            pinned(a), env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        for a in argvs
+    ]
+
+
+def one_run(tree: Path | None, jobs: int, workers: int) -> dict[str, float]:
+    """µs of CPU per job of producer, redis-server and workers, for ``tree``'s code (None:
+    the floor)."""
+    env = {**os.environ, "PYTHONPATH": str(tree or ROOT), "QUEUEWORKS_LOG_LEVEL": "warning"}
     with RedisServer() as server:
         pid = server.pid  # redis-server's
         subprocess.run(["taskset", "-pc", CORE, str(pid)], check=True, capture_output=True)
         url = server.url
-        worker = subprocess.Popen(
-            pinned(
-                [sys.executable, "-m", "queueworks", "worker", "--allow", "queueworks.examples"]
-            ),
-            env={**env, "QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": "qw"},
-            cwd=tree,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        if tree is None:
+            argv = [sys.executable, "-m", "bench.resp_floor", "produce", url, str(jobs)]
+        else:
+            argv = [sys.executable, "-c", PRODUCER, url, str(jobs), str(workers)]
         producer = subprocess.Popen(
-            pinned([sys.executable, "-c", PRODUCER, url, str(jobs)]),
+            pinned(argv),
             env=env,
-            cwd=tree,
+            cwd=tree or ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
+        procs = spawn_workers(tree, url, workers, env)
         try:
             assert producer.stdout is not None and producer.stdin is not None
             if producer.stdout.readline().strip() != "go":
-                raise RuntimeError(f"{tree}: the producer did not start")
-            time.sleep(0.5)  # the worker settles into its read loop
-            before = cpu_seconds(pid), cpu_seconds(worker.pid)
+                raise RuntimeError(f"{tree or FLOOR}: the producer did not start")
+            time.sleep(0.5)  # the workers settle into their read loops
+            before = [cpu_seconds(p) for p in (pid, *(w.pid for w in procs))]
             producer.stdin.write("\n")
             producer.stdin.flush()
             line = producer.stdout.readline().split()
-            after = cpu_seconds(pid), cpu_seconds(worker.pid)
+            after = [cpu_seconds(p) for p in (pid, *(w.pid for w in procs))]
             if len(line) != 3 or int(line[2]) < jobs:
-                raise RuntimeError(f"{tree}: not every job was done: {line}")
+                raise RuntimeError(f"{tree or FLOOR}: not every job was done: {line}")
         finally:
-            for p in (producer, worker):
+            for p in (producer, *procs):
                 p.terminate()
                 p.wait(10)
     per = 1e6 / jobs
+    spent = [b - a for a, b in zip(before, after, strict=True)]
     out = {
         "producer": float(line[1]) * per,
-        "redis": (after[0] - before[0]) * per,
-        "worker": (after[1] - before[1]) * per,
+        "redis": spent[0] * per,
+        "workers": sum(spent[1:]) * per,
     }
     out["total"] = sum(out.values())
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--against", required=True, help="the git revision to compare with")
-    parser.add_argument("--jobs", type=int, default=20_000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
-    trees = {"this tree": ROOT, args.against: checkout(args.against)}
+PARTS = ["producer", "redis", "workers", "total"]
+
+
+def table(runs: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -> str:
+    """The medians per system, and each system's ratio to the floor (median per round)."""
+    lines = [
+        f"µs of CPU per job, {jobs} jobs, median of {rounds} rounds, one core\n",
+        "| system | " + " | ".join(PARTS) + " |",
+        "| --- |" + " ---: |" * len(PARTS),
+    ]
+    for name, rows in runs.items():
+        cells = [f"{statistics.median(r[p] for r in rows):.1f}" for p in PARTS]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    floor = runs[FLOOR]
+    for name, rows in runs.items():
+        if name != FLOOR:
+            ratios = [
+                f"{statistics.median(a[p] / b[p] for a, b in zip(rows, floor, strict=True)):.2f}x"
+                for p in PARTS
+            ]
+            lines.append(f"| {name} ÷ floor | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def measure(
+    trees: dict[str, Path | None], jobs: int, rounds: int, workers: int
+) -> dict[str, list[dict[str, float]]]:
+    """``rounds`` runs of each system (None: the floor), their order reversed every other
+    round: µs of CPU per job of each part, per run."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
-    for k in range(args.rounds):
+    for k in range(rounds):
         order = list(trees) if k % 2 == 0 else list(reversed(trees))
         for name in order:
-            runs[name].append(one_run(trees[name], args.jobs))
+            runs[name].append(one_run(trees[name], jobs, workers))
             print(f"round {k + 1} {name}: {runs[name][-1]}", file=sys.stderr)
-    parts = ["producer", "redis", "worker", "total"]
-    print(f"µs of CPU per job, {args.jobs} jobs, median of {args.rounds} rounds, one core\n")
-    print("| tree | " + " | ".join(parts) + " |")
-    print("| --- |" + " ---: |" * len(parts))
-    for name, rows in runs.items():
-        cells = [f"{statistics.median(r[p] for r in rows):.1f}" for p in parts]
-        print(f"| {name} | " + " | ".join(cells) + " |")
-    mine, theirs = runs["this tree"], runs[args.against]
-    ratios = [
-        f"{statistics.median(a[p] / b[p] for a, b in zip(mine, theirs, strict=True)):.2f}x"
-        for p in parts
-    ]
-    print(f"| this ÷ {args.against} | " + " | ".join(ratios) + " |")
-    totals = sorted(a["total"] / b["total"] for a, b in zip(mine, theirs, strict=True))
-    print(f"\nper-round ratios of the total: {', '.join(f'{t:.2f}' for t in totals)}")
+    return runs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--against", help="a git revision to measure beside this tree")
+    parser.add_argument("--jobs", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    trees: dict[str, Path | None] = {"queueworks": ROOT, FLOOR: None}
+    if args.against:
+        trees[args.against] = checkout(args.against)
+    runs = measure(trees, args.jobs, args.rounds, args.workers)
+    print(table(runs, args.jobs, args.rounds))
 
 
 if __name__ == "__main__":

@@ -16,6 +16,9 @@ reported as medians, and ratios as the median over rounds of the ratio within a 
 2. **Latency**: one job every 1/50 s on an idle queue, 1 worker process; a sample is the
    handler's start minus the producer's send time (``harness.latency``).
 3. **enqueue_many**: ``q.enqueue_many`` of no-op jobs, no workers (``harness.enqueue``).
+4. **CPU per job** (``bench.job_cpu``, ``--cpu-rounds``): producer, redis-server and the 2
+   workers pinned to one core, their CPU time from ``/proc`` per job, beside the floor of a
+   bare-RESP producer and 2 consumers that store each result (``bench.resp_floor``).
 
 Every system runs in its own driver process (``bench.peers.driver``, in the peer's venv,
 from a snapshot of the code) against **one** private redis-server, emptied between runs.
@@ -43,6 +46,7 @@ from typing import Any
 
 import redis
 
+from bench import job_cpu
 from bench.peers import run as peers
 from bench.peers.run import SYSTEMS, DriverRun, System
 from bench.peers.venvs import DEFAULT_DIR, VENVS, ensure
@@ -55,6 +59,7 @@ QW, RAW, RQ = "queueworks-queue", "raw", "rq-simple"
 RAW_SYSTEM = System(RAW, "raw limit: one XADD per job, 2 plain consumers", None)
 PEERS = ("rq-simple", "rq", "dramatiq", "streaq", "arq", "celery")
 LATENCY_SYSTEMS = (QW, RQ, RAW)
+CPU_JOBS = 20_000  # jobs per run of the CPU-per-job measurement
 
 FULL = {
     "each_n": 20_000,
@@ -298,6 +303,13 @@ def markdown(doc: dict[str, Any]) -> str:
             f" {_spread(doc, QW, 'enqueue', 'jobs_per_s', 0)} jobs/s,"
             f" {_spread(doc, QW, 'enqueue', 'mb_per_100k', 1)} MB of Redis per 100k queued.\n"
         )
+    if "cpu" in doc:
+        cpu = doc["cpu"]
+        out.append(
+            "CPU per job (`bench.job_cpu`): 1 producer, 2 workers, redis-server, all pinned to"
+            " one core; the floor is bare RESP (`bench.resp_floor`).\n"
+        )
+        out.append(job_cpu.table(cpu["runs"], cpu["jobs"], cpu["rounds"]) + "\n")
     out.append("| target (issue 18) | this run | met |")
     out.append("| --- | ---: | --- |")
     for text, value, met in targets(doc):
@@ -317,6 +329,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--venvs", type=Path, default=DEFAULT_DIR, help="where the peers' venvs live")
     ap.add_argument("--results", type=Path, default=RESULTS)
     ap.add_argument("--report", action="store_true", help="print the tables of --results")
+    ap.add_argument(
+        "--cpu-rounds",
+        type=int,
+        default=None,
+        help="rounds of CPU per job beside the floor (bench.job_cpu; default 5, quick 0)",
+    )
     args = ap.parse_args(argv)
     if args.report:
         doc = json.loads(args.results.read_text())
@@ -353,6 +371,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     bench.run(server, key, workload, wl, timeout, round_no)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    cpu_rounds = args.cpu_rounds if args.cpu_rounds is not None else 0 if args.quick else 5
+    if cpu_rounds > 0:
+        peers.say(f"CPU per job: {cpu_rounds} rounds beside the floor")
+        trees: dict[str, Path | None] = {"queueworks": ROOT, job_cpu.FLOOR: None}
+        doc["cpu"] = {
+            "jobs": CPU_JOBS,
+            "rounds": cpu_rounds,
+            "runs": job_cpu.measure(trees, CPU_JOBS, cpu_rounds, workers=2),
+        }
     finish(doc, bench, args.results, started)
     print()
     print(markdown(doc))

@@ -40,6 +40,7 @@ from queueworks.submit import (
     sync_subtasks,
 )
 from queueworks.tasks import Task, TaskNotFound
+from queueworks.wire import Line
 
 __all__ = [
     "SUBMIT_BATCH",
@@ -72,6 +73,7 @@ class Client:
         self.redis = connection
         self.keys = Keys(prefix)
         self.scripts = Scripts(connection)
+        self.line = Line.of(connection)  # the hot path of enqueue (``queueworks.wire``)
         self.allow_eviction = allow_eviction
         self._eviction_checked = False
 
@@ -91,6 +93,8 @@ class Client:
             self._eviction_checked = True
 
     def close(self) -> None:
+        if self.line is not None:
+            self.line.close()
         self.redis.close()
 
     def _run(self, plan: Plan[T]) -> T:

@@ -59,8 +59,9 @@ from queueworks.queues import (
 from queueworks.replication import Replicas, jobs_not_replicated
 from queueworks.runner import run, send_trip
 from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
-from queueworks.script_calls import EnqueueBatch
+from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import Backend, Task
+from queueworks.wire import XaddBytes
 
 T = TypeVar("T")
 
@@ -78,6 +79,7 @@ class Queue:
         self.ref = QueueRef(client.keys, name, settings, revives)
         self.keys = self.ref.qk
         self._path = HandlerPaths()
+        self._xadd_bytes = XaddBytes(self.keys)
 
     def __repr__(self) -> str:
         return f"Queue({self.name!r})"
@@ -150,10 +152,18 @@ class Queue:
                 ids, acked = self._run(plan_write(self.ref, [[job]], wait))
                 return self._replicated([Job(self, ids[0])], acked, wait)[0]
         if job.at is None and job.handler in self.ref.known:  # nothing written if it is gone
-            reply = one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
+            reply = self._xadd(job)
             if reply is not None:
                 return Job(self, text(reply))
         return Job(self, self._run(plan_send(self.ref, [[job]]))[0])
+
+    def _xadd(self, job: NewJob) -> Any:
+        """``xadd_now``'s XADD of ``job``: on the client's line (``queueworks.wire``), its
+        bytes the handler's, made once, and the payload's; or through redis-py."""
+        line = self.client.line
+        if line is None:
+            return one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
+        return line.call(self._xadd_bytes(job, time.time()))
 
     def _replicated(self, jobs: list[Job], acked: int | None, wait: Replicas) -> list[Job]:
         error = jobs_not_replicated(self.name, jobs, acked, wait)

@@ -16,7 +16,7 @@ from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
 from queueworks.flow import group_pump
-from queueworks.jobrecords import JOB_STATE, job_status
+from queueworks.jobrecords import JOB_STATE, RESULT_FIELDS, job_status
 from queueworks.keys import Keys, check_task_id
 from queueworks.models import JobState, JobStatus, QueueStatus
 from queueworks.plans import Plan, Sleep, Trip, alone
@@ -227,7 +227,18 @@ def plan_resend(
     return replies[0], None if waited is None else int(replies[waited])
 
 
+FINISHED = frozenset(s.value.encode() for s in JobState if s.finished)
+
+
 def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
+    """A job's status. A finished job's record says it all: read alone first (one command,
+    one round trip); a live job's status is read with its entry and pending-list row
+    (``status_reads``), and more where its record says where it waits."""
+    trip = Trip()
+    trip.hgetall(ref.qk.job(job_id))
+    raw = (yield trip)[0]
+    if raw and raw.get(JOB_STATE.encode()) in FINISHED:
+        return job_status(ref.name, job_id, raw, None, time.time(), [])
     trip = Trip(errors=True)
     status_reads(trip, ref.qk, job_id)
     replies = yield trip
@@ -294,14 +305,23 @@ def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[A
     """The job's result once it is done, looked at at once, then after a pause growing by
     half from ``FIRST_PAUSE`` to ``LAST_PAUSE``; ``JobFailed`` if it is dead or cancelled;
     ``TimeoutError`` after ``timeout`` s. On a queue with ``wait_replicas``, an outcome
-    counts once its settle is on that many replicas (``plan_outcome_replicated``)."""
+    counts once its settle is on that many replicas (``plan_outcome_replicated``). The
+    first look reads the job's record alone (a settled job's result: one command, one
+    round trip); the next ones read its entry before its record (``result_reads``)."""
     deadline = None if timeout is None else time.monotonic() + timeout
-    pause, checked = FIRST_PAUSE, time.monotonic()
+    pause, checked, first = FIRST_PAUSE, time.monotonic(), True
     while True:
         check = time.monotonic() - checked >= QUEUE_CHECK_SECONDS
         trip = Trip()
-        result_reads(trip, ref.qk, job_id, check)
+        if first:
+            trip.hmget(ref.qk.job(job_id), RESULT_FIELDS)
+        else:
+            result_reads(trip, ref.qk, job_id, check)
         replies = yield trip
+        if first and replies[0][0] is None:  # no outcome yet: look again, entry first
+            first = False
+            continue
+        first = False
         failed: JobFailed | None = None
         try:
             done = finished(ref.name, job_id, replies, check)

@@ -36,12 +36,23 @@ class TaskNotFound(LookupError):
     pass
 
 
+class Line(Protocol):
+    """Where a client sends a command of pre-built bytes (``queueworks.wire.Line``)."""
+
+    def call(self, packed: bytes) -> Any:
+        """The command's raw reply."""
+
+
 class Backend(Protocol):
     """What task and queue handles use of their client."""
 
     redis: Connection
     keys: Keys
     scripts: Scripts
+
+    @property
+    def line(self) -> Line | None:
+        """For commands of pre-built bytes (None: a cluster's client)."""
 
     def check_eviction(self) -> None:
         """Before a write: ``EvictingRedis`` if the server may evict (once per client)."""

@@ -11,6 +11,7 @@ member's own thread.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import queue
 import threading
@@ -24,6 +25,16 @@ __all__ = ["Call", "EventLoop", "InFlight", "is_async"]
 
 
 def is_async(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` is a coroutine function (asked once per job: remembered for the
+    handlers a worker runs)."""
+    try:
+        return _is_async(fn)
+    except TypeError:  # unhashable
+        return inspect.iscoroutinefunction(fn)
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 

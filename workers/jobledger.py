@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from bisect import bisect_left
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,11 +38,12 @@ from .work import Gone, Work
 LATENCY_SPAN = 3650 * 86400.0  # s: an enqueue -> start time beyond ten years is no sample
 
 
+_BUCKET_NAMES = (*(repr(bound) for bound in LATENCY_BUCKETS), "+Inf")
+
+
 def bucket_of(seconds: float) -> str:
-    for bound in LATENCY_BUCKETS:
-        if seconds <= bound:
-            return repr(bound)
-    return "+Inf"
+    """The histogram bucket of a latency: the name of the first bound it does not pass."""
+    return _BUCKET_NAMES[bisect_left(LATENCY_BUCKETS, seconds)]
 
 
 class JobLedger(Attempts):

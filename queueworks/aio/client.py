@@ -19,6 +19,7 @@ from queueworks.aio.queue_handle import AsyncQueue, open_queue
 from queueworks.aio.results import ResultWatcher
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncTask
+from queueworks.aio.wire import AsyncLine
 from queueworks.client import client_log, given_settings
 from queueworks.client_plans import (
     plan_drain_worker,
@@ -52,6 +53,7 @@ class AsyncClient:
         self.keys = Keys(prefix)
         self.scripts = AsyncScripts(connection)
         self.results = ResultWatcher(connection)  # every job.result() call polls through it
+        self.line = AsyncLine.of(connection)  # the hot path of enqueue (``queueworks.wire``)
         self.allow_eviction = allow_eviction
         self._eviction_checked = False
 
@@ -73,6 +75,8 @@ class AsyncClient:
             self._eviction_checked = True
 
     async def close(self) -> None:
+        if self.line is not None:
+            await self.line.aclose()
         await self.redis.aclose()
 
     async def _run(self, plan: Plan[T]) -> T:

@@ -25,6 +25,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
+from queueworks.connection import text
 from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
 from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
@@ -62,6 +63,7 @@ from queueworks.replication import NO_WAIT, NotReplicated, Replicas, jobs_not_re
 from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.script_calls import NewJob
 from queueworks.vanished import QueueGone
+from queueworks.wire import XaddBytes
 
 T = TypeVar("T")
 Jobs = (
@@ -83,6 +85,7 @@ class AsyncQueue:
         self.keys = self.ref.qk
         self._path = HandlerPaths()
         self._writer = JobWriter(self._write)
+        self._xadd_bytes = XaddBytes(self.keys)  # a lone job's XADD (``queueworks.wire``)
 
     def __repr__(self) -> str:
         return f"AsyncQueue({self.name!r})"
@@ -188,6 +191,12 @@ class AsyncQueue:
         each job's id, or the error that names it if too few replicas acknowledged it."""
         wait = strongest(waits)
         if not wait.replicas:
+            line, job = self.client.line, jobs[0]
+            lone = len(jobs) == 1 and job.at is None and job.handler in self.ref.known
+            if line is not None and lone:
+                reply = await line.call(self._xadd_bytes(job, time.time()))
+                if reply is not None:  # nil: the queue's stream is gone (the plan revives it)
+                    return [text(reply)]
             return list(await self._run(plan_send(self.ref, [jobs])))
         ids, acked = await self._run(plan_write(self.ref, [jobs], wait))
         out: list[str | NotReplicated] = []

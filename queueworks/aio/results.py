@@ -3,7 +3,8 @@
 ``Job.result`` (sync) polls its job (``result_reads``: its record, and for a job to run now
 whether its entry still waits): at once, then after 1 ms, the pause growing by half up to
 50 ms. An asyncio service may have a thousand such calls at once; polled one by one, that
-is 20,000 round trips a second and a whole core. Here every call keeps the sync schedule,
+is 20,000 round trips a second and a whole core. Here every call keeps the sync schedule
+(its first look, the job's record alone; then its entry and record),
 but the jobs due for a look are read together, one pipeline per tick: a call's next look
 is put on a grid of a quarter of its pause, so calls that started at different times share
 their ticks (a lone call: looks within 25 % of the sync schedule).
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queueworks.aio.connection import AsyncConnection
+from queueworks.jobrecords import RESULT_FIELDS
 from queueworks.keys import TaskKeys
 from queueworks.queues import (
     FIRST_PAUSE,
@@ -53,6 +55,7 @@ class _Wait:
     replicas: Replicas = NO_WAIT  # what its outcome waits for
     pause: float = FIRST_PAUSE
     check: bool = False  # this look reads whether the queue's record is there
+    first: bool = True  # the first look reads the record alone (a settled job's: all)
 
 
 class ResultWatcher:
@@ -114,7 +117,10 @@ class ResultWatcher:
             wait.check = now - wait.checked >= QUEUE_CHECK_SECONDS
             if wait.check:
                 wait.checked = now
-            result_reads(pipe, wait.keys, wait.job_id, wait.check)
+            if wait.first:
+                pipe.hmget(wait.keys.job(wait.job_id), RESULT_FIELDS)
+            else:
+                result_reads(pipe, wait.keys, wait.job_id, wait.check)
             ends.append(len(pipe))
         try:
             replies = await pipe.execute()
@@ -163,6 +169,11 @@ class ResultWatcher:
         now: float,
         held: Held,
     ) -> None:
+        if wait.first:
+            wait.first = False
+            if reply[-1][0] is None:  # no outcome yet: look again at once, entry first
+                heapq.heappush(self._due, (now, next(self._order), wait))
+                return
         try:
             done = finished(wait.queue, wait.job_id, reply, wait.check)
         except JobFailed as exc:

@@ -29,6 +29,13 @@ from queueworks.validate import check_priority
 T = TypeVar("T")
 
 
+class AsyncLine(Protocol):
+    """Where a client sends a command of pre-built bytes (``queueworks.aio.wire``)."""
+
+    async def call(self, packed: bytes) -> Any:
+        """The command's raw reply."""
+
+
 class AsyncBackend(Protocol):
     """What async task and queue handles use of their client."""
 
@@ -36,6 +43,10 @@ class AsyncBackend(Protocol):
     keys: Keys
     scripts: AsyncScripts
     results: ResultWatcher
+
+    @property
+    def line(self) -> AsyncLine | None:
+        """For commands of pre-built bytes (None: a cluster's client)."""
 
     async def check_eviction(self) -> None:
         """Before a write: ``EvictingRedis`` if the server may evict (once per client)."""
