@@ -1,7 +1,7 @@
 """A stand-in scale command for ``queueworks autoscale`` in tests: what ``docker compose up
 -d --no-recreate --scale worker=N worker`` does, with local worker processes.
 
-    python tests/scale_workers.py --state DIR N
+    python tests/scale_workers.py --state DIR [--label k=v ...] N
 
 Keeps ``DIR/<name>.pid`` for each worker it started. Fewer than N alive: starts the missing
 ones (``python -m queueworks worker``, in a session of their own, so they outlive this
@@ -46,11 +46,13 @@ def workers(state: Path) -> list[tuple[float, Path, int]]:
     return sorted(out)
 
 
-def start(state: Path) -> None:
+def start(state: Path, labels: list[str]) -> None:
     name = f"as-{uuid.uuid4().hex[:8]}"
     log = (state / f"{name}.log").open("ab")
     args = [sys.executable, "-m", "queueworks", "worker", "--name", name]
     args += ["--allow", "tests.handlers", "--allow", "queueworks.examples"]
+    for label in labels:
+        args += ["--label", label]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.Popen(args, cwd=ROOT, env=env, stdout=log, stderr=log, start_new_session=True)
     (state / f"{name}.pid").write_text(str(proc.pid))
@@ -60,6 +62,7 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--state", type=Path, required=True)
     parser.add_argument("--wait", type=float, default=30.0)
+    parser.add_argument("--label", action="append", default=[], help="k=v for its workers")
     parser.add_argument("n", type=int)
     args = parser.parse_args()
     state: Path = args.state
@@ -68,7 +71,7 @@ def main() -> int:
         calls.write(f"{args.n}\n")
     live = workers(state)
     for _ in range(args.n - len(live)):
-        start(state)
+        start(state, args.label)
     surplus = live[args.n :] if args.n < len(live) else []
     for _, _, pid in surplus:
         os.kill(pid, signal.SIGTERM)

@@ -172,7 +172,7 @@ def scaled(tmp_path: Path) -> Iterator[Path]:
     state = tmp_path / "scaled"
     state.mkdir()
     yield state
-    for f in state.glob("*.pid"):
+    for f in state.rglob("*.pid"):
         pid = int(f.read_text())
         if alive(pid):
             with contextlib.suppress(ProcessLookupError):
@@ -242,6 +242,47 @@ def test_autoscale_from_zero_to_a_backlog_a_gang_and_back_to_zero(
     log = scaler.log()
     assert "scale_failed" not in log and "tests/scale_workers.py" not in log
     print(f"FIGURE autoscale_backlog_to_worker_s={started_s:.2f} sizes={sizes}")
+
+
+@pytest.mark.system
+def test_a_selector_scales_only_the_workers_that_match_it(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, scaled: Path
+) -> None:
+    """Two scalers, one per selector, as two compose services or two deployments would
+    be: a task for ``gpu=yes`` workers brings labelled workers through its own scaler, the
+    scaler of unlabelled workers stays at zero, and both end at zero."""
+    cluster.controller()
+    calls = {}
+    for sel, labels in (("gpu=yes", "--label gpu=yes "), ("", "")):
+        state = scaled / (sel or "plain")
+        command = f"{sys.executable} tests/scale_workers.py --state {state} {labels}{{n}}"
+        args = ["autoscale", "--scale-command", command, "--max", "3", "--cooldown", "2"]
+        cluster.spawn([*args, *(["--selector", sel] if sel else [])], f"as-{sel or 'plain'}")
+        calls[sel] = state / "calls"
+    for f in calls.values():
+        wait_for(lambda f=f: f.exists() and f.read_text().split() == ["0"], 30, "a first 0")
+
+    gate = f"{keys.prefix}:gate"
+    spec = TaskSpec(
+        name="on-gpu",
+        handler="tests.handlers:double_at_gate",
+        subtasks=[{"x": i, "gate": gate, "within": GATE_WITHIN} for i in range(20)],
+        min_nodes=2,
+        node_selector={"gpu": "yes"},
+    )
+    task = client.submit(spec)
+    wait_for(lambda: len(task.status().nodes) == 2, 60, "the task's 2 labelled nodes")
+    wanted_now = published.read(r, keys)
+    assert wanted_now is not None and wanted_now.of("gpu=yes") >= 2, wanted_now
+    r.set(gate, 1)
+    status = task.wait(timeout=90)
+    assert (status.state, status.done, status.dead) == (TaskState.COMPLETED, 20, 0), status
+    wait_for(lambda: live_workers(scaled / "gpu=yes") == 0, 60, "the gpu workers gone", 0.1)
+    gpu = [int(n) for n in calls["gpu=yes"].read_text().split()]
+    assert gpu[0] == 0 and max(gpu) >= 2 and gpu[-1] == 0, gpu
+    assert calls[""].read_text().split() == ["0"]  # never asked for an unlabelled worker
+    seen = causes(r, keys, task.id)
+    assert {c for c, _ in seen} <= {"join", "leave", "rebalanced"}, seen
 
 
 @pytest.mark.system
