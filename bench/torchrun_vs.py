@@ -48,7 +48,8 @@ queueworks' 3 s dead-node detection (keep-alive 1 s x 3) and a 1 s last call.
     python -m bench.torchrun_vs                        # both profiles, ~6 minutes here
     python -m bench.torchrun_vs --profiles matched     # ~2 minutes
     python -m bench.torchrun_vs --smoke --json out.json   # CI: 1000 shards, matched, ~1.5 minutes
-    python -m bench.torchrun_vs --static 2             # 2 nodes throughout: step times only
+    python -m bench.torchrun_vs --static 2 --repeat 3  # 2 nodes throughout, no failure:
+                                                       # the steady step, medians of 3 runs
 
 torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: in torch 2.13.0 with the
 default (the agents' TCPStore shared with the workers) a node that joins a running job
@@ -676,9 +677,11 @@ def system(
 
 
 def run_profile(job: Job, profile: Profile, run_dir: Path, url: str, args: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"profile": profile.name, "systems": []}
-    for name in args.systems.split(","):
-        with system(name, job, profile, run_dir / profile.name, url, args.torch_share_store) as s:
+    """Each system through the scenario (or ``--static``), ``--repeat`` times, alternately."""
+    out: dict[str, Any] = {"profile": profile.name, "static": args.static, "systems": []}
+    for rep, name in itertools.product(range(args.repeat), args.systems.split(",")):
+        where = run_dir / profile.name / str(rep)
+        with system(name, job, profile, where, url, args.torch_share_store) as s:
             t_start = time.monotonic()
             t0, changes, err = drive(s, args.timeout, args.static)
             logs = Logs(s.log_dir)
@@ -738,6 +741,50 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def steady(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per system, medians over its runs: the steady step (ms, at the size it ran at most
+    steps, the static size without changes) and the samples/s of its whole run."""
+    out: dict[str, dict[str, float]] = {}
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in result["systems"]:
+        if not s.get("error"):
+            runs[s["system"]].append(s)
+    for name, rs in runs.items():
+        size = result.get("static") or 2
+        ms = [r["step_ms"][size] for r in rs if size in r["step_ms"]]
+        out[name] = {
+            "runs": len(rs),
+            "step_ms": statistics.median(ms) if ms else float("nan"),
+            "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+        }
+    return out
+
+
+def steady_table(result: dict[str, Any]) -> str:
+    """Rows: the steady step and the samples/s, each system beside the others (medians)."""
+    figures = steady(result)
+    if not figures:
+        return ""
+    names = list(figures)
+    size = result.get("static") or 2
+    kind = "failure-free run" if result.get("static") else "whole scenario"
+    runs = min(f["runs"] for f in figures.values())
+    lines = [
+        f"| median of {runs} run(s) | {' | '.join(names)} |"
+        + (" queueworks ÷ torchrun |" if {"queueworks", "torchrun"} <= set(names) else ""),
+        "| --- |" + " ---: |" * (len(names) + ({"queueworks", "torchrun"} <= set(names))),
+    ]
+    for key, label, fmt in (
+        ("step_ms", f"steady step at {size} nodes (ms)", "{:.1f}"),
+        ("samples_per_s", f"samples/s, {kind}", "{:.0f}"),
+    ):
+        row = f"| {label} | " + " | ".join(fmt.format(figures[n][key]) for n in names) + " |"
+        if {"queueworks", "torchrun"} <= set(names):
+            row += f" {figures['queueworks'][key] / figures['torchrun'][key]:.2f} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="few shards, matched profile (CI)")
@@ -752,6 +799,7 @@ def main(argv: list[str] | None = None) -> None:
         help="leave torch's TCPStore sharing on (torch 2.13.0: joiners never get in)",
     )
     ap.add_argument("--static", type=int, default=0, help="N nodes throughout, no change")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per system, alternately [1]")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args(argv)
     # the driver's own training (the one-process reference, the replays) is of tiny
@@ -776,7 +824,8 @@ def main(argv: list[str] | None = None) -> None:
     ref = reference_loss(job)
     for r in results["profiles"]:
         r["reference"] = ref
-        print("\n" + table(r))
+        r["steady"] = steady(r)
+        print("\n" + table(r) + "\n\n" + steady_table(r))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 
