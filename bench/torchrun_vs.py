@@ -617,9 +617,26 @@ def _step_ms(steps: list[Step]) -> dict[int, float]:
     return {w: 1000 * statistics.median(v) for w, v in sorted(gaps.items())}
 
 
+def _rate_at(job: Job, steps: list[Step], size: int) -> float | None:
+    """Samples/s over the committed steps at ``size`` nodes, first to last (the steps after
+    the first, over the time they took): a run's rate without its start-up or changes."""
+    at = [s for s in steps if s.committed and s.world == size]
+    if len(at) < 2:
+        return None
+    samples = sum(len(s.shards) for s in at[1:]) * job.shard_size
+    return samples / (at[-1].t - at[0].t)
+
+
 def analyse(
-    name: str, job: Job, t0: float, changes: list[Change], logs: Logs, checkpoint: Path
+    name: str,
+    job: Job,
+    t0: float,
+    changes: list[Change],
+    logs: Logs,
+    checkpoint: Path,
+    size: int = 2,
 ) -> dict[str, Any]:
+    """Every figure of one system's run (``size``: the node count whose steady rate counts)."""
     steps = steps_of(name, logs.rows)
     eff = effective(name, steps)
     in_eff: dict[int, int] = defaultdict(int)
@@ -653,6 +670,7 @@ def analyse(
         "startup": first_t - t0,
         "wall": last_t - first_t,
         "samples_per_s": job.shards * job.shard_size / (last_t - first_t),
+        "samples_per_s_at": _rate_at(job, steps, size),
         "final_loss": final,
         "replay_loss": replay_loss(job, eff),
     }
@@ -688,7 +706,8 @@ def run_profile(job: Job, profile: Profile, run_dir: Path, url: str, args: Any) 
             logs.read()
             res: dict[str, Any] = {"system": name, "error": err}
             if err is None:
-                res = {**analyse(name, job, t0, changes, logs, s.checkpoint), "error": None}
+                figures = analyse(name, job, t0, changes, logs, s.checkpoint, args.static or 2)
+                res = {**figures, "error": None}
             res["total"] = time.monotonic() - t_start
             res["run_dir"] = str(s.dir)
             out["systems"].append(res)
@@ -752,10 +771,11 @@ def steady(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     for name, rs in runs.items():
         size = result.get("static") or 2
         ms = [r["step_ms"][size] for r in rs if size in r["step_ms"]]
+        rates = [r["samples_per_s_at"] for r in rs if r.get("samples_per_s_at")]
         out[name] = {
             "runs": len(rs),
             "step_ms": statistics.median(ms) if ms else float("nan"),
-            "samples_per_s": statistics.median(r["samples_per_s"] for r in rs),
+            "samples_per_s": statistics.median(rates) if rates else float("nan"),
         }
     return out
 
@@ -767,7 +787,7 @@ def steady_table(result: dict[str, Any]) -> str:
         return ""
     names = list(figures)
     size = result.get("static") or 2
-    kind = "failure-free run" if result.get("static") else "whole scenario"
+    kind = "no failure" if result.get("static") else "between the changes"
     runs = min(f["runs"] for f in figures.values())
     lines = [
         f"| median of {runs} run(s) | {' | '.join(names)} |"
@@ -776,7 +796,7 @@ def steady_table(result: dict[str, Any]) -> str:
     ]
     for key, label, fmt in (
         ("step_ms", f"steady step at {size} nodes (ms)", "{:.1f}"),
-        ("samples_per_s", f"samples/s, {kind}", "{:.0f}"),
+        ("samples_per_s", f"samples/s at {size} nodes, {kind}", "{:.0f}"),
     ):
         row = f"| {label} | " + " | ".join(fmt.format(figures[n][key]) for n in names) + " |"
         if {"queueworks", "torchrun"} <= set(names):

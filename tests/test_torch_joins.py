@@ -138,10 +138,12 @@ def test_two_join_and_two_leave_at_once_round_after_round(
         for p in joiners:  # no joiner's run ended while the task runs
             assert runs_ended(p) == [], (p.name, p.log()[-3000:])
         t = time.time()
-        stop_together(joiners)
+        for p in joiners:
+            p.signal(15)
         took = reach(steps, 2, t, f"round {rnd}: steps on 2 workers again")
         print(f"round {rnd}: stepping at 2 {took:.2f} s after both were stopped")
         assert took < 10.0, took  # a graceful leave needs no failure detection
+        stop_together(joiners)
         for p in joiners:
             assert runs_ended(p) == ["stopping"], (p.name, p.log()[-3000:])
     assert all(p.alive() for p in base)
