@@ -761,8 +761,9 @@ def table(result: dict[str, Any]) -> str:
 
 
 def steady(result: dict[str, Any]) -> dict[str, dict[str, float]]:
-    """Per system, medians over its runs: the steady step (ms, at the size it ran at most
-    steps, the static size without changes) and the samples/s of its whole run."""
+    """Per system, medians over its runs: the steady step (ms, at the static size, else at
+    2 nodes) and samples/s (static: over the steps at that size, start-up left out; else
+    over the whole run)."""
     out: dict[str, dict[str, float]] = {}
     runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for s in result["systems"]:
@@ -771,7 +772,8 @@ def steady(result: dict[str, Any]) -> dict[str, dict[str, float]]:
     for name, rs in runs.items():
         size = result.get("static") or 2
         ms = [r["step_ms"][size] for r in rs if size in r["step_ms"]]
-        rates = [r["samples_per_s_at"] for r in rs if r.get("samples_per_s_at")]
+        key = "samples_per_s_at" if result.get("static") else "samples_per_s"
+        rates = [r[key] for r in rs if r.get(key)]
         out[name] = {
             "runs": len(rs),
             "step_ms": statistics.median(ms) if ms else float("nan"),
@@ -787,7 +789,7 @@ def steady_table(result: dict[str, Any]) -> str:
         return ""
     names = list(figures)
     size = result.get("static") or 2
-    kind = "no failure" if result.get("static") else "between the changes"
+    rate = f"samples/s at {size} nodes, no failure" if result.get("static") else "samples/s"
     runs = min(f["runs"] for f in figures.values())
     lines = [
         f"| median of {runs} run(s) | {' | '.join(names)} |"
@@ -796,7 +798,7 @@ def steady_table(result: dict[str, Any]) -> str:
     ]
     for key, label, fmt in (
         ("step_ms", f"steady step at {size} nodes (ms)", "{:.1f}"),
-        ("samples_per_s", f"samples/s at {size} nodes, {kind}", "{:.0f}"),
+        ("samples_per_s", rate, "{:.0f}"),
     ):
         row = f"| {label} | " + " | ".join(fmt.format(figures[n][key]) for n in names) + " |"
         if {"queueworks", "torchrun"} <= set(names):
