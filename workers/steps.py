@@ -267,6 +267,8 @@ class StepLoop:
             if ahead[0] == field_name:
                 return ahead[1], True
             run.held.appendleft(ahead[1])  # taken for a step that did not come: in hand
+        elif ahead is not None and ahead[0] == field_name:
+            run.r.hdel(self.key, field_name)  # something else comes first: not its record
         while run.held:
             work = self.ledger.start(run.held.popleft())
             if work is not None:
