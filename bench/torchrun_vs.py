@@ -48,7 +48,8 @@ queueworks' 3 s dead-node detection (keep-alive 1 s x 3) and a 1 s last call.
     python -m bench.torchrun_vs                        # both profiles, ~6 minutes here
     python -m bench.torchrun_vs --profiles matched     # ~2 minutes
     python -m bench.torchrun_vs --smoke --json out.json   # CI: 1000 shards, matched, ~1.5 minutes
-    python -m bench.torchrun_vs --static 2             # 2 nodes throughout: step times only
+    python -m bench.torchrun_vs --static 2 --repeat 3  # 2 nodes throughout, no failure:
+                                                       # the steady step, medians of 3 runs
 
 torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: in torch 2.13.0 with the
 default (the agents' TCPStore shared with the workers) a node that joins a running job
@@ -616,9 +617,26 @@ def _step_ms(steps: list[Step]) -> dict[int, float]:
     return {w: 1000 * statistics.median(v) for w, v in sorted(gaps.items())}
 
 
+def _rate_at(job: Job, steps: list[Step], size: int) -> float | None:
+    """Samples/s over the committed steps at ``size`` nodes, first to last (the steps after
+    the first, over the time they took): a run's rate without its start-up or changes."""
+    at = [s for s in steps if s.committed and s.world == size]
+    if len(at) < 2:
+        return None
+    samples = sum(len(s.shards) for s in at[1:]) * job.shard_size
+    return samples / (at[-1].t - at[0].t)
+
+
 def analyse(
-    name: str, job: Job, t0: float, changes: list[Change], logs: Logs, checkpoint: Path
+    name: str,
+    job: Job,
+    t0: float,
+    changes: list[Change],
+    logs: Logs,
+    checkpoint: Path,
+    size: int = 2,
 ) -> dict[str, Any]:
+    """Every figure of one system's run (``size``: the node count whose steady rate counts)."""
     steps = steps_of(name, logs.rows)
     eff = effective(name, steps)
     in_eff: dict[int, int] = defaultdict(int)
@@ -652,6 +670,7 @@ def analyse(
         "startup": first_t - t0,
         "wall": last_t - first_t,
         "samples_per_s": job.shards * job.shard_size / (last_t - first_t),
+        "samples_per_s_at": _rate_at(job, steps, size),
         "final_loss": final,
         "replay_loss": replay_loss(job, eff),
     }
@@ -676,16 +695,19 @@ def system(
 
 
 def run_profile(job: Job, profile: Profile, run_dir: Path, url: str, args: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"profile": profile.name, "systems": []}
-    for name in args.systems.split(","):
-        with system(name, job, profile, run_dir / profile.name, url, args.torch_share_store) as s:
+    """Each system through the scenario (or ``--static``), ``--repeat`` times, alternately."""
+    out: dict[str, Any] = {"profile": profile.name, "static": args.static, "systems": []}
+    for rep, name in itertools.product(range(args.repeat), args.systems.split(",")):
+        where = run_dir / profile.name / str(rep)
+        with system(name, job, profile, where, url, args.torch_share_store) as s:
             t_start = time.monotonic()
             t0, changes, err = drive(s, args.timeout, args.static)
             logs = Logs(s.log_dir)
             logs.read()
             res: dict[str, Any] = {"system": name, "error": err}
             if err is None:
-                res = {**analyse(name, job, t0, changes, logs, s.checkpoint), "error": None}
+                figures = analyse(name, job, t0, changes, logs, s.checkpoint, args.static or 2)
+                res = {**figures, "error": None}
             res["total"] = time.monotonic() - t_start
             res["run_dir"] = str(s.dir)
             out["systems"].append(res)
@@ -738,6 +760,53 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def steady(result: dict[str, Any]) -> dict[str, dict[str, float]]:
+    """Per system, medians over its runs: the steady step (ms, at the static size, else at
+    2 nodes) and samples/s (static: over the steps at that size, start-up left out; else
+    over the whole run)."""
+    out: dict[str, dict[str, float]] = {}
+    runs: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for s in result["systems"]:
+        if not s.get("error"):
+            runs[s["system"]].append(s)
+    for name, rs in runs.items():
+        size = result.get("static") or 2
+        ms = [r["step_ms"][size] for r in rs if size in r["step_ms"]]
+        key = "samples_per_s_at" if result.get("static") else "samples_per_s"
+        rates = [r[key] for r in rs if r.get(key)]
+        out[name] = {
+            "runs": len(rs),
+            "step_ms": statistics.median(ms) if ms else float("nan"),
+            "samples_per_s": statistics.median(rates) if rates else float("nan"),
+        }
+    return out
+
+
+def steady_table(result: dict[str, Any]) -> str:
+    """Rows: the steady step and the samples/s, each system beside the others (medians)."""
+    figures = steady(result)
+    if not figures:
+        return ""
+    names = list(figures)
+    size = result.get("static") or 2
+    rate = f"samples/s at {size} nodes, no failure" if result.get("static") else "samples/s"
+    runs = min(f["runs"] for f in figures.values())
+    lines = [
+        f"| median of {runs} run(s) | {' | '.join(names)} |"
+        + (" queueworks ÷ torchrun |" if {"queueworks", "torchrun"} <= set(names) else ""),
+        "| --- |" + " ---: |" * (len(names) + ({"queueworks", "torchrun"} <= set(names))),
+    ]
+    for key, label, fmt in (
+        ("step_ms", f"steady step at {size} nodes (ms)", "{:.1f}"),
+        ("samples_per_s", rate, "{:.0f}"),
+    ):
+        row = f"| {label} | " + " | ".join(fmt.format(figures[n][key]) for n in names) + " |"
+        if {"queueworks", "torchrun"} <= set(names):
+            row += f" {figures['queueworks'][key] / figures['torchrun'][key]:.2f} |"
+        lines.append(row)
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="few shards, matched profile (CI)")
@@ -752,6 +821,7 @@ def main(argv: list[str] | None = None) -> None:
         help="leave torch's TCPStore sharing on (torch 2.13.0: joiners never get in)",
     )
     ap.add_argument("--static", type=int, default=0, help="N nodes throughout, no change")
+    ap.add_argument("--repeat", type=int, default=1, help="runs per system, alternately [1]")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args(argv)
     # the driver's own training (the one-process reference, the replays) is of tiny
@@ -776,7 +846,8 @@ def main(argv: list[str] | None = None) -> None:
     ref = reference_loss(job)
     for r in results["profiles"]:
         r["reference"] = ref
-        print("\n" + table(r))
+        r["steady"] = steady(r)
+        print("\n" + table(r) + "\n\n" + steady_table(r))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
 

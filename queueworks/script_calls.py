@@ -18,7 +18,7 @@ from queueworks.connection import text
 from queueworks.events import EVENTS_MAXLEN
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JobEntry
-from queueworks.keys import TaskKeys
+from queueworks.keys import PARKED, TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES, JobState
 from queueworks.records import QUEUE_PAUSED
@@ -193,7 +193,11 @@ def settle(
     now: float,
     ok: Sequence[tuple[str, int, str]],
     dead: Sequence[DeadEntry] = (),
+    *,
+    only_if: tuple[str, str] | None = None,
 ) -> Call[Settled]:
+    """``only_if`` (a lockstep step's field, value): settle only if the task's steps hash
+    holds that value there (the step committed), in the same atomic step."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ACTIVE, len(ok), len(dead)]
     for entry_id, index, result in ok:
         argv += (entry_id, index, result)
@@ -201,7 +205,57 @@ def settle(
         where = "" if d.index is None else d.index
         argv += (d.entry_id, where, d.reason, d.error, d.attempts, d.payload)
     keys = [stream, tk.record, tk.results, tk.dead, tk.settled, tk.waiters, tk.released]
+    if only_if is not None:
+        keys.append(tk.steps)
+        argv += only_if
     return Call("settle", keys, argv, _settled)
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """``step.lua``'s reply: the step's decision ("" if none), whether we were ``fenced``
+    (then it is the others', if any), each rank's record (None: none), and the next step's
+    shard: taken (``entry``, and whether it was ``held`` as recorded), or ``moved_to`` the
+    epoch that moved on (0: no)."""
+
+    decision: str
+    recorded: list[bytes | None]
+    fenced: bool = False
+    entry: tuple[str, dict[bytes, bytes]] | None = None
+    held: bool = False
+    moved_to: int = 0
+
+
+def _step_end(reply: Any) -> StepEnd:
+    if reply[0] == -1:
+        return StepEnd(text(reply[1] or b""), [], fenced=True)
+    decision, recorded, taken = text(reply[0]), list(reply[1]), reply[2]
+    recorded = [x or None for x in recorded]
+    if taken and int(taken[0]) == -2:
+        return StepEnd(decision, recorded, moved_to=int(taken[1]))
+    if taken and int(taken[0]) == 1:
+        entry = (_s(taken[1]), fields_of(taken[2]))
+        return StepEnd(decision, recorded, entry=entry, held=bool(int(taken[3])))
+    return StepEnd(decision, recorded)
+
+
+def step(
+    tk: TaskKeys,
+    worker_id: str,
+    name: str,
+    proposal: str,
+    world_size: int,
+    *,
+    drop: str = "",
+    take: str = "",
+    epoch: int = 0,
+) -> Call[StepEnd]:
+    """End a lockstep step (``step.lua``): propose ``proposal`` for step ``name``, read
+    the ranks' records, drop step ``drop``'s fields; with ``take`` (the next step's field
+    for our rank), take and record our next shard if the step committed."""
+    keys = [tk.steps, tk.members, tk.epoch, tk.stream]
+    args = [worker_id, name, proposal, world_size, drop, take, tk.group, epoch, PARKED]
+    return Call("step", keys, args, _step_end)
 
 
 def sweep_lost(
@@ -676,6 +730,7 @@ def fenced(keys: Sequence[str], args: Sequence[Any]) -> Call[list[int]]:
 
 
 NAMES = (
+    "step",
     "enqueue",
     "join",
     "depart",

@@ -141,6 +141,7 @@ class _Functions:
     join = _Bound(calls.join)
     depart = _Bound(calls.depart)
     fenced_read = _Bound(calls.fenced_read)
+    step = _Bound(calls.step)
     reclaim = _Bound(calls.reclaim)
     enqueue_jobs = _Bound(calls.enqueue_jobs)
     enqueue_batch = _Bound(calls.enqueue_batch)

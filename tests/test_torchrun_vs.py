@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, TORCH_INSTALL, need_packages
 
-pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.timeout(600)]
 
 need_packages("torch", "numpy", install=TORCH_INSTALL)  # skipped for a user, a failure in CI
 
@@ -24,6 +24,31 @@ need_packages("torch", "numpy", install=TORCH_INSTALL)  # skipped for a user, a 
 def is_subsequence(wanted: list[int], seen: list[int]) -> bool:
     it = iter(seen)
     return all(any(x == w for x in it) for w in wanted)
+
+
+@pytest.mark.unit
+def test_the_steady_rows_set_the_systems_side_by_side() -> None:
+    from bench.torchrun_vs import steady_table
+
+    def run(system: str, ms: float, rate: float) -> dict[str, Any]:
+        return {"system": system, "error": None, "step_ms": {2: ms}, "samples_per_s_at": rate}
+
+    result = {
+        "static": 2,
+        "systems": [
+            run("queueworks", 34.0, 1800.0),
+            run("torchrun", 32.0, 2000.0),
+            run("queueworks", 36.0, 1700.0),
+            run("torchrun", 40.0, 1900.0),
+            run("queueworks", 35.0, 1750.0),
+            run("torchrun", 33.0, 1950.0),
+            {"system": "torchrun", "error": "failed"},  # a failed run counts nothing
+        ],
+    }
+    rows = steady_table(result).splitlines()
+    assert rows[0] == "| median of 3 run(s) | queueworks | torchrun | queueworks ÷ torchrun |"
+    assert rows[2] == "| steady step at 2 nodes (ms) | 35.0 | 33.0 | 1.06 |"
+    assert rows[3] == "| samples/s at 2 nodes, no failure | 1750 | 1950 | 0.90 |"
 
 
 def smoke_run(system: str, tmp_path: Path) -> dict[str, Any]:
@@ -72,6 +97,7 @@ def check_whole_scenario(run: dict[str, Any], reference: float) -> None:
     assert run["overlapping_generations"] == 0, (name, run)
 
 
+@pytest.mark.system
 @pytest.mark.slow(35)
 def test_queueworks_runs_the_scenario_and_repeats_nothing(tmp_path: Path) -> None:
     qw = smoke_run("queueworks", tmp_path)
@@ -83,6 +109,7 @@ def test_queueworks_runs_the_scenario_and_repeats_nothing(tmp_path: Path) -> Non
     assert remove["what"].startswith("remove") and remove["to_new_size"] < 2.0, remove
 
 
+@pytest.mark.system
 @pytest.mark.slow(90)
 def test_torchrun_runs_the_scenario_and_redoes_steps(tmp_path: Path) -> None:
     tr = smoke_run("torchrun", tmp_path)

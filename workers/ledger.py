@@ -21,7 +21,7 @@ from queueworks.keys import Keys, TaskKeys
 from queueworks.messages import SUBTASK_PAYLOAD, safe_text
 from queueworks.models import StoredSpec
 from queueworks.runner import run
-from queueworks.scripts import DeadEntry, Scripts
+from queueworks.scripts import DeadEntry, Scripts, Settled
 
 from .heartbeat import Seat
 from .work import Gone, Work
@@ -153,6 +153,24 @@ class Ledger(Attempts):
                 "entry deleted or trimmed while pending",
             )
 
+    def pending(self) -> bool:
+        """Outcomes recorded and not settled yet."""
+        return any(self.ok.values()) or any(self.dead.values())
+
+    def note(self, stream: str, settled: Settled) -> str:
+        """What a settle of ``stream`` found (a ``flush``'s, or one the loop sent itself):
+        the task ended, entries were rejected; the state it finished the task in, if so
+        (then ``finish`` it)."""
+        self.ended = self.ended or not settled.active
+        if settled.rejected:
+            self.log.warning("entries_rejected", stream=stream, count=settled.rejected)
+        return settled.state
+
+    def finish(self, state: str) -> None:
+        """Our settle finished the task in ``state``."""
+        if state:
+            self._finished(state)
+
     def flush(self) -> None:
         """Settle everything recorded: one atomic step per stream (ack, results, dead
         letters, counts), and the events that follow from it."""
@@ -169,10 +187,7 @@ class Ledger(Attempts):
             settled = self.scripts.settle(
                 self.tk, stream, self.me, now, self.ok.get(stream, ()), self.dead.get(stream, ())
             )
-            finished = finished or settled.state
-            self.ended = self.ended or not settled.active
-            if settled.rejected:
-                self.log.warning("entries_rejected", stream=stream, count=settled.rejected)
+            finished = finished or self.note(stream, settled)
         buried = [d for entries in self.dead.values() for d in entries]
         self.ok.clear()
         self.dead.clear()

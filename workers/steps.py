@@ -38,10 +38,12 @@ from typing import Any
 import redis
 
 from queueworks import events
+from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
 from queueworks.models import Role, TaskState
-from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED
+from queueworks.script_calls import StepEnd
+from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Queued
 from queueworks.signals import ColdStop
 from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
 
@@ -49,7 +51,7 @@ from .ledger import Ledger
 from .loop import Run
 from .work import Leave, Work
 
-COMMIT, ABORT, FENCED = "commit", "abort", "fenced"
+COMMIT, ABORT = "commit", "abort"
 FORM_BACKOFF = 0.02  # seconds between attempts to form a group (unless the set changes)
 
 
@@ -106,6 +108,16 @@ def _call(fn: Any, *args: Any) -> Any:
         raise TrainerFailed("".join(traceback.format_exception(exc))) from exc
 
 
+def _records(raw: list[bytes | None]) -> list[_Recorded]:
+    """The shards the ranks recorded for a step, by rank."""
+    out = []
+    for rank, value in enumerate(raw):
+        if value is not None:
+            stream, entry_id, index = json.loads(value)
+            out.append(_Recorded(rank, str(stream), str(entry_id), int(index)))
+    return out
+
+
 def _fail_task(run: Run, exc: Exception) -> None:
     error = str(exc)[-8000:]
     run.log.error("step_trainer_failed", error=error)
@@ -126,6 +138,7 @@ class StepLoop:
         self.next_round = (-1, 0)  # (epoch, round) to form next
         self.seq = 0
         self.backlog: list[_Recorded] = []  # peers' shards of our last committed step
+        self.ahead: tuple[str, Work] | None = None  # taken and recorded for that step field
 
     def serve(self) -> None:
         run = self.run
@@ -202,21 +215,20 @@ class StepLoop:
 
     def _step(self, trainer: StepTrainer, gen: Generation) -> None:
         run = self.run
-        work = self._take()
+        name = f"{gen.id}.{self.seq}"
+        mine = f"{name}.{gen.role.rank}"
+        work, recorded = self._take(mine)
         index: int | None = None
         if work is not None:
             index = self._prepare(trainer, work)
             if index is None:
+                if recorded:  # it failed: it is not in the step after all
+                    run.r.hdel(self.key, mine)
                 work = None
+            elif not recorded:
+                run.r.hset(self.key, mine, json.dumps([work.stream, work.entry_id, index]))
         if work is None:
             _call(trainer.prepare, None)
-        field_name = f"{gen.id}.{self.seq}"
-        if work is not None:
-            run.r.hset(
-                self.key,
-                f"{field_name}.{gen.role.rank}",
-                json.dumps([work.stream, work.entry_id, index]),
-            )
         ok, result = True, None
         try:
             result = _call(trainer.reduce)
@@ -224,41 +236,48 @@ class StepLoop:
             ok = False
             run.log.info("step_aborted", generation=gen.id, seq=self.seq, reason=str(exc))
             self._settle_backlog()
-        decision, recorded = self._decide(gen, field_name, ok)
-        info = StepInfo(gen, self.seq, tuple(x.index for x in recorded), index, decision == COMMIT)
-        if decision == COMMIT:
+        end = self._end(gen, name, ok, work, index, result)
+        shards = _records(end.recorded)
+        committed = end.decision == COMMIT
+        info = StepInfo(gen, self.seq, tuple(x.index for x in shards), index, committed)
+        if committed and not end.fenced:
             _call(trainer.commit if ok else trainer.abort, info)
-            if work is not None and index is not None:
-                body = self._body(result if ok else None)
-                self.ledger.succeeded(work.stream).append((work.entry_id, index, body))
-            self.backlog = [x for x in recorded if x.rank != gen.role.rank]
-        else:
+            self.backlog = [x for x in shards if x.rank != gen.role.rank]
+        else:  # aborted, or we were pruned (a committed step settled our shard already)
             _call(trainer.abort, info)
-            if work is not None:
+            if work is not None and not committed:
                 run.held.appendleft(work)  # same attempt: an aborted step spends none
             self.backlog = []
-            if decision == FENCED:
+            if end.fenced:
                 run.state.fenced = True  # pruned: the check parks what we hold and rejoins
-        self.ledger.flush()
         self.seq += 1
-        if not ok or decision != COMMIT:
+        if not ok or not committed or end.fenced:
             self.gen = None  # this group is broken: form the next round
             self.next_round = (gen.role.epoch, gen.round + 1)
-        elif not recorded:
+        elif not shards:
             run.idle()  # nobody had a shard: finished (Leave), or wait for work
 
-    def _take(self) -> Work | None:
-        """At most one shard: one in hand, else a parked one, else a new one."""
+    def _take(self, field_name: str) -> tuple[Work | None, bool]:
+        """At most one shard, and whether it is recorded in the step already: the one the
+        last step took for this one, else one in hand, else a parked one, else a new one."""
         run = self.run
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None and run.held and run.held[0] is ahead[1]:
+            run.held.popleft()
+            if ahead[0] == field_name:
+                return ahead[1], True
+            run.held.appendleft(ahead[1])  # taken for a step that did not come: in hand
+        elif ahead is not None and ahead[0] == field_name:
+            run.r.hdel(self.key, field_name)  # something else comes first: not its record
         while run.held:
             work = self.ledger.start(run.held.popleft())
             if work is not None:
-                return work
+                return work, False
         stream = run.streams[0]
         parked, gone = run.reclaim.parked_one(stream)
         self.ledger.bury_gone(stream, gone)
         if parked is not None:
-            return parked
+            return parked, False
         role = run.membership.role
         assert role is not None
         status, reply = run.scripts.fenced_read(run.tk, run.owned, run.me, 1, role.epoch)
@@ -270,8 +289,8 @@ class StepLoop:
             for name, entries in reply:
                 for entry_id, flat in entries:
                     fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-                    return Work(text(name), text(entry_id), fields, 1)
-        return None
+                    return Work(text(name), text(entry_id), fields, 1), False
+        return None, False
 
     def _charge_all(self) -> None:
         """Charge what we hold that may have run before (reclaimed from a departed member)
@@ -307,41 +326,59 @@ class StepLoop:
             self.run.log.warning("result_not_json", error=str(exc))
             return "null"
 
-    def _decide(self, gen: Generation, name: str, ok: bool) -> tuple[str, list[_Recorded]]:
-        """Propose commit/abort for the step; the first proposal stored wins. Fenced: a member
-        pruned from the node set decides nothing (WATCH on the member list)."""
+    def _end(
+        self,
+        gen: Generation,
+        name: str,
+        ok: bool,
+        work: Work | None,
+        index: int | None,
+        result: Any,
+    ) -> StepEnd:
+        """End the step in one round trip (``step.lua``): propose commit/abort (the first
+        proposal stored wins; a member pruned from the node set decides nothing), read the
+        ranks' records, settle our shard if the step committed (the settle checks the
+        decision in the same atomic step), and take and record our shard of the next step.
+        The leader drops the previous step's fields: every member is past it."""
         run = self.run
-        world = gen.role.world_size
-        rank_fields = [f"{name}.{k}" for k in range(world)]
-        cleanup: list[str] = []
-        if ok and gen.role.leader and self.seq > 0:  # every member is past the previous step
-            prev = f"{gen.id}.{self.seq - 1}"
-            cleanup = [prev, *(f"{prev}.{k}" for k in range(world))]
-        with run.r.pipeline(transaction=True) as pipe:
-            while True:
-                try:
-                    pipe.watch(run.tk.members)
-                    if pipe.zscore(run.tk.members, run.me) is None:
-                        return FENCED, []
-                    pipe.multi()
-                    pipe.hsetnx(self.key, name, COMMIT if ok else ABORT)
-                    pipe.hget(self.key, name)
-                    pipe.hmget(self.key, rank_fields)
-                    if cleanup:
-                        pipe.hdel(self.key, *cleanup)
-                    replies = pipe.execute()
-                    break
-                except redis.WatchError:
-                    continue
-        if ok and gen.role.leader and self.seq == 0:
+        if self.ledger.pending():
+            self.ledger.flush()  # dead letters of a failed prepare: whatever the step does
+        leader = gen.role.leader
+        drop = f"{gen.id}.{self.seq - 1}" if ok and leader and self.seq > 0 else ""
+        take = ""
+        if ok and not run.held and not run.state.suspend.is_set():
+            take = f"{gen.id}.{self.seq + 1}.{gen.role.rank}"
+        pipe = run.r.pipeline(transaction=False)
+        proposal = COMMIT if ok else ABORT
+        call = calls.step(
+            run.tk, run.me, name, proposal, gen.role.world_size,
+            drop=drop, take=take, epoch=gen.role.epoch,
+        )  # fmt: skip
+        ending = Queued(run.scripts, call, pipe)
+        settling, stream = None, ""
+        if work is not None and index is not None:
+            stream = work.stream
+            own = [(work.entry_id, index, self._body(result if ok else None))]
+            settle = calls.settle(run.tk, stream, run.me, time.time(), own, only_if=(name, COMMIT))
+            settling = Queued(run.scripts, settle, pipe)
+        replies = pipe.execute(raise_on_error=False)
+        end = ending.reply(replies)
+        if settling is not None:
+            settled = settling.reply(replies)
+            if end.decision == COMMIT:
+                run.state.processed += 1
+                self.ledger.finish(self.ledger.note(stream, settled))
+        if end.moved_to:
+            run.state.observe_epoch(end.moved_to)
+        if end.entry is not None:
+            entry_id, fields = end.entry
+            taken = Work(run.tk.stream, entry_id, fields, 1)
+            run.held.appendleft(taken)  # in hand: a re-rank meanwhile hands it back
+            if end.held:
+                self.ahead = (take, taken)
+        if ok and leader and self.seq == 0 and end.decision == COMMIT and not end.fenced:
             self._drop_old_generations(gen)
-        decision = text(replies[1])
-        recorded = []
-        for rank, raw in enumerate(replies[2]):
-            if raw is not None:
-                stream, entry_id, index = json.loads(raw)
-                recorded.append(_Recorded(rank, str(stream), str(entry_id), int(index)))
-        return decision, recorded
+        return end
 
     def _drop_old_generations(self, gen: Generation) -> None:
         """Every member of this generation is past the older ones, and members that left

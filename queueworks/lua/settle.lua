@@ -20,7 +20,16 @@
 -- returns {ok counted, dead counted, 1 if this call finished the task else 0, rejected,
 --   1 if the task is still active after this call else 0, the state this call finished it
 --   in ("completed" / "failed"; "" when it did not finish it)}
+-- KEYS[8] (optional) a lockstep task's steps hash: then two more ARGV after the tuples, a
+--   step's field and a value; the batch is settled only if that field holds that value
+--   (the step committed), else nothing is done and {0, 0, 0, 0, 1, ''} is returned
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
+if #KEYS >= 8 then
+  local at = 7 + n_ok * 3 + n_dead * 6
+  if redis.call('HGET', KEYS[8], ARGV[at]) ~= ARGV[at + 1] then
+    return {0, 0, 0, 0, 1, ''}
+  end
+end
 local state = redis.call('HGET', KEYS[2], 'state')
 local active = state and string.find(',' .. ARGV[4] .. ',', ',' .. state .. ',', 1, true)
 if not active then  -- finished (or missing): its counts never change again

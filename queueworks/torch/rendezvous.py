@@ -46,6 +46,7 @@ class Group:
         self.drop()
         store = self._rendezvous(gen)
         self._arrive(store, gen)
+        _reset_group_names()
         try:
             dist.init_process_group(
                 self.backend,
@@ -177,3 +178,16 @@ class Group:
         except StepAborted:
             self.drop()
             raise
+
+
+def _reset_group_names() -> None:
+    """Name the next default group as every member does: "0". torch names a process group
+    by a process-wide counter that ``init_process_group`` advances before it connects and
+    only ``destroy_process_group`` resets, so a member whose last init failed (the node set
+    changed in the middle of it) would look for its peers under "1" while they wait under
+    "0": a generation that never forms, each member timing out in turn. No group is live
+    here (``drop`` came first)."""
+    if not dist.is_initialized():
+        from torch.distributed.distributed_c10d import _world
+
+        _world.group_count = 0
