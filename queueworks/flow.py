@@ -115,6 +115,23 @@ def group_pump(
     return Call("group_pump", keys, [limit, len(back), *back, *groups], int)
 
 
+def wait_item(raw: Any) -> tuple[str, dict[bytes, bytes]] | None:
+    """A wait list's item (``group_take.lua``: ``{"k": record key, "j": job id, "f": the
+    entry's fields, flat}``) as its job's id and the fields of the entry it will be again;
+    None if it is not one."""
+    try:
+        item = json.loads(raw)
+        job_id, flat = item["j"], item["f"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(job_id, str) or not isinstance(flat, list) or len(flat) % 2:
+        return None
+    if not all(isinstance(v, str) for v in flat):
+        return None
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return job_id, {k.encode(): v.encode() for k, v in pairs}
+
+
 # -- status ---------------------------------------------------------------------------------
 
 
@@ -142,12 +159,13 @@ def flow_status(replies: Sequence[Any], now: float) -> dict[str, Any]:
         "rate_limit": limits.rate,
         "group_limit": limits.group,
         "limited": limited and limits.rate is not None,
-        "groups_running": _counts(running),
-        "groups_waiting": _counts(waiting),
+        "groups_running": group_counts(running),
+        "groups_waiting": group_counts(waiting),
     }
 
 
-def _counts(raw: Any) -> dict[str, int]:
+def group_counts(raw: Any) -> dict[str, int]:
+    """A groups hash read (``HGETALL``) as group -> count, the counts above 0 only."""
     out: dict[str, int] = {}
     for k, v in (raw or {}).items():
         try:

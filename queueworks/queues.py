@@ -197,10 +197,11 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
     length, pending, scheduled, rate, deferred, paused = replies[:6]
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
+    flow = flow_status(replies[6:], now)
     return QueueStatus(
         name=task.id,
         state=task.state,
-        backlog=backlog,
+        backlog=backlog + sum(flow["groups_waiting"].values()),
         scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
         running=running,
         deferred=int(deferred or 0) if not isinstance(deferred, Exception) else 0,
@@ -215,7 +216,7 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         rates=rates,
         reason=task.reason,
         paused=paused == b"1",
-        **flow_status(replies[6:], now),
+        **flow,
     )
 
 

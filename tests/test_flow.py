@@ -254,6 +254,64 @@ def test_cancelling_a_job_that_waits_for_a_slot_or_holds_one_gives_it_up(
 
 
 @pytest.mark.integration
+def test_jobs_waiting_for_a_slot_are_listed_queued_and_counted_in_the_backlog(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("gq", group_limit=1)
+    tk, scripts = keys.task("gq"), Scripts(r)
+    jobs = [q.enqueue(NOTED, {"i": i}, group=g) for i, g in enumerate("ggghh")]
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    took = [
+        scripts.group_take(tk, tk.stream, j.id, "w1", j.id, g, 1, 0, False)
+        for j, g in zip(jobs, "ggghh", strict=True)
+    ]
+    assert took == [1, 0, 0, 1, 0]
+    unread = q.enqueue(NOTED, {"i": 9})  # on the stream, read by no member yet
+    want = [unread.id, jobs[1].id, jobs[2].id, jobs[4].id]  # the stream's, then g's, then h's
+    page = q.jobs("queued")
+    assert page.total == 4 and [j.id for j in page.jobs] == want
+    assert {j.state for j in page.jobs} == {"queued"}
+    assert "group 'g'" in (page.jobs[1].reason or "") and page.jobs[1].handler == NOTED
+    assert [j.id for j in q.jobs("queued", limit=2, offset=1).jobs] == want[1:3]
+    assert [j.id for j in q.jobs("queued", limit=5, offset=3).jobs] == want[3:]
+    assert q.status().backlog == 4
+    assert jobs[2].cancel() is True  # cancelled where it waits: counted out at once
+    assert q.status().backlog == 3 and q.status().groups_waiting == {"g": 1, "h": 1}
+    page = q.jobs("queued")
+    assert page.total == 3 and [j.id for j in page.jobs] == [want[0], want[1], want[3]]
+    with make_app(client) as web:
+        assert web.get("/api/queues/gq").json()["queue"]["backlog"] == 3
+        listed = web.get("/api/queues/gq/jobs", params={"state": "queued"}).json()
+        assert listed["total"] == 3 and len(listed["jobs"]) == 3
+    # the pump hands g's slot on; the cancelled job keeps its place (the hash names the
+    # list, counting 0) until a pump passes it over: then the list and its name go
+    assert scripts.group_pump(tk, 1, ["g"], back=[jobs[0].id]) == 1
+    assert q.status().backlog == 3  # jobs[1] is back on the stream, holding g's slot
+    assert r.hget(tk.groups_waiting, "g") == b"0" and r.llen(tk.group_wait("g")) == 1
+    assert scripts.group_pump(tk, 1, ["g"], back=[jobs[1].id]) == 0
+    assert r.hget(tk.groups_waiting, "g") is None and not r.exists(tk.group_wait("g"))
+
+
+@pytest.mark.integration
+def test_emptying_a_queue_cancels_the_jobs_waiting_for_a_slot_too(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("ge", group_limit=1)
+    tk, scripts = keys.task("ge"), Scripts(r)
+    jobs = [q.enqueue(NOTED, {"i": i}, group="g", key=f"k{i}") for i in range(3)]
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    assert [_take(scripts, tk, r, j.id, 1) for j in jobs] == [1, 0, 0]
+    unread = q.enqueue(NOTED, {"i": 9})
+    assert q.status().backlog == 3
+    assert q.empty() == 3  # the unread one and the two waiting; the running one runs on
+    assert [j.status().state for j in (*jobs, unread)] == ["running", *["cancelled"] * 3]
+    assert q.status().backlog == 0 and q.jobs("queued").total == 0
+    assert not r.exists(tk.unique("k1"))  # a cancelled waiting job's unique key is freed
+    assert scripts.group_pump(tk, 1, ["g"], back=[jobs[0].id]) == 0  # both passed over
+    assert not r.exists(tk.group_wait("g")) and not r.exists(tk.groups_waiting)
+
+
+@pytest.mark.integration
 def test_limits_and_groups_show_in_the_dashboard_metrics_and_info(
     client: Client, r: redis.Redis, keys: Keys
 ) -> None:

@@ -1,7 +1,10 @@
 -- Give a queue's free group slots to the jobs waiting for them (group_take.lua), oldest
 -- first: while a group named holds fewer slots than the limit and has a job waiting, the
 -- job goes back onto the queue's stream holding a slot (its record naming its new entry;
--- the member that reads it runs it). A job cancelled while it waited is passed over. Called
+-- the member that reads it runs it). A job cancelled while it waited is passed over (its
+-- cancel counted it out of the waiting hash already). A group stays in the waiting hash
+-- while its wait list exists (its count may be 0: only cancelled jobs left), so the hash
+-- names every wait list of the queue (their expiry with it). Called
 -- after a settle that gave slots back (settle_jobs.lua), and by the leader's backstop;
 -- idempotent. The records are the ones the wait lists name (keys of this queue's slot).
 -- KEYS[1] groups hash   KEYS[2] held hash   KEYS[3] waiting hash (group -> jobs in its list)   KEYS[4] the queue's stream
@@ -26,14 +29,13 @@ for i = 3 + n_back, #ARGV do
   while n < limit do
     local raw = redis.call('LPOP', list)
     if not raw then
-      redis.call('HDEL', KEYS[3], g)
       break
-    end
-    if redis.call('HINCRBY', KEYS[3], g, -1) <= 0 then
-      redis.call('HDEL', KEYS[3], g)
     end
     local item = cjson.decode(raw)
     if redis.call('HGET', item.k, '${JOB_STATE}') == '${QUEUED}' then
+      if tonumber(redis.call('HGET', KEYS[3], g) or '0') > 0 then
+        redis.call('HINCRBY', KEYS[3], g, -1)
+      end
       local eid = redis.call('XADD', KEYS[4], '*', unpack(item.f))
       redis.call('HSET', item.k, '${JOB_ENTRY}', eid)
       redis.call('HDEL', item.k, '${JOB_WHY}')
@@ -42,6 +44,9 @@ for i = 3 + n_back, #ARGV do
       n = n + 1
       moved = moved + 1
     end
+  end
+  if redis.call('LLEN', list) == 0 then
+    redis.call('HDEL', KEYS[3], g)
   end
 end
 return moved
