@@ -99,7 +99,7 @@ def group_take(
     names no waiting job (reject it)."""
     why = f"group {group!r} has {limit} job(s) running (group_limit)"
     keys = [stream, tk.groups, tk.groups_held, tk.groups_waiting, tk.group_wait(group)]
-    keys.append(tk.job(job_id))
+    keys += [tk.job(job_id), tk.record]
     args = [tk.group, entry_id, worker_id, job_id, group, limit, starts, why]
     args.append("1" if named else "")
     return Call("group_take", keys, args, int)

@@ -82,8 +82,9 @@ def plan_open(
         if reopening(raw, reopen):
             trip = Trip()
             trip.smembers(tk.aside)
-            aside = (yield trip)[0]
-            created = (yield alone(calls.reopen_queue(tk, reopen_keys(tk, aside))))[0]
+            trip.hkeys(tk.groups_waiting)
+            aside, waiting = yield trip
+            created = (yield alone(calls.reopen_queue(tk, reopen_keys(tk, aside, waiting))))[0]
             if created is not None:
                 trip = Trip()
                 queue_reopened(trip, keys, name, created)

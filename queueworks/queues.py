@@ -388,10 +388,12 @@ def reopening(raw: Sequence[Any], reopen: bool) -> bool:
     return reopen and TaskState(text(raw[1])).finished
 
 
-def reopen_keys(qk: TaskKeys, aside: Iterable[Any]) -> list[str]:
+def reopen_keys(qk: TaskKeys, aside: Iterable[Any], waiting: Iterable[Any] = ()) -> list[str]:
     """The keys of a queue to keep (``reopen_queue``) besides its record and refusals:
-    every key ``TaskKeys.all`` names and the streams of the handlers in its aside set."""
+    every key ``TaskKeys.all`` names, the streams of the handlers in its aside set and the
+    wait lists of the groups in its ``groups_waiting`` hash."""
     keep = [k for k in qk.all(0) if k not in (qk.record, qk.refused)]
+    keep += qk.group_waits(text(g) for g in waiting)
     return keep + [qk.aside_stream(text(h)) for h in aside]
 
 

@@ -13,10 +13,15 @@ import redis
 
 from queueworks import Client
 from queueworks.commands.info import _queues
+from queueworks.controller.feed import Feed
+from queueworks.controller.fence import Fence
+from queueworks.controller.reconciler import Reconciler
+from queueworks.controller.tally import Tally
 from queueworks.flow import burst_of
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decode_entry
 from queueworks.keys import GROUP, Keys, TaskKeys
+from queueworks.logs import get_logger
 from queueworks.queue_settings import check_queue_settings
 from queueworks.scripts import JobBatch, Scripts
 from queueworks.workers.flow import sweep_held
@@ -309,6 +314,63 @@ def test_emptying_a_queue_cancels_the_jobs_waiting_for_a_slot_too(
     assert not r.exists(tk.unique("k1"))  # a cancelled waiting job's unique key is freed
     assert scripts.group_pump(tk, 1, ["g"], back=[jobs[0].id]) == 0  # both passed over
     assert not r.exists(tk.group_wait("g")) and not r.exists(tk.groups_waiting)
+
+
+def _leader(r: redis.Redis, keys: Keys) -> tuple[Reconciler, Feed]:
+    """A controller's reconciler and feed in this process, fenced by a lease it holds."""
+    scripts, tally = Scripts(r), Tally()
+    term, token = scripts.lease_acquire(keys.leader, keys.leader_term, "test", 60_000)
+    fence = Fence(r, keys, scripts, tally)
+    fence.arm(token, term)
+    rec = Reconciler(
+        r,
+        keys,
+        fence,
+        get_logger(),
+        me="test",
+        heartbeat_ttl=3.0,
+        full_pass_interval=60.0,
+        tally=tally,
+    )
+    feed = Feed(r, keys, "test", tally)
+    feed.start()
+    rec.rebuild()
+    return rec, feed
+
+
+@pytest.mark.integration
+def test_a_finished_queue_takes_its_wait_lists_and_slots_with_it(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("gx", group_limit=1, result_ttl=0.5)
+    tk, scripts = keys.task("gx"), Scripts(r)
+    rec, feed = _leader(r, keys)
+    jobs = [q.enqueue(NOTED, {"i": i}, group=g) for i, g in enumerate("gghhkk")]
+    rec.step(feed.read(100))  # the leader knows the queue as it was before its jobs waited
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    groups = "gghhkk"
+    took = [
+        scripts.group_take(tk, tk.stream, j.id, "w1", j.id, g, 1, 0, False)
+        for j, g in zip(jobs[:4], groups, strict=False)
+    ]
+    assert took == [1, 0, 1, 0]
+    flow = [tk.groups, tk.groups_held, tk.groups_waiting, *tk.group_waits("gh")]
+    assert q.task.cancel()
+    rec.step(feed.read(100))  # the leader releases it: its keys expire, the wait lists too
+    assert all(0 < r.pttl(k) <= 500 for k in flow)
+    # reopened before they expired: they are kept again
+    q = client.queue("gx", reopen=True)
+    assert all(r.pttl(k) == -1 for k in flow)
+    assert q.task.cancel()
+    rec.step(feed.read(100))
+    assert all(0 < r.pttl(k) <= 500 for k in flow)
+    # a job that starts waiting on a queue that just finished: its list expires with it
+    k_first, k_next = jobs[4:]
+    assert scripts.group_take(tk, tk.stream, k_first.id, "w1", k_first.id, "k", 1, 0, False)
+    assert scripts.group_take(tk, tk.stream, k_next.id, "w1", k_next.id, "k", 1, 0, False) == 0
+    assert 0 < r.pttl(tk.group_wait("k")) <= 500
+    left = [*flow, tk.group_wait("k"), tk.record]
+    assert wait_for(lambda: not r.exists(*left), 5, "the queue's keys gone")
 
 
 @pytest.mark.integration
