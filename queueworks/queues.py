@@ -131,6 +131,13 @@ CANCELLED_LAST = 2  # cancel_job: cancelled, the last job set aside of its handl
 FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from the first
 
 
+def batch_options(group: Any) -> str:
+    """The options JSON of every job of an ``enqueue_many`` (checked: ``ValueError``
+    naming a bad group; '' for none)."""
+    options = JobOptions.given(group=group)
+    return "" if options is None else options.json()
+
+
 def new_job(
     path: str,
     payload: Any,

@@ -118,8 +118,8 @@ class EnqueueBatch:
         self.keys: list[str] = [tk.stream, tk.scheduled]
         self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
 
-    def add(self, handler: str, payload: str) -> None:
-        self.args += ("", handler, payload, "", "")
+    def add(self, handler: str, payload: str, options: str = "") -> None:
+        self.args += ("", handler, payload, "", options)
 
     def __len__(self) -> int:
         return (len(self.args) - 1) // 5

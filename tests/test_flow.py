@@ -5,13 +5,14 @@ on a real Redis, then real worker processes."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass
 
 import pytest
 import redis
 
-from queueworks import Client
+from queueworks import AsyncClient, Client
 from queueworks.commands.info import _queues
 from queueworks.controller.feed import Feed
 from queueworks.controller.fence import Fence
@@ -314,6 +315,40 @@ def test_emptying_a_queue_cancels_the_jobs_waiting_for_a_slot_too(
     assert not r.exists(tk.unique("k1"))  # a cancelled waiting job's unique key is freed
     assert scripts.group_pump(tk, 1, ["g"], back=[jobs[0].id]) == 0  # both passed over
     assert not r.exists(tk.group_wait("g")) and not r.exists(tk.groups_waiting)
+
+
+@pytest.mark.integration
+def test_enqueue_many_gives_every_job_its_group(
+    client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
+) -> None:
+    q = client.queue("gm", group_limit=1)
+    tk, scripts = keys.task("gm"), Scripts(r)
+    with pytest.raises(ValueError, match="group"):
+        q.enqueue_many([(NOTED, {"i": 0})], group="a\tb")
+    assert q.status().backlog == 0  # checked before any job was sent
+    jobs = q.enqueue_many(((NOTED, {"i": i}) for i in range(3)), group="g")
+
+    async def more() -> list[str]:
+        async with AsyncClient.from_url(redis_url, prefix=prefix) as aclient:
+            aq = await aclient.queue("gm")
+            with pytest.raises(ValueError, match="group"):
+                await aq.enqueue_many([(NOTED, {})], group="")
+            added = await aq.enqueue_many([(NOTED, {"i": i}) for i in range(2)], group="h")
+            plain = await aq.enqueue_many([(NOTED, {})])
+            return [j.id for j in added + plain]
+
+    ids = [j.id for j in jobs] + asyncio.run(more())
+    assert [q.job(i).detail().options for i in ids] == [{"group": "g"}] * 3 + [
+        {"group": "h"}
+    ] * 2 + [{}]
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    # each entry carries its group: a member takes the group's slot from it
+    for job_id, want in zip(ids[:5], [1, 0, 0, 1, 0], strict=True):
+        entry = decode_entry(job_id, r.xrange(tk.stream, job_id, job_id)[0][1])
+        group = JobOptions.parse(entry.options).group
+        assert group is not None
+        assert scripts.group_take(tk, tk.stream, job_id, "w1", job_id, group, 1, 0, False) == want
+    assert q.status().groups_waiting == {"g": 2, "h": 1}
 
 
 def _leader(r: redis.Redis, keys: Keys) -> tuple[Reconciler, Feed]:
