@@ -30,7 +30,7 @@ from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.dependencies import plan_drain
-from queueworks.flow import Limits, group_pump, wait_item
+from queueworks.flow import Limits, plan_pump, wait_item
 from queueworks.jobrecords import DEAD_JOB, JOB_ID, entry_job
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.models import StoredSpec, TaskState
@@ -95,11 +95,11 @@ def plan_empty(keys: Keys, name: str) -> Plan[int]:
     trip = Trip()
     for key, job_id, unique_for in freed:
         trip.call(calls.release_unique(qk, key, job_id, unique_for))
-    limit = Limits.of(spec).group or 0
-    for group, ids in grouped.items():
-        trip.call(group_pump(qk, limit, [group], back=ids))
     events.emit(trip, keys, "emptied", task=name, jobs=emptied)
     yield trip
+    limit = Limits.of(spec).group or 0
+    for group, ids in grouped.items():  # the slots they held go on (their waiting jobs were
+        yield from plan_pump(qk, limit, {group: len(ids)}, back=ids)  # cancelled: passed)
     if emptied:
         yield from plan_drain(keys, [name])  # the jobs that waited for them die with them
     return emptied

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
@@ -18,14 +19,15 @@ from queueworks.controller.feed import Feed
 from queueworks.controller.fence import Fence
 from queueworks.controller.reconciler import Reconciler
 from queueworks.controller.tally import Tally
-from queueworks.flow import burst_of
+from queueworks.flow import burst_of, plan_pump
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decode_entry
 from queueworks.keys import GROUP, Keys, TaskKeys
 from queueworks.logs import get_logger
 from queueworks.queue_settings import check_queue_settings
+from queueworks.runner import run
 from queueworks.scripts import JobBatch, Scripts
-from queueworks.workers.flow import sweep_held
+from queueworks.workers.flow import Pump, sweep_held
 from tests.conftest import Cluster, wait_for
 from tests.handlers_flow import read_log
 from tests.test_cli import cli, one_line_error
@@ -121,6 +123,11 @@ class _Settled:
     reason: str = ""
 
 
+def _pump(r: redis.Redis, tk: TaskKeys, limit: int, group: str, back: Sequence[str] = ()) -> int:
+    """The pump of ``group`` as its callers run it: its heads read, then the script."""
+    return run(r, Scripts(r), plan_pump(tk, limit, {group: limit}, back=back))
+
+
 def _take(scripts: Scripts, tk: TaskKeys, r: redis.Redis, entry_id: str, limit: int = 2) -> int:
     fields = r.xrange(tk.stream, entry_id, entry_id)[0][1]
     entry = decode_entry(entry_id, fields)
@@ -148,17 +155,48 @@ def test_group_slots_are_taken_waited_for_given_back_and_handed_on(
     batch = JobBatch(ok=[_Settled(decode_entry(ids[0], fields))])
     scripts.settle_jobs(tk, batch, "w1", time.time(), 60, client=None)
     assert r.hget(tk.groups, "g") == b"1" and r.hget(tk.groups_held, ids[0]) is None
-    assert scripts.group_pump(tk, 2, ["g"]) == 1
+    assert _pump(r, tk, 2, "g") == 1
     assert r.hget(tk.groups, "g") == b"2" and r.hget(tk.groups_held, ids[2]) == b"g"
     assert r.hget(tk.groups_waiting, "g") is None
     new = r.hget(tk.job(ids[2]), JOB_ENTRY).decode()  # type: ignore[union-attr]
     back = r.xreadgroup(GROUP, "w2", {tk.stream: ">"})[0][1]
     assert [e.decode() for e, _ in back] == [new]  # back on the stream, attempts counted on
     assert back[0][1][b"j"] == ids[2].encode() and back[0][1][b"a"] == b"0"
-    assert scripts.group_pump(tk, 2, ["g"]) == 0  # idempotent
+    assert _pump(r, tk, 2, "g") == 0  # idempotent
     # a job that gives back a slot it held (cancelled on the stream), by id
-    assert scripts.group_pump(tk, 2, ["g"], back=[ids[2]]) == 0
+    assert _pump(r, tk, 2, "g", back=[ids[2]]) == 0
     assert r.hget(tk.groups, "g") == b"1"
+
+
+@pytest.mark.integration
+def test_the_pump_hands_slots_only_to_the_heads_it_was_given(r: redis.Redis, keys: Keys) -> None:
+    tk, scripts = keys.task("gh"), Scripts(r)
+    ids = _stream(r, tk, 4, options='{"group":"g"}')
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"}, count=4)
+    assert [_take(scripts, tk, r, i, 1) for i in ids] == [1, 0, 0, 0]
+    w0, w1, _ = ids[1:]
+    # no head given: the slot goes back, no record is touched
+    assert scripts.group_pump(tk, 1, {"g": []}, back=[ids[0]]) == 0
+    assert r.hget(tk.groups, "g") is None and r.llen(tk.group_wait("g")) == 3
+    # the list's head is not among those given (a read older than another pump): it stops
+    assert scripts.group_pump(tk, 1, {"g": [w1]}) == 0
+    assert r.llen(tk.group_wait("g")) == 3
+    assert scripts.group_pump(tk, 1, {"g": [w0, w1]}) == 1  # the head: handed on
+    assert r.hget(tk.groups_held, w0) == b"g" and r.hget(tk.job(w0), JOB_ENTRY) != b""
+    # a stale read (w0 was handed on already) is passed: its next head is the list's now
+    assert scripts.group_pump(tk, 1, {"g": [w0, w1]}, back=[w0]) == 1
+    assert r.hget(tk.groups_held, w1) == b"g" and r.llen(tk.group_wait("g")) == 1
+    assert r.hget(tk.groups_waiting, "g") == b"1"
+    # a member's settle: the heads read last on its pipeline, the pump run after it with
+    # the replies of what the settle put there (a slice of the pipe's)
+    scripts.group_pump(tk, 1, {"g": []}, back=[w1])
+    pipe = r.pipeline(transaction=False)
+    pipe.ping()  # (the member's read, before the settle)
+    pipe.ping()  # (the settle)
+    pump = Pump(pipe, tk, 1, {"g": 1})
+    replies = pipe.execute()[1:]
+    assert pump.replies(replies) == [True] and pump.run(scripts, replies) == 1
+    assert r.llen(tk.group_wait("g")) == 0 and r.hget(tk.groups_waiting, "g") is None
 
 
 # -- workers (system) ---------------------------------------------------------------------
@@ -247,13 +285,13 @@ def test_cancelling_a_job_that_waits_for_a_slot_or_holds_one_gives_it_up(
     assert waiting.detail().options == {"group": "g"}
     assert q.status().groups_waiting == {"g": 1} and q.status().groups_running == {"g": 1}
     assert waiting.cancel() is True and waiting.status().state == "cancelled"
-    assert scripts.group_pump(tk, 1, ["g"], back=[first.id]) == 0  # passed over
+    assert _pump(r, tk, 1, "g", back=[first.id]) == 0  # passed over
     assert q.status().groups_waiting == {} and q.status().groups_running == {}
     # a job handed a slot, back on the stream, cancelled before a member read it
     held, handed = (q.enqueue(NOTED, {"i": i}, group="g") for i in range(2))
     r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
     assert [_take(scripts, tk, r, j.id, 1) for j in (held, handed)] == [1, 0]
-    assert scripts.group_pump(tk, 1, ["g"], back=[held.id]) == 1
+    assert _pump(r, tk, 1, "g", back=[held.id]) == 1
     assert q.status().groups_running == {"g": 1}
     assert handed.cancel() is True
     assert q.status().groups_running == {}
@@ -291,10 +329,10 @@ def test_jobs_waiting_for_a_slot_are_listed_queued_and_counted_in_the_backlog(
         assert listed["total"] == 3 and len(listed["jobs"]) == 3
     # the pump hands g's slot on; the cancelled job keeps its place (the hash names the
     # list, counting 0) until a pump passes it over: then the list and its name go
-    assert scripts.group_pump(tk, 1, ["g"], back=[jobs[0].id]) == 1
+    assert _pump(r, tk, 1, "g", back=[jobs[0].id]) == 1
     assert q.status().backlog == 3  # jobs[1] is back on the stream, holding g's slot
     assert r.hget(tk.groups_waiting, "g") == b"0" and r.llen(tk.group_wait("g")) == 1
-    assert scripts.group_pump(tk, 1, ["g"], back=[jobs[1].id]) == 0
+    assert _pump(r, tk, 1, "g", back=[jobs[1].id]) == 0
     assert r.hget(tk.groups_waiting, "g") is None and not r.exists(tk.group_wait("g"))
 
 
@@ -313,7 +351,7 @@ def test_emptying_a_queue_cancels_the_jobs_waiting_for_a_slot_too(
     assert [j.status().state for j in (*jobs, unread)] == ["running", *["cancelled"] * 3]
     assert q.status().backlog == 0 and q.jobs("queued").total == 0
     assert not r.exists(tk.unique("k1"))  # a cancelled waiting job's unique key is freed
-    assert scripts.group_pump(tk, 1, ["g"], back=[jobs[0].id]) == 0  # both passed over
+    assert _pump(r, tk, 1, "g", back=[jobs[0].id]) == 0  # both passed over
     assert not r.exists(tk.group_wait("g")) and not r.exists(tk.groups_waiting)
 
 
