@@ -141,13 +141,22 @@ class JobLedger(Attempts):
 
     def flush(self) -> None:
         pipe = self.r.pipeline(transaction=False)
-        if self.flush_into(pipe):
+        if self._put(pipe):
             self.settled(pipe.execute(raise_on_error=False))
 
     def flush_into(self, pipe: Any) -> bool:
         """Put the settle of everything recorded on ``pipe`` (it runs with the pipe's other
         commands: a read, say); False if there is nothing to settle. Execute the pipe with
-        ``raise_on_error=False`` and give ``settled`` the replies of what this put on it."""
+        ``raise_on_error=False`` and give ``settled`` the replies of what this put on it.
+        A settle that gives a group's slot back runs at once instead, on a pipe of its own:
+        the slot is handed on after it, not after a read that may block (False too)."""
+        if self.group_limit is not None and self._freed([self.batch, *self.asides.values()]):
+            self.flush()
+            return False
+        return self._put(pipe)
+
+    def _put(self, pipe: Any) -> bool:
+        """``flush_into``'s settle on ``pipe``, whatever it gives back."""
         self.last_flush = time.monotonic()
         batch = self.batch
         self.sent = None
@@ -174,13 +183,18 @@ class JobLedger(Attempts):
         self.pump = None
         if self.group_limit is None:
             return
+        if freed := self._freed(batches):
+            self.pump = Pump(pipe, self.tk, self.group_limit, freed)
+
+    @staticmethod
+    def _freed(batches: Sequence[JobBatch]) -> dict[str, int]:
+        """The groups whose slots the settles of ``batches`` give back: how many each."""
         freed: dict[str, int] = {}
         for b in batches:
             for job in (*b.ok, *b.dead):
                 if job.entry.options and (g := JobOptions.parse(job.entry.options).group):
                     freed[g] = freed.get(g, 0) + 1
-        if freed:
-            self.pump = Pump(pipe, self.tk, self.group_limit, freed)
+        return freed
 
     def _flush_all_into(self, pipe: Any) -> bool:
         """``flush_into`` with jobs of aside streams too: a settle per stream."""
