@@ -75,6 +75,7 @@ LISTED = (
 MAX_LIMIT = 1000  # jobs on one page at most
 WINDOW = 10_000  # offset + limit at most, on a state read from a stream's start
 DEAD_LOOKED = 200  # the newest dead letters a job page looks in for a dead job's payload
+WAIT_LOOKED = 1000  # the oldest jobs of a wait list a job page looks in for a waiting one's
 
 Listed = tuple[int, list[JobStatus]]
 
@@ -323,6 +324,9 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
     options = record.get(JOB_OPTIONS) or (
         entry[0][1].get(ENTRY_OPTIONS.encode()) if entry else None
     )
+    group = JobOptions.parse(options).group
+    if payload is None and status.state == JobState.QUEUED and not where and group:
+        payload = yield from _waiting_payload(qk, job_id, group)  # off the stream: waits
     return JobDetail(
         **status.model_dump(),
         payload=None if payload is None else text(payload),
@@ -331,6 +335,18 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
         entry=None if where is None else text(where),
         options=JobOptions.parse(options).given_only(),
     )
+
+
+def _waiting_payload(qk: TaskKeys, job_id: str, group: str) -> Plan[bytes | None]:
+    """The payload of a job waiting for a slot of ``group``, from its item among the
+    ``WAIT_LOOKED`` oldest of the group's wait list."""
+    trip = Trip()
+    trip.lrange(qk.group_wait(group), 0, WAIT_LOOKED - 1)
+    for raw in (yield trip)[0]:
+        item = wait_item(raw)
+        if item is not None and item[0] == job_id:
+            return item[1].get(ENTRY_PAYLOAD.encode())
+    return None
 
 
 def _dead_payload(qk: TaskKeys, job_id: str) -> Plan[bytes | None]:

@@ -6,6 +6,7 @@ on a real Redis, then real worker processes."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -316,6 +317,8 @@ def test_jobs_waiting_for_a_slot_are_listed_queued_and_counted_in_the_backlog(
     assert page.total == 4 and [j.id for j in page.jobs] == want
     assert {j.state for j in page.jobs} == {"queued"}
     assert "group 'g'" in (page.jobs[1].reason or "") and page.jobs[1].handler == NOTED
+    detail = jobs[2].detail()  # its payload, kept on its group's wait list
+    assert json.loads(detail.payload or "") == {"i": 2} and detail.options == {"group": "g"}
     assert [j.id for j in q.jobs("queued", limit=2, offset=1).jobs] == want[1:3]
     assert [j.id for j in q.jobs("queued", limit=5, offset=3).jobs] == want[3:]
     assert q.status().backlog == 4
