@@ -12,8 +12,8 @@ emits one event saying what it did.
 * **empty** cancels every job on the stream that no member has read, and every job waiting
   for a group slot (``cancel_job.lua``, one call per job, a batch a round trip): each is
   recorded cancelled, its unique key is freed and the jobs that wait for it die with it, as
-  ``job.cancel()`` does. Scheduled,
-  deferred, running and set-aside jobs are left as they are.
+  ``job.cancel()`` does. Scheduled, deferred, running and set-aside jobs are left as they
+  are.
 * **requeue-dead** puts every dead letter that was a job back on the stream
   (``requeue_job.lua``, oldest first); **delete-dead** drops them all (the jobs stay
   counted as dead).
