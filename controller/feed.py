@@ -6,8 +6,9 @@ event of a kind not listed names whatever its ``task`` and ``worker`` fields say
 
 Two kinds are kept apart, because the pass can often act on them without a read: a task that
 ended (``completed``, ``failed``, ``cancelled``: released at once, the release itself
-checking that it did end), and a member that left (``member_left``: nothing to read if the
-pass already released that task).
+checking that it did end; a queue is read first, for the wait lists that expire with it),
+and a member that left (``member_left``: nothing to read if the pass already released that
+task).
 
 A gap: the stream is capped (``EVENTS_MAXLEN``, trimmed from the head), so a reader that
 fell behind by more than that — frozen, partitioned, or just slow — finds that the stream's

@@ -36,6 +36,7 @@ class TaskRow:
     refusals: dict[str, Refusal] = field(default_factory=dict)  # every one in its hash
     handlers: tuple[str, ...] = ()  # a queue's: the handlers its jobs name
     aside: tuple[str, ...] = ()  # a queue's: the handlers of its jobs set aside
+    waits: tuple[str, ...] = ()  # a queue's: the groups with a wait list (as last read)
     queue: bool = False  # its spec's mode is "queue"
 
 

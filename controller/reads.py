@@ -2,7 +2,8 @@
 
 Per task: its record's fields (``HMGET``), plus its spec when the task is new to the reader
 (a spec never changes), plus its refusals, the handlers a queue's jobs name (and those of
-its jobs set aside, whose streams expire with it) and whether
+its jobs set aside, whose streams expire with it, and the groups whose wait lists do) and
+whether
 ``qw:queue`` lists it when asked (``deep``: new tasks, ``refused`` and ``handlers`` events,
 the backstop sweep). Per worker: whether its pool
 heartbeat key exists, whether ``qw:workers`` lists it, its assignment and its record.
@@ -34,6 +35,7 @@ class TaskRead:
     queued: bool | None = None  # listed by qw:queue, when asked (deep)
     handlers: tuple[str, ...] | None = None  # a queue's jobs' handlers, when asked (deep)
     aside: tuple[str, ...] | None = None  # the handlers of a queue's jobs set aside (deep)
+    waits: tuple[str, ...] | None = None  # the groups with a wait list of a queue's (deep)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ def queue_tasks(
             pipe.zscore(keys.queue, tid)
             pipe.smembers(tk.handlers)
             pipe.smembers(tk.aside)
+            pipe.hkeys(tk.groups_waiting)
 
 
 def parse_tasks(
@@ -102,12 +105,14 @@ def parse_tasks(
     for tid in ids:
         raw = next(replies)
         fields, spec_raw = (raw[:-1], raw[-1]) if tid in spec else (raw, None)
-        refused = queued = handlers = aside = None
+        refused = queued = handlers = aside = waits = None
         if tid in deep:
             refused, queued = next(replies), next(replies) is not None
             handlers = tuple(sorted(text(h) for h in next(replies)))
             aside = tuple(sorted(text(h) for h in next(replies)))
-        out.append(TaskRead(tid, fields, spec_raw, refused, queued, handlers, aside))
+            waits = tuple(sorted(text(g) for g in next(replies)))
+        read = TaskRead(tid, fields, spec_raw, refused, queued, handlers, aside, waits)
+        out.append(read)
     return out
 
 

@@ -5,9 +5,10 @@ at again, and what the backstop says is due (``controller.backstop``: suspects o
 heartbeat, a page of the sweep, expired index entries); it folds the reads into the mirror
 it keeps, allocates on the mirror's board, and writes only the differences, fenced
 (``controller.writes``, ``controller.fence``). A task whose end an event announced is
-released without a read (the release checks that it did end), and the leave of a member of
-a task just released needs none. ``rebuild`` is the full read a new leader starts from (and
-a gap in the events forces).
+released without a read (the release checks that it did end; a queue is read first, deep:
+the wait lists of its groups, which no event announces, expire with it), and the leave of a
+member of a task just released needs none. ``rebuild`` is the full read a new leader starts
+from (and a gap in the events forces).
 
 What the sweep finds different from the mirror is corrected and counted (``swept``): under
 churn it often reads a change before the event that names it arrives; in a quiet system it
@@ -139,10 +140,13 @@ class Reconciler:
         deep = set(dirty.deep)
         ended: dict[str, str] = {}  # tasks to release without a read
         for tid, kind in dirty.ended.items():
-            if tid in m.tasks and tid not in tasks:
+            # a queue is read whole first: its wait lists (which no event announces)
+            # expire with it
+            if tid in m.tasks and tid not in tasks and not m.tasks[tid].queue:
                 ended[tid] = kind
             elif tid not in self.released:
                 tasks.add(tid)
+                deep.add(tid)
         for wid, tid in dirty.left.items():
             if (tid not in self.released and tid not in ended) or tid in tasks:
                 tasks.add(tid)

@@ -61,6 +61,9 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
     aside = known.aside if known is not None else ()
     if read.aside is not None:
         aside = read.aside
+    waits = known.waits if known is not None else ()
+    if read.waits is not None:
+        waits = read.waits
     row = TaskRow(
         id=read.id,
         state=state,
@@ -76,6 +79,7 @@ def task_row(read: TaskRead, known: TaskRow | None, state: TaskState) -> TaskRow
         refusals=refusals,
         handlers=handlers,
         aside=aside,
+        waits=waits,
         queue=queue,
     )
     return Finished(row, state) if state.finished else row

@@ -97,6 +97,7 @@ class Writes:
         self.batch.add("zrem", [k.queue], row.id, unit=unit)
         ttl_ms = int(row.result_ttl * 1000)
         expiring = [*tk.all(row.partitions), *(tk.aside_stream(h) for h in row.aside)]
+        expiring += tk.group_waits(row.waits)
         op = self.batch.add("expire_finished", expiring, ttl_ms, stage=1, unit=unit)
         self.batch.add("zadd_nx", [k.queue], row.created_at, row.id, when=-op, stage=2)
         expires = time.time() + row.result_ttl

@@ -14,8 +14,10 @@ a slot of its group before it runs (``group_take.lua``); at the limit it leaves 
 for its group's wait list, and the member goes on with the next job (of any other group:
 no head-of-line blocking). A slot is held by the job, not by the member: a job retried,
 or reclaimed from a member that died, keeps its slot; its settle gives it back
-(``settle_jobs.lua``), and ``group_pump.lua``, on the same pipeline, hands it to the
-oldest job waiting in that group, which goes back onto the stream.
+(``settle_jobs.lua``), and ``group_pump.lua`` hands it to the oldest job waiting in that
+group, which goes back onto the stream. The pump writes the records of the jobs it hands
+on, so the caller reads the heads of the wait lists first (on the settle's pipeline) and
+passes their records; a pump is called only when a head was read.
 
 This module holds what both sides share: the limits read from a queue's spec, the calls
 of the three scripts, and the status read of both.
@@ -32,6 +34,7 @@ from typing import Any
 from queueworks.connection import text
 from queueworks.keys import TaskKeys
 from queueworks.models import TaskSpec
+from queueworks.plans import Plan, Trip, alone
 from queueworks.queue_settings import SETTINGS, stored_setting
 from queueworks.script_calls import Call, fields_of
 
@@ -99,20 +102,79 @@ def group_take(
     names no waiting job (reject it)."""
     why = f"group {group!r} has {limit} job(s) running (group_limit)"
     keys = [stream, tk.groups, tk.groups_held, tk.groups_waiting, tk.group_wait(group)]
-    keys.append(tk.job(job_id))
+    keys += [tk.job(job_id), tk.record]
     args = [tk.group, entry_id, worker_id, job_id, group, limit, starts, why]
     args.append("1" if named else "")
     return Call("group_take", keys, args, int)
 
 
+HEADS_SPARE = 4  # heads read past the slots that may free (some may have been cancelled)
+HEADS_MAX = 100  # heads of one list a pump is given at most (a later pump goes on)
+
+
+def heads_reads(pipe: Any, tk: TaskKeys, wanted: Mapping[str, int]) -> list[str]:
+    """Queue on ``pipe`` the reads of the heads of each group's wait list that a pump may
+    hand a slot to: as many as slots may free (``wanted``), and ``HEADS_SPARE`` more. The
+    groups, in the order of the reads (``heads_of`` reads their replies)."""
+    groups = sorted(wanted)
+    for group in groups:
+        count = min(HEADS_MAX, max(1, wanted[group]) + HEADS_SPARE)
+        pipe.lrange(tk.group_wait(group), 0, count - 1)
+    return groups
+
+
+def heads_of(groups: Sequence[str], replies: Sequence[Any]) -> dict[str, list[str]]:
+    """Each group's heads read (``heads_reads``' replies): the ids of its oldest waiting
+    jobs (a read that failed reads none)."""
+    out: dict[str, list[str]] = {}
+    for group, reply in zip(groups, replies, strict=True):
+        items = reply if isinstance(reply, list) else []
+        out[group] = [w[0] for raw in items if (w := wait_item(raw)) is not None]
+    return out
+
+
 def group_pump(
-    tk: TaskKeys, limit: int, groups: Sequence[str], back: Sequence[str] = ()
+    tk: TaskKeys, limit: int, heads: Mapping[str, Sequence[str]], back: Sequence[str] = ()
 ) -> Call[int]:
-    """Give the free slots of ``groups`` to their waiting jobs (``group_pump.lua``), after
-    the jobs ``back`` gave theirs back: how many went back onto the stream."""
+    """Give the free slots of the groups of ``heads`` to their waiting jobs, those read at
+    the head of each group's wait list (``heads_of``; ``group_pump.lua``), after the jobs
+    ``back`` gave theirs back: how many went back onto the stream."""
     keys = [tk.groups, tk.groups_held, tk.groups_waiting, tk.stream]
-    keys += [tk.group_wait(g) for g in groups]
-    return Call("group_pump", keys, [limit, len(back), *back, *groups], int)
+    args: list[Any] = [limit, len(back), *back]
+    for group in sorted(heads):
+        keys += [tk.group_wait(group), *(tk.job(j) for j in heads[group])]
+        args += [group, len(heads[group])]
+    return Call("group_pump", keys, args, int)
+
+
+def plan_pump(
+    tk: TaskKeys, limit: int, wanted: Mapping[str, int], back: Sequence[str] = ()
+) -> Plan[int]:
+    """Read the heads of the groups' wait lists (``wanted``: group -> slots that may free),
+    then pump (two round trips; none if there is nothing to give back or hand on)."""
+    trip = Trip(errors=True)
+    groups = heads_reads(trip, tk, wanted)
+    heads = heads_of(groups, (yield trip)) if groups else {}
+    if not back and not any(heads.values()):
+        return 0
+    return int((yield alone(group_pump(tk, limit, heads, back)))[0])
+
+
+def wait_item(raw: Any) -> tuple[str, dict[bytes, bytes]] | None:
+    """A wait list's item (``group_take.lua``: ``{"k": record key, "j": job id, "f": the
+    entry's fields, flat}``) as its job's id and the fields of the entry it will be again;
+    None if it is not one."""
+    try:
+        item = json.loads(raw)
+        job_id, flat = item["j"], item["f"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(job_id, str) or not isinstance(flat, list) or len(flat) % 2:
+        return None
+    if not all(isinstance(v, str) for v in flat):
+        return None
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return job_id, {k.encode(): v.encode() for k, v in pairs}
 
 
 # -- status ---------------------------------------------------------------------------------
@@ -142,12 +204,13 @@ def flow_status(replies: Sequence[Any], now: float) -> dict[str, Any]:
         "rate_limit": limits.rate,
         "group_limit": limits.group,
         "limited": limited and limits.rate is not None,
-        "groups_running": _counts(running),
-        "groups_waiting": _counts(waiting),
+        "groups_running": group_counts(running),
+        "groups_waiting": group_counts(waiting),
     }
 
 
-def _counts(raw: Any) -> dict[str, int]:
+def group_counts(raw: Any) -> dict[str, int]:
+    """A groups hash read (``HGETALL``) as group -> count, the counts above 0 only."""
     out: dict[str, int] = {}
     for k, v in (raw or {}).items():
         try:

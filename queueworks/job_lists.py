@@ -6,8 +6,10 @@ Each state is read through its own index or a bounded range, never a scan of Red
 ============  ======================================================================
 state         read from
 ============  ======================================================================
-queued        the stream, after its group's last delivered entry (XRANGE with COUNT);
-              total: the stream's length less its pending entries
+queued        the stream, after its group's last delivered entry (XRANGE with COUNT),
+              then the jobs waiting for a group slot (each group's wait list, by name);
+              total: the stream's length less its pending entries, plus the jobs the
+              ``groups:waiting`` hash counts
 running       the group's pending list (XPENDING with COUNT), oldest read first
 scheduled     the ``scheduled`` zset, by when each runs
 deferred      the ``deferred`` zset, by when each was enqueued
@@ -28,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from queueworks.connection import text
+from queueworks.flow import group_counts, wait_item
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
@@ -72,6 +75,7 @@ LISTED = (
 MAX_LIMIT = 1000  # jobs on one page at most
 WINDOW = 10_000  # offset + limit at most, on a state read from a stream's start
 DEAD_LOOKED = 200  # the newest dead letters a job page looks in for a dead job's payload
+WAIT_LOOKED = 1000  # the oldest jobs of a wait list a job page looks in for a waiting one's
 
 Listed = tuple[int, list[JobStatus]]
 
@@ -96,7 +100,7 @@ def check_page(state: str, limit: int, offset: int) -> JobState:
 
 def plan_jobs(keys: Keys, name: str, state: str, limit: int = 20, offset: int = 0) -> Plan[JobPage]:
     """The page of queue ``name``'s jobs in ``state`` (one of ``LISTED``): ``limit`` of them
-    after ``offset``, and how many there are. Two or three round trips."""
+    after ``offset``, and how many there are. Two to four round trips."""
     qk = keys.task(check_task_id(name, "queue name"))
     listed = check_page(state, limit, offset)
     read = {
@@ -135,18 +139,29 @@ def _by_record(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[JobStatus]]:
 
 
 def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    """The jobs on the stream no member has read, then those waiting for a group slot
+    (each group's wait list in turn, by the group's name)."""
     trip = Trip(errors=True)
     trip.xlen(qk.stream)
     trip.xpending(qk.stream, qk.group)
     trip.xinfo_groups(qk.stream)
-    length, pending, groups = yield trip
-    total = max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
-    last = next(
-        (g["last-delivered-id"] for g in _reply(groups, []) if text(g["name"]) == qk.group),
-        b"0-0",
-    )
-    if offset >= total:
-        return total, []
+    trip.hgetall(qk.groups_waiting)
+    length, pending, groups, waiting = yield trip
+    on_stream = max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
+    counts = group_counts(_reply(waiting, {}))
+    total = on_stream + sum(counts.values())
+    jobs: list[JobStatus] = []
+    if offset < on_stream:
+        jobs = yield from _unread(qk, _reply(groups, []), limit, offset)
+    skip, need = max(0, offset - on_stream), limit - max(0, on_stream - offset)
+    if need > 0 and counts:
+        jobs += yield from _waiting(qk, sorted(counts), skip, need)
+    return total, jobs
+
+
+def _unread(qk: TaskKeys, groups: Sequence[Any], limit: int, offset: int) -> Plan[list[JobStatus]]:
+    """A page of the stream's entries after its group's last delivered one."""
+    last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
     trip = Trip(errors=True)
     trip.xrange(qk.stream, f"({text(last)}", "+", count=offset + limit)
     entries = [
@@ -156,11 +171,39 @@ def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     ]
     records = yield from _records(qk, [job.job_id for job, _ in entries])
     now = time.time()
-    jobs = [
+    return [
         job_status(qk.task_id, job.job_id, running_record(fields, raw), [], now)
         for (job, fields), raw in zip(entries, records, strict=True)
     ]
-    return total, jobs
+
+
+def _waiting(qk: TaskKeys, groups: Sequence[str], skip: int, need: int) -> Plan[list[JobStatus]]:
+    """``need`` jobs waiting for a slot of ``groups`` after the first ``skip`` (positions
+    in the wait lists: a job cancelled while it waited keeps its place, and is left out)."""
+    trip = Trip(errors=True)
+    for group in groups:
+        trip.llen(qk.group_wait(group))
+    lengths = [int(_reply(n, 0)) for n in (yield trip)]
+    trip = Trip(errors=True)
+    for group, n in zip(groups, lengths, strict=True):
+        if need <= 0:
+            break
+        if skip >= n:
+            skip -= n
+            continue
+        take = min(n - skip, need)
+        trip.lrange(qk.group_wait(group), skip, skip + take - 1)
+        skip, need = 0, need - take
+    if not len(trip):
+        return []
+    items = [w for reply in (yield trip) for raw in _reply(reply, []) if (w := wait_item(raw))]
+    records = yield from _records(qk, [job_id for job_id, _ in items])
+    now = time.time()
+    return [
+        job_status(qk.task_id, job_id, running_record(fields, raw), [], now)
+        for (job_id, fields), raw in zip(items, records, strict=True)
+        if raw.get(JOB_STATE.encode()) == JobState.QUEUED.value.encode()
+    ]
 
 
 def _running(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
@@ -281,6 +324,9 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
     options = record.get(JOB_OPTIONS) or (
         entry[0][1].get(ENTRY_OPTIONS.encode()) if entry else None
     )
+    group = JobOptions.parse(options).group
+    if payload is None and status.state == JobState.QUEUED and not where and group:
+        payload = yield from _waiting_payload(qk, job_id, group)  # off the stream: waits
     return JobDetail(
         **status.model_dump(),
         payload=None if payload is None else text(payload),
@@ -289,6 +335,18 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
         entry=None if where is None else text(where),
         options=JobOptions.parse(options).given_only(),
     )
+
+
+def _waiting_payload(qk: TaskKeys, job_id: str, group: str) -> Plan[bytes | None]:
+    """The payload of a job waiting for a slot of ``group``, from its item among the
+    ``WAIT_LOOKED`` oldest of the group's wait list."""
+    trip = Trip()
+    trip.lrange(qk.group_wait(group), 0, WAIT_LOOKED - 1)
+    for raw in (yield trip)[0]:
+        item = wait_item(raw)
+        if item is not None and item[0] == job_id:
+            return item[1].get(ENTRY_PAYLOAD.encode())
+    return None
 
 
 def _dead_payload(qk: TaskKeys, job_id: str) -> Plan[bytes | None]:

@@ -18,6 +18,7 @@ from typing import Any
 
 from queueworks.validate import MAX_TIMEOUT, MAX_TTL, check_number
 
+GROUP_FIELD = "group"  # the name of a job's group in its ``o`` JSON (Lua reads it there)
 MAX_KEY = 256  # bytes of a unique key (UTF-8)
 MAX_BACKOFF = 100.0  # the largest retry_backoff factor
 MAX_RETRY_DELAY = MAX_TIMEOUT  # s: retry_delay and retry_max_delay

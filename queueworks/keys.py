@@ -40,9 +40,11 @@ key                                type          meaning
 ``qw:task:{Q}:groups``             hash          a queue's group slots: group -> jobs holding one
 ``qw:task:{Q}:groups:held``        hash          job id -> the group whose slot it holds (until
                                                  it is settled, retried later or cancelled)
-``qw:task:{Q}:groups:waiting``     hash          group -> its jobs waiting for a slot
+``qw:task:{Q}:groups:waiting``     hash          group -> its jobs waiting for a slot (named
+                                                 while its wait list exists, even at 0)
 ``qw:task:{Q}:groups:wait:<G>``    list          group G's jobs waiting for a slot, oldest first
-                                                 (each: its record key and entry fields, JSON)
+                                                 (each: its record key and entry fields, JSON);
+                                                 expires with the queue (``group_waits``)
 ``qw:task:{Q}:unique:<K>``         string        unique key K of a queue's jobs: the id of the job
                                                  that holds it while it is live (no TTL), or
                                                  for ``unique_for`` s after it finished (TTL)
@@ -107,6 +109,7 @@ Keys of a finished task expire after ``result_ttl``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from queueworks.validate import check_name, check_prefix
@@ -257,6 +260,11 @@ class TaskKeys:
         """Group ``group``'s jobs waiting for a slot (a checked group name,
         ``job_options.check_group``: no brace can break the hash tag)."""
         return f"{self._base}:groups:wait:{group}"
+
+    def group_waits(self, groups: Iterable[str]) -> list[str]:
+        """The wait lists of ``groups`` (the fields of ``groups_waiting``: it names every
+        wait list of the queue), which expire and are kept with its other keys."""
+        return [self.group_wait(g) for g in groups]
 
     def unique(self, key: str) -> str:
         """The index of a unique key of the queue's jobs: the id of the job holding it (a

@@ -374,7 +374,7 @@ class QueueStatus(_Model):
 
     name: str
     state: TaskState
-    backlog: int  # jobs on the stream not started yet
+    backlog: int  # jobs to run now not started: on the stream, or waiting for a group slot
     scheduled: int  # delayed jobs not due yet
     running: int  # jobs a member holds
     deferred: int = 0  # jobs waiting for their dependencies

@@ -9,10 +9,11 @@ emits one event saying what it did.
 * **pause** sets the queue's ``paused`` flag (``pause_queue.lua``): its members read no new
   job (they see it with the membership check they already make, every 50 ms) while jobs
   keep arriving; what they had read, they run. **resume** clears it.
-* **empty** cancels every job on the stream that no member has read (``cancel_job.lua``,
-  one call per job, a batch a round trip): each is recorded cancelled, its unique key is
-  freed and the jobs that wait for it die with it, as ``job.cancel()`` does. Scheduled,
-  deferred, running and set-aside jobs are left as they are.
+* **empty** cancels every job on the stream that no member has read, and every job waiting
+  for a group slot (``cancel_job.lua``, one call per job, a batch a round trip): each is
+  recorded cancelled, its unique key is freed and the jobs that wait for it die with it, as
+  ``job.cancel()`` does. Scheduled, deferred, running and set-aside jobs are left as they
+  are.
 * **requeue-dead** puts every dead letter that was a job back on the stream
   (``requeue_job.lua``, oldest first); **delete-dead** drops them all (the jobs stay
   counted as dead).
@@ -29,7 +30,7 @@ from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.dependencies import plan_drain
-from queueworks.flow import Limits, group_pump
+from queueworks.flow import Limits, plan_pump, wait_item
 from queueworks.jobrecords import DEAD_JOB, JOB_ID, entry_job
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.models import StoredSpec, TaskState
@@ -80,20 +81,60 @@ def _newest(trip_reply: Any) -> str | None:
     return text(trip_reply[0][0]) if trip_reply else None
 
 
+Freed = list[tuple[str, str, float | None]]  # unique key, its job, its unique_for
+
+
 def plan_empty(keys: Keys, name: str) -> Plan[int]:
-    """Cancel every job of the queue's backlog (on its stream, read by no member): how many."""
+    """Cancel every job of the queue's backlog (on its stream, read by no member, and
+    waiting for a group slot): how many."""
     qk, spec = yield from _open(keys, name, "be emptied")
     ttl = int(spec.result_ttl)
+    freed: Freed = []
+    emptied, grouped = yield from _empty_stream(qk, ttl, freed)
+    emptied += yield from _empty_waiting(qk, ttl, freed)
+    trip = Trip()
+    for key, job_id, unique_for in freed:
+        trip.call(calls.release_unique(qk, key, job_id, unique_for))
+    events.emit(trip, keys, "emptied", task=name, jobs=emptied)
+    yield trip
+    limit = Limits.of(spec).group or 0
+    for group, ids in grouped.items():  # the slots they held go on (their waiting jobs were
+        yield from plan_pump(qk, limit, {group: len(ids)}, back=ids)  # cancelled: passed)
+    if emptied:
+        yield from plan_drain(keys, [name])  # the jobs that waited for them die with them
+    return emptied
+
+
+def _cancel(
+    qk: TaskKeys, ids: list[str], ttl: int, freed: Freed
+) -> Plan[list[tuple[str, str | None]]]:
+    """Cancel ``ids`` (one trip): those cancelled, each with its group (None: none); their
+    unique keys go to ``freed``."""
+    trip, now = Trip(), time.time()
+    for job_id in ids:
+        trip.call(calls.cancel_job(qk, job_id, now, ttl))
+    cancelled: list[tuple[str, str | None]] = []
+    for job_id, (found, options) in zip(ids, (yield trip), strict=True):
+        if found in (1, CANCELLED_LAST):
+            if options is not None and options.key is not None:
+                freed.append((options.key, job_id, options.unique_for))
+            cancelled.append((job_id, options.group if options is not None else None))
+    return cancelled
+
+
+def _empty_stream(qk: TaskKeys, ttl: int, freed: Freed) -> Plan[tuple[int, dict[str, list[str]]]]:
+    """Cancel the stream's jobs no member has read: how many, and by group the jobs whose
+    slot goes back (one the pump handed on holds its group's)."""
     trip = Trip(errors=True)
     trip.xrevrange(qk.stream, "+", "-", count=1)
     trip.xinfo_groups(qk.stream)
     newest, groups = yield trip
     end = None if isinstance(newest, Exception) else _newest(newest)
-    if end is None or isinstance(groups, Exception):
-        return 0
-    last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
-    cursor, emptied, freed = f"({text(last)}", 0, []
     grouped: dict[str, list[str]] = {}  # group -> emptied jobs of it (a slot they held goes)
+    if end is None or isinstance(groups, Exception):
+        return 0, grouped
+    last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
+    cursor, emptied = f"({text(last)}", 0
     while True:
         trip = Trip()
         trip.xrange(qk.stream, cursor, end, count=BATCH)
@@ -101,27 +142,30 @@ def plan_empty(keys: Keys, name: str) -> Plan[int]:
         if not entries:
             break
         cursor = f"({text(entries[-1][0])}"
-        jobs = [j for eid, f in entries if (j := entry_job(text(eid), f)) is not None]
-        trip, now = Trip(), time.time()
-        for job in jobs:
-            trip.call(calls.cancel_job(qk, job.job_id, now, ttl))
-        for job, (found, options) in zip(jobs, (yield trip), strict=True):
-            if found in (1, CANCELLED_LAST):
-                emptied += 1
-                if options is not None and options.key is not None:
-                    freed.append((options.key, job.job_id, options.unique_for))
-                if options is not None and options.group is not None:
-                    grouped.setdefault(options.group, []).append(job.job_id)
+        ids = [j.job_id for eid, f in entries if (j := entry_job(text(eid), f)) is not None]
+        cancelled = yield from _cancel(qk, ids, ttl, freed)
+        emptied += len(cancelled)
+        for job_id, group in cancelled:
+            if group is not None:
+                grouped.setdefault(group, []).append(job_id)
+    return emptied, grouped
+
+
+def _empty_waiting(qk: TaskKeys, ttl: int, freed: Freed) -> Plan[int]:
+    """Cancel the jobs waiting for a group slot (those on each group's wait list now, in
+    batches): how many. They stay on their lists, counted out; the pump passes them over."""
     trip = Trip()
-    for key, job_id, unique_for in freed:
-        trip.call(calls.release_unique(qk, key, job_id, unique_for))
-    limit = Limits.of(spec).group or 0
-    for group, ids in grouped.items():
-        trip.call(group_pump(qk, limit, [group], back=ids))
-    events.emit(trip, keys, "emptied", task=name, jobs=emptied)
-    yield trip
-    if emptied:
-        yield from plan_drain(keys, [name])  # the jobs that waited for them die with them
+    trip.hkeys(qk.groups_waiting)
+    emptied = 0
+    for group in sorted(text(g) for g in (yield trip)[0]):
+        trip = Trip()
+        trip.llen(qk.group_wait(group))
+        length = int((yield trip)[0])
+        for start in range(0, length, BATCH):
+            trip = Trip()
+            trip.lrange(qk.group_wait(group), start, start + BATCH - 1)
+            items = [w for raw in (yield trip)[0] if (w := wait_item(raw)) is not None]
+            emptied += len((yield from _cancel(qk, [j for j, _ in items], ttl, freed)))
     return emptied
 
 

@@ -49,6 +49,7 @@ from queueworks.queues import (
     ENQUEUE_PIPELINE,
     RUNNING_SHOWN,
     HandlerPaths,
+    batch_options,
     deferred_on,
     enqueued,
     new_job,
@@ -175,15 +176,18 @@ class Queue:
         self,
         jobs: Iterable[tuple[str | Callable[..., Any], Any]],
         *,
+        group: str | None = None,
         wait_replicas: int | None = None,
         wait_timeout: float | None = None,
     ) -> list[Job]:
         """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
         built while Redis runs the one before. A bad job raises ``ValueError`` there: the
-        batches sent before it are enqueued, the rest are not. ``wait_replicas`` as for
+        batches sent before it are enqueued, the rest are not. ``group``: every job's, as
+        for ``enqueue`` (checked before any is sent). ``wait_replicas`` as for
         ``enqueue``: one WAIT, after the last batch (it covers the ones before it);
         ``NotReplicated`` names every job written."""
         r, scripts, ref = self.client.redis, self.client.scripts, self.ref
+        options = batch_options(group)
         wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         sender, trip = _Sender(), Trip()
         batch, queued = EnqueueBatch(self.keys), 0
@@ -200,7 +204,7 @@ class Queue:
                 if path not in ref.known and path not in told:
                     tell_handlers(trip, ref.keys, self.keys, [path])
                     told.add(path)
-                batch.add(path, payload_json(payload))
+                batch.add(path, payload_json(payload), options)
                 if len(batch) >= ENQUEUE_BATCH:
                     ids.add(trip.call(calls.enqueue_batch(batch, time.time())), batch)
                     batch, queued = EnqueueBatch(self.keys), queued + 1

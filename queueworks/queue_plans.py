@@ -15,7 +15,7 @@ from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
-from queueworks.flow import group_pump
+from queueworks.flow import plan_pump
 from queueworks.jobrecords import JOB_STATE, RESULT_FIELDS, job_status
 from queueworks.keys import Keys, check_task_id
 from queueworks.models import JobState, JobStatus, QueueStatus
@@ -82,8 +82,9 @@ def plan_open(
         if reopening(raw, reopen):
             trip = Trip()
             trip.smembers(tk.aside)
-            aside = (yield trip)[0]
-            created = (yield alone(calls.reopen_queue(tk, reopen_keys(tk, aside))))[0]
+            trip.hkeys(tk.groups_waiting)
+            aside, waiting = yield trip
+            created = (yield alone(calls.reopen_queue(tk, reopen_keys(tk, aside, waiting))))[0]
             if created is not None:
                 trip = Trip()
                 queue_reopened(trip, keys, name, created)
@@ -376,11 +377,11 @@ def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
         events.emit(trip, ref.keys, "handlers", task=ref.name)
     if options is not None and options.key is not None:  # it held a unique key: free it
         trip.call(calls.release_unique(ref.qk, options.key, job_id, options.unique_for))
-    if options is not None and options.group is not None and found in (1, CANCELLED_LAST):
-        limit = ref.settings.group_limit or 0  # a slot it held on the stream goes on
-        trip.call(group_pump(ref.qk, limit, [options.group], back=[job_id]))
     if len(trip):
         yield trip
+    if options is not None and options.group is not None and found in (1, CANCELLED_LAST):
+        limit = ref.settings.group_limit or 0  # a slot it held on the stream goes on
+        yield from plan_pump(ref.qk, limit, {options.group: 1}, back=[job_id])
     if found in (1, CANCELLED_LAST):  # its dependents die with it: release them now
         yield from plan_drain(ref.keys, [ref.name])
     return cancelled(ref.name, job_id, found)

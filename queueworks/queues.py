@@ -131,6 +131,13 @@ CANCELLED_LAST = 2  # cancel_job: cancelled, the last job set aside of its handl
 FIRST_PAUSE, LAST_PAUSE = 0.001, 0.05  # s between polls: growing by half from the first
 
 
+def batch_options(group: Any) -> str:
+    """The options JSON of every job of an ``enqueue_many`` (checked: ``ValueError``
+    naming a bad group; '' for none)."""
+    options = JobOptions.given(group=group)
+    return "" if options is None else options.json()
+
+
 def new_job(
     path: str,
     payload: Any,
@@ -197,10 +204,11 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
     length, pending, scheduled, rate, deferred, paused = replies[:6]
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
+    flow = flow_status(replies[6:], now)
     return QueueStatus(
         name=task.id,
         state=task.state,
-        backlog=backlog,
+        backlog=backlog + sum(flow["groups_waiting"].values()),
         scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
         running=running,
         deferred=int(deferred or 0) if not isinstance(deferred, Exception) else 0,
@@ -215,7 +223,7 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         rates=rates,
         reason=task.reason,
         paused=paused == b"1",
-        **flow_status(replies[6:], now),
+        **flow,
     )
 
 
@@ -387,10 +395,12 @@ def reopening(raw: Sequence[Any], reopen: bool) -> bool:
     return reopen and TaskState(text(raw[1])).finished
 
 
-def reopen_keys(qk: TaskKeys, aside: Iterable[Any]) -> list[str]:
+def reopen_keys(qk: TaskKeys, aside: Iterable[Any], waiting: Iterable[Any] = ()) -> list[str]:
     """The keys of a queue to keep (``reopen_queue``) besides its record and refusals:
-    every key ``TaskKeys.all`` names and the streams of the handlers in its aside set."""
+    every key ``TaskKeys.all`` names, the streams of the handlers in its aside set and the
+    wait lists of the groups in its ``groups_waiting`` hash."""
     keep = [k for k in qk.all(0) if k not in (qk.record, qk.refused)]
+    keep += qk.group_waits(text(g) for g in waiting)
     return keep + [qk.aside_stream(text(h)) for h in aside]
 
 

@@ -118,8 +118,8 @@ class EnqueueBatch:
         self.keys: list[str] = [tk.stream, tk.scheduled]
         self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
 
-    def add(self, handler: str, payload: str) -> None:
-        self.args += ("", handler, payload, "", "")
+    def add(self, handler: str, payload: str, options: str = "") -> None:
+        self.args += ("", handler, payload, "", options)
 
     def __len__(self) -> int:
         return (len(self.args) - 1) // 5
@@ -637,7 +637,7 @@ def cancel_job(
     job's own options (None: it has none), whose unique key is to release."""
     stream = tk.aside_stream(aside) if aside else tk.stream
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
-    keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released)
+    keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released, tk.groups_waiting)
     return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl, aside], _cancel_reply)
 
 

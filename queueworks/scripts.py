@@ -23,7 +23,7 @@ from redis.cluster import ClusterPipeline
 from redis.commands.core import AsyncScript, Script
 from redis.exceptions import NoScriptError
 
-from queueworks import flow, jobrecords, messages, records
+from queueworks import flow, job_options, jobrecords, messages, records
 from queueworks import script_calls as calls
 from queueworks.models import JobState, TaskState
 from queueworks.script_calls import (  # re-exported: the workers' and tests' names
@@ -77,6 +77,7 @@ T = TypeVar("T")
 _CONSTANTS = {state.name: state.value for state in JobState}
 _CONSTANTS |= {f"TASK_{state.name}": state.value for state in TaskState}
 _CONSTANTS |= jobrecords.LUA_NAMES | messages.LUA_NAMES | records.LUA_NAMES
+_CONSTANTS["OPTION_GROUP"] = job_options.GROUP_FIELD
 
 
 @cache

@@ -5,21 +5,30 @@ on a real Redis, then real worker processes."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import pytest
 import redis
 
-from queueworks import Client
+from queueworks import AsyncClient, Client
 from queueworks.commands.info import _queues
-from queueworks.flow import burst_of
+from queueworks.controller.feed import Feed
+from queueworks.controller.fence import Fence
+from queueworks.controller.reconciler import Reconciler
+from queueworks.controller.tally import Tally
+from queueworks.flow import burst_of, plan_pump
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decode_entry
 from queueworks.keys import GROUP, Keys, TaskKeys
+from queueworks.logs import get_logger
 from queueworks.queue_settings import check_queue_settings
+from queueworks.runner import run
 from queueworks.scripts import JobBatch, Scripts
-from queueworks.workers.flow import sweep_held
+from queueworks.workers.flow import Pump, sweep_held
 from tests.conftest import Cluster, wait_for
 from tests.handlers_flow import read_log
 from tests.test_cli import cli, one_line_error
@@ -115,6 +124,11 @@ class _Settled:
     reason: str = ""
 
 
+def _pump(r: redis.Redis, tk: TaskKeys, limit: int, group: str, back: Sequence[str] = ()) -> int:
+    """The pump of ``group`` as its callers run it: its heads read, then the script."""
+    return run(r, Scripts(r), plan_pump(tk, limit, {group: limit}, back=back))
+
+
 def _take(scripts: Scripts, tk: TaskKeys, r: redis.Redis, entry_id: str, limit: int = 2) -> int:
     fields = r.xrange(tk.stream, entry_id, entry_id)[0][1]
     entry = decode_entry(entry_id, fields)
@@ -142,17 +156,48 @@ def test_group_slots_are_taken_waited_for_given_back_and_handed_on(
     batch = JobBatch(ok=[_Settled(decode_entry(ids[0], fields))])
     scripts.settle_jobs(tk, batch, "w1", time.time(), 60, client=None)
     assert r.hget(tk.groups, "g") == b"1" and r.hget(tk.groups_held, ids[0]) is None
-    assert scripts.group_pump(tk, 2, ["g"]) == 1
+    assert _pump(r, tk, 2, "g") == 1
     assert r.hget(tk.groups, "g") == b"2" and r.hget(tk.groups_held, ids[2]) == b"g"
     assert r.hget(tk.groups_waiting, "g") is None
     new = r.hget(tk.job(ids[2]), JOB_ENTRY).decode()  # type: ignore[union-attr]
     back = r.xreadgroup(GROUP, "w2", {tk.stream: ">"})[0][1]
     assert [e.decode() for e, _ in back] == [new]  # back on the stream, attempts counted on
     assert back[0][1][b"j"] == ids[2].encode() and back[0][1][b"a"] == b"0"
-    assert scripts.group_pump(tk, 2, ["g"]) == 0  # idempotent
+    assert _pump(r, tk, 2, "g") == 0  # idempotent
     # a job that gives back a slot it held (cancelled on the stream), by id
-    assert scripts.group_pump(tk, 2, ["g"], back=[ids[2]]) == 0
+    assert _pump(r, tk, 2, "g", back=[ids[2]]) == 0
     assert r.hget(tk.groups, "g") == b"1"
+
+
+@pytest.mark.integration
+def test_the_pump_hands_slots_only_to_the_heads_it_was_given(r: redis.Redis, keys: Keys) -> None:
+    tk, scripts = keys.task("gh"), Scripts(r)
+    ids = _stream(r, tk, 4, options='{"group":"g"}')
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"}, count=4)
+    assert [_take(scripts, tk, r, i, 1) for i in ids] == [1, 0, 0, 0]
+    w0, w1, _ = ids[1:]
+    # no head given: the slot goes back, no record is touched
+    assert scripts.group_pump(tk, 1, {"g": []}, back=[ids[0]]) == 0
+    assert r.hget(tk.groups, "g") is None and r.llen(tk.group_wait("g")) == 3
+    # the list's head is not among those given (a read older than another pump): it stops
+    assert scripts.group_pump(tk, 1, {"g": [w1]}) == 0
+    assert r.llen(tk.group_wait("g")) == 3
+    assert scripts.group_pump(tk, 1, {"g": [w0, w1]}) == 1  # the head: handed on
+    assert r.hget(tk.groups_held, w0) == b"g" and r.hget(tk.job(w0), JOB_ENTRY) != b""
+    # a stale read (w0 was handed on already) is passed: its next head is the list's now
+    assert scripts.group_pump(tk, 1, {"g": [w0, w1]}, back=[w0]) == 1
+    assert r.hget(tk.groups_held, w1) == b"g" and r.llen(tk.group_wait("g")) == 1
+    assert r.hget(tk.groups_waiting, "g") == b"1"
+    # a member's settle: the heads read last on its pipeline, the pump run after it with
+    # the replies of what the settle put there (a slice of the pipe's)
+    scripts.group_pump(tk, 1, {"g": []}, back=[w1])
+    pipe = r.pipeline(transaction=False)
+    pipe.ping()  # (the member's read, before the settle)
+    pipe.ping()  # (the settle)
+    pump = Pump(pipe, tk, 1, {"g": 1})
+    replies = pipe.execute()[1:]
+    assert pump.replies(replies) == [True] and pump.run(scripts, replies) == 1
+    assert r.llen(tk.group_wait("g")) == 0 and r.hget(tk.groups_waiting, "g") is None
 
 
 # -- workers (system) ---------------------------------------------------------------------
@@ -241,16 +286,167 @@ def test_cancelling_a_job_that_waits_for_a_slot_or_holds_one_gives_it_up(
     assert waiting.detail().options == {"group": "g"}
     assert q.status().groups_waiting == {"g": 1} and q.status().groups_running == {"g": 1}
     assert waiting.cancel() is True and waiting.status().state == "cancelled"
-    assert scripts.group_pump(tk, 1, ["g"], back=[first.id]) == 0  # passed over
+    assert _pump(r, tk, 1, "g", back=[first.id]) == 0  # passed over
     assert q.status().groups_waiting == {} and q.status().groups_running == {}
     # a job handed a slot, back on the stream, cancelled before a member read it
     held, handed = (q.enqueue(NOTED, {"i": i}, group="g") for i in range(2))
     r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
     assert [_take(scripts, tk, r, j.id, 1) for j in (held, handed)] == [1, 0]
-    assert scripts.group_pump(tk, 1, ["g"], back=[held.id]) == 1
+    assert _pump(r, tk, 1, "g", back=[held.id]) == 1
     assert q.status().groups_running == {"g": 1}
     assert handed.cancel() is True
     assert q.status().groups_running == {}
+
+
+@pytest.mark.integration
+def test_jobs_waiting_for_a_slot_are_listed_queued_and_counted_in_the_backlog(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("gq", group_limit=1)
+    tk, scripts = keys.task("gq"), Scripts(r)
+    jobs = [q.enqueue(NOTED, {"i": i}, group=g) for i, g in enumerate("ggghh")]
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    took = [
+        scripts.group_take(tk, tk.stream, j.id, "w1", j.id, g, 1, 0, False)
+        for j, g in zip(jobs, "ggghh", strict=True)
+    ]
+    assert took == [1, 0, 0, 1, 0]
+    unread = q.enqueue(NOTED, {"i": 9})  # on the stream, read by no member yet
+    want = [unread.id, jobs[1].id, jobs[2].id, jobs[4].id]  # the stream's, then g's, then h's
+    page = q.jobs("queued")
+    assert page.total == 4 and [j.id for j in page.jobs] == want
+    assert {j.state for j in page.jobs} == {"queued"}
+    assert "group 'g'" in (page.jobs[1].reason or "") and page.jobs[1].handler == NOTED
+    detail = jobs[2].detail()  # its payload, kept on its group's wait list
+    assert json.loads(detail.payload or "") == {"i": 2} and detail.options == {"group": "g"}
+    assert [j.id for j in q.jobs("queued", limit=2, offset=1).jobs] == want[1:3]
+    assert [j.id for j in q.jobs("queued", limit=5, offset=3).jobs] == want[3:]
+    assert q.status().backlog == 4
+    assert jobs[2].cancel() is True  # cancelled where it waits: counted out at once
+    assert q.status().backlog == 3 and q.status().groups_waiting == {"g": 1, "h": 1}
+    page = q.jobs("queued")
+    assert page.total == 3 and [j.id for j in page.jobs] == [want[0], want[1], want[3]]
+    with make_app(client) as web:
+        assert web.get("/api/queues/gq").json()["queue"]["backlog"] == 3
+        listed = web.get("/api/queues/gq/jobs", params={"state": "queued"}).json()
+        assert listed["total"] == 3 and len(listed["jobs"]) == 3
+    # the pump hands g's slot on; the cancelled job keeps its place (the hash names the
+    # list, counting 0) until a pump passes it over: then the list and its name go
+    assert _pump(r, tk, 1, "g", back=[jobs[0].id]) == 1
+    assert q.status().backlog == 3  # jobs[1] is back on the stream, holding g's slot
+    assert r.hget(tk.groups_waiting, "g") == b"0" and r.llen(tk.group_wait("g")) == 1
+    assert _pump(r, tk, 1, "g", back=[jobs[1].id]) == 0
+    assert r.hget(tk.groups_waiting, "g") is None and not r.exists(tk.group_wait("g"))
+
+
+@pytest.mark.integration
+def test_emptying_a_queue_cancels_the_jobs_waiting_for_a_slot_too(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("ge", group_limit=1)
+    tk, scripts = keys.task("ge"), Scripts(r)
+    jobs = [q.enqueue(NOTED, {"i": i}, group="g", key=f"k{i}") for i in range(3)]
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    assert [_take(scripts, tk, r, j.id, 1) for j in jobs] == [1, 0, 0]
+    unread = q.enqueue(NOTED, {"i": 9})
+    assert q.status().backlog == 3
+    assert q.empty() == 3  # the unread one and the two waiting; the running one runs on
+    assert [j.status().state for j in (*jobs, unread)] == ["running", *["cancelled"] * 3]
+    assert q.status().backlog == 0 and q.jobs("queued").total == 0
+    assert not r.exists(tk.unique("k1"))  # a cancelled waiting job's unique key is freed
+    assert _pump(r, tk, 1, "g", back=[jobs[0].id]) == 0  # both passed over
+    assert not r.exists(tk.group_wait("g")) and not r.exists(tk.groups_waiting)
+
+
+@pytest.mark.integration
+def test_enqueue_many_gives_every_job_its_group(
+    client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
+) -> None:
+    q = client.queue("gm", group_limit=1)
+    tk, scripts = keys.task("gm"), Scripts(r)
+    with pytest.raises(ValueError, match="group"):
+        q.enqueue_many([(NOTED, {"i": 0})], group="a\tb")
+    assert q.status().backlog == 0  # checked before any job was sent
+    jobs = q.enqueue_many(((NOTED, {"i": i}) for i in range(3)), group="g")
+
+    async def more() -> list[str]:
+        async with AsyncClient.from_url(redis_url, prefix=prefix) as aclient:
+            aq = await aclient.queue("gm")
+            with pytest.raises(ValueError, match="group"):
+                await aq.enqueue_many([(NOTED, {})], group="")
+            added = await aq.enqueue_many([(NOTED, {"i": i}) for i in range(2)], group="h")
+            plain = await aq.enqueue_many([(NOTED, {})])
+            return [j.id for j in added + plain]
+
+    ids = [j.id for j in jobs] + asyncio.run(more())
+    assert [q.job(i).detail().options for i in ids] == [{"group": "g"}] * 3 + [
+        {"group": "h"}
+    ] * 2 + [{}]
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    # each entry carries its group: a member takes the group's slot from it
+    for job_id, want in zip(ids[:5], [1, 0, 0, 1, 0], strict=True):
+        entry = decode_entry(job_id, r.xrange(tk.stream, job_id, job_id)[0][1])
+        group = JobOptions.parse(entry.options).group
+        assert group is not None
+        assert scripts.group_take(tk, tk.stream, job_id, "w1", job_id, group, 1, 0, False) == want
+    assert q.status().groups_waiting == {"g": 2, "h": 1}
+
+
+def _leader(r: redis.Redis, keys: Keys) -> tuple[Reconciler, Feed]:
+    """A controller's reconciler and feed in this process, fenced by a lease it holds."""
+    scripts, tally = Scripts(r), Tally()
+    term, token = scripts.lease_acquire(keys.leader, keys.leader_term, "test", 60_000)
+    fence = Fence(r, keys, scripts, tally)
+    fence.arm(token, term)
+    rec = Reconciler(
+        r,
+        keys,
+        fence,
+        get_logger(),
+        me="test",
+        heartbeat_ttl=3.0,
+        full_pass_interval=60.0,
+        tally=tally,
+    )
+    feed = Feed(r, keys, "test", tally)
+    feed.start()
+    rec.rebuild()
+    return rec, feed
+
+
+@pytest.mark.integration
+def test_a_finished_queue_takes_its_wait_lists_and_slots_with_it(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("gx", group_limit=1, result_ttl=0.5)
+    tk, scripts = keys.task("gx"), Scripts(r)
+    rec, feed = _leader(r, keys)
+    jobs = [q.enqueue(NOTED, {"i": i}, group=g) for i, g in enumerate("gghhkk")]
+    rec.step(feed.read(100))  # the leader knows the queue as it was before its jobs waited
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    groups = "gghhkk"
+    took = [
+        scripts.group_take(tk, tk.stream, j.id, "w1", j.id, g, 1, 0, False)
+        for j, g in zip(jobs[:4], groups, strict=False)
+    ]
+    assert took == [1, 0, 1, 0]
+    flow = [tk.groups, tk.groups_held, tk.groups_waiting, *tk.group_waits("gh")]
+    assert q.task.cancel()
+    rec.step(feed.read(100))  # the leader releases it: its keys expire, the wait lists too
+    assert all(0 < r.pttl(k) <= 500 for k in flow)
+    # reopened before they expired: they are kept again
+    q = client.queue("gx", reopen=True)
+    assert all(r.pttl(k) == -1 for k in flow)
+    assert q.task.cancel()
+    rec.step(feed.read(100))
+    assert all(0 < r.pttl(k) <= 500 for k in flow)
+    # a job that starts waiting on a queue that just finished: its list expires with it
+    k_first, k_next = jobs[4:]
+    assert scripts.group_take(tk, tk.stream, k_first.id, "w1", k_first.id, "k", 1, 0, False)
+    assert scripts.group_take(tk, tk.stream, k_next.id, "w1", k_next.id, "k", 1, 0, False) == 0
+    assert 0 < r.pttl(tk.group_wait("k")) <= 500
+    left = [*flow, tk.group_wait("k"), tk.record]
+    assert wait_for(lambda: not r.exists(*left), 5, "the queue's keys gone")
 
 
 @pytest.mark.integration

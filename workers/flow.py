@@ -13,15 +13,17 @@ read as ever. A gate whose queue had nothing to read looks again every ``POLL_SE
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from queueworks.connection import text
-from queueworks.flow import Read, group_pump, rate_read
+from queueworks.flow import Read, heads_of, heads_reads, plan_pump, rate_read
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JOB_STATE, JobEntry
 from queueworks.keys import TaskKeys
 from queueworks.models import JobState
 from queueworks.queues import ENTRY_ID
+from queueworks.runner import run as run_plan
 from queueworks.scripts import Queued, Scripts
 
 from .aside import Aside
@@ -92,8 +94,9 @@ class GroupSlots:
         if time.monotonic() - self.pumped_at < PUMP_SECONDS or role is None or not role.leader:
             return
         self.pumped_at = time.monotonic()
-        waiting = sorted(text(g) for g in run.r.hkeys(run.tk.groups_waiting))
-        if waiting and (moved := run.scripts.group_pump(run.tk, self.limit, waiting)):
+        waiting = {text(g): self.limit for g in run.r.hkeys(run.tk.groups_waiting)}
+        pump = plan_pump(run.tk, self.limit, waiting)
+        if waiting and (moved := run_plan(run.r, run.scripts, pump)):
             run.log.info("group_jobs_pumped", moved=moved)
         self.cursor, freed = sweep_held(run.r, run.scripts, run.tk, self.limit, self.cursor)
         if freed:
@@ -123,12 +126,25 @@ class GroupSlots:
         return took
 
 
-def pump_into(
-    scripts: Scripts, pipe: Any, tk: TaskKeys, limit: int, groups: set[str]
-) -> Queued[int]:
-    """Put on ``pipe`` the pump of ``groups``' free slots, after the settle that freed them
-    (the replies' ``reply`` of the call returned reads it)."""
-    return Queued(scripts, group_pump(tk, limit, sorted(groups)), pipe)
+class Pump:
+    """The hand-on of the slots a settle gave back: the heads of those groups' wait lists
+    read on the settle's pipeline (after it), then, if any job waits there, the pump."""
+
+    def __init__(self, pipe: Any, tk: TaskKeys, limit: int, freed: dict[str, int]) -> None:
+        self.tk, self.limit = tk, limit
+        self.groups = heads_reads(pipe, tk, freed)  # (its reads are the last on the pipe)
+
+    def replies(self, replies: Sequence[Any]) -> Sequence[Any]:
+        """``replies`` (the settle's, ending with this read's) without this read's."""
+        return replies[: len(replies) - len(self.groups)]
+
+    def run(self, scripts: Scripts, replies: Sequence[Any]) -> int:
+        """Pump, if the read found a job waiting (``replies``: the settle's, ending with
+        this read's): how many went back onto the stream."""
+        heads = heads_of(self.groups, replies[len(replies) - len(self.groups) :])
+        if not any(heads.values()):
+            return 0
+        return scripts.group_pump(self.tk, self.limit, heads)
 
 
 FINISHED = {JobState.DONE.value.encode(), JobState.DEAD.value.encode()}
@@ -161,5 +177,5 @@ def sweep_held(
         if state in FINISHED or gone:
             freed.setdefault(group, []).append(job)
     for group, ids in freed.items():
-        scripts.group_pump(tk, limit, [group], back=ids)
+        run_plan(r, scripts, plan_pump(tk, limit, {group: len(ids)}, back=ids))
     return cursor, [j for ids in freed.values() for j in ids]

@@ -28,9 +28,9 @@ from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.retry_policy import RetryPolicy
 from queueworks.runner import run
-from queueworks.scripts import JobBatch, Queued
+from queueworks.scripts import JobBatch
 
-from .flow import pump_into
+from .flow import Pump
 from .ledger import Attempts
 from .running_job import RunningJob
 from .work import Gone, Work
@@ -59,7 +59,7 @@ class JobLedger(Attempts):
         spec = self.spec
         self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
         self.group_limit = Limits.of(spec).group
-        self.pumped: Queued[int] | None = None  # the pump after a settle, on the pipeline
+        self.pump: Pump | None = None  # the hand-on after a settle: its reads on the pipeline
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:
@@ -141,13 +141,22 @@ class JobLedger(Attempts):
 
     def flush(self) -> None:
         pipe = self.r.pipeline(transaction=False)
-        if self.flush_into(pipe):
+        if self._put(pipe):
             self.settled(pipe.execute(raise_on_error=False))
 
     def flush_into(self, pipe: Any) -> bool:
         """Put the settle of everything recorded on ``pipe`` (it runs with the pipe's other
         commands: a read, say); False if there is nothing to settle. Execute the pipe with
-        ``raise_on_error=False`` and give ``settled`` the replies of what this put on it."""
+        ``raise_on_error=False`` and give ``settled`` the replies of what this put on it.
+        A settle that gives a group's slot back runs at once instead, on a pipe of its own:
+        the slot is handed on after it, not after a read that may block (False too)."""
+        if self.group_limit is not None and self._freed([self.batch, *self.asides.values()]):
+            self.flush()
+            return False
+        return self._put(pipe)
+
+    def _put(self, pipe: Any) -> bool:
+        """``flush_into``'s settle on ``pipe``, whatever it gives back."""
         self.last_flush = time.monotonic()
         batch = self.batch
         self.sent = None
@@ -168,19 +177,24 @@ class JobLedger(Attempts):
         return True
 
     def _pump_into(self, pipe: Any, batches: Sequence[JobBatch]) -> None:
-        """Last on ``pipe``, after the settles that gave their slots back: the pump that
-        hands them to the jobs waiting in those groups (only if a settled job had one)."""
-        self.pumped = None
+        """Last on ``pipe``, after the settles that gave their slots back: the reads of
+        the heads of those groups' wait lists, for the pump that hands the slots on (only
+        if a settled job had a group; ``settled`` runs the pump if a job waits)."""
+        self.pump = None
         if self.group_limit is None:
             return
-        groups = {
-            g
-            for b in batches
-            for job in (*b.ok, *b.dead)
-            if job.entry.options and (g := JobOptions.parse(job.entry.options).group)
-        }
-        if groups:
-            self.pumped = pump_into(self.scripts, pipe, self.tk, self.group_limit, groups)
+        if freed := self._freed(batches):
+            self.pump = Pump(pipe, self.tk, self.group_limit, freed)
+
+    @staticmethod
+    def _freed(batches: Sequence[JobBatch]) -> dict[str, int]:
+        """The groups whose slots the settles of ``batches`` give back: how many each."""
+        freed: dict[str, int] = {}
+        for b in batches:
+            for job in (*b.ok, *b.dead):
+                if job.entry.options and (g := JobOptions.parse(job.entry.options).group):
+                    freed[g] = freed.get(g, 0) + 1
+        return freed
 
     def _flush_all_into(self, pipe: Any) -> bool:
         """``flush_into`` with jobs of aside streams too: a settle per stream."""
@@ -221,13 +235,10 @@ class JobLedger(Attempts):
         again, loading it; any other error is raised."""
         sent, self.sent = self.sent, None
         batches, now = sent if sent is not None else ([], 0.0)
-        pumped, self.pumped = self.pumped, None
-        if pumped is not None and pumped.index is not None:  # the last reply: the pump's
-            last, replies = replies[-1], replies[:-1]
-            if isinstance(last, NoScriptError):
-                self.scripts.run(pumped.call)
-            elif isinstance(last, Exception):
-                raise last
+        pump, self.pump = self.pump, None
+        heads = replies  # the last replies: the pump's reads of the wait lists' heads
+        if pump is not None:
+            replies = pump.replies(replies)
         moved = 0  # dependents the settles moved to the queue's outbox
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
             if isinstance(reply, NoScriptError) and i < len(batches):
@@ -242,6 +253,8 @@ class JobLedger(Attempts):
                 raise reply
             if i < len(batches) and len(reply) > 3:
                 moved += int(reply[3])
+        if pump is not None:  # after the settles (one run again included): slots are free
+            pump.run(self.scripts, heads)
         if moved:  # jobs wait for these: release them now (the leader's backstop else)
             run(self.r, self.scripts, plan_drain(self.keys, [self.tk.task_id]))
 

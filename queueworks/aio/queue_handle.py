@@ -162,11 +162,17 @@ class AsyncQueue:
         return AsyncJob(self, await self._writer.write(job, wait))
 
     async def enqueue_many(
-        self, jobs: Jobs, *, wait_replicas: int | None = None, wait_timeout: float | None = None
+        self,
+        jobs: Jobs,
+        *,
+        group: str | None = None,
+        wait_replicas: int | None = None,
+        wait_timeout: float | None = None,
     ) -> list[AsyncJob]:
         """Add many ``(handler, payload)`` jobs (an iterable or an async iterable), in
-        batches, pipelined. ``wait_replicas`` as for ``Queue.enqueue_many``: one WAIT,
-        after the last batch."""
+        batches, pipelined. ``group`` and ``wait_replicas`` as for ``Queue.enqueue_many``:
+        every job's group; one WAIT, after the last batch."""
+        options = JobOptions.given(group=group)
         wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         ids: list[str] = []
         batches: list[list[NewJob]] = [[]]
@@ -176,7 +182,7 @@ class AsyncQueue:
                     ids += await self._run(plan_send(self.ref, batches))
                     batches = []
                 batches.append([])
-            batches[-1].append(new_job(self._path(handler), payload, None, None))
+            batches[-1].append(new_job(self._path(handler), payload, None, None, options))
         last, acked = await self._run(plan_write(self.ref, batches, wait))
         handles = [AsyncJob(self, job_id) for job_id in ids + last]
         error = jobs_not_replicated(self.name, handles, acked, wait)

@@ -213,7 +213,7 @@ def queue_lines(queues: Sequence[QueueSummary], latency: Latency) -> list[str]:
     out: list[str] = []
     fam = _Family(out)
     gauges = (
-        ("backlog", "Jobs on a queue's stream that no member has started."),
+        ("backlog", "Jobs of a queue not started (on its stream or waiting for a group slot)."),
         ("scheduled", "Delayed jobs of a queue, not due yet."),
         ("running", "Jobs of a queue that a member holds now."),
         ("nodes", "Members in the node set of a queue."),

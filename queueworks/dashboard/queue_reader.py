@@ -171,7 +171,13 @@ class QueueReader:
                 continue
             row = self._summary(name, record, members, length, pending, scheduled, rate, now)
             more = {"deferred": 0 if row.finished else _int(deferred), "paused": paused == b"1"}
-            more |= flow_status(replies[n * i + 8 : n * (i + 1)], now)
+            flow = flow_status(replies[n * i + 8 : n * (i + 1)], now)
+            more |= flow
+            waiting = sum(flow["groups_waiting"].values())  # off the stream: backlog too
+            if row.finished:
+                more["left"] = row.left + waiting
+            else:
+                more["backlog"] = row.backlog + waiting
             out.append(row.model_copy(update=more))
         return out
 

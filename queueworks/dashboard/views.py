@@ -145,7 +145,7 @@ class QueueSummary(_View):
 
     name: str
     state: TaskState
-    backlog: int  # on the stream, not started
+    backlog: int  # not started: on the stream, or waiting for a group slot
     scheduled: int  # delayed, not due yet
     running: int  # held by a member
     deferred: int = 0  # waiting for their dependencies

@@ -5,7 +5,9 @@
 -- with another stream, the reply names that handler, to call again with its stream. The
 -- last job cancelled off an aside stream takes the stream and its handler with it (out of
 -- the aside set and the queue's handler set: no job of it waits any more).
--- A job waiting for its group's slot (group_take.lua: no entry) is cancelled where it is.
+-- A job waiting for its group's slot (group_take.lua: no entry) is cancelled where it is:
+-- it stays on its group's wait list (group_pump.lua passes it over), and the group counts one
+-- job waiting less (its group read from its options; never below 0).
 -- A deferred job (waiting for its dependencies) is cancelled as a delayed one: it never
 -- runs; the releases still to come from its dependencies count nothing (its set is gone).
 -- Dependents: a cancelled job's waiters (the queue's waiters hash) go to the outbox, to be
@@ -14,6 +16,7 @@
 -- KEYS[3] the job's record   KEYS[4] aside set   KEYS[5] handler set
 -- KEYS[6] the job's dependencies set   KEYS[7] deferred zset   KEYS[8] waiters hash
 -- KEYS[9] outbox (KEYS[6..9] optional: without them, no deferred job or dependents)
+-- KEYS[10] groups waiting hash (optional: without it, no count of a waiting job changes)
 -- ARGV[1] group   ARGV[2] job id   ARGV[3] now (s)   ARGV[4] result ttl (s)
 -- ARGV[5] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
 -- returns 1 if cancelled, 2 if cancelled and its handler left the handler set, 0 if it had
@@ -61,8 +64,14 @@ local f = redis.call('HMGET', KEYS[3], '${JOB_STATE}', '${JOB_ENTRY}', '${JOB_AS
   '${JOB_OPTIONS}')
 local state, entry, aside = f[1], f[2], f[3] or ''
 options = f[4]
-if state == '${QUEUED}' and entry == '' then  -- waiting for its group's slot: the pump
-  return cancelled(1)                          -- (group_pump.lua) passes it over
+if state == '${QUEUED}' and entry == '' then  -- waiting for its group's slot
+  local ok, o = pcall(cjson.decode, options or '')
+  local g = ok and type(o) == 'table' and o['${OPTION_GROUP}']
+  if #KEYS >= 10 and type(g) == 'string' and
+      tonumber(redis.call('HGET', KEYS[10], g) or '0') > 0 then
+    redis.call('HINCRBY', KEYS[10], g, -1)
+  end
+  return cancelled(1)
 end
 if state == '${QUEUED}' and aside ~= ARGV[5] then
   return aside  -- it waits elsewhere: call again with that stream
