@@ -454,9 +454,9 @@ def test_readme_deploy_scenario_in_real_containers(stack: Stack) -> None:
         victim = sorted(stack.containers("worker"))[0]
         kill_reclaim(stack, r, keys, task.id, victim, ids[victim])
         takeover(stack, r, keys, grace["controller"])
-        assert task.status().done < N_SUBTASKS, (
-            "the kill and the takeover must happen while it runs"
-        )
+        done = task.status().done
+        figure("done_when_the_scenario_ended", round(done / N_SUBTASKS, 3))  # the margin
+        assert done < N_SUBTASKS, "the kill and the takeover must happen while it runs"
 
         status = task.wait(timeout=300)
         figure("task_s", time.monotonic() - t_task)
