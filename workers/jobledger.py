@@ -60,6 +60,7 @@ class JobLedger(Attempts):
         self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
         self.group_limit = Limits.of(spec).group
         self.pumped: Queued[int] | None = None  # the pump after a settle, on the pipeline
+        self.rate = 0.0  # jobs/s the last settle carried, over the time since the one before
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:
@@ -148,8 +149,8 @@ class JobLedger(Attempts):
         """Put the settle of everything recorded on ``pipe`` (it runs with the pipe's other
         commands: a read, say); False if there is nothing to settle. Execute the pipe with
         ``raise_on_error=False`` and give ``settled`` the replies of what this put on it."""
-        self.last_flush = time.monotonic()
         batch = self.batch
+        self._flushed(len(batch) + sum(map(len, self.asides.values())))
         self.sent = None
         if self.asides:
             return self._flush_all_into(pipe)
@@ -166,6 +167,12 @@ class JobLedger(Attempts):
             self._dead_lettered(pipe, [batch])
         self._pump_into(pipe, [batch])
         return True
+
+    def _flushed(self, jobs: int) -> None:
+        """A settle of ``jobs`` jobs goes out now: the rate it carries (``rate``)."""
+        now = time.monotonic()
+        since, self.last_flush = now - self.last_flush, now
+        self.rate = jobs / since if since > 0 else 0.0
 
     def _pump_into(self, pipe: Any, batches: Sequence[JobBatch]) -> None:
         """Last on ``pipe``, after the settles that gave their slots back: the pump that
