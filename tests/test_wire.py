@@ -17,7 +17,7 @@ from queueworks.keys import Keys
 from queueworks.queues import xadd_now
 from queueworks.redis_server import RedisServer
 from queueworks.script_calls import NewJob
-from queueworks.wire import Line, pack, xadd_head, xadd_tail
+from queueworks.wire import Forks, Line, pack, xadd_head, xadd_tail
 
 NOOP = "queueworks.examples:noop"
 
@@ -133,11 +133,15 @@ def test_a_read_only_server_raises_read_only() -> None:
 def test_a_forked_child_makes_its_own_connection(client: Client) -> None:
     q = client.queue("wire")
     q.enqueue(NOOP, 1)
+    assert client.line is not None
+    parents = Forks.count
     pid = os.fork()
     if pid == 0:  # the child: the parent's kept socket is not used
         try:
             q.enqueue(NOOP, 2)
-            os._exit(0 if client.line is not None and client.line.pid == os.getpid() else 1)
+            line = client.line
+            ok = line is not None and line.forks == Forks.count == parents + 1
+            os._exit(0 if ok else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
