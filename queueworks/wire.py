@@ -215,3 +215,57 @@ class Line:
         if self.forks == Forks.count:
             for conn, _, _ in idle:
                 self.pool.release(conn)
+
+
+class StreamReads:
+    """A worker's ``XREADGROUP`` (of ``group`` as ``consumer``) on a line: the command's
+    bytes made once per streams, count and block (up to ``KEPT`` of them), the reply as
+    redis-py's ``xreadgroup`` gives it. Errors as ``Line.call``'s."""
+
+    KEPT = 256
+
+    def __init__(self, line: Line, group: str, consumer: str) -> None:
+        self.line, self.group, self.consumer = line, group, consumer
+        self.packed: dict[tuple[Any, ...], bytes] = {}
+
+    @classmethod
+    def of(cls, r: Any, group: str, consumer: str) -> StreamReads | None:
+        line = Line.of(r)
+        return None if line is None else cls(line, group, consumer)
+
+    def __call__(self, streams: dict[Any, Any], count: int, block: int | None) -> Any:
+        """Read ``streams`` (name -> id), ``count`` entries each, waiting ``block`` ms (None:
+        no wait): ``[[stream, [(id, {field: value})]]]``, or None if none came."""
+        key = (*streams.items(), count, block)
+        packed = self.packed.get(key)
+        if packed is None:
+            if len(self.packed) >= self.KEPT:
+                self.packed.clear()
+            words = ["XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", str(count)]
+            if block is not None:
+                words += ["BLOCK", str(block)]
+            names = [text_of(name) for name in streams]
+            packed = self.packed[key] = pack(
+                *words, "STREAMS", *names, *map(text_of, streams.values())
+            )
+        reply = self.line.call(packed)
+        if not reply:
+            return None
+        if isinstance(reply, dict):  # (hiredis makes a map of the streams' pairs)
+            reply = reply.items()
+        return [[stream, [(eid, _fields(f)) for eid, f in entries]] for stream, entries in reply]
+
+    def close(self) -> None:
+        self.line.close()
+
+
+def text_of(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fields(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
+    """An entry's fields as a dict (None: an entry deleted while pending)."""
+    if flat is None:
+        return None
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
