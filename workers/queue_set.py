@@ -45,6 +45,8 @@ from .work import Leave, Work
 SCOUT_SECONDS = 0.5  # how often the worker looks for queues to join or leave
 CLUSTER_WAIT = 0.01  # s an empty round waits on a cluster (no read there blocks)
 REJOIN_SECONDS = 1.0  # a queue that turned us away (full, finished) is not tried sooner
+COALESCE_JOBS = 8  # under load, a read that brought fewer jobs than this ...
+COALESCE_SECONDS = 0.0005  # ... is followed by this pause before the next read
 
 
 @dataclass
@@ -139,6 +141,18 @@ class QueueSet:
         read, owner = self.read(block=True)
         if read:
             self._run(read, owner)
+            self._coalesce(read)
+
+    def _coalesce(self, read: Any) -> None:
+        """Under load (a queue's settles carry ``BUSY_RATE`` jobs/s or more: ``busy``), a
+        read that brought fewer than ``COALESCE_JOBS`` jobs is followed by a pause of
+        ``COALESCE_SECONDS``: the jobs that come meanwhile are read together, not one read
+        (and one wake-up) each. A job then starts at most that much later; a worker that
+        cannot keep up reads full batches and never pauses, and a queue at a low rate is
+        read at once."""
+        n = sum(len(entries) for _, entries in read)
+        if n < COALESCE_JOBS and any(m.loop.busy() for m in self.members.values()):
+            time.sleep(COALESCE_SECONDS)
 
     def read(self, count: int | None = None, *, block: bool) -> tuple[Any, dict[str, Member]]:
         """One read over every queue's streams (``count`` each, or what each queue's jobs
