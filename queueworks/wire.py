@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import select
+import socket
 from typing import Any
 
 import redis
@@ -59,6 +60,38 @@ def xadd_tail(payload: str, now: float) -> bytes:
     """The rest of ``xadd_head``'s command: the payload (JSON) and the enqueue time."""
     body, when = payload.encode(), repr(now).encode()
     return b"$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (len(body), body, _ENQUEUED, len(when), when)
+
+
+def send(sock: socket.socket, packed: bytes) -> None:
+    """Write ``packed`` on ``sock``: one ``write`` as a rule (a socket with a timeout polls
+    before each ``sendall``, a system call more per command), ``sendall`` for the rest.
+    Errors are redis-py's: ``TimeoutError``, else ``ConnectionError``."""
+    try:
+        try:
+            sent = os.write(sock.fileno(), packed)
+        except BlockingIOError:  # (its buffer is full: a timeout socket does not block)
+            sent = 0
+        if sent < len(packed):
+            sock.sendall(packed[sent:])
+    except TimeoutError as exc:
+        raise redis.TimeoutError("Timeout writing to socket") from exc
+    except OSError as exc:
+        raise redis.ConnectionError(f"Error writing to socket: {exc}") from exc
+
+
+class Forks:
+    """How many times this process was forked off a parent (a child's count is its
+    parent's plus one): a line checks it before each call instead of asking for its pid, a
+    system call each time."""
+
+    count = 0
+
+    @classmethod
+    def forked(cls) -> None:
+        cls.count += 1
+
+
+os.register_at_fork(after_in_child=Forks.forked)
 
 
 def pack(*args: str) -> bytes:
@@ -104,7 +137,7 @@ class Line:
         self.pool: Any = r.connection_pool
         self.sentinel = bool(getattr(self.pool, "is_master", False))
         self.idle: list[tuple[Any, Any, Any]] = []  # (connection, its socket, its poll)
-        self.pid = os.getpid()
+        self.forks = Forks.count
         self.kept = kept(self.pool)
 
     @classmethod
@@ -122,7 +155,7 @@ class Line:
         """Send one packed command and return its raw reply (module docstring)."""
         conn, sock, poll = self._take()
         try:
-            sock.sendall(packed)
+            send(sock, packed)
             parser = conn._parser
             reader = parser._reader
             reply = reader.gets()
@@ -153,8 +186,8 @@ class Line:
     def _take(self) -> tuple[Any, Any, Any]:
         """A connection ready to send: a kept one whose socket has nothing to read (else it
         is dropped: closed by the server, or out of step), or a new one from the pool."""
-        if self.pid != os.getpid():
-            self.idle, self.pid = [], os.getpid()
+        if self.forks != Forks.count:
+            self.idle, self.forks = [], Forks.count
         while self.idle:
             try:
                 conn, sock, poll = self.idle.pop()
@@ -179,6 +212,60 @@ class Line:
     def close(self) -> None:
         """Give the kept connections back to the pool."""
         idle, self.idle = self.idle, []
-        if self.pid == os.getpid():
+        if self.forks == Forks.count:
             for conn, _, _ in idle:
                 self.pool.release(conn)
+
+
+class StreamReads:
+    """A worker's ``XREADGROUP`` (of ``group`` as ``consumer``) on a line: the command's
+    bytes made once per streams, count and block (up to ``KEPT`` of them), the reply as
+    redis-py's ``xreadgroup`` gives it. Errors as ``Line.call``'s."""
+
+    KEPT = 256
+
+    def __init__(self, line: Line, group: str, consumer: str) -> None:
+        self.line, self.group, self.consumer = line, group, consumer
+        self.packed: dict[tuple[Any, ...], bytes] = {}
+
+    @classmethod
+    def of(cls, r: Any, group: str, consumer: str) -> StreamReads | None:
+        line = Line.of(r)
+        return None if line is None else cls(line, group, consumer)
+
+    def __call__(self, streams: dict[Any, Any], count: int, block: int | None) -> Any:
+        """Read ``streams`` (name -> id), ``count`` entries each, waiting ``block`` ms (None:
+        no wait): ``[[stream, [(id, {field: value})]]]``, or None if none came."""
+        key = (*streams.items(), count, block)
+        packed = self.packed.get(key)
+        if packed is None:
+            if len(self.packed) >= self.KEPT:
+                self.packed.clear()
+            words = ["XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", str(count)]
+            if block is not None:
+                words += ["BLOCK", str(block)]
+            names = [text_of(name) for name in streams]
+            packed = self.packed[key] = pack(
+                *words, "STREAMS", *names, *map(text_of, streams.values())
+            )
+        reply = self.line.call(packed)
+        if not reply:
+            return None
+        if isinstance(reply, dict):  # (hiredis makes a map of the streams' pairs)
+            reply = reply.items()
+        return [[stream, [(eid, _fields(f)) for eid, f in entries]] for stream, entries in reply]
+
+    def close(self) -> None:
+        self.line.close()
+
+
+def text_of(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _fields(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
+    """An entry's fields as a dict (None: an entry deleted while pending)."""
+    if flat is None:
+        return None
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))

@@ -17,7 +17,7 @@ from queueworks.keys import Keys
 from queueworks.queues import xadd_now
 from queueworks.redis_server import RedisServer
 from queueworks.script_calls import NewJob
-from queueworks.wire import Line, pack, xadd_head, xadd_tail
+from queueworks.wire import Forks, Line, StreamReads, pack, xadd_head, xadd_tail
 
 NOOP = "queueworks.examples:noop"
 
@@ -133,11 +133,15 @@ def test_a_read_only_server_raises_read_only() -> None:
 def test_a_forked_child_makes_its_own_connection(client: Client) -> None:
     q = client.queue("wire")
     q.enqueue(NOOP, 1)
+    assert client.line is not None
+    parents = Forks.count
     pid = os.fork()
     if pid == 0:  # the child: the parent's kept socket is not used
         try:
             q.enqueue(NOOP, 2)
-            os._exit(0 if client.line is not None and client.line.pid == os.getpid() else 1)
+            line = client.line
+            ok = line is not None and line.forks == Forks.count == parents + 1
+            os._exit(0 if ok else 1)
         except BaseException:
             os._exit(2)
     _, status = os.waitpid(pid, 0)
@@ -216,3 +220,33 @@ def test_a_small_pool_keeps_none_out_for_the_line(redis_url: str, prefix: str) -
         assert client.line is not None and client.line.idle == []
     finally:
         client.close()
+
+
+@pytest.mark.integration
+def test_a_worker_read_on_the_line_is_redis_pys_read(
+    redis_url: str, prefix: str, r: redis.Redis
+) -> None:
+    one, two = f"{prefix}:s1", f"{prefix}:s2"
+    for stream in (one, two):
+        for group in ("line", "py"):
+            r.xgroup_create(stream, group, id="0", mkstream=True)
+    r.xadd(one, {"h": "a:b", "p": "1"})
+    r.xadd(one, {"h": "a:b", "p": "2", "t": "3.5"})
+    r.xadd(two, {"p": "[]"})
+    worker = redis.Redis.from_url(redis_url, socket_timeout=10)
+    reads = StreamReads.of(worker, "line", "me")
+    assert reads is not None
+    try:
+        streams = {one: ">", two: ">"}
+        got = reads(streams, 10, 5)
+        assert got == r.xreadgroup("py", "me", streams, count=10, block=5)
+        assert len(got[0][1]) == 2 and got[0][1][1][1] == {b"h": b"a:b", b"p": b"2", b"t": b"3.5"}
+        assert reads(streams, 10, 5) is None  # nothing new: the block runs out
+        assert reads({one: ">"}, 1, None) is None
+        with pytest.raises(redis.ResponseError, match="NOGROUP"):
+            reads({f"{prefix}:none": ">"}, 1, None)
+        r.xadd(one, {"p": "4"})
+        assert reads(streams, 10, None)[0][1][0][1] == {b"p": b"4"}  # the line stays good
+    finally:
+        reads.close()
+        worker.close()

@@ -60,6 +60,7 @@ class JobLedger(Attempts):
         self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
         self.group_limit = Limits.of(spec).group
         self.pump: Pump | None = None  # the hand-on after a settle: its reads on the pipeline
+        self.rate = 0.0  # jobs/s the last settle carried, over the time since the one before
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:
@@ -157,8 +158,8 @@ class JobLedger(Attempts):
 
     def _put(self, pipe: Any) -> bool:
         """``flush_into``'s settle on ``pipe``, whatever it gives back."""
-        self.last_flush = time.monotonic()
         batch = self.batch
+        self._flushed(len(batch) + sum(map(len, self.asides.values())))
         self.sent = None
         if self.asides:
             return self._flush_all_into(pipe)
@@ -175,6 +176,12 @@ class JobLedger(Attempts):
             self._dead_lettered(pipe, [batch])
         self._pump_into(pipe, [batch])
         return True
+
+    def _flushed(self, jobs: int) -> None:
+        """A settle of ``jobs`` jobs goes out now: the rate it carries (``rate``)."""
+        now = time.monotonic()
+        since, self.last_flush = now - self.last_flush, now
+        self.rate = jobs / since if since > 0 else 0.0
 
     def _pump_into(self, pipe: Any, batches: Sequence[JobBatch]) -> None:
         """Last on ``pipe``, after the settles that gave their slots back: the reads of

@@ -47,6 +47,9 @@ BLOCK_MS = 100  # a member waits this long on the stream per read, then looks ar
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, this often
 SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
+BUSY_SETTLE_SECONDS = 0.01  # ... within this, under load: settles carrying BUSY_RATE jobs/s
+BUSY_RATE = 1000.0
+SETTLE_JOBS = 100  # so many jobs waiting are settled at once, whatever the time
 FLUSH_SECONDS = 0.05  # settle at least this often while a batch runs
 TARGET_BATCH_SECONDS = 0.2  # read about this much work at once
 DUE_BATCH = 100
@@ -135,14 +138,23 @@ class QueueLoop:
         A settle waits while the last one is less than ``SETTLE_SECONDS`` old, and the read
         blocks no longer than that: jobs that come one by one but close together are
         settled a few per Lua call, not one each (the settle is most of a job's cost in
-        Redis), and a job on its own is settled with the read that follows it."""
+        Redis), and a job on its own is settled with the read that follows it. Under load
+        (the last settle carried ``BUSY_RATE`` jobs/s or more) the wait is
+        ``BUSY_SETTLE_SECONDS``, or until ``SETTLE_JOBS`` jobs wait: more jobs per settle
+        where a job's result comes that much later anyway; it falls back as the rate does."""
         block = self.duties.block_ms()
-        if not self.ledger.pending():
+        ledger = self.ledger
+        if not ledger.pending():
             return False, block
-        wait = self.ledger.last_flush + SETTLE_SECONDS - now
+        wait = settle_wait(now, ledger.last_flush, ledger.rate, len(ledger.batch))
         if wait <= 0:
             return True, block
         return False, max(1, min(block, int(wait * 1000) + 1))
+
+    def busy(self) -> bool:
+        """Whether the queue is under load here: its last settle carried ``BUSY_RATE``
+        jobs/s or more."""
+        return self.ledger.rate >= BUSY_RATE
 
     def read_count(self) -> int:
         if self.avg_seconds <= 0:
@@ -333,6 +345,14 @@ class QueueLoop:
             if moved == -1:
                 ledger.reject(work, "no such job in this queue (set aside)")
         # (an aside stream's job: read only by members that may run it)
+
+
+def settle_wait(now: float, last_flush: float, rate: float, waiting: int) -> float:
+    """Seconds until the settle of ``waiting`` jobs that ran is due (<= 0: now), the last
+    settle made at ``last_flush`` carrying ``rate`` jobs/s (``QueueLoop.settle_now``)."""
+    if waiting >= SETTLE_JOBS:
+        return 0.0
+    return last_flush + (BUSY_SETTLE_SECONDS if rate >= BUSY_RATE else SETTLE_SECONDS) - now
 
 
 class LeaderDuties:

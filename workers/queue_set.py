@@ -6,7 +6,8 @@ attempts, dead letters, leave, exactly as for one queue); this loop drives them 
 One round: every queue's safe point (a new epoch re-ranks that queue alone), the jobs each
 holds (retries, reclaimed ones), then one read. The read is one ``XREADGROUP`` over every
 queue's streams (they share the group name), with each queue's settle and, when due, its
-membership check on the same pipeline: one round trip, however many queues. ``COUNT``
+membership check on the same pipeline: one round trip, however many queues (a read with
+nothing else to carry is pre-built RESP on a kept connection: ``wire.StreamReads``). ``COUNT``
 applies per stream, so a deep backlog in one queue does not crowd out another's jobs; what
 comes is run round robin, one job of each queue in turn (fairness is per queue, not per
 priority). On a Redis Cluster the queues' streams live on different slots: with more than
@@ -32,6 +33,7 @@ from queueworks.connection import text
 from queueworks.keys import GROUP
 from queueworks.records import queue_memberships
 from queueworks.signals import ColdStop
+from queueworks.wire import StreamReads
 
 from .flow import RateGate
 from .inflight import Call, InFlight
@@ -43,6 +45,8 @@ from .work import Leave, Work
 SCOUT_SECONDS = 0.5  # how often the worker looks for queues to join or leave
 CLUSTER_WAIT = 0.01  # s an empty round waits on a cluster (no read there blocks)
 REJOIN_SECONDS = 1.0  # a queue that turned us away (full, finished) is not tried sooner
+COALESCE_JOBS = 8  # under load, a read that brought fewer jobs than this ...
+COALESCE_SECONDS = 0.0005  # ... is followed by this pause before the next read
 
 
 @dataclass
@@ -68,6 +72,8 @@ class QueueSet:
         self.turn = 0  # who goes first this round (round robin)
         self.cluster = hasattr(parts.r, "get_node_from_key")
         self.flight: Flight | None = None  # with --concurrency > 1
+        # a read with nothing else to carry: pre-built on a kept connection (queueworks.wire)
+        self.reads = StreamReads.of(parts.r, GROUP, self.me)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -95,6 +101,8 @@ class QueueSet:
         finally:
             if self.flight is not None:
                 self.flight.close()
+            if self.reads is not None:
+                self.reads.close()
             for name in list(self.members):
                 self._close(name, "stopping" if state.stopping else "revoked")
             self._publish()
@@ -133,6 +141,18 @@ class QueueSet:
         read, owner = self.read(block=True)
         if read:
             self._run(read, owner)
+            self._coalesce(read)
+
+    def _coalesce(self, read: Any) -> None:
+        """Under load (a queue's settles carry ``BUSY_RATE`` jobs/s or more: ``busy``), a
+        read that brought fewer than ``COALESCE_JOBS`` jobs is followed by a pause of
+        ``COALESCE_SECONDS``: the jobs that come meanwhile are read together, not one read
+        (and one wake-up) each. A job then starts at most that much later; a worker that
+        cannot keep up reads full batches and never pauses, and a queue at a low rate is
+        read at once."""
+        n = sum(len(entries) for _, entries in read)
+        if n < COALESCE_JOBS and any(m.loop.busy() for m in self.members.values()):
+            time.sleep(COALESCE_SECONDS)
 
     def read(self, count: int | None = None, *, block: bool) -> tuple[Any, dict[str, Member]]:
         """One read over every queue's streams (``count`` each, or what each queue's jobs
@@ -162,12 +182,12 @@ class QueueSet:
                 wait = min(wait, gate.block_ms(now))
         due = [(m, settle) for m, settle, _ in plans if settle or m.loop.check_due(now)]
         if self.cluster and len(members) > 1:  # (one queue's streams share its slot)
-            return self._read_cluster(members, due, now, count), owner
+            return read_cluster(self, members, due, now, count), owner
         if not streams and not gated:
             self._idle(due, now, wait)
             return None, owner
         if not due and not gated:
-            return self._xreadgroup(self.r, streams, count, wait), owner
+            return self._xreadgroup(streams, count, wait), owner
         pipe = self.r.pipeline(transaction=False)
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
         for gate in gated:
@@ -211,45 +231,14 @@ class QueueSet:
             self.parts.state.wake.wait(wait / 1000)
             self.parts.state.wake.clear()
 
-    def _xreadgroup(self, conn: Any, streams: dict[Any, Any], count: int, block: int | None) -> Any:
+    def _xreadgroup(self, streams: dict[Any, Any], count: int, block: int | None) -> Any:
         try:
-            return conn.xreadgroup(GROUP, self.me, streams, count=count, block=block)
+            if self.reads is not None:
+                return self.reads(streams, count, block)
+            return self.r.xreadgroup(GROUP, self.me, streams, count=count, block=block)
         except ResponseError as exc:
             self._read_failed(exc, list(self.members.values()))
             return None
-
-    def _read_cluster(
-        self, members: list[Member], due: list[tuple[Member, bool]], now: float, count: int
-    ) -> Any:
-        """Each queue's streams on their own, on one cluster pipeline, none blocking."""
-        pipe = self.r.pipeline(transaction=False)
-        looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
-        at = len(pipe)
-        reading = [m for m in members if not m.loop.paused and m.loop.gate is None]
-        gated = [
-            m.loop.gate
-            for m in members
-            if not m.loop.paused and m.loop.gate is not None and m.loop.gate.due(now)
-        ]
-        for m in reading:
-            pipe.xreadgroup(GROUP, self.me, m.loop.aside.read, count=count)
-        for gate in gated:  # (a cluster pipeline runs each at once)
-            gate.put(pipe, count)
-        replies = pipe.execute(raise_on_error=False)
-        for looked in looks:
-            looked(replies)
-        read: list[Any] = []
-        for m, reply in zip(reading, replies[at : at + len(reading)], strict=True):
-            if isinstance(reply, Exception):
-                m.loop.read_failed(reply)
-            elif reply:
-                read += reply
-        for gate in gated:
-            read += gate.took(replies, now)
-        if not read:
-            self.parts.state.wake.wait(CLUSTER_WAIT)
-            self.parts.state.wake.clear()
-        return read
 
     def _read_failed(self, error: Exception, members: list[Member]) -> None:
         """A read over many queues failed: an aside stream was emptied and deleted
@@ -357,6 +346,41 @@ class QueueSet:
         events.emit(pipe, self.parts.keys, "memberships", worker=self.me, queues=",".join(names))
         pipe.execute()
         self.published = names
+
+
+def read_cluster(
+    queues: QueueSet, members: list[Member], due: list[tuple[Member, bool]], now: float, count: int
+) -> Any:
+    """``QueueSet.read`` on a cluster: each queue's streams on their own, on one cluster
+    pipeline, none blocking."""
+    pipe = queues.r.pipeline(transaction=False)
+    looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
+    at = len(pipe)
+    reading = [m for m in members if not m.loop.paused and m.loop.gate is None]
+    gated = [
+        m.loop.gate
+        for m in members
+        if not m.loop.paused and m.loop.gate is not None and m.loop.gate.due(now)
+    ]
+    for m in reading:
+        pipe.xreadgroup(GROUP, queues.me, m.loop.aside.read, count=count)
+    for gate in gated:  # (a cluster pipeline runs each at once)
+        gate.put(pipe, count)
+    replies = pipe.execute(raise_on_error=False)
+    for looked in looks:
+        looked(replies)
+    read: list[Any] = []
+    for m, reply in zip(reading, replies[at : at + len(reading)], strict=True):
+        if isinstance(reply, Exception):
+            m.loop.read_failed(reply)
+        elif reply:
+            read += reply
+    for gate in gated:
+        read += gate.took(replies, now)
+    if not read:
+        queues.parts.state.wake.wait(CLUSTER_WAIT)
+        queues.parts.state.wake.clear()
+    return read
 
 
 WAIT_SECONDS = 0.02  # how long a turn waits for a call to finish before looking around

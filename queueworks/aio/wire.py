@@ -10,7 +10,6 @@ a connection kept under another loop (``asyncio.run`` again) is dropped, not use
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
 import redis
@@ -19,7 +18,7 @@ from redis._parsers.hiredis import NOT_ENOUGH_DATA
 from redis.exceptions import ReadOnlyError
 from redis.utils import HIREDIS_AVAILABLE
 
-from queueworks.wire import kept
+from queueworks.wire import Forks, kept
 
 
 class AsyncLine:
@@ -30,7 +29,7 @@ class AsyncLine:
         self.pool: Any = r.connection_pool
         self.sentinel = bool(getattr(self.pool, "is_master", False))
         self.idle: list[tuple[Any, Any]] = []  # (connection, its event loop)
-        self.pid = os.getpid()
+        self.forks = Forks.count
         self.kept = kept(self.pool)
 
     @classmethod
@@ -76,8 +75,8 @@ class AsyncLine:
         return reply
 
     async def _take(self) -> tuple[Any, Any]:
-        if self.pid != os.getpid():
-            self.idle, self.pid = [], os.getpid()
+        if self.forks != Forks.count:
+            self.idle, self.forks = [], Forks.count
         loop = asyncio.get_running_loop()
         while self.idle:
             conn, kept_under = self.idle.pop()
@@ -103,6 +102,6 @@ class AsyncLine:
     async def aclose(self) -> None:
         """Give the kept connections back to the pool."""
         idle, self.idle = self.idle, []
-        if self.pid == os.getpid():
+        if self.forks == Forks.count:
             for conn, _ in idle:
                 await self.pool.release(conn)
