@@ -247,3 +247,38 @@ def test_a_small_pool_keeps_none_out_for_the_line(redis_url: str, prefix: str) -
         assert client.line is not None and client.line.idle == []
     finally:
         client.close()
+
+
+class _BrokenLine(Line):
+    """A line whose connection fails in the middle of the call."""
+
+    def call_all(self, packed: bytes, n: int) -> list[object]:
+        raise redis.ConnectionError("reset in the middle of the call")
+
+
+@pytest.mark.integration
+def test_a_step_end_runs_on_the_line_else_again_on_a_pipeline(r: redis.Redis, prefix: str) -> None:
+    """The end of a lockstep step (``workers.steps._run_all``): its script calls go on the
+    line in one round trip, a script Redis lost is loaded and run, and a line that fails
+    sends them again on a pipeline (redis-py's retry, as before the line)."""
+    from types import SimpleNamespace
+
+    from queueworks import script_calls as calls
+    from queueworks.scripts import Scripts
+    from queueworks.workers.steps import _run_all
+
+    run = SimpleNamespace(
+        r=r, scripts=Scripts(r), log=SimpleNamespace(warning=lambda *a, **k: None)
+    )
+    key = f"{prefix}:lease"
+    r.set(key, "me", px=60_000)
+    batch = [calls.lease(key, "me", "renew", 5_000), calls.lease(key, "you", "renew", 5_000)]
+    line = Line.of(r)
+    assert line is not None
+    assert _run_all(run, line, batch) == [True, False]  # type: ignore[arg-type]
+    assert len(line.idle) == 1  # it went on the line
+    r.script_flush()  # as after a restart or a failover
+    assert _run_all(run, line, batch) == [True, False]  # type: ignore[arg-type]
+    assert _run_all(run, _BrokenLine(r), batch) == [True, False]  # type: ignore[arg-type]
+    assert 0 < r.pttl(key) <= 5_000
+    line.close()

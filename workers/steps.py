@@ -126,6 +126,30 @@ def _fail_task(run: Run, exc: Exception) -> None:
         events.emit(run.r, run.keys, "failed", task=run.tk.task_id, error=error[:200])
 
 
+def _run_all(run: Run, line: Line | None, batch: list[Call[Any]]) -> list[Any]:
+    """Script calls in one round trip, their replies read: packed once and sent on a
+    connection kept for it (``queueworks.wire``: none of redis-py's per-call work), else
+    (a cluster) on a pipeline. A connection that fails sends them again on the pipeline,
+    which retries as redis-py does: every call in a step's end is safe to repeat (the first
+    proposal stays, a settle counts an entry once, an entry read twice waits in our pending
+    list to be reclaimed)."""
+    if line is not None:
+        packed = b"".join(
+            pack_any("EVALSHA", run.scripts.sha(c.name), len(c.keys), *c.keys, *c.args)
+            for c in batch
+        )
+        try:
+            raw = line.call_all(packed, len(batch))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # as redis-py: again
+            run.log.warning("step_call_retried", error=str(exc))
+        else:
+            return [read_reply(run.scripts, c, x) for c, x in zip(batch, raw, strict=True)]
+    pipe = run.r.pipeline(transaction=False)
+    queued = [Queued(run.scripts, c, pipe) for c in batch]
+    replies = pipe.execute(raise_on_error=False)
+    return [q.reply(replies) for q in queued]
+
+
 class StepLoop:
     """The lockstep loop of one member (``serve`` ends by raising ``Leave``)."""
 
@@ -140,7 +164,7 @@ class StepLoop:
         self.seq = 0
         self.backlog: list[_Recorded] = []  # peers' shards of our last committed step
         self.ahead: tuple[str, Work] | None = None  # taken and recorded for that step field
-        self.line = Line.of(run.r)  # the step's round trip (``_run_all``)
+        self.line = Line.of(run.r)  # for the step's round trip (``_run_all``)
 
     def serve(self) -> None:
         run = self.run
@@ -170,6 +194,13 @@ class StepLoop:
                 self._step(trainer, gen)
 
     def close(self, reason: str) -> None:
+        try:
+            self._close(reason)
+        finally:
+            if self.line is not None:  # the connection it kept goes back to the pool
+                self.line.close()
+
+    def _close(self, reason: str) -> None:
         if self.trainer is None:
             return
         if self.failed:
@@ -184,8 +215,6 @@ class StepLoop:
             self.trainer.close(reason)
         except Exception as exc:
             self.run.log.warning("trainer_close_failed", error=repr(exc))
-        if self.line is not None:
-            self.line.close()
 
     # -- generations ----------------------------------------------------------------------
 
@@ -365,7 +394,7 @@ class StepLoop:
             own = [(work.entry_id, index, self._body(result if ok else None))]
             settle = calls.settle(run.tk, stream, run.me, time.time(), own, only_if=(name, COMMIT))
             batch.append(settle)
-        replies = self._run_all(batch)
+        replies = _run_all(run, self.line, batch)
         end: StepEnd = replies[0]
         if len(replies) > 1 and end.decision == COMMIT:
             run.state.processed += 1
@@ -381,30 +410,6 @@ class StepLoop:
         if ok and leader and self.seq == 0 and end.decision == COMMIT and not end.fenced:
             self._drop_old_generations(gen)
         return end
-
-    def _run_all(self, batch: list[Call[Any]]) -> list[Any]:
-        """Script calls in one round trip, their replies read: packed once and sent on a
-        connection kept for it (``queueworks.wire``: none of redis-py's per-call work),
-        else (a cluster) on a pipeline. A connection that fails sends them again on the
-        pipeline, which retries as redis-py does: every call is safe to repeat (the first
-        proposal stays, a settle counts an entry once, an entry read twice waits in our
-        pending list to be reclaimed)."""
-        run = self.run
-        if self.line is not None:
-            packed = b"".join(
-                pack_any("EVALSHA", run.scripts.sha(c.name), len(c.keys), *c.keys, *c.args)
-                for c in batch
-            )
-            try:
-                raw = self.line.call_all(packed, len(batch))
-            except (redis.ConnectionError, redis.TimeoutError) as exc:  # as redis-py: again
-                run.log.warning("step_call_retried", error=str(exc))
-            else:
-                return [read_reply(run.scripts, c, x) for c, x in zip(batch, raw, strict=True)]
-        pipe = run.r.pipeline(transaction=False)
-        queued = [Queued(run.scripts, c, pipe) for c in batch]
-        replies = pipe.execute(raise_on_error=False)
-        return [q.reply(replies) for q in queued]
 
     def _drop_old_generations(self, gen: Generation) -> None:
         """Every member of this generation is past the older ones, and members that left
