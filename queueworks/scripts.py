@@ -221,12 +221,18 @@ class Queued(Generic[T]):
         script; any other error is raised."""
         if self.index is None:
             return self.value
-        reply = replies[self.index]
-        if isinstance(reply, NoScriptError):
-            return self.scripts.run(self.call)
-        if isinstance(reply, Exception):
-            raise reply
-        return self.call.read(reply)
+        return read_reply(self.scripts, self.call, replies[self.index])
+
+
+def read_reply(scripts: Scripts, call: Call[T], reply: Any) -> T:
+    """A script call's raw EVALSHA reply, read: a NOSCRIPT reply (Redis lost its script
+    cache: a restart, a failover) runs the call again at once, loading the script; any
+    other error is raised."""
+    if isinstance(reply, NoScriptError):
+        return scripts.run(call)
+    if isinstance(reply, Exception):
+        raise reply
+    return call.read(reply)
 
 
 class AsyncScripts(_Functions):

@@ -99,6 +99,22 @@ def pack(*args: str) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(bulk(a.encode()) for a in args)
 
 
+def pack_any(*args: str | bytes | int | float) -> bytes:
+    """Any command as RESP, its arguments encoded as redis-py encodes them (text as UTF-8,
+    numbers by ``repr``)."""
+    return b"*%d\r\n" % len(args) + b"".join(bulk(_encode(a)) for a in args)
+
+
+def _encode(value: str | bytes | int | float) -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"cannot send {value!r} to Redis: only text, bytes and numbers")
+    return repr(value).encode()
+
+
 class XaddBytes:
     """A queue handle's ``XADD`` of a job to run now (``xadd_now``) as RESP: the part before
     the payload made once per handler (up to ``HEADS_KEPT`` of them)."""
@@ -153,29 +169,38 @@ class Line:
 
     def call(self, packed: bytes) -> Any:
         """Send one packed command and return its raw reply (module docstring)."""
+        (reply,) = self.call_all(packed, 1)
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+        return reply
+
+    def call_all(self, packed: bytes, n: int) -> list[Any]:
+        """Send ``n`` packed commands at once and return their raw replies, an error reply
+        in its place (``ResponseError``), as a pipeline with ``raise_on_error=False``."""
         conn, sock, poll = self._take()
+        replies: list[Any] = []
         try:
             send(sock, packed)
             parser = conn._parser
             reader = parser._reader
-            reply = reader.gets()
-            while reply is NOT_ENOUGH_DATA:
-                parser.read_from_socket()
+            while len(replies) < n:
                 reply = reader.gets()
+                while reply is NOT_ENOUGH_DATA:
+                    parser.read_from_socket()
+                    reply = reader.gets()
+                replies.append(reply)
         except BaseException:
             self._drop(conn)
             raise
-        if isinstance(reply, redis.ConnectionError):  # LOADING: as redis-py, drop it
-            self._drop(conn)
-            raise reply
-        if isinstance(reply, redis.ResponseError):
+        for reply in replies:
+            if isinstance(reply, redis.ConnectionError):  # LOADING: as redis-py, drop it
+                self._drop(conn)
+                raise reply
             if self.sentinel and isinstance(reply, ReadOnlyError):
                 self._drop(conn)
                 raise redis.ConnectionError("The previous master is now a slave")
-            self._keep(conn, sock, poll)
-            raise reply
         self._keep(conn, sock, poll)
-        return reply
+        return replies
 
     def _keep(self, conn: Any, sock: Any, poll: Any) -> None:
         if len(self.idle) < self.kept:

@@ -17,7 +17,7 @@ from queueworks.keys import Keys
 from queueworks.queues import xadd_now
 from queueworks.redis_server import RedisServer
 from queueworks.script_calls import NewJob
-from queueworks.wire import Forks, Line, StreamReads, pack, xadd_head, xadd_tail
+from queueworks.wire import Forks, Line, StreamReads, pack, pack_any, xadd_head, xadd_tail
 
 NOOP = "queueworks.examples:noop"
 
@@ -78,6 +78,37 @@ def test_an_error_reply_is_raised_and_the_connection_stays_good(
     kept = line.idle[0][0]
     assert line.call(pack("PING")) == b"PONG"
     assert line.idle[0][0] is kept  # not reconnected
+
+
+@pytest.mark.unit
+def test_pack_any_sends_what_redis_py_sends() -> None:
+    args = ("EVALSHA", "abc", 2, "k:é", b"\x00raw", 0.1, 1_700_000_000.5, -3)
+    packed = redis.Redis().connection_pool.make_connection().pack_command(*args)
+    assert pack_any(*args) == b"".join(packed)
+    with pytest.raises(TypeError, match="True"):
+        pack_any("SET", "k", True)
+    with pytest.raises(TypeError, match="None"):
+        pack_any("SET", "k", None)  # type: ignore[arg-type]
+
+
+@pytest.mark.integration
+def test_call_all_reads_every_reply_an_error_in_its_place(
+    client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """Several commands in one round trip (a lockstep step's end): each reply in order, an
+    error reply in its place (not raised), and the connection kept for the next call."""
+    line = client.line
+    assert line is not None
+    r.set(f"{prefix}:s", "a string")
+    sent = pack_any("INCRBY", f"{prefix}:n", 2) + pack("XADD", f"{prefix}:s", "*", "a", "b")
+    sent += pack_any("EVALSHA", "0" * 40, 0) + pack("GET", f"{prefix}:n")
+    replies = line.call_all(sent, 4)
+    assert replies[0] == 2 and replies[3] == b"2"
+    assert isinstance(replies[1], redis.ResponseError) and "WRONGTYPE" in str(replies[1])
+    assert isinstance(replies[2], redis.exceptions.NoScriptError)  # the caller loads it
+    kept = line.idle[0][0]
+    assert line.call_all(pack("PING") + pack("PING"), 2) == [b"PONG", b"PONG"]
+    assert line.idle[0][0] is kept
 
 
 @pytest.mark.integration
@@ -250,3 +281,38 @@ def test_a_worker_read_on_the_line_is_redis_pys_read(
     finally:
         reads.close()
         worker.close()
+
+
+class _BrokenLine(Line):
+    """A line whose connection fails in the middle of the call."""
+
+    def call_all(self, packed: bytes, n: int) -> list[object]:
+        raise redis.ConnectionError("reset in the middle of the call")
+
+
+@pytest.mark.integration
+def test_a_step_end_runs_on_the_line_else_again_on_a_pipeline(r: redis.Redis, prefix: str) -> None:
+    """The end of a lockstep step (``workers.steps._run_all``): its script calls go on the
+    line in one round trip, a script Redis lost is loaded and run, and a line that fails
+    sends them again on a pipeline (redis-py's retry, as before the line)."""
+    from types import SimpleNamespace
+
+    from queueworks import script_calls as calls
+    from queueworks.scripts import Scripts
+    from queueworks.workers.steps import _run_all
+
+    run = SimpleNamespace(
+        r=r, scripts=Scripts(r), log=SimpleNamespace(warning=lambda *a, **k: None)
+    )
+    key = f"{prefix}:lease"
+    r.set(key, "me", px=60_000)
+    batch = [calls.lease(key, "me", "renew", 5_000), calls.lease(key, "you", "renew", 5_000)]
+    line = Line.of(r)
+    assert line is not None
+    assert _run_all(run, line, batch) == [True, False]  # type: ignore[arg-type]
+    assert len(line.idle) == 1  # it went on the line
+    r.script_flush()  # as after a restart or a failover
+    assert _run_all(run, line, batch) == [True, False]  # type: ignore[arg-type]
+    assert _run_all(run, _BrokenLine(r), batch) == [True, False]  # type: ignore[arg-type]
+    assert 0 < r.pttl(key) <= 5_000
+    line.close()

@@ -42,10 +42,11 @@ from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
 from queueworks.models import Role, TaskState
-from queueworks.script_calls import StepEnd
-from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Queued
+from queueworks.script_calls import Call, StepEnd
+from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Queued, read_reply
 from queueworks.signals import ColdStop
 from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
+from queueworks.wire import Line, pack_any
 
 from .ledger import Ledger
 from .loop import Run
@@ -125,6 +126,30 @@ def _fail_task(run: Run, exc: Exception) -> None:
         events.emit(run.r, run.keys, "failed", task=run.tk.task_id, error=error[:200])
 
 
+def _run_all(run: Run, line: Line | None, batch: list[Call[Any]]) -> list[Any]:
+    """Script calls in one round trip, their replies read: packed once and sent on a
+    connection kept for it (``queueworks.wire``: none of redis-py's per-call work), else
+    (a cluster) on a pipeline. A connection that fails sends them again on the pipeline,
+    which retries as redis-py does: every call in a step's end is safe to repeat (the first
+    proposal stays, a settle counts an entry once, an entry read twice waits in our pending
+    list to be reclaimed)."""
+    if line is not None:
+        packed = b"".join(
+            pack_any("EVALSHA", run.scripts.sha(c.name), len(c.keys), *c.keys, *c.args)
+            for c in batch
+        )
+        try:
+            raw = line.call_all(packed, len(batch))
+        except (redis.ConnectionError, redis.TimeoutError) as exc:  # as redis-py: again
+            run.log.warning("step_call_retried", error=str(exc))
+        else:
+            return [read_reply(run.scripts, c, x) for c, x in zip(batch, raw, strict=True)]
+    pipe = run.r.pipeline(transaction=False)
+    queued = [Queued(run.scripts, c, pipe) for c in batch]
+    replies = pipe.execute(raise_on_error=False)
+    return [q.reply(replies) for q in queued]
+
+
 class StepLoop:
     """The lockstep loop of one member (``serve`` ends by raising ``Leave``)."""
 
@@ -139,6 +164,7 @@ class StepLoop:
         self.seq = 0
         self.backlog: list[_Recorded] = []  # peers' shards of our last committed step
         self.ahead: tuple[str, Work] | None = None  # taken and recorded for that step field
+        self.line = Line.of(run.r)  # for the step's round trip (``_run_all``)
 
     def serve(self) -> None:
         run = self.run
@@ -168,6 +194,13 @@ class StepLoop:
                 self._step(trainer, gen)
 
     def close(self, reason: str) -> None:
+        try:
+            self._close(reason)
+        finally:
+            if self.line is not None:  # the connection it kept goes back to the pool
+                self.line.close()
+
+    def _close(self, reason: str) -> None:
         if self.trainer is None:
             return
         if self.failed:
@@ -348,26 +381,24 @@ class StepLoop:
         take = ""
         if ok and not run.held and not run.state.suspend.is_set():
             take = f"{gen.id}.{self.seq + 1}.{gen.role.rank}"
-        pipe = run.r.pipeline(transaction=False)
         proposal = COMMIT if ok else ABORT
-        call = calls.step(
-            run.tk, run.me, name, proposal, gen.role.world_size,
-            drop=drop, take=take, epoch=gen.role.epoch,
-        )  # fmt: skip
-        ending = Queued(run.scripts, call, pipe)
-        settling, stream = None, ""
+        batch: list[Call[Any]] = [
+            calls.step(
+                run.tk, run.me, name, proposal, gen.role.world_size,
+                drop=drop, take=take, epoch=gen.role.epoch,
+            )
+        ]  # fmt: skip
+        stream = ""
         if work is not None and index is not None:
             stream = work.stream
             own = [(work.entry_id, index, self._body(result if ok else None))]
             settle = calls.settle(run.tk, stream, run.me, time.time(), own, only_if=(name, COMMIT))
-            settling = Queued(run.scripts, settle, pipe)
-        replies = pipe.execute(raise_on_error=False)
-        end = ending.reply(replies)
-        if settling is not None:
-            settled = settling.reply(replies)
-            if end.decision == COMMIT:
-                run.state.processed += 1
-                self.ledger.finish(self.ledger.note(stream, settled))
+            batch.append(settle)
+        replies = _run_all(run, self.line, batch)
+        end: StepEnd = replies[0]
+        if len(replies) > 1 and end.decision == COMMIT:
+            run.state.processed += 1
+            self.ledger.finish(self.ledger.note(stream, replies[1]))
         if end.moved_to:
             run.state.observe_epoch(end.moved_to)
         if end.entry is not None:
