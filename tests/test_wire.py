@@ -127,6 +127,41 @@ def test_a_dropped_connection_is_made_again_and_nothing_is_sent_twice(
     assert r.xrange(q.keys.stream)[-1][0].decode() == job.id
 
 
+@pytest.mark.integration
+def test_a_stream_gone_under_the_line_gets_its_job_once(client: Client, r: redis.Redis) -> None:
+    q = client.queue("wire")
+    q.enqueue(NOOP, 1)
+    r.delete(q.keys.stream)  # the XADD (NOMKSTREAM) writes nothing: the script makes it
+    job = q.enqueue(NOOP, 2)
+    assert [(e[0].decode(), e[1][b"p"]) for e in r.xrange(q.keys.stream)] == [(job.id, b"2")]
+    assert job.status().state == "queued"
+
+
+@pytest.mark.integration
+def test_a_reply_that_does_not_come_in_time_is_a_timeout(redis_url: str) -> None:
+    """A kept socket is blocking, the kernel keeping its timeout: redis-py's error, and the
+    connection is dropped (its late reply would answer the next command)."""
+    line = Line.of(redis.Redis.from_url(redis_url, socket_timeout=0.2))
+    assert line is not None
+    with pytest.raises(redis.TimeoutError, match="Timeout reading"):
+        line.call(pack("BLPOP", "no-such-list", "2"))
+    assert line.idle == []
+    assert line.call(pack("PING")) == b"PONG"
+
+
+@pytest.mark.integration
+def test_a_connection_given_back_is_as_redis_py_made_it(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url, socket_timeout=3)
+    line = Line.of(r)
+    assert line is not None
+    assert line.call(pack("PING")) == b"PONG"
+    (conn, sock, _) = line.idle[0]
+    assert sock.gettimeout() is None  # kept: blocking (see ``wire.hold``)
+    line.close()
+    assert sock.gettimeout() == 3 and conn._sock is sock
+    assert r.ping()
+
+
 def _client_id(conn: object) -> int:
     """The server's id of a connection, asked on it."""
     conn.send_command("CLIENT", "ID")  # type: ignore[attr-defined]
