@@ -17,7 +17,16 @@ from queueworks.keys import Keys
 from queueworks.queues import xadd_now
 from queueworks.redis_server import RedisServer
 from queueworks.script_calls import NewJob
-from queueworks.wire import Forks, Line, StreamReads, pack, pack_any, xadd_head, xadd_tail
+from queueworks.wire import (
+    Forks,
+    Line,
+    StreamReads,
+    XaddBytes,
+    pack,
+    pack_any,
+    xadd_head,
+    xadd_tail,
+)
 
 NOOP = "queueworks.examples:noop"
 
@@ -32,6 +41,22 @@ def test_the_prebuilt_xadd_is_xadd_now_in_resp() -> None:
     # and what redis-py would send for it
     packed = redis.Redis().connection_pool.make_connection().pack_command(*xadd_now(qk, job, now))
     assert built == b"".join(packed)
+
+
+@pytest.mark.unit
+def test_the_handles_xadd_bytes_are_xadd_now_in_resp() -> None:
+    qk = Keys("p").task("q")
+    job = NewJob("", NOOP, '{"to":"é"}')
+    now = 1_700_000_000.25
+    assert XaddBytes(qk).now(NOOP, job.payload, now) == pack(*xadd_now(qk, job, now))
+    assert XaddBytes(qk)(job, now) == pack(*xadd_now(qk, job, now))
+
+
+@pytest.mark.unit
+def test_a_tls_pool_has_no_line() -> None:
+    """The line writes on the socket's file: under TLS that would be plain text."""
+    assert Line.of(redis.Redis(ssl=True)) is None
+    assert Line.of(redis.Redis()) is not None
 
 
 @pytest.mark.unit
