@@ -8,7 +8,9 @@ redis-py's per-call machinery: taking a connection from the pool (a lock, metric
 (``xadd_head``), followed by the payload and the time (``xadd_tail``); a connection is
 taken from redis-py's pool once and kept by the line for the next call (a list pop, safe
 across threads under the GIL), checked with one ``poll`` of its socket before each use as
-the pool checks it; the reply is read by the connection's own hiredis reader. The wire
+the pool checks it. While kept its socket is blocking, its timeout kept by the kernel
+(``hold``), so the command is one ``write`` and the reply one ``recv`` into the
+connection's own hiredis reader, no ``poll`` before either. The wire
 format is ``xadd_now``'s (a test holds them alike); the errors are redis-py's: a
 connection that cannot be made raises ``RedisUnavailable`` (the pool's connection class),
 an error reply its ``ResponseError`` (the connection stays good), a failure of the
@@ -17,8 +19,8 @@ that may have been applied is never sent twice), and a ``READONLY`` reply throug
 sentinel's pool drops the connection and raises ``ConnectionError``, as redis-py's
 sentinel connections do, so the next call asks the sentinels for the new primary.
 
-A cluster, or a redis-py without hiredis, has no line (``Line.of`` is None): the command
-goes through ``one_command``.
+A cluster, a TLS connection, or a redis-py without hiredis, has no line (``Line.of`` is
+None): the command goes through ``one_command``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 from typing import Any
 
 import redis
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
+from redis._parsers.socket import SERVER_CLOSED_CONNECTION_ERROR
 from redis.cluster import RedisCluster
 from redis.exceptions import ReadOnlyError
 from redis.utils import HIREDIS_AVAILABLE
@@ -62,21 +66,51 @@ def xadd_tail(payload: str, now: float) -> bytes:
     return b"$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (len(body), body, _ENQUEUED, len(when), when)
 
 
-def send(sock: socket.socket, packed: bytes) -> None:
-    """Write ``packed`` on ``sock``: one ``write`` as a rule (a socket with a timeout polls
-    before each ``sendall``, a system call more per command), ``sendall`` for the rest.
-    Errors are redis-py's: ``TimeoutError``, else ``ConnectionError``."""
+def send(fd: int, packed: bytes) -> None:
+    """Write ``packed`` on a line's socket (blocking, its timeouts the kernel's: see
+    ``hold``): one ``write`` as a rule, no ``poll`` before it. Errors are redis-py's:
+    ``TimeoutError``, else ``ConnectionError``."""
     try:
-        try:
-            sent = os.write(sock.fileno(), packed)
-        except BlockingIOError:  # (its buffer is full: a timeout socket does not block)
-            sent = 0
-        if sent < len(packed):
-            sock.sendall(packed[sent:])
-    except TimeoutError as exc:
+        sent = os.write(fd, packed)
+        while sent < len(packed):
+            sent += os.write(fd, packed[sent:])
+    except BlockingIOError as exc:  # (the send timeout ran out)
         raise redis.TimeoutError("Timeout writing to socket") from exc
     except OSError as exc:
         raise redis.ConnectionError(f"Error writing to socket: {exc}") from exc
+
+
+def receive(sock: socket.socket, reader: Any, buffer: bytearray) -> None:
+    """Read what the server sent on a line's socket into ``reader`` with one ``recv``
+    (blocking, its timeout the kernel's: see ``hold``), as redis-py's hiredis parser does
+    after its ``poll``. Errors are redis-py's."""
+    try:
+        got = sock.recv_into(buffer)
+    except BlockingIOError as exc:  # (the receive timeout ran out)
+        raise redis.TimeoutError("Timeout reading from socket") from exc
+    except OSError as exc:
+        raise redis.ConnectionError(f"Error while reading from socket: {exc.args}") from exc
+    if got == 0:
+        raise redis.ConnectionError(SERVER_CLOSED_CONNECTION_ERROR)
+    reader.feed(buffer, 0, got)
+
+
+def hold(sock: socket.socket, timeout: float | None) -> None:
+    """Make a connection's socket blocking while a line keeps it, its ``timeout`` kept by
+    the kernel (``SO_RCVTIMEO``, ``SO_SNDTIMEO``): a reply is then one ``recv``, not a
+    ``poll`` and a ``recv`` (``release`` undoes it before the pool has it back)."""
+    sock.setblocking(True)
+    if timeout:
+        whole = int(timeout)
+        tv = struct.pack("ll", whole, int((timeout - whole) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def release(sock: socket.socket, timeout: float | None) -> None:
+    """Undo ``hold``: the socket as redis-py made it (a non-blocking socket ignores the
+    kernel's timeouts)."""
+    sock.settimeout(timeout)
 
 
 class Forks:
@@ -128,12 +162,24 @@ class XaddBytes:
     def __call__(self, job: NewJob, now: float) -> bytes:
         if job.options:  # a job with options of its own: its whole command packed
             return pack(*xadd_now(self.qk, job, now))
-        head = self.heads.get(job.handler)
+        return self.now(job.handler, job.payload, now)
+
+    def now(self, handler: str, payload: str, now: float) -> bytes:
+        """The command of a job of no options of its own: ``handler``'s, ``payload`` JSON."""
+        head = self.heads.get(handler)
         if head is None:
             if len(self.heads) >= self.HEADS_KEPT:
                 self.heads.clear()
-            head = self.heads[job.handler] = xadd_head(self.qk.stream, job.handler)
-        return head + xadd_tail(job.payload, now)
+            head = self.heads[handler] = xadd_head(self.qk.stream, handler)
+        body, when = payload.encode(), repr(now).encode()
+        return b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (
+            head,
+            len(body),
+            body,
+            _ENQUEUED,
+            len(when),
+            when,
+        )
 
 
 def kept(pool: Any) -> int:
@@ -158,9 +204,12 @@ class Line:
 
     @classmethod
     def of(cls, r: Any) -> Line | None:
-        """A line for ``r``'s pool; None for a cluster, or a pool whose connections do not
-        parse with hiredis (RESP2)."""
+        """A line for ``r``'s pool; None for a cluster, a pool of TLS connections (the line
+        writes on the socket's file), or one whose connections do not parse with hiredis
+        (RESP2)."""
         if isinstance(r, RedisCluster) or not isinstance(r, redis.Redis) or not HIREDIS_AVAILABLE:
+            return None
+        if issubclass(r.connection_pool.connection_class, redis.SSLConnection):
             return None
         given = r.connection_pool.connection_kwargs
         if "parser_class" in given or str(given.get("protocol") or 2) != "2":
@@ -168,10 +217,26 @@ class Line:
         return cls(r)
 
     def call(self, packed: bytes) -> Any:
-        """Send one packed command and return its raw reply (module docstring)."""
-        (reply,) = self.call_all(packed, 1)
-        if isinstance(reply, redis.ResponseError):
-            raise reply
+        """Send one packed command and return its raw reply (module docstring): as
+        ``call_all(packed, 1)``, an error reply raised."""
+        conn, sock, poll = self._take()
+        try:
+            send(sock.fileno(), packed)
+            parser = conn._parser
+            reader = parser._reader
+            reply = reader.gets()
+            while reply is NOT_ENOUGH_DATA:
+                receive(sock, reader, parser._buffer)
+                reply = reader.gets()
+        except BaseException:
+            self._drop(conn)
+            raise
+        if isinstance(reply, redis.RedisError):
+            self._check(conn, reply)
+            if isinstance(reply, redis.ResponseError):
+                self._keep(conn, sock, poll)
+                raise reply
+        self._keep(conn, sock, poll)
         return reply
 
     def call_all(self, packed: bytes, n: int) -> list[Any]:
@@ -180,33 +245,39 @@ class Line:
         conn, sock, poll = self._take()
         replies: list[Any] = []
         try:
-            send(sock, packed)
+            send(sock.fileno(), packed)
             parser = conn._parser
-            reader = parser._reader
+            reader, buffer = parser._reader, parser._buffer
             while len(replies) < n:
                 reply = reader.gets()
                 while reply is NOT_ENOUGH_DATA:
-                    parser.read_from_socket()
+                    receive(sock, reader, buffer)
                     reply = reader.gets()
                 replies.append(reply)
         except BaseException:
             self._drop(conn)
             raise
         for reply in replies:
-            if isinstance(reply, redis.ConnectionError):  # LOADING: as redis-py, drop it
-                self._drop(conn)
-                raise reply
-            if self.sentinel and isinstance(reply, ReadOnlyError):
-                self._drop(conn)
-                raise redis.ConnectionError("The previous master is now a slave")
+            if isinstance(reply, redis.RedisError):
+                self._check(conn, reply)
         self._keep(conn, sock, poll)
         return replies
+
+    def _check(self, conn: Any, reply: redis.RedisError) -> None:
+        """Drop ``conn`` and raise ``ConnectionError`` for an error reply that says the
+        connection is no good (LOADING; READONLY through a sentinel's pool), as redis-py."""
+        if isinstance(reply, redis.ConnectionError):  # LOADING: as redis-py, drop it
+            self._drop(conn)
+            raise reply
+        if self.sentinel and isinstance(reply, ReadOnlyError):
+            self._drop(conn)
+            raise redis.ConnectionError("The previous master is now a slave")
 
     def _keep(self, conn: Any, sock: Any, poll: Any) -> None:
         if len(self.idle) < self.kept:
             self.idle.append((conn, sock, poll))
         else:
-            self.pool.release(conn)
+            self._release(conn, sock)
 
     def _take(self) -> tuple[Any, Any, Any]:
         """A connection ready to send: a kept one whose socket has nothing to read (else it
@@ -223,12 +294,23 @@ class Line:
             self._drop(conn)
         conn = self.pool.get_connection()
         try:
+            sock = conn._sock
+            hold(sock, conn.socket_timeout)
             poll = select.poll()
-            poll.register(conn._sock, _STALE)
+            poll.register(sock, _STALE)
         except BaseException:
             self._drop(conn)
             raise
-        return conn, conn._sock, poll
+        return conn, sock, poll
+
+    def _release(self, conn: Any, sock: Any) -> None:
+        """Give a kept connection back to the pool, its socket as redis-py made it."""
+        try:
+            release(sock, conn.socket_timeout)
+        except OSError:
+            self._drop(conn)
+            return
+        self.pool.release(conn)
 
     def _drop(self, conn: Any) -> None:
         conn.disconnect()
@@ -238,8 +320,8 @@ class Line:
         """Give the kept connections back to the pool."""
         idle, self.idle = self.idle, []
         if self.forks == Forks.count:
-            for conn, _, _ in idle:
-                self.pool.release(conn)
+            for conn, sock, _ in idle:
+                self._release(conn, sock)
 
 
 class StreamReads:

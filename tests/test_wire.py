@@ -17,7 +17,16 @@ from queueworks.keys import Keys
 from queueworks.queues import xadd_now
 from queueworks.redis_server import RedisServer
 from queueworks.script_calls import NewJob
-from queueworks.wire import Forks, Line, StreamReads, pack, pack_any, xadd_head, xadd_tail
+from queueworks.wire import (
+    Forks,
+    Line,
+    StreamReads,
+    XaddBytes,
+    pack,
+    pack_any,
+    xadd_head,
+    xadd_tail,
+)
 
 NOOP = "queueworks.examples:noop"
 
@@ -32,6 +41,22 @@ def test_the_prebuilt_xadd_is_xadd_now_in_resp() -> None:
     # and what redis-py would send for it
     packed = redis.Redis().connection_pool.make_connection().pack_command(*xadd_now(qk, job, now))
     assert built == b"".join(packed)
+
+
+@pytest.mark.unit
+def test_the_handles_xadd_bytes_are_xadd_now_in_resp() -> None:
+    qk = Keys("p").task("q")
+    job = NewJob("", NOOP, '{"to":"é"}')
+    now = 1_700_000_000.25
+    assert XaddBytes(qk).now(NOOP, job.payload, now) == pack(*xadd_now(qk, job, now))
+    assert XaddBytes(qk)(job, now) == pack(*xadd_now(qk, job, now))
+
+
+@pytest.mark.unit
+def test_a_tls_pool_has_no_line() -> None:
+    """The line writes on the socket's file: under TLS that would be plain text."""
+    assert Line.of(redis.Redis(ssl=True)) is None
+    assert Line.of(redis.Redis()) is not None
 
 
 @pytest.mark.unit
@@ -125,6 +150,41 @@ def test_a_dropped_connection_is_made_again_and_nothing_is_sent_twice(
     assert client.line.idle[0][0] is conn  # connected again
     assert r.xlen(q.keys.stream) == 3
     assert r.xrange(q.keys.stream)[-1][0].decode() == job.id
+
+
+@pytest.mark.integration
+def test_a_stream_gone_under_the_line_gets_its_job_once(client: Client, r: redis.Redis) -> None:
+    q = client.queue("wire")
+    q.enqueue(NOOP, 1)
+    r.delete(q.keys.stream)  # the XADD (NOMKSTREAM) writes nothing: the script makes it
+    job = q.enqueue(NOOP, 2)
+    assert [(e[0].decode(), e[1][b"p"]) for e in r.xrange(q.keys.stream)] == [(job.id, b"2")]
+    assert job.status().state == "queued"
+
+
+@pytest.mark.integration
+def test_a_reply_that_does_not_come_in_time_is_a_timeout(redis_url: str) -> None:
+    """A kept socket is blocking, the kernel keeping its timeout: redis-py's error, and the
+    connection is dropped (its late reply would answer the next command)."""
+    line = Line.of(redis.Redis.from_url(redis_url, socket_timeout=0.2))
+    assert line is not None
+    with pytest.raises(redis.TimeoutError, match="Timeout reading"):
+        line.call(pack("BLPOP", "no-such-list", "2"))
+    assert line.idle == []
+    assert line.call(pack("PING")) == b"PONG"
+
+
+@pytest.mark.integration
+def test_a_connection_given_back_is_as_redis_py_made_it(redis_url: str) -> None:
+    r = redis.Redis.from_url(redis_url, socket_timeout=3)
+    line = Line.of(r)
+    assert line is not None
+    assert line.call(pack("PING")) == b"PONG"
+    (conn, sock, _) = line.idle[0]
+    assert sock.gettimeout() is None  # kept: blocking (see ``wire.hold``)
+    line.close()
+    assert sock.gettimeout() == 3 and conn._sock is sock
+    assert r.ping()
 
 
 def _client_id(conn: object) -> int:
