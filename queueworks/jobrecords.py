@@ -297,6 +297,7 @@ DEAD_PAYLOAD = "payload"
 DEAD_HANDLER = "handler"
 DEAD_WORKER = "worker"
 DEAD_TS = "ts"
+DEAD_OPTIONS = "o"
 
 DEAD_FIELDS = (
     DEAD_ENTRY,
@@ -309,6 +310,7 @@ DEAD_FIELDS = (
     DEAD_HANDLER,
     DEAD_WORKER,
     DEAD_TS,
+    DEAD_OPTIONS,
 )
 
 
@@ -327,6 +329,8 @@ def decode_dead_letter(raw: Mapping[bytes, bytes], errors: str = "strict") -> di
     ``handler``   a queue's: the job's handler
     ``worker``    the worker that dead-lettered it
     ``ts``        when (s)
+    ``o``         a queue's job: its own options (``job_options``), when it had any; a
+                  requeue puts them back on its entry
     ============  ==============================================================================
     """
     out: dict[str, str | None] = {}
@@ -369,5 +373,6 @@ LUA_NAMES = {
     "JOB_PROGRESS_MESSAGE": JOB_PROGRESS_MESSAGE,
     "JOB_DEPS": JOB_DEPS,
     **{f"DEAD_{name.upper()}": name for name in DEAD_FIELDS},
+    "DEAD_OPTIONS": DEAD_OPTIONS,
     "DONE_KEPT": str(DONE_KEPT),
 }

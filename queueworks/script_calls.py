@@ -460,6 +460,7 @@ def settle_jobs(
         keys.append(prefix + e.job_id)
         argv += (e.entry_id, repr(job.started_at), job.attempt, job.reason, job.outcome)
         argv += (e.job_id, e.payload, e.handler, e.enqueued, "1" if e.named else "")
+        argv.append(e.options or "")  # kept on its dead letter, for a requeue
         if e.options:
             held.append(e)
     for entry_id, why, payload in batch.rejected:

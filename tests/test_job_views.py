@@ -132,6 +132,26 @@ def test_a_job_in_full(client: Client, r: redis.Redis, keys: Keys) -> None:
 
 
 @pytest.mark.integration
+def test_a_requeued_dead_job_keeps_its_own_options(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """A dead job's options (retries, key, group) stay on its dead letter, and a requeue
+    puts them back on its entry: it runs again as it was enqueued, a group's slot and all."""
+    q = client.queue("views-opts", group_limit=2)
+    tk = keys.task("views-opts")
+    job = q.enqueue(H, {"x": 1}, retry_delay=2.0, key="k-1", group="g")
+    plain = q.enqueue(H, {"x": 2})
+    first, second = read_one(r, tk), read_one(r, tk)
+    assert first.options and not second.options
+    settle(client, tk, [first, second], dead=True)
+    letters = {f[b"job"].decode(): f for _, f in r.xrange(tk.dead)}
+    assert letters[job.id][b"o"].decode() == first.options and b"o" not in letters[plain.id]
+    assert q.requeue_dead() == 2
+    again = {e.job_id: e for e in (read_one(r, tk), read_one(r, tk))}
+    assert again[job.id].options == first.options and not again[plain.id].options
+
+
+@pytest.mark.integration
 def test_the_queue_actions(client: Client, r: redis.Redis, keys: Keys) -> None:
     q = client.queue("views-act")
     tk = keys.task("views-act")

@@ -1,5 +1,6 @@
 -- Put a queue's dead job back on its stream: its dead letter is removed, `dead` goes down by
--- one, its record says queued again (and no longer expires), and it runs as a new attempt 1.
+-- one, its record says queued again (and no longer expires), and it runs as a new attempt 1,
+-- with the options it had (its dead letter's 'o': retries, key, group).
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] the job's record
 -- ARGV[1] dead-letter entry id   ARGV[2] now (s)
 -- returns {1, new entry id, job id} or {0, reason}: 'missing entry', 'rejected entry',
@@ -24,8 +25,13 @@ if state and state ~= '${DEAD}' then
   return {0, 'job ' .. state}
 end
 local handler = f['${DEAD_HANDLER}'] or ''
-local eid = redis.call('XADD', KEYS[1], '*', '${ENTRY_JOB}', f['${DEAD_JOB}'],
-  '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', f['${DEAD_PAYLOAD}'], '${ENTRY_ENQUEUED}', ARGV[2])
+local entry = {'XADD', KEYS[1], '*', '${ENTRY_JOB}', f['${DEAD_JOB}'],
+  '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', f['${DEAD_PAYLOAD}'], '${ENTRY_ENQUEUED}', ARGV[2]}
+if (f['${DEAD_OPTIONS}'] or '') ~= '' then  -- its own options (retries, key, group) go with it
+  entry[#entry + 1] = '${ENTRY_OPTIONS}'
+  entry[#entry + 1] = f['${DEAD_OPTIONS}']
+end
+local eid = redis.call(unpack(entry))
 redis.call('HSET', KEYS[4], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', handler,
   '${JOB_ENTRY}', eid, '${JOB_ENQUEUED}', ARGV[2])
 redis.call('HDEL', KEYS[4], '${JOB_REASON}', '${JOB_ERROR}', '${JOB_STARTED}', '${JOB_FINISHED}',

@@ -20,8 +20,9 @@
 -- ARGV[9] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
 -- then n_ok 7-tuples: entry id, started at, attempts, result JSON, handler, enqueued at,
 --   '1' if the entry names its job ('' if not)
--- then n_dead 10-tuples: entry id, started at, attempts, reason, error, job id, payload,
---   handler, enqueued at, '1' if the entry names its job
+-- then n_dead 11-tuples: entry id, started at, attempts, reason, error, job id, payload,
+--   handler, enqueued at, '1' if the entry names its job, its options ('' = none: kept on
+--   its dead letter, for a requeue)
 -- then n_rejected 3-tuples: entry id, why, payload
 -- then n_buckets pairs: histogram bucket ("le" bound or "sum"), amount to add
 -- then, optional (absent = 0): n_unique, then n_unique 3-tuples of the settled jobs that
@@ -48,7 +49,7 @@ local done_ids = {}  -- the jobs counted done: to the done index, at the end
 local acked = {}  -- entries this call acked: deleted together, at the end
 local outcomes = nil  -- with the dependents block and waiters: {job id, 'done'/'dead', why}
 do
-  local block = 10 + 7 * n_ok + 10 * n_dead + 3 * n_rej + 2 * n_buckets
+  local block = 10 + 7 * n_ok + 11 * n_dead + 3 * n_rej + 2 * n_buckets
   block = block + 1 + 3 * tonumber(ARGV[block] or '0')  -- past the unique keys' section
   if ARGV[block] == '1' and call('EXISTS', KEYS[#KEYS - 1]) == 1 then
     outcomes = {}
@@ -113,17 +114,22 @@ for _ = 1, n_dead do
       record(job, named, ARGV[at + 7], ARGV[at + 8], '${JOB_STATE}', '${DEAD}',
         '${JOB_REASON}', ARGV[at + 3], '${JOB_ERROR}', ARGV[at + 4], '${JOB_STARTED}', ARGV[at + 1],
         '${JOB_FINISHED}', now, '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
-      call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', '${DEAD_ENTRY}', ARGV[at],
+      local letter = {'XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', '${DEAD_ENTRY}', ARGV[at],
         '${DEAD_JOB}', ARGV[at + 5], '${DEAD_REASON}', ARGV[at + 3], '${DEAD_ERROR}', ARGV[at + 4],
         '${DEAD_ATTEMPTS}', ARGV[at + 2], '${DEAD_PAYLOAD}', ARGV[at + 6],
-        '${DEAD_HANDLER}', ARGV[at + 7], '${DEAD_WORKER}', worker, '${DEAD_TS}', now)
+        '${DEAD_HANDLER}', ARGV[at + 7], '${DEAD_WORKER}', worker, '${DEAD_TS}', now}
+      if ARGV[at + 10] ~= '' then
+        letter[#letter + 1] = '${DEAD_OPTIONS}'
+        letter[#letter + 1] = ARGV[at + 10]
+      end
+      call(unpack(letter))
       dead = dead + 1
       if outcomes then
         outcomes[#outcomes + 1] = {ARGV[at + 5], 'dead', ARGV[at + 3]}
       end
     end
   end
-  at, key = at + 10, key + 1
+  at, key = at + 11, key + 1
 end
 for _ = 1, n_rej do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
