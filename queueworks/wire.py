@@ -38,6 +38,7 @@ from redis.cluster import RedisCluster
 from redis.exceptions import ReadOnlyError
 from redis.utils import HIREDIS_AVAILABLE
 
+from queueworks.connection import text
 from queueworks.jobrecords import ENTRY_ENQUEUED, ENTRY_HANDLER, ENTRY_PAYLOAD
 from queueworks.keys import TaskKeys
 from queueworks.queues import xadd_now
@@ -351,9 +352,9 @@ class StreamReads:
             words = ["XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", str(count)]
             if block is not None:
                 words += ["BLOCK", str(block)]
-            names = [text_of(name) for name in streams]
+            names = [text(name) for name in streams]
             packed = self.packed[key] = pack(
-                *words, "STREAMS", *names, *map(text_of, streams.values())
+                *words, "STREAMS", *names, *map(text, streams.values())
             )
         reply = self.line.call(packed)
         if not reply:
@@ -364,10 +365,6 @@ class StreamReads:
 
     def close(self) -> None:
         self.line.close()
-
-
-def text_of(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _fields(flat: list[bytes] | None) -> dict[bytes, bytes] | None:
