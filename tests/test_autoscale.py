@@ -385,3 +385,48 @@ def test_the_controller_counts_a_backlog_without_any_worker(
     q.enqueue("tests.handlers:double", {"x": 2}, delay=4.0)  # counted once it is due
     wait_for(lambda: published.read(r, keys).of("") == 0, 10, "zero while it waits")
     wait_for(lambda: published.read(r, keys).of("") == 2, 10, "2 once it is due")
+
+
+def keda_manifest() -> list[dict[str, Any]]:
+    """The ScaledObject and TriggerAuthentication that docs/deploy.md shows."""
+    import yaml
+
+    text = (ROOT / "docs" / "deploy.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```yaml\n")[1:]]
+    (block,) = [b for b in blocks if "kind: ScaledObject" in b]
+    return list(yaml.safe_load_all(block))
+
+
+@pytest.mark.integration
+def test_the_keda_manifest_in_the_docs_reads_the_count(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """What KEDA's metrics-api scaler and the HPA do with the documented manifest, against a
+    live dashboard: GET the url with the bearer token, take ``valueLocation`` from the JSON,
+    and (``AverageValue``) scale to ceil(value / targetValue) -- the wanted count itself,
+    whatever the current replicas. KEDA itself is not run here."""
+    import math
+    from urllib.parse import urlsplit
+
+    from tests.test_dashboard import make_app
+
+    scaled, auth = keda_manifest()
+    assert (scaled["kind"], auth["kind"]) == ("ScaledObject", "TriggerAuthentication")
+    (trigger,) = scaled["spec"]["triggers"]
+    meta = trigger["metadata"]
+    assert trigger["type"] == "metrics-api" and meta["authMode"] == "bearer"
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    assert [p["parameter"] for p in auth["spec"]["secretTargetRef"]] == ["token"]
+    assert trigger.get("metricType", "AverageValue") == "AverageValue"
+    assert scaled["spec"]["minReplicaCount"] == 0  # to zero when idle
+    url = urlsplit(meta["url"])
+    path = f"{url.path}?{url.query}"
+    with make_app(client, token="keda-s3cret") as web:
+        assert web.get(path).status_code == 401  # no token, no count
+        bearer = {"Authorization": "Bearer keda-s3cret"}
+        for count in (3, 0, 7):
+            value = published.Wanted(at=time.time(), by="c1", target_s=60, selectors={"": count})
+            r.set(keys.wanted, published.encode(value), px=30_000)
+            body = web.get(path, headers=bearer).json()
+            metric = float(body[meta["valueLocation"]])  # a top-level GJSON path
+            assert math.ceil(metric / float(meta["targetValue"])) == count

@@ -36,10 +36,8 @@ import hashlib
 import json
 import os
 import secrets
-import shlex
 import shutil
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -78,6 +76,7 @@ HOW_TO_START = (
     "docker.io and docker-compose, makes stand-in base images and the wheelhouse)"
 )
 OFFLINE_PIP = "--no-index --find-links /src/wheels"
+DOCKER_SOCKET = "/var/run/docker.sock"  # compose.yaml's autoscale service mounts this one
 
 
 def figure(name: str, value: float | int) -> None:
@@ -185,7 +184,15 @@ class Stack:
         self.offline = any((ROOT / "wheels").glob("*.whl"))
         self.redis_url = f"redis://127.0.0.1:{self.redis_port}/0"
         self.override = tmp / "compose.hostnet.yaml"
+        # what the autoscale service mounts as its project folder, readable by its user
+        self.project_dir = tmp / "project"
         self.override.write_text(yaml.safe_dump(self._override()))
+        self.project_dir.mkdir(mode=0o755)
+        self.project_dir.chmod(0o755)
+        shutil.copy(ROOT / "compose.yaml", self.project_dir / "compose.yaml")
+        shutil.copy(self.override, self.project_dir / "compose.override.yaml")
+        for f in self.project_dir.iterdir():
+            f.chmod(0o644)
         self.compose = [
             *(compose_command() or []),
             *("-p", self.project, "-f", str(ROOT / "compose.yaml"), "-f", str(self.override)),
@@ -202,6 +209,12 @@ class Stack:
             "QUEUEWORKS_LOG_LEVEL": "info",
             "QUEUEWORKS_DASHBOARD_TOKEN": self.token,
             "QUEUEWORKS_DASHBOARD_PORT": str(self.dashboard_port),
+            # the autoscale service: its scale command names this project, and it may use
+            # the engine's socket through the socket's group
+            "COMPOSE_PROJECT_NAME": self.project,
+            "DOCKER_GID": str(os.stat(DOCKER_SOCKET).st_gid)
+            if os.path.exists(DOCKER_SOCKET)
+            else "0",
         }
         self.events = Events(self.project, tmp / "docker-events.jsonl")
 
@@ -235,9 +248,14 @@ class Stack:
                 # never started (an override cannot drop its published port); host here so
                 # that no service of this project could ever ask for a bridge network
                 "dashboard": host,
-                # never started either (its image needs the Docker CLI from a registry): the
-                # autoscale test runs the same command on the host
-                "autoscale": host,
+                # compose.yaml's own scale command, run in the project folder it mounts at
+                # /project: here a readable copy of compose.yaml with this override as its
+                # compose.override.yaml, so that the workers it starts are like the rest
+                "autoscale": {
+                    **host,
+                    **patient,
+                    "volumes": [f"{self.project_dir}:/project:ro"],
+                },
             }
         }
 
@@ -651,31 +669,28 @@ def _pings(r: redis.Redis) -> bool:
 
 
 @pytest.mark.xdist_group("containers")  # one stack, one engine: never two at once
-def test_autoscale_0_to_n_to_0_with_a_running_task(stack: Stack, tmp_path: Path) -> None:
-    """``queueworks autoscale`` (on the host, as compose.yaml's ``autoscale`` service runs it
-    in a container) scales the worker containers with ``up --scale``: from none, a task of
-    ``min_nodes=2`` brings 2 that run it; once it is done, back to none, each container
-    stopped by SIGTERM alone, exit 0, as a ``leave``. Nothing is lost."""
+def test_autoscale_0_to_n_to_0_with_a_running_task(stack: Stack) -> None:
+    """compose.yaml's ``autoscale`` service (its image built by Dockerfile.autoscale, its own
+    scale command: ``docker compose ... up --scale worker={n}`` through the engine's socket)
+    scales the worker containers: from none, a task of ``min_nodes=2`` brings 2 that run it;
+    once it is done, back to none, each container stopped by SIGTERM alone, exit 0, as a
+    ``leave``. Nothing is lost; the scaler itself stops cleanly on SIGTERM."""
     build(stack)  # cached by the test above (or made now)
+    t = time.monotonic()
+    stack("--profile", "autoscale", "build", "autoscale", timeout=300)
+    figure("autoscale_image_build_s", time.monotonic() - t)
     stack("up", "-d", "--no-build", "redis", "controller")
     wait_for(stack.healthy, 240, "redis and the controllers to be healthy", interval=0.5)
-    scale = [*stack.compose, "up", "-d", "--no-recreate", "--no-build", "--scale"]
-    command = shlex.join([*scale, "worker=0", "worker"]).replace("worker=0", "worker={n}", 1)
-    log = (tmp_path / "autoscale.log").open("wb")
-    args = ["autoscale", "--scale-command", command, "--max", "3", "--cooldown", "4"]
-    scaler = subprocess.Popen(
-        [sys.executable, "-m", "queueworks", *args],
-        env={**stack.env, "PYTHONPATH": str(ROOT)},
-        cwd=ROOT,
-        stdout=log,
-        stderr=log,
-    )
+    env = {**stack.env, "QUEUEWORKS_AUTOSCALE_MAX": "3", "QUEUEWORKS_AUTOSCALE_COOLDOWN": "4"}
+    run([*stack.compose, "--profile", "autoscale", "up", "-d", "--no-build", "autoscale"], env)
+    (scaler,) = stack.containers("autoscale")
+    assert not stack.containers("worker")
     client = Client.from_url(stack.redis_url, prefix=stack.prefix)
     keys = Keys(stack.prefix)
     resolved = load_compose({})["services"]
     try:
         subtasks = [{"seconds": 0.25} for _ in range(60)]
-        t = time.time()
+        t = time.monotonic()
         task = client.submit(
             TaskSpec(
                 name="scaled",
@@ -686,14 +701,14 @@ def test_autoscale_0_to_n_to_0_with_a_running_task(stack: Stack, tmp_path: Path)
             )
         )
         wait_for(lambda: len(task.status().nodes) == 2, 120, "2 worker containers in the task")
-        figure("autoscale_0_to_2_running_s", time.time() - t)
+        figure("autoscale_0_to_2_running_s", time.monotonic() - t)
         workers = stack.containers("worker")
         assert len(workers) == 2, workers
         status = task.wait(timeout=180)
         assert (status.state, status.done, status.dead) == (TaskState.COMPLETED, 60, 0), status
-        t = time.time()
+        t = time.monotonic()
         wait_for(lambda: not stack.containers("worker"), 120, "no worker container", 0.5)
-        figure("autoscale_idle_to_0_s", time.time() - t)
+        figure("autoscale_idle_to_0_s", time.monotonic() - t)
         grace = duration(resolved["worker"]["stop_grace_period"])
         for cid in workers:
             stopped_cleanly(stack, cid, "worker", grace)
@@ -703,8 +718,9 @@ def test_autoscale_0_to_n_to_0_with_a_running_task(stack: Stack, tmp_path: Path)
         assert sorted(dict(task.results())) == list(range(60))
     finally:
         client.close()
-        scaler.terminate()
-        code = scaler.wait(30)
-        log.close()
-    text = (tmp_path / "autoscale.log").read_text()
-    assert code == 0 and "scale_failed" not in text, text[-3000:]
+        text = stack.logs(scaler)
+        run(["docker", "stop", "-t", "10", scaler], check=False)
+    stopped_cleanly(
+        stack, scaler, "autoscale", duration(resolved["autoscale"]["stop_grace_period"])
+    )
+    assert '"scaled"' in text and "scale_failed" not in text, text[-3000:]
