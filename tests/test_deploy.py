@@ -31,7 +31,7 @@ pytestmark = pytest.mark.system
 
 COMPOSE = ROOT / "compose.yaml"
 N_SUBTASKS = 5000  # at least; more where processes start slowly (see the scale test)
-WORK_PER_STARTUP = 30.0  # worker-seconds of work per second the first workers took to start
+WORK_PER_STARTUP = 80.0  # worker-seconds of work per second the first workers took to start
 SCALE_STEPS = (6, 1, 4)  # after the compose file's own `deploy.replicas` (2)
 
 # -- reading compose.yaml as compose does ------------------------------------------------

@@ -80,6 +80,7 @@
       })
       .then(function (answer) {
         if (answer === null) return;
+        if (paused && !force) return;  // paused while it was on its way: the page holds still
         apply(answer);
         if (!paused) setStatus("ok", "live · " + new Date().toLocaleTimeString());
       })
