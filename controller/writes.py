@@ -162,10 +162,12 @@ class Writes:
         self._on(op, done)
 
     def forget_expired(self, task_id: str, gone: bool, expires: float | None) -> None:
-        """The index's side of expiry: drop a task whose keys are gone, or look again later."""
+        """The index's side of expiry: drop a task whose keys are gone (and a queue's name
+        from ``qw:queues``), or look again later."""
         k = self.keys
         if gone:
             self.batch.add("zrem", [k.tasks], task_id)
+            self.batch.add("srem", [k.queues], task_id)
         if expires is None:
             self.batch.add("zrem", [k.tasks_expiry], task_id)
         else:
