@@ -6,6 +6,7 @@ the leader finds them through what the queue indexes and gives them the queue's 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import pytest
 import redis
@@ -15,6 +16,7 @@ from queueworks.controller import leftovers
 from queueworks.controller.feed import Feed
 from queueworks.controller.leftovers import Leftovers
 from queueworks.controller.reconciler import Reconciler
+from queueworks.jobrecords import JobEntry, decode_entry
 from queueworks.keys import GROUP, Keys
 from queueworks.logs import get_logger
 from queueworks.models import JobState
@@ -191,3 +193,48 @@ def test_the_walk_goes_in_batches_and_a_reopen_keeps_the_jobs(
         walks.step(False)
     assert all(r.pttl(k) == -1 for k in unfinished)
     assert r.zscore(keys.queues_expiring, "again") is None
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A failed attempt, as a member settles it (``script_calls.SettledJob``)."""
+
+    entry: JobEntry
+    started_at: float
+    attempt: int = 1
+    outcome: str = "boom"
+    reason: str = ""
+
+
+@pytest.mark.integration
+def test_what_is_written_after_the_release_expires_with_the_queue(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("late", result_ttl=60)
+    qk, scripts = keys.task("late"), Scripts(r)
+    rec, feed = _leader(r, keys)
+    aside, retried = q.enqueue(DOUBLE, {"x": 1}), q.enqueue(DOUBLE, {"x": 2})
+    r.xreadgroup(GROUP, "w1", {qk.stream: ">"})  # a member runs both
+    assert q.task.cancel()
+    _walk(r, keys, rec, feed)
+    assert 0 < r.pttl(qk.record) <= 60_000
+    # the member goes on: one job it may not run is set aside, the other fails and waits
+    # for a retry; a handle kept by a client enqueues more
+    assert scripts.set_aside(qk, aside.id, aside.id, "w1", "os:system", "not allowed", 1)
+    fields = r.xrange(qk.stream, retried.id, retried.id)[0][1]
+    failed = Failed(decode_entry(retried.id, fields), time.time())
+    now = time.time()
+    assert scripts.retry_later(qk, [(failed, now + 3600, "tb")], "w1", now, None)[0] == 1
+    delayed = q.enqueue(DOUBLE, {"x": 3}, delay=3600)
+    held = q.enqueue(DOUBLE, {"x": 4}, delay=3600, key="held")
+    deferred = q.enqueue(DOUBLE, {"x": 5}, depends_on=[delayed])
+    unique_deferred = q.enqueue(DOUBLE, {"x": 6}, depends_on=[delayed], key="waits")
+    q.enqueue(DOUBLE, {"x": 7}, key="now")
+    written = [
+        qk.aside_stream("os:system"),
+        *(qk.job(j.id) for j in (aside, retried, delayed, held, deferred, unique_deferred)),
+        *(qk.deps(j.id) for j in (deferred, unique_deferred)),
+        *(qk.unique(k) for k in ("held", "waits", "now")),
+    ]
+    ttl = r.pttl(qk.record)
+    assert {k: r.pttl(k) for k in written if not 0 < r.pttl(k) <= ttl} == {}
