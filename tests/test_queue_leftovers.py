@@ -20,7 +20,7 @@ from queueworks.jobrecords import JobEntry, decode_entry
 from queueworks.keys import GROUP, Keys
 from queueworks.logs import get_logger
 from queueworks.models import JobState
-from queueworks.scripts import Scripts
+from queueworks.scripts import JobBatch, Scripts
 from tests.conftest import Cluster, wait_for
 from tests.test_flow import _leader
 
@@ -217,12 +217,19 @@ def test_what_is_written_after_the_release_expires_with_the_queue(
     qk, scripts = keys.task("late"), Scripts(r)
     rec, feed = _leader(r, keys)
     aside, retried = q.enqueue(DOUBLE, {"x": 1}), q.enqueue(DOUBLE, {"x": 2})
-    r.xreadgroup(GROUP, "w1", {qk.stream: ">"})  # a member runs both
+    buried = q.enqueue(DOUBLE, {"x": 0})
+    r.xreadgroup(GROUP, "w1", {qk.stream: ">"})  # a member runs all three, one dies
+    fields = r.xrange(qk.stream, buried.id, buried.id)[0][1]
+    dead = Failed(decode_entry(buried.id, fields), time.time(), reason="failed 1 times")
+    scripts.settle_jobs(qk, JobBatch(dead=[dead]), "w1", time.time(), 60, client=None)
+    dead_letter = r.xrange(qk.dead)[0][0].decode()
     assert q.task.cancel()
     _walk(r, keys, rec, feed)
     assert 0 < r.pttl(qk.record) <= 60_000
     # the member goes on: one job it may not run is set aside, the other fails and waits
-    # for a retry; a handle kept by a client enqueues more
+    # for a retry; an operator's requeue of the dead job, begun before the cancel, ends;
+    # a handle kept by a client enqueues more
+    assert scripts.requeue_job(qk, dead_letter, buried.id, time.time())[0] == 1
     assert scripts.set_aside(qk, aside.id, aside.id, "w1", "os:system", "not allowed", 1)
     fields = r.xrange(qk.stream, retried.id, retried.id)[0][1]
     failed = Failed(decode_entry(retried.id, fields), time.time())
@@ -235,7 +242,7 @@ def test_what_is_written_after_the_release_expires_with_the_queue(
     q.enqueue(DOUBLE, {"x": 7}, key="now")
     written = [
         qk.aside_stream("os:system"),
-        *(qk.job(j.id) for j in (aside, retried, delayed, held, deferred, unique_deferred)),
+        *(qk.job(j.id) for j in (aside, retried, buried, delayed, held, deferred, unique_deferred)),
         *(qk.deps(j.id) for j in (deferred, unique_deferred)),
         *(qk.unique(k) for k in ("held", "waits", "now")),
     ]
