@@ -38,6 +38,7 @@ from .demand import Demand
 from .feed import Feed, Gap
 from .fence import Fence, Fenced
 from .lease import Lease
+from .leftovers import Leftovers
 from .reconciler import PassStats, Reconciler
 from .scheduler import Scheduler
 from .tally import Tally
@@ -72,6 +73,9 @@ class Controller:
         self.reconciler.before_apply = self._before_apply
         self.scheduler = Scheduler(
             self.r, self.keys, self.fence, self.log, self.tally, self.lease.held
+        )
+        self.leftovers = Leftovers(
+            self.r, self.keys, self.scripts, self.fence, self.log, self.tally, self.lease.held
         )
         self.demand = Demand(
             self.r,
@@ -123,6 +127,7 @@ class Controller:
                 self.term = 0  # read everything again once it is back: it may have restarted
                 self.scheduler.reset()
                 self.demand.reset()
+                self.leftovers.reset()
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
         self.lease.stop()
@@ -157,6 +162,7 @@ class Controller:
         self.reconciler.reset()
         self.scheduler.reset()
         self.demand.reset()
+        self.leftovers.reset()
 
     def _rebuild(self) -> None:
         self.feed.start()
@@ -165,7 +171,10 @@ class Controller:
     def _one_pass(self) -> None:
         rec = self.reconciler
         wait = min(
-            self.settings.reconcile_interval, self.scheduler.wait(time.time()), self.demand.wait()
+            self.settings.reconcile_interval,
+            self.scheduler.wait(time.time()),
+            self.demand.wait(),
+            self.leftovers.wait(),
         )
         block = 0 if rec.busy() else max(1, int(wait * 1000))
         dirty = self.feed.read(block)
@@ -174,6 +183,7 @@ class Controller:
         if dirty or rec.busy() or rec.due():
             self._log_pass(rec.step(dirty))
         self.scheduler.step(dirty.schedules)
+        self.leftovers.step(bool(dirty.ended))
         self.demand.step(rec.mirror)
 
     def _log_pass(self, stats: PassStats, full: bool = False) -> None:

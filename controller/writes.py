@@ -91,7 +91,8 @@ class Writes:
     # -- tasks ----------------------------------------------------------------------------
 
     def release(self, row: TaskRow, state: TaskState) -> None:
-        """A finished task: out of the queue, its keys expire, the index forgets it then."""
+        """A finished task: out of the queue, its keys expire, the index forgets it then; a
+        queue's unfinished jobs' keys are then given its expiry (``controller.leftovers``)."""
         k, tk = self.keys, self.keys.task(row.id)
         unit = self.batch.unit()
         self.batch.add("zrem", [k.queue], row.id, unit=unit)
@@ -102,6 +103,8 @@ class Writes:
         self.batch.add("zadd_nx", [k.queue], row.created_at, row.id, when=-op, stage=2)
         expires = time.time() + row.result_ttl
         self.batch.add("zadd", [k.tasks_expiry], expires, row.id, when=op, stage=2)
+        if row.queue:  # its unfinished jobs' keys: the leader's walk (controller.leftovers)
+            self.batch.add("zadd", [k.queues_expiring], expires, row.id, when=op, stage=2)
         self._event("released", op, stage=2, task=row.id, state=state.value)
 
         def done(ok: int) -> None:
@@ -159,10 +162,12 @@ class Writes:
         self._on(op, done)
 
     def forget_expired(self, task_id: str, gone: bool, expires: float | None) -> None:
-        """The index's side of expiry: drop a task whose keys are gone, or look again later."""
+        """The index's side of expiry: drop a task whose keys are gone (and a queue's name
+        from ``qw:queues``), or look again later."""
         k = self.keys
         if gone:
             self.batch.add("zrem", [k.tasks], task_id)
+            self.batch.add("srem", [k.queues], task_id)
         if expires is None:
             self.batch.add("zrem", [k.tasks_expiry], task_id)
         else:

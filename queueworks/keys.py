@@ -26,7 +26,8 @@ key                                type          meaning
 ``qw:task:{T}:history``            stream        this task's rebalances (epoch, cause, pause)
 ``qw:task:{Q}:job:<J>``            hash          a queue's job J: state, entry, handler, times,
                                                  attempts, result or error; expires
-                                                 ``result_ttl`` after it finished
+                                                 ``result_ttl`` after it finished (an
+                                                 unfinished job's: with its finished queue)
 ``qw:task:{Q}:scheduled``          zset          a queue's delayed jobs, score = when they run
 ``qw:task:{Q}:handlers``           set           the handlers a queue's jobs have named
 ``qw:task:{Q}:aside``              set           the handlers whose jobs a queue set aside (a
@@ -46,10 +47,12 @@ key                                type          meaning
                                                  (each: its record key and entry fields, JSON);
                                                  expires with the queue (``group_waits``)
 ``qw:task:{Q}:unique:<K>``         string        unique key K of a queue's jobs: the id of the job
-                                                 that holds it while it is live (no TTL), or
-                                                 for ``unique_for`` s after it finished (TTL)
+                                                 that holds it while it is live (no TTL; with
+                                                 its finished queue), or for ``unique_for`` s
+                                                 after it finished (TTL)
 ``qw:task:{Q}:deps:<J>``           set           a deferred job J's dependencies still awaited
-                                                 (``Q/J`` for a job, ``T`` for a task)
+                                                 (``Q/J`` for a job, ``T`` for a task); expires
+                                                 with its finished queue
 ``qw:task:{Q}:deferred``           zset          a queue's deferred jobs (waiting for others),
                                                  score = when they were enqueued
 ``qw:task:{Q}:done``               list          the ids of a queue's jobs done most recently,
@@ -80,6 +83,10 @@ key                                type          meaning
 ``qw:tasks:expiry``                zset          finished tasks, score = when their keys expire
                                                  (the controller drops them from the index then)
 ``qw:queues``                      set           the names of every queue (a queue is a task)
+``qw:queues:expiring``             zset          finished queues whose unfinished jobs' keys the
+                                                 leader is giving the queue's expiry
+                                                 (``queueworks.job_keys``), score = when the
+                                                 queue's keys expire
 ``qw:schedules``                   zset          every schedule, ``<queue>/<name>``, score = its
                                                  next due time (ms): the one read of a
                                                  controller pass (its own slot; the queue's
@@ -375,6 +382,11 @@ class Keys:
     @property
     def queues(self) -> str:
         return f"{self.prefix}:queues"
+
+    @property
+    def queues_expiring(self) -> str:
+        """Finished queues whose jobs' keys are still to expire (``controller.leftovers``)."""
+        return f"{self.prefix}:queues:expiring"
 
     @property
     def schedules(self) -> str:

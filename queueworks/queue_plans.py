@@ -16,6 +16,7 @@ from queueworks import script_calls as calls
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
 from queueworks.flow import plan_pump
+from queueworks.job_keys import plan_job_keys
 from queueworks.jobrecords import JOB_STATE, RESULT_FIELDS, job_status
 from queueworks.keys import Keys, check_task_id
 from queueworks.models import JobState, JobStatus, QueueStatus
@@ -86,6 +87,7 @@ def plan_open(
             aside, waiting = yield trip
             created = (yield alone(calls.reopen_queue(tk, reopen_keys(tk, aside, waiting))))[0]
             if created is not None:
+                yield from plan_job_keys(tk, keep=True)  # its unfinished jobs' keys too
                 trip = Trip()
                 queue_reopened(trip, keys, name, created)
                 yield trip

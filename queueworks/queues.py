@@ -398,7 +398,8 @@ def reopening(raw: Sequence[Any], reopen: bool) -> bool:
 def reopen_keys(qk: TaskKeys, aside: Iterable[Any], waiting: Iterable[Any] = ()) -> list[str]:
     """The keys of a queue to keep (``reopen_queue``) besides its record and refusals:
     every key ``TaskKeys.all`` names, the streams of the handlers in its aside set and the
-    wait lists of the groups in its ``groups_waiting`` hash."""
+    wait lists of the groups in its ``groups_waiting`` hash. Its unfinished jobs' keys are
+    kept after them, in batches (``job_keys.plan_job_keys``)."""
     keep = [k for k in qk.all(0) if k not in (qk.record, qk.refused)]
     keep += qk.group_waits(text(g) for g in waiting)
     return keep + [qk.aside_stream(text(h)) for h in aside]

@@ -280,6 +280,25 @@ def expire_finished(keys: Sequence[str], ttl_ms: int) -> Call[bool]:
     return Call("expire_finished", list(keys), [ttl_ms, ACTIVE], bool)
 
 
+def expire_jobs(tk: TaskKeys, job_keys: Sequence[str]) -> Call[int]:
+    """Give ``job_keys`` (of unfinished jobs of the finished queue ``tk``) the expiry of its
+    record (``expire_jobs.lua``): the time to live given (ms), 0 if none (the queue is
+    active again, or its record has no expiry)."""
+    return Call("expire_jobs", [tk.record, *job_keys], [ACTIVE], int)
+
+
+def keep_jobs(tk: TaskKeys, jobs: Sequence[tuple[str, str | None]]) -> Call[bool]:
+    """Keep again the keys of ``jobs`` (``(job id, its unique key or None)``) of the
+    reopened queue ``tk`` (``keep_jobs.lua``): False if its record expires (finished again)."""
+    keys, args = [tk.record], []
+    for job_id, unique in jobs:
+        keys += [tk.job(job_id), tk.deps(job_id)]
+        if unique is not None:
+            keys.append(tk.unique(unique))
+        args += [job_id, "1" if unique is not None else "0"]
+    return Call("keep_jobs", keys, args, bool)
+
+
 def lease(key: str, holder: str, action: str, ttl_ms: int = 0) -> Call[bool]:
     """Renew (``action="renew"``) or release the lease if ``holder`` still has it."""
     return Call("lease", [key], [holder, action, ttl_ms], bool)
@@ -741,6 +760,8 @@ NAMES = (
     "set_state",
     "lease",
     "expire_finished",
+    "expire_jobs",
+    "keep_jobs",
     "sweep_lost",
     "record_task",
     "enqueue_jobs",

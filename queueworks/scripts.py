@@ -138,6 +138,8 @@ class _Functions:
     sweep_lost = _Bound(calls.sweep_lost)
     set_state = _Bound(calls.set_state)
     expire_finished = _Bound(calls.expire_finished)
+    expire_jobs = _Bound(calls.expire_jobs)
+    keep_jobs = _Bound(calls.keep_jobs)
     lease = _Bound(calls.lease)
     join = _Bound(calls.join)
     depart = _Bound(calls.depart)

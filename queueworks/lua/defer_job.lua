@@ -8,6 +8,8 @@
 -- KEYS[4] the queue's deferred zset (score: when it was enqueued)
 -- ARGV[1] job id   ARGV[2] handler   ARGV[3] payload JSON   ARGV[4] now (s)
 -- ARGV[5] its own options JSON ('' = none)   ARGV[6..] its dependencies (``Q/J`` or ``T``)
+-- On a queue that finished (a kept handle's enqueue, before its keys expire) the record and
+-- set expire with its stream.
 -- returns 1; nil, and nothing written, if the stream is gone (the queue's keys were lost)
 if redis.call('EXISTS', KEYS[1]) == 0 then
   return false
@@ -21,4 +23,9 @@ if #ARGV >= 6 then
   redis.call('SADD', KEYS[3], unpack(ARGV, 6))
 end
 redis.call('ZADD', KEYS[4], ARGV[4], ARGV[1])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then  -- a finished queue's (its stream expires with it): the job goes with it
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
+end
 return 1

@@ -5,6 +5,8 @@
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3..] the delayed jobs' records, in order
 -- ARGV[1] now (s)   then per job 5: job id ('' for a job to run now), handler,
 --   payload JSON, run at (s; '' = now), its own options JSON ('' = none: no 'o' field)
+-- On a queue that finished (a kept handle's enqueue, before its keys expire) the records
+-- written expire with its stream.
 -- returns the jobs' ids, in order; nil, and nothing written, if the stream is gone (the
 --   queue's keys were lost: its handle makes it again and calls again)
 if redis.call('EXISTS', KEYS[1]) == 0 then
@@ -32,5 +34,11 @@ for b = 2, #ARGV, 5 do
     record = record + 1
   end
   ids[#ids + 1] = id
+end
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then  -- a finished queue's (its stream expires with it): the records go with it
+  for i = 3, record - 1 do
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
 end
 return ids

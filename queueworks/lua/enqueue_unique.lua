@@ -19,6 +19,8 @@
 -- ARGV[7] run at (s; '' = now)   ARGV[8] its own options JSON (its key among them)
 -- ARGV[9] (optional) n dependencies, then ARGV[10..] the dependencies (``Q/J`` or ``T``):
 --   the job is written deferred, as defer_job.lua writes it (its registration follows)
+-- On a queue that finished (a kept handle's enqueue, before its keys expire) the index and
+-- the record (and dependencies set) written expire with its stream.
 -- returns {1, id} made; {0, id} found: the job holding the key, nothing written;
 --   {2, id}: the index names job id, live or not as its record says: call again with
 --   ARGV[3] = id and its record as KEYS[4]; nil, and nothing written, if the stream is gone
@@ -65,4 +67,14 @@ else
     '${JOB_OPTIONS}', options)
 end
 redis.call('SET', KEYS[3], id)
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then  -- a finished queue's (its stream expires with it): what was written too
+  redis.call('PEXPIRE', KEYS[3], ttl)
+  if n_deps > 0 then
+    redis.call('PEXPIRE', KEYS[#KEYS - 2], ttl)
+    redis.call('PEXPIRE', KEYS[#KEYS - 1], ttl)
+  elseif at ~= '' then
+    redis.call('PEXPIRE', KEYS[#KEYS], ttl)
+  end
+end
 return {1, id}

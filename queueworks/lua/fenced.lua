@@ -11,7 +11,8 @@
 -- ARGV[3] the active states, comma-separated   ARGV[4] n ops, then each op as
 --   name, when, nkeys, nargs, nkeys indices into KEYS, nargs arguments
 --   (when: 0 always; +j only if op j replied 1; -j only if op j replied 0)
--- ops: set_xx k v (only if k exists) | set_px k v ms (with an expiry) | del k | zrem k member | zadd k score member
+-- ops: set_xx k v (only if k exists) | set_px k v ms (with an expiry) | del k | zrem k member
+--   | srem k member | zadd k score member
 --   | zrem_if k member score (only if its score is that)
 --   | zadd_nx k score member | hset_x k field value (only if k exists) | xadd k maxlen f v ...
 --   | state k state now error (set_state.lua) | expire_finished k... ttl_ms (expire_finished.lua)
@@ -44,6 +45,7 @@ local ops = {
   set_px = function(k, a) return flag(call('SET', k[1], a[1], 'PX', a[2])) end,
   del = function(k, a) return call('DEL', k[1]) end,
   zrem = function(k, a) return call('ZREM', k[1], a[1]) end,
+  srem = function(k, a) return call('SREM', k[1], a[1]) end,
   zadd = function(k, a) return call('ZADD', k[1], a[1], a[2]) end,
   zrem_if = function(k, a)
     local score = call('ZSCORE', k[1], a[1])

@@ -1,5 +1,6 @@
 -- Put a queue's dead job back on its stream: its dead letter is removed, `dead` goes down by
--- one, its record says queued again (and no longer expires), and it runs as a new attempt 1,
+-- one, its record says queued again (and no longer expires, unless the queue does: then it
+-- goes with it), and it runs as a new attempt 1,
 -- with the options it had (its dead letter's 'o': retries, key, group).
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] the job's record
 -- ARGV[1] dead-letter entry id   ARGV[2] now (s)
@@ -38,6 +39,10 @@ redis.call('HDEL', KEYS[4], '${JOB_REASON}', '${JOB_ERROR}', '${JOB_STARTED}', '
   '${JOB_ATTEMPTS}', '${JOB_WORKER}', '${JOB_RESULT}', '${JOB_ASIDE}', '${JOB_WHY}',
   '${JOB_PROGRESS}', '${JOB_PROGRESS_MESSAGE}')
 redis.call('PERSIST', KEYS[4])
+local ttl = redis.call('PTTL', KEYS[2])
+if ttl > 0 then  -- the queue finished meanwhile (the callers refuse one that had): with it
+  redis.call('PEXPIRE', KEYS[4], ttl)
+end
 redis.call('XDEL', KEYS[3], ARGV[1])
 if tonumber(redis.call('HGET', KEYS[2], 'dead') or '0') > 0 then
   redis.call('HINCRBY', KEYS[2], 'dead', -1)

@@ -5,7 +5,8 @@
 -- moves: a late ack (a presumed-dead member, a job run twice) changes nothing. The job's
 -- record says scheduled, with what the entry held (handler, payload, its own options 'o'),
 -- when the retry runs ('at'), the attempts so far, the last attempt's start, worker and
--- traceback ('err'); it is kept (no expiry) while it waits. A job to run now (no record
+-- traceback ('err'); it is kept (no expiry) while it waits, unless the queue has finished
+-- (its record expires: then the job's record goes with it). A job to run now (no record
 -- yet: its id is its entry's) gets its record here, keyed by that id. An entry that names
 -- a job with no record is no job of this queue: rejected, as settle_jobs.lua does.
 -- The stream may be a handler's aside stream: once this leaves it empty, it is deleted
@@ -21,6 +22,7 @@
 local call = redis.call
 local now, worker = ARGV[2], ARGV[3]
 local moved, rejected, acked = 0, 0, {}
+local ttl = call('PTTL', KEYS[3])  -- > 0: the queue finished (it expires), the records too
 local key = 6
 for at = 5, #ARGV, 11 do
   local entry, job_id, named = ARGV[at], ARGV[at + 1], ARGV[at + 2]
@@ -45,6 +47,9 @@ for at = 5, #ARGV, 11 do
       end
       call('HDEL', job, '${JOB_ENTRY}', '${JOB_ASIDE}', '${JOB_WHY}')
       call('PERSIST', job)
+      if ttl > 0 then
+        call('PEXPIRE', job, ttl)
+      end
       call('ZADD', KEYS[2], ARGV[at + 8], job_id)
       moved = moved + 1
     end

@@ -10,6 +10,8 @@
 -- KEYS[4] the job's record   KEYS[5] handler set
 -- ARGV[1] group   ARGV[2] entry id   ARGV[3] caller (consumer)   ARGV[4] handler
 -- ARGV[5] why   ARGV[6] starts it had
+-- On a queue that finished meanwhile (its stream expires) the aside stream and record expire
+-- with it.
 -- returns {1, new entry id}, {0} if the entry is not the caller's (or gone), or {-1} if the
 --   entry names a job this queue has no waiting record of (no job: the caller rejects it)
 local pending = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
@@ -48,4 +50,9 @@ redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('SADD', KEYS[3], ARGV[4])
 redis.call('SADD', KEYS[5], ARGV[4])
+local ttl = redis.call('PTTL', KEYS[1])
+if ttl > 0 then  -- a finished queue's (its stream expires with it): what was written too
+  redis.call('PEXPIRE', KEYS[2], ttl)
+  redis.call('PEXPIRE', KEYS[4], ttl)
+end
 return {1, eid}
