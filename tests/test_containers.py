@@ -594,16 +594,21 @@ def check_results(task: Any) -> None:
 def check_history(
     entries: list[dict[str, str]], all_ids: set[str], left: set[str], killed: str
 ) -> None:
-    """Scale-down is `leave`, never `dead`; the SIGKILLed worker is `dead`. Any other `dead`
-    can only be a live worker that went silent past the TTL on this loaded 2-core machine
-    (CPU-starved): it must have joined again afterwards, and is counted."""
+    """Scale-down is `leave`, never `dead`: a scaled-down worker's last word is `leave`; the
+    SIGKILLed worker is `dead`. Any other `dead` can only be a live worker that went silent
+    past the TTL on this loaded 2-core machine (CPU-starved): it must have joined again
+    afterwards (and may be scaled down later, by a `leave`), and is counted."""
     causes = {e["cause"] for e in entries}
     assert {"join", "leave", "dead", "rebalanced"} <= causes, causes
     assert killed not in left
     dead = [(i, e["worker"]) for i, e in enumerate(entries) if e["cause"] == "dead"]
     assert killed in {w for _, w in dead}
-    assert not left & {w for _, w in dead}, f"a scaled-down worker was pruned: {entries}"
-    assert left <= {e["worker"] for e in entries if e["cause"] == "leave"}
+    last: dict[str, str] = {}
+    for e in entries:
+        if e["cause"] in ("join", "leave", "dead"):
+            last[e["worker"]] = e["cause"]
+    pruned = {w: last.get(w) for w in left if last.get(w) != "leave"}
+    assert not pruned, f"a scaled-down worker's last word was not leave: {pruned} {entries}"
     others = [(i, w) for i, w in dead if w != killed]
     for i, w in others:
         rejoined = any(e["cause"] == "join" and e["worker"] == w for e in entries[i + 1 :])
