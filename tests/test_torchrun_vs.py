@@ -1,7 +1,8 @@
 """Issue 21: ``bench.torchrun_vs --smoke`` — queueworks step mode and torchrun, each through
 2 nodes -> add 2 -> SIGKILL 1 -> remove 1, with real processes. One test per system, each
 running the benchmark for its system alone (``--systems``): the two run at the same time on
-two xdist workers. Budget: ~45 s (queueworks) and ~70 s (torchrun) here."""
+two xdist workers. Budget: ~45 s (queueworks) and ~70 s (torchrun) alone, about 60 s and
+115 s inside the suite."""
 
 from __future__ import annotations
 
@@ -110,7 +111,7 @@ def test_queueworks_runs_the_scenario_and_repeats_nothing(tmp_path: Path) -> Non
 
 
 @pytest.mark.system
-@pytest.mark.slow(90)
+@pytest.mark.slow(100)
 def test_torchrun_runs_the_scenario_and_redoes_steps(tmp_path: Path) -> None:
     tr = smoke_run("torchrun", tmp_path)
     # torchrun restarts its workers on every change (a new generation each time), from its
