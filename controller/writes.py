@@ -168,6 +168,7 @@ class Writes:
         if gone:
             self.batch.add("zrem", [k.tasks], task_id)
             self.batch.add("srem", [k.queues], task_id)
+            self.batch.add("srem", [k.dep_tasks], task_id)  # nothing of it to release
         if expires is None:
             self.batch.add("zrem", [k.tasks_expiry], task_id)
         else:

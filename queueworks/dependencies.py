@@ -17,14 +17,28 @@ item leaves the outbox. The last dependency done puts the job on its stream (a n
 entry); a dead one buries it (dead, reason naming the dependency), and its own waiters
 follow (the cascade). A drainer that died between the two is covered by the backstop: a
 queue's leader looks at its queue's outbox (an ``LLEN`` on the read of its duty pass) and
-drains it when it is not empty, and drains a few tasks' (``Keys.dep_tasks``) every
-``TASKS_SECONDS`` (``DRAIN_BATCH`` items of each at most a round).
+drains it when it is not empty, and drains a few of those of the tasks and queues that
+jobs wait for (``Keys.dep_tasks``) every ``TASKS_SECONDS`` (``DRAIN_BATCH`` items of each
+at most a round).
+
+A queue that finishes (cancelled, failed) before some of its jobs have an outcome leaves
+them without one while it stays finished: every field of its waiters hash but ``*`` is
+such a job. Their dependents in other queues die ("its queue was cancelled"): the step
+that finishes the queue (``set_state.lua``) moves those of one HSCAN step (``COUNT
+DRAIN_BATCH``) to its outbox, with its own ``*``; ``bury_waiters.lua`` takes the next
+steps (``plan_bury``: the canceller at once, the backstop for a queue finished by
+another writer, or whose canceller died); ``depend.lua`` answers dead for such a job.
+Their dependents in the queue itself are unfinished jobs of it too: they stay, frozen
+with it (they expire with its keys). A reopened queue is active again: its jobs run and
+release those as usual; the dependents in other queues that died stay dead (requeued
+from their dead letters).
 
 A dependency is named by a ref: ``Q/J`` for job ``J`` of queue ``Q``, ``T`` for task ``T``.
 """
 
 from __future__ import annotations
 
+import random
 import re
 import time
 from collections.abc import Iterable, Sequence
@@ -39,7 +53,7 @@ from queueworks.plans import Plan, Trip
 MAX_DEPENDENCIES = 100  # per job
 DRAIN_BATCH = 100  # outbox items one look drains
 DRAIN_ROUNDS = 20  # looks one drain makes at most (a cascade is a look per queue it reaches)
-TASKS_LOOKED = 8  # tasks of ``Keys.dep_tasks`` one backstop pass looks at
+TASKS_LOOKED = 8  # tasks and queues of ``Keys.dep_tasks`` one backstop pass looks at
 JOB_ID = re.compile(r"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # as jobrecords.JOB_ID
 TASK_PREFIX = "task:"  # a task named by a string: "task:<id>"
 TASKS_SECONDS = 2.0  # s between two looks of a queue's leader at tasks' outboxes
@@ -130,9 +144,9 @@ def plan_register(keys: Keys, qk: TaskKeys, job_id: str, deps: Sequence[Dependen
     (the job is taken back: nothing of it stays) for an unknown dependency or a cycle."""
     me = f"{qk.task_id}/{job_id}"
     trip = Trip()
-    tasks = [d.owner for d in deps if not d.job_id]
-    if tasks:
-        trip.sadd(keys.dep_tasks, *tasks)  # before the registration: the backstop sees it
+    # before the registration: the backstop sees the task, or the queue, once it finishes
+    if deps:
+        trip.sadd(keys.dep_tasks, *dict.fromkeys(d.owner for d in deps))
     first = len(trip)
     for dep in deps:
         trip.call(calls.depend(keys.task(dep.owner), dep.job_id, me, dep.ref))
@@ -236,11 +250,40 @@ def _valid_queue(name: str) -> bool:
     return True
 
 
+def plan_bury(keys: Keys, queues: Iterable[str], start: str = "0") -> Plan[int]:
+    """Kill the jobs of other queues waiting for the jobs of finished ``queues`` that have
+    no outcome (and those waiting for the queues as tasks): drain their outboxes, then
+    move such waiters there (``bury_waiters.lua``, one HSCAN step of ``DRAIN_BATCH`` a
+    call, from ``start`` round to the start of the hash and on) and drain them,
+    ``DRAIN_ROUNDS`` steps at most (the backstop does the rest). The writer that
+    finished a queue runs it right after. How many jobs it buried."""
+    todo = dict.fromkeys(queues, (start, start == "0"))  # queue -> (cursor, wrapped)
+    released = yield from plan_drain(keys, todo)
+    for _ in range(DRAIN_ROUNDS):
+        if not todo:
+            break
+        trip = Trip()
+        for queue, (cursor, _) in todo.items():
+            trip.call(calls.bury_waiters(keys.task(queue), cursor))
+        steps = dict(zip(todo, (yield trip), strict=True))
+        moved = [queue for queue, (_, n) in steps.items() if n]
+        if moved:
+            released += yield from plan_drain(keys, moved)
+        todo = {
+            queue: (cursor, todo[queue][1] or cursor == "0")
+            for queue, (cursor, _) in steps.items()
+            if cursor != "0" or not todo[queue][1]  # at the end: once round from the start
+        }
+    return released
+
+
 def plan_task_backstop(keys: Keys) -> Plan[int]:
-    """The backstop of tasks' outboxes (a queue leader's duty, every ``TASKS_SECONDS``):
-    drain those of a few tasks that jobs wait for (``TASKS_LOOKED``, at random); a task
-    that has finished with nothing left in its outbox leaves ``Keys.dep_tasks`` (no job
-    can wait for it any more). How many jobs it released."""
+    """The backstop of tasks' and queues' outboxes (a queue leader's duty, every
+    ``TASKS_SECONDS``): drain those of a few tasks and queues that jobs wait for
+    (``TASKS_LOOKED``, at random), and bury the waiters a finished queue has left
+    (``plan_bury``); one that has finished with no waiter and nothing in its outbox
+    leaves ``Keys.dep_tasks`` (no job can wait for it any more). How many jobs it
+    released."""
     trip = Trip()
     trip.srandmember(keys.dep_tasks, TASKS_LOOKED)
     tasks = [text(t) for t in (yield trip)[0] or []]
@@ -251,14 +294,15 @@ def plan_task_backstop(keys: Keys) -> Plan[int]:
     for task in tasks:
         tk = keys.task(task)
         trip.hget(tk.record, "state")  # first: a finished task takes no new waiter
-        trip.hexists(tk.waiters, "*")
+        trip.hlen(tk.waiters)  # a finished one's: its jobs' that have no outcome
         trip.llen(tk.released)
     replies = yield trip
-    gone = [
-        task
-        for i, task in enumerate(tasks)
-        if _finished(replies[3 * i]) and not replies[3 * i + 1] and not replies[3 * i + 2]
-    ]
+    finished = [(task, replies[3 * i + 1], replies[3 * i + 2]) for i, task in enumerate(tasks)]
+    finished = [row for i, row in enumerate(finished) if _finished(replies[3 * i])]
+    left = [task for task, waiters, _ in finished if waiters]
+    if left:  # from anywhere: a pass that stops early leaves another part first to the next
+        released += yield from plan_bury(keys, left, str(random.getrandbits(32)))
+    gone = [task for task, waiters, outbox in finished if not waiters and not outbox]
     if gone:
         trip = Trip()
         trip.srem(keys.dep_tasks, *gone)

@@ -91,8 +91,8 @@ key                                type          meaning
                                                  next due time (ms): the one read of a
                                                  controller pass (its own slot; the queue's
                                                  ``schedules:due`` is checked when one fires)
-``qw:deps:tasks``                  set           tasks that jobs wait for (their outboxes'
-                                                 backstop looks there)
+``qw:deps:tasks``                  set           tasks and queues that jobs wait for (their
+                                                 outboxes' backstop looks there)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:workers:lost``                stream        workers found dead (heartbeat gone), newest last:
                                                  when, host, pid, task, queues (capped ~50;

@@ -275,6 +275,18 @@ def set_state(tk: TaskKeys, state: str, now: float, error: str = "") -> Call[boo
     return Call("set_state", keys, [state, repr(now), error, ACTIVE], bool)
 
 
+def bury_waiters(tk: TaskKeys, cursor: str = "0") -> Call[tuple[str, int]]:
+    """One step (from ``cursor``) of moving the waiters in other queues of a finished
+    queue's jobs that have no outcome to its outbox, dead: (the cursor to go on from,
+    ``"0"`` once the whole hash was looked at; how many dependents it moved)."""
+    keys = [tk.record, tk.waiters, tk.released]
+    return Call("bury_waiters", keys, [ACTIVE, cursor, tk.task_id], _buried)
+
+
+def _buried(reply: Any) -> tuple[str, int]:
+    return text(reply[0]), int(reply[1])
+
+
 def expire_finished(keys: Sequence[str], ttl_ms: int) -> Call[bool]:
     """Start the expiry of a finished task's keys (``keys[0]`` is its record)."""
     return Call("expire_finished", list(keys), [ttl_ms, ACTIVE], bool)
@@ -758,6 +770,7 @@ NAMES = (
     "settle",
     "reclaim",
     "set_state",
+    "bury_waiters",
     "lease",
     "expire_finished",
     "expire_jobs",

@@ -25,6 +25,7 @@ from redis.exceptions import NoScriptError
 
 from queueworks import flow, job_options, jobrecords, messages, records
 from queueworks import script_calls as calls
+from queueworks.dependencies import DRAIN_BATCH
 from queueworks.models import JobState, TaskState
 from queueworks.script_calls import (  # re-exported: the workers' and tests' names
     ACTIVE,
@@ -78,6 +79,7 @@ _CONSTANTS = {state.name: state.value for state in JobState}
 _CONSTANTS |= {f"TASK_{state.name}": state.value for state in TaskState}
 _CONSTANTS |= jobrecords.LUA_NAMES | messages.LUA_NAMES | records.LUA_NAMES
 _CONSTANTS["OPTION_GROUP"] = job_options.GROUP_FIELD
+_CONSTANTS["DRAIN_BATCH"] = str(DRAIN_BATCH)
 
 
 @cache
@@ -85,6 +87,8 @@ def _source(name: str) -> str:
     if name == "fenced":
         return fenced_source()
     text = resources.files("queueworks").joinpath("lua", f"{name}.lua").read_text()
+    if name == "set_state":  # one rule for a finished queue's waiters, two callers
+        text = f"local function bury_waiters(KEYS, ARGV)\n{_source('bury_waiters')}\nend\n" + text
     return Template(text).substitute(_CONSTANTS) if "${" in text else text
 
 
@@ -137,6 +141,7 @@ class _Functions:
     settle = _Bound(calls.settle)
     sweep_lost = _Bound(calls.sweep_lost)
     set_state = _Bound(calls.set_state)
+    bury_waiters = _Bound(calls.bury_waiters)
     expire_finished = _Bound(calls.expire_finished)
     expire_jobs = _Bound(calls.expire_jobs)
     keep_jobs = _Bound(calls.keep_jobs)

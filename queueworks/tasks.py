@@ -10,7 +10,7 @@ from typing import Any, Protocol, TypeVar
 from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import Connection, text
-from queueworks.dependencies import plan_drain
+from queueworks.dependencies import plan_bury
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -160,7 +160,7 @@ def plan_cancel(keys: Keys, tk: TaskKeys) -> Plan[bool]:
         trip = Trip()
         events.emit(trip, keys, "cancelled", task=tk.task_id)
         yield trip
-        yield from plan_drain(keys, [tk.task_id])  # the jobs waiting for it die
+        yield from plan_bury(keys, [tk.task_id])  # the jobs waiting for it (or its jobs) die
     return changed
 
 

@@ -1,6 +1,10 @@
 -- Move an active task to another state; a finished task never changes again.
 -- A task that finishes here (failed, cancelled; completed) hands the jobs waiting for it
--- (its waiters '*') to its outbox, released 'done' if completed, else 'dead'.
+-- (its waiters '*') to its outbox, released 'done' if completed, else 'dead'; a queue's
+-- jobs that have no outcome then get none: the first batch of the jobs of other queues
+-- waiting for them goes to its outbox too, dead (bury_waiters.lua, put before this text
+-- as the function bury_waiters(KEYS, ARGV) when it is loaded: queueworks/scripts.py; the
+-- queue's name is its keys' hash tag).
 -- KEYS[1] task record   KEYS[2] its waiters hash   KEYS[3] its outbox (both optional)
 -- ARGV[1] new state   ARGV[2] now (s)   ARGV[3] error text ("" = none)
 -- ARGV[4] the active states, comma-separated (every other state is finished)
@@ -33,6 +37,7 @@ if not active(ARGV[1]) then
       end
       redis.call('HDEL', KEYS[2], '*')
     end
+    bury_waiters(KEYS, {ARGV[4], '0', string.match(KEYS[1], '{(.-)}')})
   end
 end
 if ARGV[3] ~= '' then
