@@ -187,8 +187,8 @@ class Stack:
         # what the autoscale service mounts as its project folder, readable by its user
         self.project_dir = tmp / "project"
         self.override.write_text(yaml.safe_dump(self._override()))
-        self.project_dir.mkdir(mode=0o755)
-        self.project_dir.chmod(0o755)
+        self.project_dir.mkdir()
+        self.project_dir.chmod(0o755)  # whatever the umask
         shutil.copy(ROOT / "compose.yaml", self.project_dir / "compose.yaml")
         shutil.copy(self.override, self.project_dir / "compose.override.yaml")
         for f in self.project_dir.iterdir():
