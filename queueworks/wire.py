@@ -243,26 +243,18 @@ class Line:
     def call_all(self, packed: bytes, n: int) -> list[Any]:
         """Send ``n`` packed commands at once and return their raw replies, an error reply
         in its place (``ResponseError``), as a pipeline with ``raise_on_error=False``."""
+        return self.send_all(packed, n).replies()
+
+    def send_all(self, packed: bytes, n: int) -> Sent:
+        """Send ``n`` packed commands at once; their replies are read later, by
+        ``Sent.replies`` (the connection is the call's until then)."""
         conn, sock, poll = self._take()
-        replies: list[Any] = []
         try:
             send(sock.fileno(), packed)
-            parser = conn._parser
-            reader, buffer = parser._reader, parser._buffer
-            while len(replies) < n:
-                reply = reader.gets()
-                while reply is NOT_ENOUGH_DATA:
-                    receive(sock, reader, buffer)
-                    reply = reader.gets()
-                replies.append(reply)
         except BaseException:
             self._drop(conn)
             raise
-        for reply in replies:
-            if isinstance(reply, redis.RedisError):
-                self._check(conn, reply)
-        self._keep(conn, sock, poll)
-        return replies
+        return Sent(self, conn, sock, poll, n)
 
     def _check(self, conn: Any, reply: redis.RedisError) -> None:
         """Drop ``conn`` and raise ``ConnectionError`` for an error reply that says the
@@ -323,6 +315,36 @@ class Line:
         if self.forks == Forks.count:
             for conn, sock, _ in idle:
                 self._release(conn, sock)
+
+
+class Sent:
+    """Commands sent on a line whose replies are not read yet (``Line.send_all``)."""
+
+    def __init__(self, line: Line, conn: Any, sock: Any, poll: Any, n: int) -> None:
+        self.line, self.conn, self.sock, self.poll, self.n = line, conn, sock, poll, n
+
+    def replies(self) -> list[Any]:
+        """The raw replies, as ``Line.call_all`` returns them; the connection goes back to
+        the line (dropped if it failed)."""
+        line, conn, sock = self.line, self.conn, self.sock
+        replies: list[Any] = []
+        try:
+            parser = conn._parser
+            reader, buffer = parser._reader, parser._buffer
+            while len(replies) < self.n:
+                reply = reader.gets()
+                while reply is NOT_ENOUGH_DATA:
+                    receive(sock, reader, buffer)
+                    reply = reader.gets()
+                replies.append(reply)
+        except BaseException:
+            line._drop(conn)
+            raise
+        for reply in replies:
+            if isinstance(reply, redis.RedisError):
+                line._check(conn, reply)
+        line._keep(conn, sock, self.poll)
+        return replies
 
 
 class StreamReads:
