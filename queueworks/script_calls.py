@@ -214,15 +214,14 @@ def settle(
 @dataclass(frozen=True)
 class StepEnd:
     """``step.lua``'s reply: the step's decision ("" if none), whether we were ``fenced``
-    (then it is the others', if any), each rank's record (None: none), and the next step's
-    shard: taken (``entry``, and whether it was ``held`` as recorded), or ``moved_to`` the
-    epoch that moved on (0: no)."""
+    (then it is the others', if any), each rank's record (None: none), and the shards of the
+    steps ahead: those taken (``entries``: id, fields, and whether it was recorded for its
+    step), or ``moved_to`` the epoch that moved on (0: no)."""
 
     decision: str
     recorded: list[bytes | None]
     fenced: bool = False
-    entry: tuple[str, dict[bytes, bytes]] | None = None
-    held: bool = False
+    entries: tuple[tuple[str, dict[bytes, bytes], bool], ...] = ()
     moved_to: int = 0
 
 
@@ -234,8 +233,8 @@ def _step_end(reply: Any) -> StepEnd:
     if taken and int(taken[0]) == -2:
         return StepEnd(decision, recorded, moved_to=int(taken[1]))
     if taken and int(taken[0]) == 1:
-        entry = (_s(taken[1]), fields_of(taken[2]))
-        return StepEnd(decision, recorded, entry=entry, held=bool(int(taken[3])))
+        entries = tuple((_s(x[0]), fields_of(x[1]), bool(int(x[2]))) for x in taken[1:])
+        return StepEnd(decision, recorded, entries=entries)
     return StepEnd(decision, recorded)
 
 
@@ -247,14 +246,15 @@ def step(
     world_size: int,
     *,
     drop: str = "",
-    take: str = "",
+    take: Sequence[str] = (),
     epoch: int = 0,
 ) -> Call[StepEnd]:
-    """End a lockstep step (``step.lua``): propose ``proposal`` for step ``name``, read
-    the ranks' records, drop step ``drop``'s fields; with ``take`` (the next step's field
-    for our rank), take and record our next shard if the step committed."""
+    """End a lockstep step (``step.lua``): propose ``proposal`` for step ``name`` (a commit
+    overrides an abort), read the ranks' records, drop step ``drop``'s fields; with
+    ``take`` (our rank's fields of the steps ahead), take and record a shard for each if the
+    step committed."""
     keys = [tk.steps, tk.members, tk.epoch, tk.stream]
-    args = [worker_id, name, proposal, world_size, drop, take, tk.group, epoch, PARKED]
+    args = [worker_id, name, proposal, world_size, drop, " ".join(take), tk.group, epoch, PARKED]
     return Call("step", keys, args, _step_end)
 
 

@@ -7,7 +7,8 @@ names (``queueworks.torch.ElasticTrainer`` is the torch one)::
 
     def make_trainer(ctx: StepContext) -> StepTrainer: ...
 
-A ``StepTrainer`` has six methods; the loop calls them in this order:
+A ``StepTrainer`` has six methods, and may have a seventh (``apply``); the loop calls them
+in this order:
 
 ``on_role(gen)``
     Form the group of generation ``gen`` (``gen.role``: rank, world size, epoch; ``gen.round``)
@@ -26,11 +27,20 @@ A ``StepTrainer`` has six methods; the loop calls them in this order:
     The collective(s) of the step, e.g. the all-reduce of gradients weighted by sample count.
     Returns the shard's result (JSON). Raises ``StepAborted`` when a collective fails or
     times out, after dropping its group, so that blocked peers fail at once too.
+``apply()`` (optional)
+    Apply the update of a step whose ``reduce`` returned, before the step's end is read: a
+    completed collective commits the step, unless this member was pruned from the node set
+    meanwhile. The loop then reads the step's end during the next ``prepare`` and calls
+    ``commit(info)`` (or ``abort(info)`` with ``info.committed`` False, if it was pruned: the
+    trainer applied a step the node set did not commit, and must not be the source of the
+    next ``on_role``'s state). Without it, the loop waits for the step's end before the next
+    ``prepare``.
 ``commit(info)`` / ``abort(info)``
     Exactly one of them per step: apply the update (the step committed on the node set) or
     discard it. ``info`` says which shards were in the step. ``abort`` is also called when
     the step committed but this member's ``reduce`` failed: it is behind, and the next
-    ``on_role`` makes it identical again.
+    ``on_role`` makes it identical again. A step whose ``prepare`` ran but whose collective
+    did not (the step before it broke the group) gets ``abort`` too.
 ``close(reason)``
     The run ends ("finished", "stopping", "revoked", ...): last checkpoint, drop the group.
 
@@ -125,6 +135,8 @@ class StepContext:
 
 
 class StepTrainer(Protocol):
+    """The six methods every step trainer has (``apply`` is optional: see above)."""
+
     def on_role(self, gen: Generation) -> None: ...
 
     def prepare(self, payload: Any | None) -> None: ...

@@ -318,3 +318,56 @@ def test_a_zombies_late_ack_counts_nothing(client: Client, r: redis.Redis) -> No
         0,
     )
     assert dict(client.task(tid).results()) == {0: "from-b"}
+
+
+# -- a lockstep step's end (step.lua) ---------------------------------------------------------
+
+
+def test_a_step_commit_overrides_an_abort_and_takes_the_steps_ahead(
+    client: Client, r: redis.Redis
+) -> None:
+    """A member whose collective completed proves the step complete: its commit replaces an
+    abort stored first (a peer whose collective failed after ours completed), and the settle
+    of a shard guarded by the decision then counts. The end takes a shard for each step
+    ahead asked for, recorded under that step's field, in order; an abort takes nothing,
+    and a member pruned from the node set decides nothing."""
+    from queueworks import script_calls as calls
+
+    tid = _task(client, 5, mode="step")
+    a, b = Member(client, tid, "a"), Member(client, tid, "b")
+    assert a.membership.join() and b.membership.join()
+    a.membership.take_role()
+    b.membership.take_role()
+    assert a.membership.role is not None
+    epoch, tk = a.membership.role.epoch, a.tk
+    (wa,), (wb,) = a.read(1), b.read(1)
+    for rank, w in enumerate((wa, wb)):
+        r.hset(tk.steps, f"{epoch}.0.0.{rank}", f'["{w.stream}", "{w.entry_id}", {w.index}]')
+
+    def end(m: Member, proposal: str, take: list[str]) -> calls.StepEnd:
+        return m.scripts.run(
+            calls.step(tk, m.name, f"{epoch}.0.0", proposal, 2, take=take, epoch=epoch)
+        )
+
+    def settle(m: Member, w: Work) -> Any:
+        own = [(w.entry_id, w.index or 0, "null")]
+        return m.scripts.run(
+            calls.settle(tk, w.stream, m.name, time.time(), own, only_if=(f"{epoch}.0.0", "commit"))
+        )
+
+    first = end(b, "abort", [f"{epoch}.0.1.1"])
+    assert first.decision == "abort" and first.entries == ()  # an abort takes nothing
+    assert settle(b, wb) is not None and r.xpending(tk.stream, tk.group)["pending"] == 2
+    ahead = [f"{epoch}.0.1.0", f"{epoch}.0.2.0"]
+    won = end(a, "commit", ahead)
+    assert won.decision == "commit" and not won.fenced
+    assert [x is not None for x in won.recorded] == [True, True]
+    assert len(won.entries) == 2 and all(recorded for _, _, recorded in won.entries)
+    for field, (entry_id, _, _) in zip(ahead, won.entries, strict=True):
+        assert f'"{entry_id}"' in str(r.hget(tk.steps, field))
+    assert end(b, "abort", []).decision == "commit"  # an abort no longer replaces it
+    settle(a, wa)
+    settle(b, wb)  # the peer's shard of the committed step: counted now
+    assert int(r.hget(tk.record, "done") or 0) == 2
+    a.membership.leave()
+    assert end(a, "commit", []).fenced  # no member: decides nothing

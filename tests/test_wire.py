@@ -20,6 +20,7 @@ from queueworks.script_calls import NewJob
 from queueworks.wire import (
     Forks,
     Line,
+    Sent,
     StreamReads,
     XaddBytes,
     pack,
@@ -344,9 +345,9 @@ def test_a_worker_read_on_the_line_is_redis_pys_read(
 
 
 class _BrokenLine(Line):
-    """A line whose connection fails in the middle of the call."""
+    """A line whose connection fails as the calls are sent."""
 
-    def call_all(self, packed: bytes, n: int) -> list[object]:
+    def send_all(self, packed: bytes, n: int) -> Sent:
         raise redis.ConnectionError("reset in the middle of the call")
 
 
@@ -359,7 +360,7 @@ def test_a_step_end_runs_on_the_line_else_again_on_a_pipeline(r: redis.Redis, pr
 
     from queueworks import script_calls as calls
     from queueworks.scripts import Scripts
-    from queueworks.workers.steps import _run_all
+    from queueworks.workers.steps import _replies, _run_all, _send_all
 
     run = SimpleNamespace(
         r=r, scripts=Scripts(r), log=SimpleNamespace(warning=lambda *a, **k: None)
@@ -375,4 +376,14 @@ def test_a_step_end_runs_on_the_line_else_again_on_a_pipeline(r: redis.Redis, pr
     assert _run_all(run, line, batch) == [True, False]  # type: ignore[arg-type]
     assert _run_all(run, _BrokenLine(r), batch) == [True, False]  # type: ignore[arg-type]
     assert 0 < r.pttl(key) <= 5_000
+    # sent now, read later (a step's end read during the next step); a connection that
+    # fails in between sends them again on a pipeline
+    sent = _send_all(run, line, batch)  # type: ignore[arg-type]
+    assert sent is not None and _replies(run, batch, sent) == [True, False]  # type: ignore[arg-type]
+    sent = _send_all(run, line, batch)  # type: ignore[arg-type]
+    assert sent is not None and line.idle == []
+    sent.sock.close()  # the connection fails before its replies are read
+    assert _replies(run, batch, sent) == [True, False]  # type: ignore[arg-type]
+    assert line.idle == []  # it was dropped, not kept
+    assert _run_all(run, line, batch) == [True, False]  # type: ignore[arg-type]
     line.close()

@@ -5,22 +5,40 @@ This module knows streams and membership, not any framework: it never imports to
 trainer it drives follows the step contract in ``queueworks.steps`` (``StepTrainer``,
 ``StepContext``, ``Generation``, ``StepInfo``, ``StepAborted``).
 
-**One step.** Each member takes at most one shard: one it holds (an aborted step's, or
-reclaimed), else one parked, else a new one (fenced by membership and epoch). It records the
-shard in the task's ``steps`` hash, runs ``prepare`` and ``reduce``, and proposes a decision:
-``commit`` if its collective completed, ``abort`` if not. The first proposal stored for the
-step wins (HSETNX, fenced by membership), and every member follows it:
+**One step.** Each member takes at most one shard: one taken for this step by an earlier
+step's end, else one it holds (an aborted step's, or reclaimed), else one parked, else a new
+one (fenced by membership and epoch). It records the shard in the task's ``steps`` hash, runs
+``prepare`` and ``reduce``, and proposes a decision: ``commit`` if its collective completed,
+``abort`` if not. A commit overrides an abort; an abort is stored only when nothing is
+(fenced by membership: a member pruned from the node set decides nothing):
 
 * A completed all-reduce on any member proves every member entered it, so every shard of
   the step is recorded and every contribution arrived: committing is correct even if a peer
-  died right after. A departure that breaks the collective aborts the step; a join does not
-  (the joiner is not in the step), it only starts a new generation after it.
+  died right after, or its own collective failed after ours completed. So a member whose
+  collective completed knows the decision before Redis answers, unless it was pruned.
+  A departure that breaks the collective aborts the step; a join does not (the joiner is
+  not in the step), it only starts a new generation after it.
 * Commit: each member settles its own shard (ack + result, counted once). The others'
   shards are kept and settled too if the next collective fails, before any re-rank, so a
   member that died between commit and ack never has its shard reclaimed and run again.
-* Abort: the shard stays in hand (``run.held``): no attempt spent. A member that holds more
-  than one shard at a step boundary (the leader after reclaiming a departed member's) parks
-  them all, and every member claims one parked shard per step before reading new ones.
+* Abort: the shard stays in hand (``run.held``): no attempt spent. A peer whose collective
+  completed may still commit the step; it then settles our shard with its others, before
+  its next group forms, so a shard held from an aborted step is run again only if it is
+  still pending once our next group has formed. A member that holds more than one shard at
+  a step boundary (the leader after reclaiming a departed member's) parks them all, and
+  every member claims one parked shard per step before reading new ones.
+
+**Ending without waiting.** With a trainer that has ``apply`` (the torch one), a member whose
+collective completed sends its step's end (``step.lua`` and the settle of its shard, one
+write) and applies the update at once, without waiting for the reply; it reads the reply
+while the next step's ``prepare`` runs, before that step's collective, and only then calls
+``commit`` (checkpoint, records). The step's end also takes the member's shard of the step
+after next, so that the next ``prepare`` never waits for Redis: between changes no round
+trip is on the step's critical path. A member pruned meanwhile (its end was fenced) has
+applied an update the node set may not have committed: its trainer hears ``abort`` and
+takes its state from a peer at the next group. Every member reads its last step's end
+before its next collective and before forming a group, so the leader's drop of the
+previous step's fields never comes before a member's end of that step.
 
 So each shard is in exactly one committed step; it is in more than one step only when the
 others were aborted. A step with no shard at all is idle: the loop checks whether the task
@@ -46,7 +64,7 @@ from queueworks.script_calls import Call, StepEnd
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Queued, read_reply
 from queueworks.signals import ColdStop
 from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
-from queueworks.wire import Line, pack_any
+from queueworks.wire import Line, Sent, pack_any
 
 from .ledger import Ledger
 from .loop import Run
@@ -127,19 +145,34 @@ def _fail_task(run: Run, exc: Exception) -> None:
 
 
 def _run_all(run: Run, line: Line | None, batch: list[Call[Any]]) -> list[Any]:
-    """Script calls in one round trip, their replies read: packed once and sent on a
-    connection kept for it (``queueworks.wire``: none of redis-py's per-call work), else
-    (a cluster) on a pipeline. A connection that fails sends them again on the pipeline,
-    which retries as redis-py does: every call in a step's end is safe to repeat (the first
-    proposal stays, a settle counts an entry once, an entry read twice waits in our pending
-    list to be reclaimed)."""
-    if line is not None:
-        packed = b"".join(
-            pack_any("EVALSHA", run.scripts.sha(c.name), len(c.keys), *c.keys, *c.args)
-            for c in batch
-        )
+    """Script calls in one round trip, their replies read (``_send_all``, ``_replies``)."""
+    return _replies(run, batch, _send_all(run, line, batch))
+
+
+def _send_all(run: Run, line: Line | None, batch: list[Call[Any]]) -> Sent | None:
+    """Send script calls in one write, packed once, on a connection kept for it
+    (``queueworks.wire``: none of redis-py's per-call work); None when there is no line (a
+    cluster) or the send failed: ``_replies`` then sends them again on a pipeline."""
+    if line is None:
+        return None
+    packed = b"".join(
+        pack_any("EVALSHA", run.scripts.sha(c.name), len(c.keys), *c.keys, *c.args) for c in batch
+    )
+    try:
+        return line.send_all(packed, len(batch))
+    except (redis.ConnectionError, redis.TimeoutError) as exc:  # as redis-py: again
+        run.log.warning("step_call_retried", error=str(exc))
+        return None
+
+
+def _replies(run: Run, batch: list[Call[Any]], sent: Sent | None) -> list[Any]:
+    """The replies of ``batch`` sent as ``sent``. A connection that failed sends them again
+    on a pipeline, which retries as redis-py does: every call in a step's end is safe to
+    repeat (a proposal stored stays, a settle counts an entry once, an entry read twice
+    waits in our pending list to be reclaimed)."""
+    if sent is not None:
         try:
-            raw = line.call_all(packed, len(batch))
+            raw = sent.replies()
         except (redis.ConnectionError, redis.TimeoutError) as exc:  # as redis-py: again
             run.log.warning("step_call_retried", error=str(exc))
         else:
@@ -148,6 +181,133 @@ def _run_all(run: Run, line: Line | None, batch: list[Call[Any]]) -> list[Any]:
     queued = [Queued(run.scripts, c, pipe) for c in batch]
     replies = pipe.execute(raise_on_error=False)
     return [q.reply(replies) for q in queued]
+
+
+@dataclass(frozen=True)
+class _Ahead:
+    """A shard taken and recorded for a step still to come (``field`` of step ``seq`` of
+    generation ``gen``)."""
+
+    gen: str
+    seq: int
+    field: str
+    work: Work
+
+
+@dataclass
+class _Ending:
+    """A step's end (``step.lua``, and the settle of our shard) sent; its replies are read by
+    ``StepLoop._finish``."""
+
+    gen: Generation
+    seq: int
+    name: str
+    ok: bool  # our collective completed: we proposed commit
+    work: Work | None
+    index: int | None
+    batch: list[Call[Any]]
+    sent: Sent | None
+    take: list[int]  # the steps ahead it takes a shard for
+
+
+def _in_hand(held: Any, work: Work) -> bool:
+    return any(w is work for w in held)
+
+
+class Hand:
+    """The shards a member holds for its steps: taken ahead for the steps to come (by an
+    earlier step's end, recorded there), in hand (``run.held``), parked, or new."""
+
+    def __init__(self, run: Run, ledger: Ledger) -> None:
+        self.run, self.ledger, self.key = run, ledger, run.tk.steps
+        self.ahead: list[_Ahead] = []  # taken and recorded for steps to come, in step order
+
+    def take(self, gen: Generation, seq: int) -> tuple[Work | None, bool]:
+        """At most one shard for step ``seq``, and whether it is recorded in the step
+        already: the one an earlier step took for it, else one in hand, else a parked one,
+        else a new one."""
+        run = self.run
+        ahead, self.ahead = self.ahead, []
+        found: Work | None = None
+        for a in ahead:
+            coming = a.gen == gen.id and a.seq >= seq
+            if not _in_hand(run.held, a.work):
+                if coming:  # handed back: that step comes without it
+                    run.r.hdel(self.key, a.field)
+            elif coming and a.seq == seq:
+                found = a.work
+            elif coming:
+                self.ahead.append(a)
+            # else taken for a step that did not come: in hand, as any other
+        if found is not None:
+            run.held.remove(found)
+            return found, True
+        while run.held:
+            held = run.held.popleft()
+            if held.recheck and not self._still_pending(held):
+                continue  # settled by the step it was in after all
+            work = self.ledger.start(held)
+            if work is not None:
+                return work, False
+        return self._new(), False
+
+    def _new(self) -> Work | None:
+        """A parked shard, else a new one (fenced by membership and epoch)."""
+        run = self.run
+        stream = run.streams[0]
+        parked, gone = run.reclaim.parked_one(stream)
+        self.ledger.bury_gone(stream, gone)
+        if parked is not None:
+            return parked
+        role = run.membership.role
+        assert role is not None
+        status, reply = run.scripts.fenced_read(run.tk, run.owned, run.me, 1, role.epoch)
+        if status == READ_FENCED:
+            run.state.fenced = True
+        elif status == READ_EPOCH_MOVED:
+            run.state.observe_epoch(int(reply))  # this step still runs; re-rank after it
+        elif status == 1:
+            for name, entries in reply:
+                for entry_id, flat in entries:
+                    fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
+                    return Work(text(name), text(entry_id), fields, 1)
+        return None
+
+    def _still_pending(self, work: Work) -> bool:
+        """Whether ``work`` is still pending with us (JUSTID: no attempt spent)."""
+        r, group, me = self.run.r, self.run.tk.group, self.run.me
+        return bool(r.xclaim(work.stream, group, me, 0, [work.entry_id], justid=True))
+
+    def wanted(self, gen: Generation, seq: int, depth: int) -> list[int]:
+        """The steps after ``seq`` (up to ``depth`` ahead) to take a shard for now: none
+        while we hold anything else, or the run is about to change."""
+        if self.extra() or self.run.state.suspend.is_set():
+            return []
+        have = {a.seq for a in self.ahead if a.gen == gen.id}
+        return [k for k in range(seq + 1, seq + 1 + depth) if k not in have]
+
+    def taken(self, gen: Generation, steps: list[int], entries: Any) -> None:
+        """Hold what a step's end took for ``steps`` (in order; fewer if the stream had
+        fewer): in hand, so that a re-rank meanwhile hands it back."""
+        for k, (entry_id, fields, recorded) in zip(steps, entries, strict=False):
+            work = Work(self.run.tk.stream, entry_id, fields, 1)
+            self.run.held.append(work)
+            if recorded:  # (else its index does not decode: it is dead-lettered when run)
+                self.ahead.append(_Ahead(gen.id, k, f"{gen.id}.{k}.{gen.role.rank}", work))
+
+    def extra(self) -> int:
+        """How many entries we hold besides those taken for the steps to come."""
+        return sum(1 for w in self.run.held if not any(a.work is w for a in self.ahead))
+
+    def spread(self) -> None:
+        """Park all we hold, one claim per member and step. What may have run before
+        (reclaimed from a departed member) is charged first: a parked entry is not charged
+        again when claimed."""
+        run = self.run
+        held = [self.ledger.start(w) for w in run.held]
+        run.held.clear()
+        run.held.extend(w for w in held if w is not None)
+        run.hand_back(run.streams)
 
 
 class StepLoop:
@@ -163,8 +323,9 @@ class StepLoop:
         self.next_round = (-1, 0)  # (epoch, round) to form next
         self.seq = 0
         self.backlog: list[_Recorded] = []  # peers' shards of our last committed step
-        self.ahead: tuple[str, Work] | None = None  # taken and recorded for that step field
-        self.line = Line.of(run.r)  # for the step's round trip (``_run_all``)
+        self.hand = Hand(run, self.ledger)
+        self.ending: _Ending | None = None  # a step's end sent, its reply not read yet
+        self.line = Line.of(run.r)  # for the step's round trip (``_send_all``)
 
     def serve(self) -> None:
         run = self.run
@@ -183,15 +344,27 @@ class StepLoop:
     def _serve(self, trainer: StepTrainer) -> None:
         r = self.run
         while True:
+            if self.ending is not None and self._disturbed():
+                self._finish(trainer)  # its shards, before a re-rank may hand them back
             if r.state.suspend.is_set():
                 self._settle_backlog()  # before a re-rank may reclaim them
             r.check()
-            if len(r.held) > 1:  # spread what we hold: park it, one claim per member and step
-                self._charge_all()
-                r.hand_back(r.streams)
+            if self.hand.extra() > 1:  # spread what we hold
+                self.hand.spread()
             gen = self._form(trainer)
             if gen is not None:
                 self._step(trainer, gen)
+
+    def _disturbed(self) -> bool:
+        """The run's safe point has something to do (``Run.check``)."""
+        s = self.run.state
+        return (
+            s.suspend.is_set()
+            or s.stopping
+            or s.fenced
+            or s.assign != self.run.tk.task_id
+            or self.ledger.ended
+        )
 
     def close(self, reason: str) -> None:
         try:
@@ -206,6 +379,8 @@ class StepLoop:
         if self.failed:
             reason = "failed"
         try:
+            if self.ending is not None:
+                self._finish(self.trainer)
             self._settle_backlog()
             if reason == "finished":  # what is left of the last steps expires with the task
                 self.run.r.expire(self.key, int(self.run.spec.result_ttl))
@@ -223,6 +398,8 @@ class StepLoop:
         assert role is not None
         if self.gen is not None and self.gen.role == role:
             return self.gen
+        if self.ending is not None:  # every member reads its last step's end before forming
+            self._finish(trainer)
         epoch, rnd = self.next_round
         gen = Generation(role, rnd if epoch == role.epoch else 0)
         self.gen = None
@@ -247,21 +424,32 @@ class StepLoop:
     # -- one step -------------------------------------------------------------------------
 
     def _step(self, trainer: StepTrainer, gen: Generation) -> None:
+        """One step: take a shard, ``prepare``, read the last step's end (sent while this
+        step's shard was prepared), ``reduce``, and end the step. With a trainer that
+        applies an update early (``apply``), a step whose collective completed ends without
+        waiting: its update is applied at once (a completed collective commits the step:
+        ``step.lua``) and its reply is read during the next step's ``prepare``; the shards
+        are taken two steps ahead, so that ``prepare`` never waits for that reply."""
         run = self.run
         name = f"{gen.id}.{self.seq}"
-        mine = f"{name}.{gen.role.rank}"
-        work, recorded = self._take(mine)
+        work, recorded = self.hand.take(gen, self.seq)
         index: int | None = None
         if work is not None:
             index = self._prepare(trainer, work)
             if index is None:
                 if recorded:  # it failed: it is not in the step after all
-                    run.r.hdel(self.key, mine)
+                    run.r.hdel(self.key, f"{name}.{gen.role.rank}")
                 work = None
             elif not recorded:
-                run.r.hset(self.key, mine, json.dumps([work.stream, work.entry_id, index]))
+                value = json.dumps([work.stream, work.entry_id, index])
+                run.r.hset(self.key, f"{name}.{gen.role.rank}", value)
         if work is None:
             _call(trainer.prepare, None)
+        if self.ending is not None and not self._finish(trainer):
+            if work is not None:  # the last step broke the group: this one does not run
+                run.held.appendleft(work)  # same attempt: a step not run spends none
+            _call(trainer.abort, StepInfo(gen, self.seq, (), index, False))
+            return
         ok, result = True, None
         try:
             result = _call(trainer.reduce)
@@ -269,69 +457,14 @@ class StepLoop:
             ok = False
             run.log.info("step_aborted", generation=gen.id, seq=self.seq, reason=str(exc))
             self._settle_backlog()
-        end = self._end(gen, name, ok, work, index, result)
-        shards = _records(end.recorded)
-        committed = end.decision == COMMIT
-        info = StepInfo(gen, self.seq, tuple(x.index for x in shards), index, committed)
-        if committed and not end.fenced:
-            _call(trainer.commit if ok else trainer.abort, info)
-            self.backlog = [x for x in shards if x.rank != gen.role.rank]
-        else:  # aborted, or we were pruned (a committed step settled our shard already)
-            _call(trainer.abort, info)
-            if work is not None and not committed:
-                run.held.appendleft(work)  # same attempt: an aborted step spends none
-            self.backlog = []
-            if end.fenced:
-                run.state.fenced = True  # pruned: the check parks what we hold and rejoins
+        apply = getattr(trainer, "apply", None) if ok else None
+        ending = self._end(gen, name, ok, work, index, result, depth=2 if apply else 1)
         self.seq += 1
-        if not ok or not committed or end.fenced:
-            self.gen = None  # this group is broken: form the next round
-            self.next_round = (gen.role.epoch, gen.round + 1)
-        elif not shards:
-            run.idle()  # nobody had a shard: finished (Leave), or wait for work
-
-    def _take(self, field_name: str) -> tuple[Work | None, bool]:
-        """At most one shard, and whether it is recorded in the step already: the one the
-        last step took for this one, else one in hand, else a parked one, else a new one."""
-        run = self.run
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None and run.held and run.held[0] is ahead[1]:
-            run.held.popleft()
-            if ahead[0] == field_name:
-                return ahead[1], True
-            run.held.appendleft(ahead[1])  # taken for a step that did not come: in hand
-        elif ahead is not None and ahead[0] == field_name:
-            run.r.hdel(self.key, field_name)  # something else comes first: not its record
-        while run.held:
-            work = self.ledger.start(run.held.popleft())
-            if work is not None:
-                return work, False
-        stream = run.streams[0]
-        parked, gone = run.reclaim.parked_one(stream)
-        self.ledger.bury_gone(stream, gone)
-        if parked is not None:
-            return parked, False
-        role = run.membership.role
-        assert role is not None
-        status, reply = run.scripts.fenced_read(run.tk, run.owned, run.me, 1, role.epoch)
-        if status == READ_FENCED:
-            run.state.fenced = True
-        elif status == READ_EPOCH_MOVED:
-            run.state.observe_epoch(int(reply))  # this step still runs; re-rank after it
-        elif status == 1:
-            for name, entries in reply:
-                for entry_id, flat in entries:
-                    fields = {flat[i]: flat[i + 1] for i in range(0, len(flat), 2)}
-                    return Work(text(name), text(entry_id), fields, 1), False
-        return None, False
-
-    def _charge_all(self) -> None:
-        """Charge what we hold that may have run before (reclaimed from a departed member)
-        before parking it: a parked entry is not charged again when claimed."""
-        run = self.run
-        held = [self.ledger.start(w) for w in run.held]
-        run.held.clear()
-        run.held.extend(w for w in held if w is not None)
+        self.ending = ending
+        if apply is not None and work is not None and ending.sent and self.seq not in ending.take:
+            _call(apply)  # the reply is read before the next collective
+        else:
+            self._finish(trainer)
 
     def _prepare(self, trainer: StepTrainer, work: Work) -> int | None:
         """Decode the shard and run ``prepare``; None if it failed (retry or dead letter)."""
@@ -367,49 +500,76 @@ class StepLoop:
         work: Work | None,
         index: int | None,
         result: Any,
-    ) -> StepEnd:
-        """End the step in one round trip (``step.lua``): propose commit/abort (the first
-        proposal stored wins; a member pruned from the node set decides nothing), read the
-        ranks' records, settle our shard if the step committed (the settle checks the
-        decision in the same atomic step), and take and record our shard of the next step.
-        The leader drops the previous step's fields: every member is past it."""
+        depth: int,
+    ) -> _Ending:
+        """Send the step's end, one round trip (``step.lua``): propose commit/abort (a
+        commit overrides an abort; a member pruned from the node set decides nothing), read
+        the ranks' records, settle our shard if the step committed (the settle checks the
+        decision in the same atomic step), and take and record our shards of the next
+        ``depth`` steps (those not taken yet). The leader drops the previous step's fields:
+        every member read its end before this step's collective."""
         run = self.run
         if self.ledger.pending():
             self.ledger.flush()  # dead letters of a failed prepare: whatever the step does
-        leader = gen.role.leader
-        drop = f"{gen.id}.{self.seq - 1}" if ok and leader and self.seq > 0 else ""
-        take = ""
-        if ok and not run.held and not run.state.suspend.is_set():
-            take = f"{gen.id}.{self.seq + 1}.{gen.role.rank}"
+        leader, rank, seq = gen.role.leader, gen.role.rank, self.seq
+        drop = f"{gen.id}.{seq - 1}" if ok and leader and seq > 0 else ""
+        take = self.hand.wanted(gen, seq, depth) if ok else []
         proposal = COMMIT if ok else ABORT
         batch: list[Call[Any]] = [
             calls.step(
-                run.tk, run.me, name, proposal, gen.role.world_size,
-                drop=drop, take=take, epoch=gen.role.epoch,
+                run.tk, run.me, name, proposal, gen.role.world_size, drop=drop,
+                take=[f"{gen.id}.{k}.{rank}" for k in take], epoch=gen.role.epoch,
             )
         ]  # fmt: skip
-        stream = ""
         if work is not None and index is not None:
-            stream = work.stream
             own = [(work.entry_id, index, self._body(result if ok else None))]
-            settle = calls.settle(run.tk, stream, run.me, time.time(), own, only_if=(name, COMMIT))
+            if_commit = (name, COMMIT)
+            settle = calls.settle(run.tk, work.stream, run.me, time.time(), own, only_if=if_commit)
             batch.append(settle)
-        replies = _run_all(run, self.line, batch)
+        sent = _send_all(run, self.line, batch)
+        return _Ending(gen, seq, name, ok, work, index, batch, sent, take)
+
+    def _finish(self, trainer: StepTrainer) -> bool:
+        """Read the end of the step in flight and follow its decision: ``commit`` or
+        ``abort``, the peers' shards kept to settle, ours held again if it did not commit.
+        False if the group is broken (then the next round is formed)."""
+        ending, self.ending = self.ending, None
+        assert ending is not None
+        run, gen = self.run, ending.gen
+        replies = _replies(run, ending.batch, ending.sent)
         end: StepEnd = replies[0]
         if len(replies) > 1 and end.decision == COMMIT:
+            assert ending.work is not None
             run.state.processed += 1
-            self.ledger.finish(self.ledger.note(stream, replies[1]))
+            self.ledger.finish(self.ledger.note(ending.work.stream, replies[1]))
         if end.moved_to:
             run.state.observe_epoch(end.moved_to)
-        if end.entry is not None:
-            entry_id, fields = end.entry
-            taken = Work(run.tk.stream, entry_id, fields, 1)
-            run.held.appendleft(taken)  # in hand: a re-rank meanwhile hands it back
-            if end.held:
-                self.ahead = (take, taken)
-        if ok and leader and self.seq == 0 and end.decision == COMMIT and not end.fenced:
+        self.hand.taken(gen, ending.take, end.entries)
+        committed = end.decision == COMMIT
+        leader = gen.role.leader
+        if ending.ok and leader and ending.seq == 0 and committed and not end.fenced:
             self._drop_old_generations(gen)
-        return end
+        shards = _records(end.recorded)
+        info = StepInfo(gen, ending.seq, tuple(x.index for x in shards), ending.index, committed)
+        if committed and not end.fenced:
+            _call(trainer.commit if ending.ok else trainer.abort, info)
+            self.backlog = [x for x in shards if x.rank != gen.role.rank]
+        else:  # aborted, or we were pruned (a committed step settled our shard already)
+            _call(trainer.abort, info)
+            if ending.work is not None and not committed:  # same attempt: none spent; a
+                w = ending.work  # later commit (a peer's collective completed) settles it
+                run.held.appendleft(Work(w.stream, w.entry_id, w.fields, w.attempt, w.charge, True))
+            self.backlog = []
+            if end.fenced:
+                run.state.fenced = True  # pruned: the check parks what we hold and rejoins
+        if not ending.ok or not committed or end.fenced:
+            if self.gen == gen:
+                self.gen = None  # this group is broken: form the next round
+            self.next_round = (gen.role.epoch, gen.round + 1)
+            return False
+        if not shards:
+            run.idle()  # nobody had a shard: finished (Leave), or wait for work
+        return True
 
     def _drop_old_generations(self, gen: Generation) -> None:
         """Every member of this generation is past the older ones, and members that left

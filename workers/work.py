@@ -21,6 +21,7 @@ class Work:
     fields: Fields
     attempt: int  # deliveries so far; the attempt it runs as, once ``charge`` is spent
     charge: bool = False  # may have run before: spend an attempt (XCLAIM) before it starts
+    recheck: bool = False  # its step's end may still settle it: look that it is pending first
 
     @property
     def index(self) -> int | None:

@@ -1,7 +1,8 @@
 """The training state every member must hold identically — model, optimizer, progress — and
 its sync at the start of every generation: members all-reduce their applied-step counts;
 the member with the most (the leader on ties, i.e. always unless the leader missed a
-commit) broadcasts its state, serialized by ``torch.save`` and loaded with
+commit; a member that applied a step the node set did not commit counts one fewer, and
+loses a tie) broadcasts its state, serialized by ``torch.save`` and loaded with
 ``weights_only=True``."""
 
 from __future__ import annotations
@@ -44,11 +45,14 @@ class TrainState:
         self.steps = int(state["progress"]["steps"])
         self.samples = int(state["progress"]["samples"])
 
-    def sync(self, group: Group, gen: Generation) -> tuple[int, int]:
-        """Make every member of ``gen`` identical; returns (source rank, bytes sent)."""
+    def sync(self, group: Group, gen: Generation, ahead: bool = False) -> tuple[int, int]:
+        """Make every member of ``gen`` identical; returns (source rank, bytes sent).
+        ``ahead``: this member applied a step the node set did not commit (it was pruned
+        in the middle of it): it is the source only if no peer has applied as many steps
+        (its extra step is then kept, and trained again)."""
         world, rank = gen.role.world_size, gen.role.rank
         counts = torch.zeros(world, dtype=torch.int64, device=self.device)
-        counts[rank] = self.steps
+        counts[rank] = 2 * (self.steps - 1) if ahead else 2 * self.steps + 1
         group.collective(lambda: dist.all_reduce(counts))
         src = int(torch.argmax(counts).item())  # the first maximum: lowest rank
         blob = self.to_bytes() if rank == src else b""

@@ -4,7 +4,9 @@ keeps every member's state identical (``state``) and checkpoints (``checkpoints`
 
 Steps: ``prepare`` runs forward and backward on this member's shard; ``reduce`` is one
 all-reduce of ``grad * n`` plus ``n`` and ``loss * n`` (zero for a member with no shard), so
-the update equals one step on all the step's samples together; ``commit`` applies it. Every
+the update equals one step on all the step's samples together; ``apply`` applies it as soon
+as the all-reduce completed (a completed collective commits the step), and ``commit`` then
+records it (checkpoint, ``on_step``) once the loop has read the step's end. Every
 collective has a short timeout (``collective_timeout``, 10 s), and a member whose
 collective fails destroys its group at once, so peers never wait for a vanished one.
 """
@@ -15,6 +17,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,9 @@ class ElasticTrainer:
         self._total = 0.0
         self._loss: float | None = None
         self._torch_role = (-1, -1)
+        self._early: _Applied | None = None  # applied by ``apply``, its end not read yet
         self._stale = False  # a step committed without us: behind until the next sync
+        self._ahead = False  # applied a step the node set did not commit (we were pruned)
         self.checkpoints.resume()
 
     @property
@@ -85,8 +90,10 @@ class ElasticTrainer:
     def on_role(self, gen: Generation) -> None:
         self.group.form(gen)
         self._last_gen = gen
-        src, size = self.state.sync(self.group, gen)
-        self._stale = False
+        src, size = self.state.sync(self.group, gen, ahead=self._ahead)
+        if self._ahead and src == gen.role.rank:  # nobody else to take the state from
+            self.ctx.log.warning("state_kept_ahead", steps=self.steps)
+        self._stale = self._ahead = False
         self.ctx.log.info("state_synced", source_rank=src, steps=self.steps, bytes=size)
 
     def prepare(self, payload: Any | None) -> None:
@@ -128,8 +135,13 @@ class ElasticTrainer:
             "generation": gen.id,
         }
 
-    def commit(self, info: StepInfo) -> None:
-        applied = self._reduced is not None
+    def apply(self) -> None:
+        """Apply the update now: the all-reduce completed, so the step commits unless this
+        member was pruned meanwhile (``abort`` then says so)."""
+        self._early = self._apply()
+
+    def _apply(self) -> _Applied:
+        done = _Applied(self._reduced is not None, self._loss, self._torch_role)
         if self._reduced is not None:
             offset = 0
             for p in self._params:
@@ -139,16 +151,25 @@ class ElasticTrainer:
             self.optimizer.step()
             self.state.steps += 1
             self.state.samples += int(self._total)
+        self._reduced = None
+        return done
+
+    def commit(self, info: StepInfo) -> None:
+        done, self._early = self._early or self._apply(), None
+        if done.applied:
             gen = self.group.gen
             if gen is not None and gen.role.leader:
                 self.checkpoints.maybe(stale=self._stale)
-        self._emit(info, applied)
-        self._reduced = None
+        self._emit(info, done, done.applied)
 
     def abort(self, info: StepInfo) -> None:
-        if info.committed:
+        done, self._early = self._early, None
+        if done is not None and done.applied and not info.committed:
+            self._ahead = True  # the next on_role takes the state from a peer
+        elif info.committed and (done is None or not done.applied):
             self._stale = True  # the others applied it; the next on_role brings us level
-        self._emit(info, False)
+        now = _Applied(False, self._loss, self._torch_role)
+        self._emit(info, done or now, done is not None and done.applied)
         self._reduced = None
 
     def close(self, reason: str) -> None:
@@ -159,7 +180,7 @@ class ElasticTrainer:
         self.checkpoints.join()
         self.group.close(forget=leader and reason == "finished")
 
-    def _emit(self, info: StepInfo, applied: bool) -> None:
+    def _emit(self, info: StepInfo, done: _Applied, applied: bool) -> None:
         if self.on_step is None:
             return
         role = self.ctx.role
@@ -171,16 +192,26 @@ class ElasticTrainer:
                 epoch=role.epoch,
                 rank=role.rank,
                 world_size=role.world_size,
-                torch_rank=self._torch_role[0],
-                torch_world_size=self._torch_role[1],
+                torch_rank=done.torch_role[0],
+                torch_world_size=done.torch_role[1],
                 shards=info.shards,
                 own=info.own,
                 committed=info.committed,
                 applied=applied,
                 steps=self.steps,
-                loss=self._loss,
+                loss=done.loss,
             )
         )
+
+
+@dataclass(frozen=True)
+class _Applied:
+    """What a step did to this member: whether it applied an update, and for the record
+    (``on_step``) its loss and torch rank and world size (``prepare`` resets them)."""
+
+    applied: bool
+    loss: float | None
+    torch_role: tuple[int, int]
 
 
 def wait_released(task: Task, timeout: float = 60.0, poll: float = 0.1) -> TaskStatus:
