@@ -47,10 +47,14 @@ has finished (then every member leaves) and waits for work.
 
 from __future__ import annotations
 
+import functools
 import json
+import queue
+import threading
 import time
 import traceback
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -196,8 +200,9 @@ class _Ahead:
 
 @dataclass
 class _Ending:
-    """A step's end (``step.lua``, and the settle of our shard) sent; its replies are read by
-    ``StepLoop._finish``."""
+    """A step's end: ``step.lua``, and the settle of our shard (``batch``, made by ``make``
+    where it is sent), sent now or posted (``Ends``: ``done`` once its ``replies`` or
+    ``error`` is in); followed by ``StepLoop._finish``."""
 
     gen: Generation
     seq: int
@@ -205,9 +210,126 @@ class _Ending:
     ok: bool  # our collective completed: we proposed commit
     work: Work | None
     index: int | None
-    batch: list[Call[Any]]
-    sent: Sent | None
     take: list[int]  # the steps ahead it takes a shard for
+    make: Callable[[], list[Call[Any]]]  # its calls (made where they are sent)
+    batch: list[Call[Any]] = field(default_factory=list)
+    done: threading.Event | None = None
+    replies: list[Any] | None = None
+    error: BaseException | None = None
+
+
+class Ends:
+    """How a member ends its steps: the calls of a step's end (``step.lua``, and the settle
+    of its shard), sent at once and read (``now``), or handed to a thread that sends them
+    and reads the replies while the member prepares its next step (``post``): the round
+    trip, its packing and its parsing then stay off the step's critical path, as a
+    framework's gradient all-reduce runs beside its backward pass."""
+
+    def __init__(self, run: Run, hand: Hand, ledger: Ledger) -> None:
+        self.run, self.hand, self.ledger = run, hand, ledger
+        self.line = Line.of(run.r)  # for the step's round trip (``_send_all``)
+        self.jobs: queue.SimpleQueue[_Ending | None] = queue.SimpleQueue()
+        self.thread: threading.Thread | None = None  # started with the first step posted
+
+    @property
+    def can_post(self) -> bool:
+        return self.line is not None
+
+    def now(self, ending: _Ending) -> list[Any]:
+        ending.batch = ending.make()
+        return _replies(self.run, ending.batch, _send_all(self.run, self.line, ending.batch))
+
+    def post(self, ending: _Ending) -> None:
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._serve, name="qw-step-end", daemon=True)
+            self.thread.start()
+        ending.done = threading.Event()
+        self.jobs.put(ending)
+
+    def replies(self, ending: _Ending) -> list[Any]:
+        """The replies of a posted step's end (its error raised)."""
+        assert ending.done is not None
+        ending.done.wait()
+        if ending.error is not None:
+            raise ending.error
+        assert ending.replies is not None
+        return ending.replies
+
+    def close(self) -> None:
+        if self.thread is not None:
+            self.jobs.put(None)
+        if self.line is not None:  # the connection it kept goes back to the pool
+            self.line.close()
+
+    def _serve(self) -> None:
+        while (ending := self.jobs.get()) is not None:
+            try:
+                ending.replies = self.now(ending)
+            except BaseException as exc:  # the loop raises it (``replies``)
+                ending.error = exc
+            finally:
+                assert ending.done is not None
+                ending.done.set()
+
+    def open(
+        self,
+        gen: Generation,
+        seq: int,
+        name: str,
+        ok: bool,
+        work: Work | None,
+        index: int | None,
+        result: Any,
+        depth: int,
+    ) -> _Ending:
+        """The step's end, one round trip (``step.lua``): propose commit/abort (a
+        commit overrides an abort; a member pruned from the node set decides nothing), read
+        the ranks' records, settle our shard if the step committed (the settle checks the
+        decision in the same atomic step), and take and record our shards of the next
+        ``depth`` steps (those not taken yet). The leader drops the previous step's fields:
+        every member read its end before this step's collective."""
+        if self.ledger.pending():
+            self.ledger.flush()  # dead letters of a failed prepare: whatever the step does
+        leader, rank = gen.role.leader, gen.role.rank
+        drop = f"{gen.id}.{seq - 1}" if ok and leader and seq > 0 else ""
+        take = self.hand.wanted(gen, seq, depth) if ok else []
+        fields = [f"{gen.id}.{k}.{rank}" for k in take]
+        make = functools.partial(self._batch, gen, name, ok, drop, fields, work, index, result)
+        return _Ending(gen, seq, name, ok, work, index, take, make)
+
+    def _batch(
+        self,
+        gen: Generation,
+        name: str,
+        ok: bool,
+        drop: str,
+        take: list[str],
+        work: Work | None,
+        index: int | None,
+        result: Any,
+    ) -> list[Call[Any]]:
+        """The calls of a step's end (``open``), made where they are sent."""
+        run = self.run
+        proposal = COMMIT if ok else ABORT
+        batch: list[Call[Any]] = [
+            calls.step(
+                run.tk, run.me, name, proposal, gen.role.world_size, drop=drop, take=take,
+                epoch=gen.role.epoch,
+            )
+        ]  # fmt: skip
+        if work is not None and index is not None:
+            own = [(work.entry_id, index, self._body(result if ok else None))]
+            if_commit = (name, COMMIT)
+            settle = calls.settle(run.tk, work.stream, run.me, time.time(), own, only_if=if_commit)
+            batch.append(settle)
+        return batch
+
+    def _body(self, result: Any) -> str:
+        try:
+            return to_json(result, "result")
+        except NotJSON as exc:
+            self.run.log.warning("result_not_json", error=str(exc))
+            return "null"
 
 
 def _in_hand(held: Any, work: Work) -> bool:
@@ -325,7 +447,7 @@ class StepLoop:
         self.backlog: list[_Recorded] = []  # peers' shards of our last committed step
         self.hand = Hand(run, self.ledger)
         self.ending: _Ending | None = None  # a step's end sent, its reply not read yet
-        self.line = Line.of(run.r)  # for the step's round trip (``_send_all``)
+        self.ends = Ends(run, self.hand, self.ledger)
 
     def serve(self) -> None:
         run = self.run
@@ -370,8 +492,7 @@ class StepLoop:
         try:
             self._close(reason)
         finally:
-            if self.line is not None:  # the connection it kept goes back to the pool
-                self.line.close()
+            self.ends.close()
 
     def _close(self, reason: str) -> None:
         if self.trainer is None:
@@ -458,11 +579,13 @@ class StepLoop:
             run.log.info("step_aborted", generation=gen.id, seq=self.seq, reason=str(exc))
             self._settle_backlog()
         apply = getattr(trainer, "apply", None) if ok else None
-        ending = self._end(gen, name, ok, work, index, result, depth=2 if apply else 1)
+        lazy = apply is not None and work is not None and self.ends.can_post
+        ending = self.ends.open(gen, self.seq, name, ok, work, index, result, 2 if lazy else 1)
         self.seq += 1
         self.ending = ending
-        if apply is not None and work is not None and ending.sent and self.seq not in ending.take:
+        if lazy and apply is not None and self.seq not in ending.take:
             _call(apply)  # the reply is read before the next collective
+            self.ends.post(ending)  # (after: its thread would slow the update down)
         else:
             self._finish(trainer)
 
@@ -485,50 +608,6 @@ class StepLoop:
             return None
         return sub.index
 
-    def _body(self, result: Any) -> str:
-        try:
-            return to_json(result, "result")
-        except NotJSON as exc:
-            self.run.log.warning("result_not_json", error=str(exc))
-            return "null"
-
-    def _end(
-        self,
-        gen: Generation,
-        name: str,
-        ok: bool,
-        work: Work | None,
-        index: int | None,
-        result: Any,
-        depth: int,
-    ) -> _Ending:
-        """Send the step's end, one round trip (``step.lua``): propose commit/abort (a
-        commit overrides an abort; a member pruned from the node set decides nothing), read
-        the ranks' records, settle our shard if the step committed (the settle checks the
-        decision in the same atomic step), and take and record our shards of the next
-        ``depth`` steps (those not taken yet). The leader drops the previous step's fields:
-        every member read its end before this step's collective."""
-        run = self.run
-        if self.ledger.pending():
-            self.ledger.flush()  # dead letters of a failed prepare: whatever the step does
-        leader, rank, seq = gen.role.leader, gen.role.rank, self.seq
-        drop = f"{gen.id}.{seq - 1}" if ok and leader and seq > 0 else ""
-        take = self.hand.wanted(gen, seq, depth) if ok else []
-        proposal = COMMIT if ok else ABORT
-        batch: list[Call[Any]] = [
-            calls.step(
-                run.tk, run.me, name, proposal, gen.role.world_size, drop=drop,
-                take=[f"{gen.id}.{k}.{rank}" for k in take], epoch=gen.role.epoch,
-            )
-        ]  # fmt: skip
-        if work is not None and index is not None:
-            own = [(work.entry_id, index, self._body(result if ok else None))]
-            if_commit = (name, COMMIT)
-            settle = calls.settle(run.tk, work.stream, run.me, time.time(), own, only_if=if_commit)
-            batch.append(settle)
-        sent = _send_all(run, self.line, batch)
-        return _Ending(gen, seq, name, ok, work, index, batch, sent, take)
-
     def _finish(self, trainer: StepTrainer) -> bool:
         """Read the end of the step in flight and follow its decision: ``commit`` or
         ``abort``, the peers' shards kept to settle, ours held again if it did not commit.
@@ -536,7 +615,7 @@ class StepLoop:
         ending, self.ending = self.ending, None
         assert ending is not None
         run, gen = self.run, ending.gen
-        replies = _replies(run, ending.batch, ending.sent)
+        replies = self.ends.now(ending) if ending.done is None else self.ends.replies(ending)
         end: StepEnd = replies[0]
         if len(replies) > 1 and end.decision == COMMIT:
             assert ending.work is not None
