@@ -196,3 +196,47 @@ def test_random_joins_leaves_and_kills(
             assert runs_ended(p) == [], (seed, p.name, p.log()[-3000:])
     assert not task.status(with_nodes=False).finished
     task.cancel()
+
+
+@pytest.mark.system
+@pytest.mark.slow(30)
+def test_a_member_paused_past_its_ttl_comes_back_and_nothing_trains_twice(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """A member frozen in the middle of its steps (SIGSTOP) is pruned; its peer trains on
+    alone. Thawed, it finds its step's end fenced: whatever update it applied without the
+    node set is dropped (its state comes from the peer at the next group), it rejoins, and
+    every shard is in exactly one committed step."""
+    steps = Steps(r, f"{prefix}:steps")
+    shards = 1_000
+    task = running_task(cluster, client, steps.key, shards=shards)
+    frozen, peer = start(cluster), start(cluster)
+    reach(steps, 2, 0.0, "steps on 2 workers")
+    frozen.signal(19)  # SIGSTOP: no heartbeat, no step
+    t = time.time()
+    reach(steps, 1, t, "the peer steps alone after the prune")
+    frozen.signal(18)  # SIGCONT
+    t = time.time()
+    reach(steps, 2, t, "steps on 2 workers after the thaw")
+    task.wait(timeout=CHANGE_TIMEOUT * 2)
+    assert '"fenced"' in frozen.log(), frozen.log()[-3000:]
+    for p in (frozen, peer):  # one run each, ended with the task: the frozen one rejoined
+        assert len(runs_ended(p)) <= 1, (p.name, p.log()[-3000:])
+    assert "state_kept_ahead" not in frozen.log()  # a peer had the node set's state
+    decisions: dict[tuple[str, int], set[bool]] = {}
+    in_step: dict[tuple[str, int], set[int]] = {}
+    for x in steps.read():
+        if x["own"] is not None and not x["shards"]:
+            continue  # pruned in the middle of it: it saw no records (nor, maybe, a decision)
+        key = (x["generation"], x["seq"])
+        decisions.setdefault(key, set()).add(x["committed"])
+        in_step.setdefault(key, set()).update(x["shards"])
+    assert all(len(d) == 1 for d in decisions.values())  # every member followed one decision
+    counts: dict[int, int] = {}
+    for key, d in decisions.items():
+        if True in d:
+            for shard in in_step[key]:
+                counts[shard] = counts.get(shard, 0) + 1
+    assert counts == {i: 1 for i in range(shards)}
+    status = task.status(with_nodes=False)
+    assert (status.done, status.dead) == (shards, 0)
