@@ -30,7 +30,7 @@ from tests.conftest import ROOT, Cluster, Proc, need_program, wait_for
 pytestmark = pytest.mark.system
 
 COMPOSE = ROOT / "compose.yaml"
-N_SUBTASKS = 5000  # at least; more where processes start slowly (see the scale test)
+N_SUBTASKS = 800  # at least; more where processes start slowly (see the scale test)
 WORK_PER_STARTUP = 80.0  # worker-seconds of work per second the first workers took to start
 SCALE_STEPS = (6, 1, 4)  # after the compose file's own `deploy.replicas` (2)
 
@@ -365,8 +365,10 @@ def history(r: redis.Redis, keys: Keys, task_id: str) -> list[dict[str, str]]:
 
 
 def seconds_of(i: int) -> float:
-    """Payload of subtask i for examples:sleep: ~8 ms, distinct per i mod 1000."""
-    return round(0.008 + (i % 1000) * 1e-6, 6)
+    """Payload of subtask i for examples:sleep: ~50 ms, distinct per i mod 1000. Long
+    enough that the work is the sleeping, not each subtask's round trips: the task's
+    length is worker-seconds, and the CPU it costs grows with its subtask count."""
+    return round(0.05 + (i % 1000) * 1e-6, 6)
 
 
 def test_scale_workers_2_6_1_4_while_a_task_runs(
@@ -390,8 +392,8 @@ def test_scale_workers_2_6_1_4_while_a_task_runs(
     assert len(workers.running) == 2
     cluster.wait_workers(r, 2, timeout=60)
     # The task must outlast the scaling, which is mostly processes starting (seven more):
-    # as long as they start in a second or two, 5,000 subtasks of ~8 ms; on a machine
-    # that starts them slower, more, in proportion
+    # as long as they start in a second or two, 800 subtasks of ~50 ms (40 worker-seconds);
+    # on a machine that starts them slower, more, in proportion
     startup = time.monotonic() - t0
     total = max(N_SUBTASKS, int(WORK_PER_STARTUP * startup / seconds_of(0)))
     task = client.submit(
