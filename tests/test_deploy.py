@@ -365,9 +365,8 @@ def history(r: redis.Redis, keys: Keys, task_id: str) -> list[dict[str, str]]:
 
 
 def seconds_of(i: int) -> float:
-    """Payload of subtask i for examples:sleep: ~50 ms, distinct per i mod 1000. Long
-    enough that the work is the sleeping, not each subtask's round trips: the task's
-    length is worker-seconds, and the CPU it costs grows with its subtask count."""
+    """Payload of subtask i for examples:sleep: ~50 ms, distinct per i mod 1000. The
+    task's length is in worker-seconds: longer subtasks make it of fewer round trips."""
     return round(0.05 + (i % 1000) * 1e-6, 6)
 
 
