@@ -183,8 +183,9 @@ class ForkServer:
             self.changed.notify_all()
 
     def exit_code(self, n: int) -> int | None:
+        """Child ``n``'s exit status, once it ended (kept: any thread may ask again)."""
         with self.changed:
-            return self._exits.pop(n, None)
+            return self._exits.get(n)
 
     def start(self, args: list[str], env: dict[str, str], log: Path) -> ForkedProcess:
         assert self.proc.stdin is not None
