@@ -1,5 +1,8 @@
 """Fixtures: a private Redis server per session, a key prefix per test, and factories for
 real worker and controller processes that are always stopped (SIGKILL as the last resort).
+Those processes are forked from one that imported queueworks already (``tests/forkserver.py``:
+a fresh interpreter spends ~0.5 CPU-s importing it, and the suite starts hundreds);
+``QUEUEWORKS_TEST_FORK=0`` starts each with ``python -m queueworks`` instead.
 
 ``QUEUEWORKS_TEST_REDIS_URL`` runs the suite against an external server instead.
 
@@ -50,6 +53,7 @@ import redis
 from queueworks import Client
 from queueworks.keys import Keys
 from queueworks.redis_server import RedisServer
+from tests import forkserver
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -210,18 +214,23 @@ def client(redis_url: str, prefix: str) -> Iterator[Client]:
 
 
 class Proc:
-    """A real queueworks process (``python -m queueworks ...``) with its log file."""
+    """A real queueworks process (``python -m queueworks ...``) with its log file, forked
+    from a process that imported queueworks already (``tests/forkserver.py``)."""
 
     def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
         self.args, self.log_path = args, log
         self._log = log.open("ab")
-        self.p = subprocess.Popen(
-            [sys.executable, "-m", "queueworks", *args],
-            env=env,
-            cwd=ROOT,
-            stdout=self._log,
-            stderr=self._log,
-        )
+        self.p: subprocess.Popen[bytes] | forkserver.ForkedProcess
+        if forkserver.enabled():
+            self.p = forkserver.start(args, env, log)
+        else:
+            self.p = subprocess.Popen(
+                [sys.executable, "-m", "queueworks", *args],
+                env=env,
+                cwd=ROOT,
+                stdout=self._log,
+                stderr=self._log,
+            )
         self.name = ""
 
     @property
@@ -332,6 +341,10 @@ def cluster(
     if failed is not None and failed.failed:
         print(c.logs())
     c.close()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    forkserver.stop()
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -109,7 +109,9 @@ def reach(steps: Steps, size: int, since: float, what: str) -> float:
 def running_task(cluster: Cluster, client: Client, log: str, shards: int) -> Task:
     from examples.elastic_training import Config, task_spec
 
-    cfg = Config(shards=shards, pace=0.02, step_log=log)
+    # paced by sleeping (0.1 s a shard): the tests wait on process starts, and every step
+    # taken meanwhile costs each member CPU (a collective, a step record, the optimizer)
+    cfg = Config(shards=shards, pace=0.1, step_log=log)
     cluster.controller()
     return client.submit(task_spec(cfg))
 

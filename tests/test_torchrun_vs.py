@@ -52,11 +52,11 @@ def test_the_steady_rows_set_the_systems_side_by_side() -> None:
     assert rows[3] == "| samples/s at 2 nodes, no failure | 1750 | 1950 | 0.90 |"
 
 
-def smoke_run(system: str, tmp_path: Path) -> dict[str, Any]:
-    """The smoke scenario for one system: its run's figures, with the one-process loss
-    (``reference``) beside them."""
+def smoke_run(system: str, tmp_path: Path, *more: str) -> dict[str, Any]:
+    """The smoke scenario for one system (with ``more`` arguments): its run's figures,
+    with the one-process loss (``reference``) beside them."""
     out = tmp_path / "result.json"
-    argv = ["-m", "bench.torchrun_vs", "--smoke", "--systems", system, "--json", str(out)]
+    argv = ["-m", "bench.torchrun_vs", "--smoke", "--systems", system, "--json", str(out), *more]
     proc = subprocess.run(
         [sys.executable, *argv],
         cwd=ROOT,
@@ -113,7 +113,10 @@ def test_queueworks_runs_the_scenario_and_repeats_nothing(tmp_path: Path) -> Non
 @pytest.mark.system
 @pytest.mark.slow(100)
 def test_torchrun_runs_the_scenario_and_redoes_steps(tmp_path: Path) -> None:
-    tr = smoke_run("torchrun", tmp_path)
+    # half the shards, each paced 2.5x longer: about the smoke run's length (its changes
+    # wait on process starts, 10-15 s each under load), in half the steps, each of which
+    # costs every rank CPU; what is checked here is how torchrun restarts, not its speed
+    tr = smoke_run("torchrun", tmp_path, "--shards", "1200", "--pace", "0.05")
     # torchrun restarts its workers on every change (a new generation each time), from its
     # snapshot: the steps since it are redone. Each change is made halfway between two
     # snapshots, but the restart comes seconds later, when the round forms, so one of them
