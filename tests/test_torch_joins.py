@@ -106,12 +106,14 @@ def reach(steps: Steps, size: int, since: float, what: str) -> float:
     return time.time() - since
 
 
-def running_task(cluster: Cluster, client: Client, log: str, shards: int) -> Task:
+def running_task(
+    cluster: Cluster, client: Client, log: str, shards: int, pace: float = 0.1
+) -> Task:
     from examples.elastic_training import Config, task_spec
 
     # paced by sleeping (0.1 s a shard): the tests wait on process starts, and every step
     # taken meanwhile costs each member CPU (a collective, a step record, the optimizer)
-    cfg = Config(shards=shards, pace=0.1, step_log=log)
+    cfg = Config(shards=shards, pace=pace, step_log=log)
     cluster.controller()
     return client.submit(task_spec(cfg))
 
@@ -210,8 +212,8 @@ def test_a_member_paused_past_its_ttl_comes_back_and_nothing_trains_twice(
     node set is dropped (its state comes from the peer at the next group), it rejoins, and
     every shard is in exactly one committed step."""
     steps = Steps(r, f"{prefix}:steps")
-    shards = 1_000
-    task = running_task(cluster, client, steps.key, shards=shards)
+    shards = 600  # (it ends the test: paced to end in seconds after the thaw)
+    task = running_task(cluster, client, steps.key, shards=shards, pace=0.03)
     frozen, peer = start(cluster), start(cluster)
     reach(steps, 2, 0.0, "steps on 2 workers")
     frozen.signal(19)  # SIGSTOP: no heartbeat, no step
