@@ -47,14 +47,10 @@ has finished (then every member leaves) and waits for work.
 
 from __future__ import annotations
 
-import functools
 import json
-import queue
-import threading
 import time
 import traceback
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -200,9 +196,8 @@ class _Ahead:
 
 @dataclass
 class _Ending:
-    """A step's end: ``step.lua``, and the settle of our shard (``batch``, made by ``make``
-    where it is sent), sent now or posted (``Ends``: ``done`` once its ``replies`` or
-    ``error`` is in); followed by ``StepLoop._finish``."""
+    """A step's end sent (``step.lua``, and the settle of our shard: ``batch``), its
+    replies not read yet; followed by ``StepLoop._finish``."""
 
     gen: Generation
     seq: int
@@ -211,65 +206,31 @@ class _Ending:
     work: Work | None
     index: int | None
     take: list[int]  # the steps ahead it takes a shard for
-    make: Callable[[], list[Call[Any]]]  # its calls (made where they are sent)
-    batch: list[Call[Any]] = field(default_factory=list)
-    done: threading.Event | None = None
-    replies: list[Any] | None = None
-    error: BaseException | None = None
+    batch: list[Call[Any]]
+    sent: Sent | None
 
 
 class Ends:
     """How a member ends its steps: the calls of a step's end (``step.lua``, and the settle
-    of its shard), sent at once and read (``now``), or handed to a thread that sends them
-    and reads the replies while the member prepares its next step (``post``): the round
-    trip, its packing and its parsing then stay off the step's critical path, as a
-    framework's gradient all-reduce runs beside its backward pass."""
+    of its shard) sent at once, in one write, and their replies read when the loop needs
+    them (``replies``): at once, or, for a step whose update was applied without waiting,
+    during the next step's ``prepare``."""
 
     def __init__(self, run: Run, hand: Hand, ledger: Ledger) -> None:
         self.run, self.hand, self.ledger = run, hand, ledger
         self.line = Line.of(run.r)  # for the step's round trip (``_send_all``)
-        self.jobs: queue.SimpleQueue[_Ending | None] = queue.SimpleQueue()
-        self.thread: threading.Thread | None = None  # started with the first step posted
 
     @property
-    def can_post(self) -> bool:
+    def lazy(self) -> bool:
+        """Whether a step's reply can wait: its calls went out on a line of their own."""
         return self.line is not None
 
-    def now(self, ending: _Ending) -> list[Any]:
-        ending.batch = ending.make()
-        return _replies(self.run, ending.batch, _send_all(self.run, self.line, ending.batch))
-
-    def post(self, ending: _Ending) -> None:
-        if self.thread is None:
-            self.thread = threading.Thread(target=self._serve, name="qw-step-end", daemon=True)
-            self.thread.start()
-        ending.done = threading.Event()
-        self.jobs.put(ending)
-
     def replies(self, ending: _Ending) -> list[Any]:
-        """The replies of a posted step's end (its error raised)."""
-        assert ending.done is not None
-        ending.done.wait()
-        if ending.error is not None:
-            raise ending.error
-        assert ending.replies is not None
-        return ending.replies
+        return _replies(self.run, ending.batch, ending.sent)
 
     def close(self) -> None:
-        if self.thread is not None:
-            self.jobs.put(None)
         if self.line is not None:  # the connection it kept goes back to the pool
             self.line.close()
-
-    def _serve(self) -> None:
-        while (ending := self.jobs.get()) is not None:
-            try:
-                ending.replies = self.now(ending)
-            except BaseException as exc:  # the loop raises it (``replies``)
-                ending.error = exc
-            finally:
-                assert ending.done is not None
-                ending.done.set()
 
     def open(
         self,
@@ -294,8 +255,10 @@ class Ends:
         drop = f"{gen.id}.{seq - 1}" if ok and leader and seq > 0 else ""
         take = self.hand.wanted(gen, seq, depth) if ok else []
         fields = [f"{gen.id}.{k}.{rank}" for k in take]
-        make = functools.partial(self._batch, gen, name, ok, drop, fields, work, index, result)
-        return _Ending(gen, seq, name, ok, work, index, take, make)
+        batch = self._batch(gen, name, ok, drop, fields, work, index, result)
+        return _Ending(
+            gen, seq, name, ok, work, index, take, batch, _send_all(self.run, self.line, batch)
+        )
 
     def _batch(
         self,
@@ -308,7 +271,7 @@ class Ends:
         index: int | None,
         result: Any,
     ) -> list[Call[Any]]:
-        """The calls of a step's end (``open``), made where they are sent."""
+        """The calls of a step's end (``open``)."""
         run = self.run
         proposal = COMMIT if ok else ABORT
         batch: list[Call[Any]] = [
@@ -579,13 +542,12 @@ class StepLoop:
             run.log.info("step_aborted", generation=gen.id, seq=self.seq, reason=str(exc))
             self._settle_backlog()
         apply = getattr(trainer, "apply", None) if ok else None
-        lazy = apply is not None and work is not None and self.ends.can_post
+        lazy = apply is not None and work is not None and self.ends.lazy
         ending = self.ends.open(gen, self.seq, name, ok, work, index, result, 2 if lazy else 1)
         self.seq += 1
         self.ending = ending
         if lazy and apply is not None and self.seq not in ending.take:
             _call(apply)  # the reply is read before the next collective
-            self.ends.post(ending)  # (after: its thread would slow the update down)
         else:
             self._finish(trainer)
 
@@ -615,7 +577,7 @@ class StepLoop:
         ending, self.ending = self.ending, None
         assert ending is not None
         run, gen = self.run, ending.gen
-        replies = self.ends.now(ending) if ending.done is None else self.ends.replies(ending)
+        replies = self.ends.replies(ending)
         end: StepEnd = replies[0]
         if len(replies) > 1 and end.decision == COMMIT:
             assert ending.work is not None
