@@ -31,7 +31,7 @@ one (fenced by membership and epoch). It records the shard in the task's ``steps
 **Ending without waiting.** With a trainer that has ``apply`` (the torch one), a member whose
 collective completed sends its step's end (``step.lua`` and the settle of its shard, one
 write) and applies the update at once, without waiting for the reply; it reads the reply
-while the next step's ``prepare`` runs, before that step's collective, and only then calls
+after the next step's ``prepare``, before that step's collective, and only then calls
 ``commit`` (checkpoint, records). The step's end also takes the member's shard of the step
 after next, so that the next ``prepare`` never waits for Redis: between changes no round
 trip is on the step's critical path. A member pruned meanwhile (its end was fenced) has
@@ -214,7 +214,7 @@ class Ends:
     """How a member ends its steps: the calls of a step's end (``step.lua``, and the settle
     of its shard) sent at once, in one write, and their replies read when the loop needs
     them (``replies``): at once, or, for a step whose update was applied without waiting,
-    during the next step's ``prepare``."""
+    after the next step's ``prepare``."""
 
     def __init__(self, run: Run, hand: Hand, ledger: Ledger) -> None:
         self.run, self.hand, self.ledger = run, hand, ledger
@@ -512,7 +512,7 @@ class StepLoop:
         step's shard was prepared), ``reduce``, and end the step. With a trainer that
         applies an update early (``apply``), a step whose collective completed ends without
         waiting: its update is applied at once (a completed collective commits the step:
-        ``step.lua``) and its reply is read during the next step's ``prepare``; the shards
+        ``step.lua``) and its reply is read after the next step's ``prepare``; the shards
         are taken two steps ahead, so that ``prepare`` never waits for that reply."""
         run = self.run
         name = f"{gen.id}.{self.seq}"
