@@ -26,7 +26,10 @@ in this order:
 ``reduce()``
     The collective(s) of the step, e.g. the all-reduce of gradients weighted by sample count.
     Returns the shard's result (JSON). Raises ``StepAborted`` when a collective fails or
-    times out, after dropping its group, so that blocked peers fail at once too.
+    times out, after dropping its group, so that blocked peers fail at once too. It may
+    call ``ctx.meanwhile()`` while its all-reduce is in flight: the loop then reads the
+    last step's end beside the all-reduce instead of before it (and calls that step's
+    ``commit`` or ``abort`` from there).
 ``apply()`` (optional)
     Apply the update of a step whose ``reduce`` returned, before the step's end is read: a
     completed collective commits the step, unless this member was pruned from the node set
@@ -54,6 +57,7 @@ peer form a new group at once, and again after the peer is pruned (new epoch).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -114,6 +118,10 @@ class StepContext:
     keys: TaskKeys
     log: Any
     live: LiveRole = field(repr=False)
+    meanwhile: Callable[[], None] = field(default=lambda: None, repr=False)
+    """The loop's own work for the time a collective is in flight: ``reduce`` calls it once
+    its all-reduce has started, before waiting for it (it raises ``StepAborted`` if the
+    step cannot go on: drop the group, as for a failed collective)."""
 
     @property
     def options(self) -> dict[str, Any]:

@@ -418,6 +418,7 @@ class StepLoop:
             if run.spec.partitions:
                 raise TrainerFailed("step mode does not take partitions")
             ctx = StepContext(run.tk.task_id, run.me, run.spec, run.r, run.tk, run.log, _Live(run))
+            ctx.meanwhile = self._meanwhile
             assert run.handler is not None
             self.trainer = _call(run.handler.fn, ctx)
             self._serve(self.trainer)
@@ -529,18 +530,17 @@ class StepLoop:
                 run.r.hset(self.key, f"{name}.{gen.role.rank}", value)
         if work is None:
             _call(trainer.prepare, None)
-        if self.ending is not None and not self._finish(trainer):
-            if work is not None:  # the last step broke the group: this one does not run
-                run.held.appendleft(work)  # same attempt: a step not run spends none
-            _call(trainer.abort, StepInfo(gen, self.seq, (), index, False))
-            return
+        if self.ending is not None and self.ending.sent is None and not self._finish(trainer):
+            return self._abandon(trainer, gen, work, index)  # (its send failed: read first)
         ok, result = True, None
         try:
-            result = _call(trainer.reduce)
+            result = _call(trainer.reduce)  # (``_meanwhile``: the last step's end read)
         except StepAborted as exc:
             ok = False
             run.log.info("step_aborted", generation=gen.id, seq=self.seq, reason=str(exc))
             self._settle_backlog()
+        if self.ending is not None and not self._finish(trainer):  # not read meanwhile
+            return self._abandon(trainer, gen, work, index)
         apply = getattr(trainer, "apply", None) if ok else None
         lazy = apply is not None and work is not None and self.ends.lazy
         ending = self.ends.open(gen, self.seq, name, ok, work, index, result, 2 if lazy else 1)
@@ -550,6 +550,26 @@ class StepLoop:
             _call(apply)  # the reply is read before the next collective
         else:
             self._finish(trainer)
+
+    def _meanwhile(self) -> None:
+        """While the step's collective is in flight: read the last step's end (sent a step
+        ago). ``StepAborted`` if it broke the group (we were pruned)."""
+        trainer = self.trainer
+        if self.ending is not None and trainer is not None and not self._finish(trainer):
+            raise StepAborted("pruned from the node set in the last step")
+
+    def _abandon(
+        self, trainer: StepTrainer, gen: Generation, work: Work | None, index: int | None
+    ) -> None:
+        """The last step's end broke the group (we were pruned): this step is not ours to
+        end. Our shard is held again, no attempt spent; peers that completed the step anyway
+        settle it, so it runs again only if still pending later (``recheck``)."""
+        if work is not None:
+            w = work
+            self.run.held.appendleft(
+                Work(w.stream, w.entry_id, w.fields, w.attempt, w.charge, True)
+            )
+        _call(trainer.abort, StepInfo(gen, self.seq, (), index, False))
 
     def _prepare(self, trainer: StepTrainer, work: Work) -> int | None:
         """Decode the shard and run ``prepare``; None if it failed (retry or dead letter)."""

@@ -118,7 +118,7 @@ class ElasticTrainer:
         buf = torch.cat([*parts, meta]) if parts else meta
         if parts:
             buf[:-2].mul_(n)
-        self.group.collective(lambda: dist.all_reduce(buf))
+        self.group.collective(lambda: self._all_reduce(buf))
         self._torch_role = (dist.get_rank(), dist.get_world_size())
         total = float(buf[-2])
         self._total = total
@@ -134,6 +134,17 @@ class ElasticTrainer:
             "world_size": gen.role.world_size,
             "generation": gen.id,
         }
+
+    def _all_reduce(self, buf: torch.Tensor) -> None:
+        """The all-reduce, with the loop's own work (``ctx.meanwhile``) done while it runs."""
+        work = dist.all_reduce(buf, async_op=True)
+        assert work is not None
+        try:
+            self.ctx.meanwhile()
+        except BaseException:
+            self.group.drop()  # the step cannot go on: peers blocked with us fail now
+            raise
+        work.wait()
 
     def apply(self) -> None:
         """Apply the update now: the all-reduce completed, so the step commits unless this
