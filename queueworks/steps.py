@@ -33,7 +33,7 @@ in this order:
 ``apply()`` (optional)
     Apply the update of a step whose ``reduce`` returned, before the step's end is read: a
     completed collective commits the step, unless this member was pruned from the node set
-    meanwhile. The loop then reads the step's end after the next ``prepare`` and calls
+    meanwhile. The loop then reads the step's end during the next step and calls
     ``commit(info)`` (or ``abort(info)`` with ``info.committed`` False, if it was pruned: the
     trainer applied a step the node set did not commit, and must not be the source of the
     next ``on_role``'s state). Without it, the loop waits for the step's end before the next

@@ -31,14 +31,17 @@ one (fenced by membership and epoch). It records the shard in the task's ``steps
 **Ending without waiting.** With a trainer that has ``apply`` (the torch one), a member whose
 collective completed sends its step's end (``step.lua`` and the settle of its shard, one
 write) and applies the update at once, without waiting for the reply; it reads the reply
-after the next step's ``prepare``, before that step's collective, and only then calls
-``commit`` (checkpoint, records). The step's end also takes the member's shard of the step
-after next, so that the next ``prepare`` never waits for Redis: between changes no round
-trip is on the step's critical path. A member pruned meanwhile (its end was fenced) has
-applied an update the node set may not have committed: its trainer hears ``abort`` and
-takes its state from a peer at the next group. Every member reads its last step's end
-before its next collective and before forming a group, so the leader's drop of the
-previous step's fields never comes before a member's end of that step.
+while the next step's all-reduce runs (``StepContext.meanwhile``, which the trainer calls
+once its all-reduce has started), and only then calls ``commit`` (checkpoint, records).
+The step's end also takes the member's shard of the step after next, so that the next
+``prepare`` never waits for Redis: between changes no round trip, and little of the Python
+around it, is on the step's critical path. A member pruned meanwhile (its end was fenced)
+has applied an update the node set may not have committed: its trainer hears ``abort``
+and takes its state from a peer at the next group, and the step it was in the middle of
+is aborted (its group dropped). Every member sent its step's end a whole ``prepare``
+before the leader can drop that step's fields (at its end of the next step), and reads it
+before forming a group; an end whose send failed is sent again before the next
+collective.
 
 So each shard is in exactly one committed step; it is in more than one step only when the
 others were aborted. A step with no shard at all is idle: the loop checks whether the task
@@ -214,7 +217,7 @@ class Ends:
     """How a member ends its steps: the calls of a step's end (``step.lua``, and the settle
     of its shard) sent at once, in one write, and their replies read when the loop needs
     them (``replies``): at once, or, for a step whose update was applied without waiting,
-    after the next step's ``prepare``."""
+    while the next step's all-reduce runs."""
 
     def __init__(self, run: Run, hand: Hand, ledger: Ledger) -> None:
         self.run, self.hand, self.ledger = run, hand, ledger
@@ -513,7 +516,7 @@ class StepLoop:
         step's shard was prepared), ``reduce``, and end the step. With a trainer that
         applies an update early (``apply``), a step whose collective completed ends without
         waiting: its update is applied at once (a completed collective commits the step:
-        ``step.lua``) and its reply is read after the next step's ``prepare``; the shards
+        ``step.lua``) and its reply is read while the next all-reduce runs; the shards
         are taken two steps ahead, so that ``prepare`` never waits for that reply."""
         run = self.run
         name = f"{gen.id}.{self.seq}"
@@ -547,7 +550,7 @@ class StepLoop:
         self.seq += 1
         self.ending = ending
         if lazy and apply is not None and self.seq not in ending.take:
-            _call(apply)  # the reply is read before the next collective
+            _call(apply)  # the reply is read while the next collective runs
         else:
             self._finish(trainer)
 
