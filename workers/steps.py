@@ -53,7 +53,7 @@ from __future__ import annotations
 import json
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import redis
@@ -568,10 +568,7 @@ class StepLoop:
         end. Our shard is held again, no attempt spent; peers that completed the step anyway
         settle it, so it runs again only if still pending later (``recheck``)."""
         if work is not None:
-            w = work
-            self.run.held.appendleft(
-                Work(w.stream, w.entry_id, w.fields, w.attempt, w.charge, True)
-            )
+            self.run.held.appendleft(replace(work, recheck=True))
         _call(trainer.abort, StepInfo(gen, self.seq, (), index, False))
 
     def _prepare(self, trainer: StepTrainer, work: Work) -> int | None:
@@ -620,9 +617,9 @@ class StepLoop:
             self.backlog = [x for x in shards if x.rank != gen.role.rank]
         else:  # aborted, or we were pruned (a committed step settled our shard already)
             _call(trainer.abort, info)
-            if ending.work is not None and not committed:  # same attempt: none spent; a
-                w = ending.work  # later commit (a peer's collective completed) settles it
-                run.held.appendleft(Work(w.stream, w.entry_id, w.fields, w.attempt, w.charge, True))
+            if ending.work is not None and not committed:  # same attempt: none spent (a
+                # peer whose collective completed may still commit it: ``recheck``)
+                run.held.appendleft(replace(ending.work, recheck=True))
             self.backlog = []
             if end.fenced:
                 run.state.fenced = True  # pruned: the check parks what we hold and rejoins

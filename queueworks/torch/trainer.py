@@ -171,16 +171,16 @@ class ElasticTrainer:
             gen = self.group.gen
             if gen is not None and gen.role.leader:
                 self.checkpoints.maybe(stale=self._stale)
-        self._emit(info, done, done.applied)
+        self._emit(info, done)
 
     def abort(self, info: StepInfo) -> None:
-        done, self._early = self._early, None
-        if done is not None and done.applied and not info.committed:
+        done = self._early or _Applied(False, self._loss, self._torch_role)
+        self._early = None
+        if done.applied and not info.committed:
             self._ahead = True  # the next on_role takes the state from a peer
-        elif info.committed and (done is None or not done.applied):
+        elif info.committed and not done.applied:
             self._stale = True  # the others applied it; the next on_role brings us level
-        now = _Applied(False, self._loss, self._torch_role)
-        self._emit(info, done or now, done is not None and done.applied)
+        self._emit(info, done)
         self._reduced = None
 
     def close(self, reason: str) -> None:
@@ -191,7 +191,7 @@ class ElasticTrainer:
         self.checkpoints.join()
         self.group.close(forget=leader and reason == "finished")
 
-    def _emit(self, info: StepInfo, done: _Applied, applied: bool) -> None:
+    def _emit(self, info: StepInfo, done: _Applied) -> None:
         if self.on_step is None:
             return
         role = self.ctx.role
@@ -208,7 +208,7 @@ class ElasticTrainer:
                 shards=info.shards,
                 own=info.own,
                 committed=info.committed,
-                applied=applied,
+                applied=done.applied,
                 steps=self.steps,
                 loss=done.loss,
             )
