@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # the server's program: run with ``python -c``; the request and report protocol is one JSON
 # object per line (request: n, args, env, cwd, log; replies: {"pid": p}, and later
-# {"exit": n, "rc": r, "cpu": s} when it ended)
+# {"exit": n, "rc": r} when it ended)
 SERVER = r"""
 import io, json, os, runpy, select, signal, sys
 
@@ -92,12 +92,11 @@ def main():
         if wake_r in ready:
             os.read(wake_r, 4096)
         while children:
-            pid, status, usage = os.wait4(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
             if not pid:
                 break
             n = children.pop(pid)
-            cpu = usage.ru_utime + usage.ru_stime
-            report({"exit": n, "rc": os.waitstatus_to_exitcode(status), "cpu": cpu})
+            report({"exit": n, "rc": os.waitstatus_to_exitcode(status)})
         if inbox in ready:
             line = inbox.readline()
             if not line:
@@ -175,8 +174,6 @@ class ForkServer:
                     self._pids.append(int(msg["pid"]))
                 else:
                     self._exits[int(msg["exit"])] = int(msg["rc"])
-                    global children_cpu
-                    children_cpu += float(msg["cpu"])
                 self.changed.notify_all()
         with self.changed:
             self._pids.append(-1)  # the server ended: no more replies
@@ -205,7 +202,6 @@ class ForkServer:
 
 _server: ForkServer | None = None
 _server_lock = threading.Lock()
-children_cpu = 0.0  # CPU seconds (user + system) of every child that ended so far
 
 
 def stop() -> None:
