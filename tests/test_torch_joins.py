@@ -88,6 +88,69 @@ def test_a_failed_group_init_leaves_the_next_group_named_as_its_peers_name_it(
         group.close(forget=True)
 
 
+@pytest.mark.integration
+def test_a_rendezvous_has_one_fate_even_when_a_member_gives_up_as_the_last_one_comes(
+    r: redis.Redis, keys: Keys
+) -> None:
+    """Members meet in the leader's store before ``init_process_group``. One that gives up
+    (the node set changed) as the last one comes must agree with it: all go into
+    ``init_process_group`` or none does. Else one waits there alone, its whole timeout."""
+    import datetime
+    import threading
+
+    import torch
+    from torch._C._distributed_c10d import TCPStore
+
+    from queueworks.models import Role
+    from queueworks.steps import Generation, StepAborted
+    from queueworks.torch.options import TorchOptions
+    from queueworks.torch.rendezvous import Group
+
+    timeout = datetime.timedelta(seconds=5)
+
+    def member(rank: int, world: int, wait: Any) -> tuple[Group, Generation]:
+        ctx = SimpleNamespace(redis=r, keys=keys.task("t1"), log=structlog.get_logger(), wait=wait)
+        group = Group(ctx, TorchOptions(), torch.device("cpu"), "127.0.0.1")  # type: ignore[arg-type]
+        return group, Generation(Role(rank=rank, world_size=world, epoch=1))
+
+    # The first to come gives up at once: the others, the last one too, give up with it.
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+
+    def unchanged(seconds: float) -> bool:
+        time.sleep(seconds)
+        return False
+
+    def changed(seconds: float) -> bool:
+        return True
+
+    for rank, wait in enumerate([changed, unchanged, unchanged]):
+        group, gen = member(rank, 3, wait)
+        store = TCPStore("127.0.0.1", master.port, is_master=False, timeout=timeout)
+        with pytest.raises(StepAborted):
+            group._arrive(store, gen)
+
+    # Every member came before one gave up: it goes on with them.
+    master = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timeout)
+    last_came = threading.Event()
+    outcome: list[str] = []
+
+    def first() -> None:
+        group, gen = member(0, 2, lambda s: last_came.wait(5) or True)
+        try:
+            group._arrive(master, gen)
+            outcome.append("formed")
+        except StepAborted as exc:
+            outcome.append(f"gave up: {exc}")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    group, gen = member(1, 2, unchanged)
+    group._arrive(TCPStore("127.0.0.1", master.port, is_master=False, timeout=timeout), gen)
+    last_came.set()
+    thread.join(10)
+    assert outcome == ["formed"]
+
+
 def start(cluster: Cluster) -> Proc:
     return cluster.worker(allow=ALLOW, env=ENV)
 

@@ -4,7 +4,8 @@ The leader (rank 0) opens a fresh ``TCPStore`` on a free port and publishes ``ho
 with the generation under the task's ``rdzv`` key; the others wait for exactly that
 generation, connect, and all meet at an arrival count before ``init_process_group`` (gloo on
 CPU, NCCL with CUDA), so no C++ call waits on a member that is not coming. Waiting gives up
-as soon as the node set changes. Every collective runs through ``collective``: a failure
+as soon as the node set changes, unless every member came first (``_arrive``: one fate per
+generation, compare-and-set on its store). Every collective runs through ``collective``: a failure
 drops the group at once, so peers blocked with us fail too.
 """
 
@@ -27,6 +28,8 @@ RDZV_TTL = 7 * 24 * 3600  # the rendezvous key outlives any generation; deleted 
 POLL_MIN, POLL_MAX = 0.002, 0.05
 STORE_CONNECT_TIMEOUT = 5.0  # the leader's store was just published: it answers in ms
 CONNECT_ATTEMPT = 0.25  # s per attempt to connect to it
+FATE = "fate"  # a generation's fate in its store: formed or aborted, decided once
+FORMED, ABORTED, UNDECIDED = "formed", "aborted", "?"
 
 
 class Group:
@@ -158,19 +161,29 @@ class Group:
         return doc if theirs == mine else None
 
     def _arrive(self, store: TCPStore, gen: Generation) -> None:
-        """Wait until every member of the generation has come (interruptible; a follower
-        also gives up when the leader has moved on)."""
+        """Wait until the generation's fate is decided: ``formed`` (every member came) or
+        ``aborted`` (a member gave up first). Interruptible; a follower also gives up when
+        the leader has moved on.
+
+        The fate is one compare-and-set on the store, so every member reads the same one:
+        the last member to come sets ``formed``; a member that gives up (the node set
+        changed, the leader moved on, the wait timed out) sets ``aborted``, unless the
+        generation has formed already, and then goes into ``init_process_group`` with the
+        others (the change is handled at the next step). Without it, a member could give
+        up just as the last one came and went into ``init_process_group``, which would then
+        wait its whole timeout for a peer that is not coming."""
         deadline = time.monotonic() + self.opts.rendezvous_timeout
         pause = POLL_MIN
         try:
-            store.add("arrived", 1)
-            while int(store.add("arrived", 0)) < gen.role.world_size:
-                if self.ctx.wait(pause):
-                    raise StepAborted("node set changed during rendezvous")
-                if not gen.role.leader and pause >= POLL_MAX:
-                    self._published(gen)  # raises if the leader is at a later generation
-                if time.monotonic() > deadline:
-                    raise StepAborted("not every member came to the rendezvous")
+            if int(store.add("arrived", 1)) >= gen.role.world_size:
+                _fate(store, "", FORMED)
+            while (fate := _fate(store, UNDECIDED, UNDECIDED)) != FORMED:
+                if fate == ABORTED:
+                    raise StepAborted("a member gave up the rendezvous")
+                if (why := self._why_give_up(gen, pause, deadline)) is not None:
+                    if _fate(store, "", ABORTED) == FORMED:
+                        return  # every member came first: the group forms all the same
+                    raise StepAborted(why)
                 pause = min(POLL_MAX, pause * 1.5)
         except RuntimeError as exc:
             self.drop()
@@ -178,6 +191,26 @@ class Group:
         except StepAborted:
             self.drop()
             raise
+
+    def _why_give_up(self, gen: Generation, pause: float, deadline: float) -> str | None:
+        """Why a member waiting for the others gives up now (after waiting ``pause``), if it
+        does: the node set changed, the leader moved on, or the wait timed out."""
+        if self.ctx.wait(pause):
+            return "node set changed during rendezvous"
+        if not gen.role.leader and pause >= POLL_MAX:
+            try:
+                self._published(gen)
+            except StepAborted as exc:  # the leader is at a later generation
+                return str(exc)
+        if time.monotonic() > deadline:
+            return "not every member came to the rendezvous"
+        return None
+
+
+def _fate(store: TCPStore, expected: str, desired: str) -> str:
+    """Compare-and-set the generation's fate; its value after ("?": none yet, when both
+    are "?", which reads it)."""
+    return bytes(store.compare_set(FATE, expected, desired)).decode()
 
 
 def _reset_group_names() -> None:
