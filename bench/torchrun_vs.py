@@ -50,6 +50,8 @@ queueworks' 3 s dead-node detection (keep-alive 1 s x 3) and a 1 s last call.
     python -m bench.torchrun_vs --smoke --json out.json   # CI: 2400 shards, matched, ~2 minutes
     python -m bench.torchrun_vs --static 2 --repeat 3  # 2 nodes throughout, no failure:
                                                        # the steady step, medians of 3 runs
+    python -m bench.torchrun_vs --rounds 8 --shards 4000   # 8 rounds: 2 nodes join at
+                                                       # once, then leave (SIGTERM)
 
 torchrun runs with ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: in torch 2.13.0 with the
 default (the agents' TCPStore shared with the workers) a node that joins a running job
@@ -467,6 +469,25 @@ def scenario() -> list[Change]:
     ]
 
 
+def rounds(k: int) -> list[Change]:
+    """``k`` rounds of: 2 nodes join at once, then the same 2 leave gracefully (SIGTERM),
+    spread over the data: how fast every round of joins reaches its new size."""
+    out = []
+    for r in range(k):
+        first = 2 + 2 * r  # the joiners' node indices (nodes are numbered in start order)
+        at = 0.05 + 0.85 * r / k
+        out += [
+            Change(f"add 2 (round {r + 1})", at, 4, _add_two),
+            Change(
+                f"remove 2 (round {r + 1})",
+                at + 0.425 / k,
+                2,
+                lambda s, i=first: (s.remove(i), s.remove(i + 1)),
+            ),
+        ]
+    return out
+
+
 def _progress(steps: list[Step], n: int) -> float:
     done = {x for s in steps if s.committed for x in s.shards}
     return len(done) / n
@@ -484,11 +505,13 @@ def _ready(job: Job, steps: list[Step], size: int, since: float, at: float) -> b
     return last % job.checkpoint_steps >= job.checkpoint_steps // 2
 
 
-def drive(sys_: System, timeout: float, static: int = 0) -> tuple[float, list[Change], str | None]:
-    """Run the scenario (or ``static`` nodes, no change) on one system; returns (start time,
-    changes, error or None)."""
+def drive(
+    sys_: System, timeout: float, static: int = 0, k: int = 0
+) -> tuple[float, list[Change], str | None]:
+    """Run the scenario (or ``static`` nodes, no change; or ``k`` rounds of joins and
+    leaves) on one system; returns (start time, changes, error or None)."""
     logs = Logs(sys_.log_dir)
-    changes = [] if static else scenario()
+    changes = [] if static else rounds(k) if k else scenario()
     t0 = time.time()
     for _ in range(static or 2):
         sys_.add()
@@ -704,7 +727,7 @@ def run_profile(job: Job, profile: Profile, run_dir: Path, url: str, args: Any) 
         where = run_dir / profile.name / str(rep)
         with system(name, job, profile, where, url, args.torch_share_store) as s:
             t_start = time.monotonic()
-            t0, changes, err = drive(s, args.timeout, args.static)
+            t0, changes, err = drive(s, args.timeout, args.static, args.rounds)
             logs = Logs(s.log_dir)
             logs.read()
             res: dict[str, Any] = {"system": name, "error": err}
@@ -777,11 +800,21 @@ def steady(result: dict[str, Any]) -> dict[str, dict[str, float]]:
         ms = [r["step_ms"][size] for r in rs if size in r["step_ms"]]
         key = "samples_per_s_at" if result.get("static") else "samples_per_s"
         rates = [r[key] for r in rs if r.get(key)]
+        joins = [
+            c["to_new_size"] for r in rs for c in r.get("changes", ()) if c["what"][:3] == "add"
+        ]
         out[name] = {
             "runs": len(rs),
             "step_ms": statistics.median(ms) if ms else float("nan"),
             "samples_per_s": statistics.median(rates) if rates else float("nan"),
         }
+        if joins:  # a join that never reached its size counts as the worst: infinite
+            worst = [float("inf") if j is None else j for j in joins]
+            out[name] |= {
+                "joins": len(joins),
+                "join_s": statistics.median(worst),
+                "join_worst_s": max(worst),
+            }
     return out
 
 
@@ -799,10 +832,17 @@ def steady_table(result: dict[str, Any]) -> str:
         + (" queueworks ÷ torchrun |" if {"queueworks", "torchrun"} <= set(names) else ""),
         "| --- |" + " ---: |" * (len(names) + ({"queueworks", "torchrun"} <= set(names))),
     ]
-    for key, label, fmt in (
+    rows = [
         ("step_ms", f"steady step at {size} nodes (ms)", "{:.1f}"),
         ("samples_per_s", rate, "{:.0f}"),
-    ):
+    ]
+    if all("joins" in f for f in figures.values()):
+        joins = min(f["joins"] for f in figures.values())
+        rows += [
+            ("join_s", f"2 joining at once: to new size (s), median of {joins}", "{:.2f}"),
+            ("join_worst_s", "2 joining at once: to new size (s), worst", "{:.2f}"),
+        ]
+    for key, label, fmt in rows:
         row = f"| {label} | " + " | ".join(fmt.format(figures[n][key]) for n in names) + " |"
         if {"queueworks", "torchrun"} <= set(names):
             row += f" {figures['queueworks'][key] / figures['torchrun'][key]:.2f} |"
@@ -824,6 +864,9 @@ def main(argv: list[str] | None = None) -> None:
         help="leave torch's TCPStore sharing on (torch 2.13.0: joiners never get in)",
     )
     ap.add_argument("--static", type=int, default=0, help="N nodes throughout, no change")
+    ap.add_argument(
+        "--rounds", type=int, default=0, help="K rounds of 2 joins then 2 leaves, no failure"
+    )
     ap.add_argument("--repeat", type=int, default=1, help="runs per system, alternately [1]")
     ap.add_argument("--json", help="write every figure here")
     args = ap.parse_args(argv)

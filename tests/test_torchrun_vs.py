@@ -52,6 +52,32 @@ def test_the_steady_rows_set_the_systems_side_by_side() -> None:
     assert rows[3] == "| samples/s at 2 nodes, no failure | 1750 | 1950 | 0.90 |"
 
 
+@pytest.mark.unit
+def test_rounds_of_joins_report_their_median_and_their_worst() -> None:
+    """``--rounds``: every round's "add 2" counts; one that never reached its size is the
+    worst (infinite), a leave is not a join."""
+    from bench.torchrun_vs import rounds, steady_table
+
+    changes = rounds(3)
+    assert [c.what for c in changes][:2] == ["add 2 (round 1)", "remove 2 (round 1)"]
+    assert [c.size for c in changes] == [4, 2] * 3
+    assert [c.at for c in changes] == sorted(c.at for c in changes) and changes[-1].at < 1
+
+    def run(system: str, joins: list[float | None]) -> dict[str, Any]:
+        added = [{"what": f"add 2 (round {i})", "to_new_size": t} for i, t in enumerate(joins)]
+        left = [{"what": "remove 2 (round 1)", "to_new_size": 9.0}]
+        return {"system": system, "error": None, "step_ms": {2: 33.0}, "samples_per_s": 1.0,
+                "changes": added + left}  # fmt: skip
+
+    result = {
+        "static": 0,
+        "systems": [run("queueworks", [2.0, 2.5, 2.2]), run("torchrun", [7.0, None, 6.0])],
+    }
+    rows = steady_table(result).splitlines()
+    assert rows[4] == "| 2 joining at once: to new size (s), median of 3 | 2.20 | 7.00 | 0.31 |"
+    assert rows[5] == "| 2 joining at once: to new size (s), worst | 2.50 | inf | 0.00 |"
+
+
 def smoke_run(system: str, tmp_path: Path, *more: str) -> dict[str, Any]:
     """The smoke scenario for one system (with ``more`` arguments): its run's figures,
     with the one-process loss (``reference``) beside them."""
