@@ -12,7 +12,7 @@ script cache).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from functools import cache
 from importlib import resources
 from string import Template
@@ -229,6 +229,20 @@ class Queued(Generic[T]):
         if self.index is None:
             return self.value
         return read_reply(self.scripts, self.call, replies[self.index])
+
+
+def read_replies(scripts: Scripts, batch: Sequence[Call[Any]], replies: Sequence[Any]) -> list[Any]:
+    """The raw EVALSHA replies of ``batch``'s calls, sent together, read in order. From the first
+    NOSCRIPT reply on (Redis lost its script cache, or never had the script), every call
+    runs again at once, in order, loading its script: the calls after that one ran before
+    it, out of the order they were sent in (a settle guarded by a step's decision found no
+    decision yet, and did nothing). Each call of such a batch must be safe to run twice."""
+    out: list[Any] = []
+    for k, (call, reply) in enumerate(zip(batch, replies, strict=True)):
+        if isinstance(reply, NoScriptError):
+            return out + [scripts.run(c) for c in batch[k:]]
+        out.append(read_reply(scripts, call, reply))
+    return out
 
 
 def read_reply(scripts: Scripts, call: Call[T], reply: Any) -> T:

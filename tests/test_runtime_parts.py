@@ -371,3 +371,47 @@ def test_a_step_commit_overrides_an_abort_and_takes_the_steps_ahead(
     assert int(r.hget(tk.record, "done") or 0) == 2
     a.membership.leave()
     assert end(a, "commit", []).fenced  # no member: decides nothing
+
+
+def test_a_step_end_sent_before_redis_has_step_lua_still_settles_its_shard(
+    client: Client, r: redis.Redis
+) -> None:
+    """A step's end sends ``step.lua`` and the settle of our shard, guarded by the step's
+    decision, in one write. If Redis has the settle's script but not ``step.lua``'s (the
+    first step's end on this server, or a restart in between), the settle runs first and
+    finds no decision: reading the replies must run both again, in order, or the shard of
+    a committed step stays pending, to be reclaimed and trained again."""
+    from redis.exceptions import NoScriptError
+
+    from queueworks import script_calls as calls
+    from queueworks.scripts import read_replies
+    from queueworks.wire import Line, pack_any
+
+    tid = _task(client, 2, mode="step")
+    a = Member(client, tid, "a")
+    assert a.membership.join()
+    a.membership.take_role()
+    assert a.membership.role is not None
+    epoch, tk = a.membership.role.epoch, a.tk
+    (w,) = a.read(1)
+    name = f"{epoch}.0.0"
+    r.hset(tk.steps, f"{name}.0", f'["{w.stream}", "{w.entry_id}", {w.index}]')
+    r.script_flush()
+    r.script_load(a.scripts.source("settle"))
+    own = [(w.entry_id, w.index or 0, "null")]
+    batch: list[calls.Call[Any]] = [
+        calls.step(tk, "a", name, "commit", 1, epoch=epoch),
+        calls.settle(tk, w.stream, "a", time.time(), own, only_if=(name, "commit")),
+    ]
+    line = Line.of(r)
+    assert line is not None
+    packed = b"".join(
+        pack_any("EVALSHA", a.scripts.sha(c.name), len(c.keys), *c.keys, *c.args) for c in batch
+    )
+    raw = line.send_all(packed, len(batch)).replies()
+    line.close()
+    assert isinstance(raw[0], NoScriptError) and raw[1][:2] == [0, 0]  # settled nothing
+    end, _ = read_replies(a.scripts, batch, raw)
+    assert end.decision == "commit"
+    assert r.xpending(tk.stream, tk.group)["pending"] == 0
+    assert int(r.hget(tk.record, "done") or 0) == 1

@@ -64,7 +64,7 @@ from queueworks.connection import text
 from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
 from queueworks.models import Role, TaskState
 from queueworks.script_calls import Call, StepEnd
-from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Queued, read_reply
+from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Queued, read_replies
 from queueworks.signals import ColdStop
 from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
 from queueworks.wire import Line, Sent, pack_any
@@ -170,8 +170,9 @@ def _send_all(run: Run, line: Line | None, batch: list[Call[Any]]) -> Sent | Non
 
 def _replies(run: Run, batch: list[Call[Any]], sent: Sent | None) -> list[Any]:
     """The replies of ``batch`` sent as ``sent``. A connection that failed sends them again
-    on a pipeline, which retries as redis-py does: every call in a step's end is safe to
-    repeat (a proposal stored stays, a settle counts an entry once, an entry read twice
+    on a pipeline, which retries as redis-py does; a NOSCRIPT reply runs that call and
+    those after it again, in order (``read_replies``): every call in a step's end is safe
+    to repeat (a proposal stored stays, a settle counts an entry once, an entry read twice
     waits in our pending list to be reclaimed)."""
     if sent is not None:
         try:
@@ -179,11 +180,14 @@ def _replies(run: Run, batch: list[Call[Any]], sent: Sent | None) -> list[Any]:
         except (redis.ConnectionError, redis.TimeoutError) as exc:  # as redis-py: again
             run.log.warning("step_call_retried", error=str(exc))
         else:
-            return [read_reply(run.scripts, c, x) for c, x in zip(batch, raw, strict=True)]
+            return read_replies(run.scripts, batch, raw)
     pipe = run.r.pipeline(transaction=False)
     queued = [Queued(run.scripts, c, pipe) for c in batch]
     replies = pipe.execute(raise_on_error=False)
-    return [q.reply(replies) for q in queued]
+    at = [q.index for q in queued if q.index is not None]
+    if len(at) < len(queued):  # a cluster: each call ran at once, in order
+        return [q.reply(replies) for q in queued]
+    return read_replies(run.scripts, batch, [replies[i] for i in at])
 
 
 @dataclass(frozen=True)
