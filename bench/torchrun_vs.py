@@ -469,22 +469,27 @@ def scenario() -> list[Change]:
     ]
 
 
+def _remove_two(first: int) -> Callable[[System], None]:
+    """SIGTERM nodes ``first`` and ``first + 1`` at once."""
+
+    def act(s: System) -> None:
+        s.remove(first)
+        s.remove(first + 1)
+
+    return act
+
+
 def rounds(k: int) -> list[Change]:
     """``k`` rounds of: 2 nodes join at once, then the same 2 leave gracefully (SIGTERM),
     spread over the data: how fast every round of joins reaches its new size."""
     out = []
+    span = 0.85 / k  # of the data, per round: the joins at its start, the leaves halfway
     for r in range(k):
-        first = 2 + 2 * r  # the joiners' node indices (nodes are numbered in start order)
-        at = 0.05 + 0.85 * r / k
+        at = 0.05 + r * span
         out += [
             Change(f"add 2 (round {r + 1})", at, 4, _add_two),
-            Change(
-                f"remove 2 (round {r + 1})",
-                at + 0.425 / k,
-                2,
-                lambda s, i=first: (s.remove(i), s.remove(i + 1)),
-            ),
-        ]
+            Change(f"remove 2 (round {r + 1})", at + span / 2, 2, _remove_two(2 + 2 * r)),
+        ]  # (nodes are numbered in start order: this round's joiners are 2 + 2r and 3 + 2r)
     return out
 
 
