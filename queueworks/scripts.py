@@ -232,11 +232,12 @@ class Queued(Generic[T]):
 
 
 def read_replies(scripts: Scripts, batch: Sequence[Call[Any]], replies: Sequence[Any]) -> list[Any]:
-    """The raw EVALSHA replies of ``batch``'s calls, sent together, read in order. From the first
-    NOSCRIPT reply on (Redis lost its script cache, or never had the script), every call
-    runs again at once, in order, loading its script: the calls after that one ran before
-    it, out of the order they were sent in (a settle guarded by a step's decision found no
-    decision yet, and did nothing). Each call of such a batch must be safe to run twice."""
+    """The raw EVALSHA replies of ``batch``'s calls, sent together, read in order. From the
+    first NOSCRIPT reply on (Redis lost its script cache, or never had the script), every
+    call runs again at once, in order, loading its script: the calls after that one ran
+    before it, out of the order they were sent in (a settle guarded by a step's decision
+    found no decision yet, and did nothing). Each call of such a batch must be safe to run
+    twice."""
     out: list[Any] = []
     for k, (call, reply) in enumerate(zip(batch, replies, strict=True)):
         if isinstance(reply, NoScriptError):

@@ -5,8 +5,8 @@ with the generation under the task's ``rdzv`` key; the others wait for exactly t
 generation, connect, and all meet at an arrival count before ``init_process_group`` (gloo on
 CPU, NCCL with CUDA), so no C++ call waits on a member that is not coming. Waiting gives up
 as soon as the node set changes, unless every member came first (``_arrive``: one fate per
-generation, compare-and-set on its store). Every collective runs through ``collective``: a failure
-drops the group at once, so peers blocked with us fail too.
+generation, compare-and-set on its store). Every collective runs through ``collective``: a
+failure drops the group at once, so peers blocked with us fail too.
 """
 
 from __future__ import annotations
