@@ -117,13 +117,20 @@ def dependencies(items: Iterable[Any]) -> list[Dependency]:
 def registered(me: str, deps: Sequence[Dependency], replies: Sequence[Any]) -> list[Any]:
     """What ``depend.lua`` replied for each of ``deps`` of the job ``me`` (``Q/J``): the
     ones with an outcome already, as ``(dependency, outcome, reason)``; ``ValueError`` for
-    an unknown dependency or a cycle."""
+    an unknown dependency, a stream entry named instead of its job, or a cycle."""
     outcomes = []
     for dep, (what, why) in zip(deps, replies, strict=True):
         if what == "unknown":
             raise ValueError(f"depends_on: no {describe(dep)} (never enqueued, or it expired)")
+        if what == "entry":
+            job = f"{dep.owner}/{why}"
+            raise ValueError(
+                f"depends_on: {dep.ref} is the stream entry of job {job}, not a job id;"
+                f" name the job: {job!r}"
+            )
         if what == "cycle":
-            raise ValueError(f"depends_on: a dependency cycle: {me} -> {dep.ref} -> {me}")
+            cycle = f"{me} -> {me}" if dep.ref == me else f"{me} -> {dep.ref} -> {me}"
+            raise ValueError(f"depends_on: a dependency cycle: {cycle}")
         if what in ("done", "dead"):
             outcomes.append((dep, what, died(dep.ref, why) if what == "dead" else ""))
     return outcomes
