@@ -34,6 +34,10 @@ release those as usual; the dependents in other queues that died stay dead (requ
 from their dead letters).
 
 A dependency is named by a ref: ``Q/J`` for job ``J`` of queue ``Q``, ``T`` for task ``T``.
+The registration refuses (``ValueError``, the job taken back) a ref that names a job's stream
+entry instead of its id (its releases come under the id), and a cycle: the job itself, or a
+deferred job whose dependencies set holds the job (written with it, before any registration
+of it: of two jobs enqueued waiting for each other, neither is left waiting).
 """
 
 from __future__ import annotations
