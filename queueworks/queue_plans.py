@@ -398,7 +398,7 @@ def plan_unique(
     """Enqueue ``job`` holding unique ``key`` (``enqueue_unique.lua``), unless a job that
     holds it is live: the job holding it, whether this call made it, and how many replicas
     acknowledged (None: not asked). One round trip; another when the holder's record must
-    be read (a delayed or retried job that is back on the stream), or when the queue is
+    be read (a delayed, retried or deferred job: its record is the job), or when the queue is
     gone (made again, as ``plan_write`` does). With ``deps``, the job made is deferred until
     they are done, and registered at each (as ``plan_defer``)."""
     holder = ""

@@ -623,8 +623,10 @@ def _depended(reply: Any) -> tuple[str, str]:
 def depend(tk: TaskKeys, job_id: str, dependent: str, own: str) -> Call[tuple[str, str]]:
     """Register ``dependent`` (``Q/J``) as a waiter of job ``job_id`` of the queue ``tk``
     (``''``: of the task ``tk`` itself) (depend.lua): ``(what, why)``: ``wait``, ``done``,
-    ``dead`` (why), ``unknown``, or ``cycle``. ``own``: the dependency's ref."""
-    keys = [tk.record, tk.job(job_id) if job_id else tk.record, tk.stream, tk.waiters]
+    ``dead`` (why), ``unknown``, ``cycle``, or ``entry`` (why: the id of the job whose
+    entry ``job_id`` is). ``own``: the dependency's ref."""
+    job = (tk.job(job_id), tk.deps(job_id)) if job_id else (tk.record, tk.record)
+    keys = [tk.record, job[0], tk.stream, tk.waiters, job[1]]
     return Call("depend", keys, [job_id, dependent, ACTIVE, own], _depended)
 
 
