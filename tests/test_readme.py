@@ -98,11 +98,12 @@ def processes(logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
                     proc.wait()
 
 
-def test_readme_first_handler_runs(tmp_path: Path) -> None:
+def test_readme_first_handler_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """'Your first handler' as a newcomer follows it, in a new folder: myjobs.py as the
     README shows it; its commands started there as written (the server on a free port
     instead of 6379, the others told its URL), the worker twice; then its Python example
-    and its shell examples, run there. Every Python example of the README is in it."""
+    and its shell examples, run there, unedited, with the same variables as the commands.
+    Every Python example of the README is in it."""
     text = section(README, "Your first handler")
     module, example = python_blocks(text)
     assert python_blocks() == [module, example], "a README example outside the section"
@@ -137,8 +138,11 @@ def test_readme_first_handler_runs(tmp_path: Path) -> None:
         start("worker1", lines[2])
         start("worker2", lines[2])  # "start a second one the same way"
         wait_for(lambda: r.zcard("qw:workers") >= 2, 30, "the README's two workers registered")
-        code = example.replace("redis://localhost:6379/0", url)
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+        assert "Client.from_env()" in example and "redis://" not in example, example
+        for name, value in env.items():  # what the commands were given, as a shell would
+            if name.startswith("QUEUEWORKS_"):
+                monkeypatch.setenv(name, value)
+        exec(compile(example, "README.md", "exec"), {"__name__": "readme"})
         enqueue, info = (line for line in shell.strip().splitlines())
         for line, expect in ((enqueue, r"\n49\n$"), (info, r"maths")):
             argv, proc_env = command(line, env)
