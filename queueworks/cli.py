@@ -83,7 +83,7 @@ for command in (
 main.add_command(redis_command)
 
 
-@main.command(short_help="Join the pool and process subtasks.")
+@main.command(short_help="Join the pool and process subtasks and jobs.")
 @common
 @option(
     "--name",
@@ -142,7 +142,8 @@ def worker(
     id_file: str | None,
     **flags: Any,
 ) -> None:
-    """Join the pool and process subtasks of the tasks this worker is given.
+    """Join the pool and process subtasks of the tasks this worker is given, and the jobs
+    of the queues it serves (every queue its --allow prefixes cover, or --queues).
 
     Handlers are imported from the folder it starts in too (as rq and celery workers do),
     under the --allow prefixes only. SIGTERM or SIGINT: warm stop (finish or abort the

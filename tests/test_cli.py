@@ -345,6 +345,22 @@ def test_every_option_says_what_it_does_its_default_and_variable() -> None:
     assert checked > 50, checked
 
 
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("worker", ["process subtasks and jobs", "the jobs of the queues it serves"]),
+        ("dead", ["a task's or a queue's dead letters", "of TASK (a task, or a queue)"]),
+    ],
+)
+def test_help_says_a_command_serves_queues_too(command: str, says: list[str]) -> None:
+    res = cli_in_process([command, "--help"], {})
+    top = cli_in_process(["--help"], {})
+    assert res.returncode == 0 and top.returncode == 0, (res.stderr, top.stderr)
+    text = " ".join((res.stdout + top.stdout).split())  # click wraps at its width
+    for piece in says:
+        assert piece in text, (piece, text)
+
+
 def test_top_level_help_lists_every_command_uncut() -> None:
     env = {**os.environ, "COLUMNS": "80"}
     res = subprocess.run(
