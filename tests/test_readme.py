@@ -174,6 +174,35 @@ def test_asyncio_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
     run_blocks(python_blocks(page), "docs/asyncio.md", redis_url, tmp_path, worker)
 
 
+def _allowed(handler: str, prefixes: list[str]) -> bool:
+    module = handler.split(":")[0]
+    return any(module == p or module.startswith(p.rstrip(".") + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("page", ["tasks.md", "queues.md", "asyncio.md"])
+def test_docs_start_workers_that_may_run_their_first_example(page: str) -> None:
+    """The worker a page tells the reader to start before its first example may run the
+    handlers that example gives (a job it may not run would wait for ever)."""
+    text = (ROOT / "docs" / page).read_text()
+    before, _, rest = text.partition("```python\n")
+    first = rest.split("```", 1)[0]
+    prefixes = re.findall(r"queueworks worker\s+--allow\s+([\w.]+)", before)
+    handlers = re.findall(r'"(\w+\.[\w.]+:\w+)"', first)  # a module path, not prose
+    assert prefixes and handlers, (page, prefixes, handlers)
+    assert all(_allowed(h, prefixes) for h in handlers), (page, prefixes, handlers)
+
+
+def test_fastapi_section_starts_workers_that_may_run_its_jobs() -> None:
+    text = (ROOT / "docs" / "asyncio.md").read_text()
+    found = re.search(r"^## A web service: FastAPI\n(.*?)(?=^## )", text, flags=re.M | re.S)
+    assert found, "docs/asyncio.md has its FastAPI section"
+    prefixes = re.findall(r"queueworks worker\s+--allow\s+([\w.]+)", found.group(1))
+    service = (ROOT / "examples" / "fastapi_service.py").read_text()
+    handlers = re.findall(r'enqueue\(\s*"([\w.]+:\w+)"', service)
+    assert prefixes and handlers, (prefixes, handlers)
+    assert all(_allowed(h, prefixes) for h in handlers), (prefixes, handlers)
+
+
 def test_readme_demo_command_runs() -> None:
     commands = re.findall(r"^\./install\.sh && (queueworks demo[^\n]*)$", README, flags=re.M)
     assert commands == ["queueworks demo --embedded"]
