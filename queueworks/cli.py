@@ -250,7 +250,8 @@ def demo(n_workers: int, subtasks: int, embedded: bool, redis_url: str | None) -
 
     Redis (embedded if none answers), a controller, --workers workers and an example
     task of --subtasks subtasks with a progress bar; then a summary. Exit 0 when every
-    result is right."""
+    result is right. In a Redis that answers, its keys have a prefix of their own
+    (demo-...) and are deleted when it ends."""
     from queueworks.demo import run_demo
 
     sys.exit(
