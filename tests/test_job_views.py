@@ -263,6 +263,11 @@ def test_the_dashboard_lists_jobs_shows_one_and_finds_it(
             "/queues/dash-jobs"
         )
         assert web.get("/search", params={"q": "<b>nothing"}).status_code == 404
+        named = web.get("/search", params={"q": f"dash-jobs/{jobs[2].id}"}, follow_redirects=False)
+        assert named.headers["location"] == f"/queues/dash-jobs/jobs/{jobs[2].id}"
+        for nothing in ("dash-jobs/anything", "dash-jobs/1-0", "dash-jobs/", "dash-jobs/a/b"):
+            got = web.get("/search", params={"q": nothing}, follow_redirects=False)
+            assert got.status_code == 404 and "location" not in got.headers, (nothing, got)
 
 
 @pytest.mark.integration
