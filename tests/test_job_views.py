@@ -372,7 +372,7 @@ def test_a_queue_summary_bounds_its_dead_letters_payloads(
 
 @pytest.mark.integration
 def test_dead_jobs_whose_letters_are_gone_are_counted_apart(
-    client: Client, r: redis.Redis, keys: Keys
+    client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
 ) -> None:
     """The dead-letter stream keeps the newest letters only: jobs counted dead beyond what
     it keeps are shown as such, and requeue-all says it could not reach them."""
@@ -391,3 +391,8 @@ def test_dead_jobs_whose_letters_are_gone_are_counted_apart(
         got = post(web, "/api/queues/dash-cap/dead/requeue-all").json()
         assert (got["requeued"], got["dead_without_letter"]) == (1, 2), got
         assert "2 job(s) counted dead have no dead letter kept" in got["message"], got
+    from tests.test_cli import cli
+
+    said = cli(["queue", "dash-cap", "requeue-dead"], redis_url, prefix)
+    assert said.returncode == 0, said.stderr
+    assert "0 dead job(s) requeued; 2 job(s) counted dead have no dead letter" in said.stdout
