@@ -365,7 +365,9 @@ def test_a_queue_summary_bounds_its_dead_letters_payloads(
         for letter in letters:
             assert letter["payload_bytes"] == len('{"blob":"",}') + len(blob) + len('"i":0')
             assert letter["payload"].startswith('{"blob":"xxx') and len(letter["payload"]) == 2000
-        assert len(web.get("/queues/dash-big").content) < 200_000
+            assert letter["payload_cut"] is True
+        page = web.get("/queues/dash-big")
+        assert len(page.content) < 200_000 and "bytes: the job's page has it all" in page.text
         full = web.get(f"/api/queues/dash-big/jobs/{jobs[0].id}").json()
         assert json.loads(full["payload"])["blob"] == blob
 

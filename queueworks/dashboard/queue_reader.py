@@ -116,6 +116,7 @@ def dead_letter(entry_id: bytes, raw: dict[bytes, bytes]) -> JobDeadLetter:
         attempts=int(attempts) if attempts and attempts.isdigit() else None,
         payload=payload and payload[:PAYLOAD_SHOWN],
         payload_bytes=len(raw.get(DEAD_PAYLOAD.encode()) or b"") if payload else None,
+        payload_cut=payload is not None and len(payload) > PAYLOAD_SHOWN,
         worker=f[DEAD_WORKER],
         ts=_number(f[DEAD_TS]),
     )

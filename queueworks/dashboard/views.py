@@ -190,6 +190,7 @@ class JobDeadLetter(_View):
     worker: str | None
     ts: float | None
     payload_bytes: int | None = None  # the size of the whole payload, in bytes (UTF-8)
+    payload_cut: bool = False  # ``payload`` is only its start
 
 
 class LatencyBucket(_View):
