@@ -83,7 +83,7 @@ for command in (
 main.add_command(redis_command)
 
 
-@main.command(short_help="Join the pool and process subtasks.")
+@main.command(short_help="Join the pool and process subtasks and jobs.")
 @common
 @option(
     "--name",
@@ -142,7 +142,8 @@ def worker(
     id_file: str | None,
     **flags: Any,
 ) -> None:
-    """Join the pool and process subtasks of the tasks this worker is given.
+    """Join the pool and process subtasks of the tasks this worker is given, and the jobs
+    of the queues it serves (every queue its --allow prefixes cover, or --queues).
 
     Handlers are imported from the folder it starts in too (as rq and celery workers do),
     under the --allow prefixes only. SIGTERM or SIGINT: warm stop (finish or abort the
@@ -249,7 +250,8 @@ def demo(n_workers: int, subtasks: int, embedded: bool, redis_url: str | None) -
 
     Redis (embedded if none answers), a controller, --workers workers and an example
     task of --subtasks subtasks with a progress bar; then a summary. Exit 0 when every
-    result is right."""
+    result is right. In a Redis that answers, its keys have a prefix of their own
+    (demo-...) and are deleted when it ends."""
     from queueworks.demo import run_demo
 
     sys.exit(

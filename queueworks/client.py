@@ -29,6 +29,7 @@ from queueworks.records import BadRecord
 from queueworks.replication import NotReplicated
 from queueworks.runner import run
 from queueworks.scripts import Scripts
+from queueworks.settings import Settings
 from queueworks.submit import (
     SUBMIT_BATCH,
     SUBMIT_LEASE_MS,
@@ -82,6 +83,16 @@ class Client:
         cls, url: str, *, prefix: str = "qw", allow_eviction: bool = False, **connect_options: Any
     ) -> Client:
         return cls(connect(url, **connect_options), prefix=prefix, allow_eviction=allow_eviction)
+
+    @classmethod
+    def from_env(cls, **connect_options: Any) -> Client:
+        """A client made as the ``queueworks`` command makes one: the URL of
+        ``QUEUEWORKS_REDIS_URL`` (default ``redis://localhost:6379/0``), the prefix of
+        ``QUEUEWORKS_PREFIX`` (``qw``), and ``QUEUEWORKS_SSL_*`` and
+        ``QUEUEWORKS_ALLOW_EVICTION``, read at this call; ``connect_options`` as
+        ``from_url``'s."""
+        url, options = env_options(connect_options)
+        return cls.from_url(url, **options)
 
     def check_eviction(self) -> None:
         """Raise ``EvictingRedis`` if the server may evict keys (its ``maxmemory-policy``),
@@ -200,6 +211,16 @@ class Client:
 
 
 # -- what Client and AsyncClient share: no I/O ----------------------------------------------
+
+
+def env_options(connect_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL and ``from_url`` options of ``from_env``: the variables the command reads
+    (``queueworks.settings.Settings``), then ``connect_options`` over them."""
+    s = Settings()
+    options: dict[str, Any] = {"prefix": s.prefix, "allow_eviction": s.allow_eviction}
+    options |= {"ssl_ca_certs": s.ssl_ca_certs, "ssl_certfile": s.ssl_certfile}
+    options |= {"ssl_keyfile": s.ssl_keyfile}
+    return s.redis_url, options | connect_options
 
 
 def client_log() -> Any:

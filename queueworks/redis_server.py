@@ -188,7 +188,9 @@ class RedisServer:
             raise RuntimeError(f"server binary {binary!r} not found or not executable")
         self.binary: str = os.path.abspath(found)  # no realpath: Debian's is a multi-call symlink
         self._own_dir = dir is None
+        # absolute: the server starts in it, and reads its --dir from there
         self.dir = Path(tempfile.mkdtemp(prefix="queueworks-redis-") if dir is None else dir)
+        self.dir = self.dir.absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logfile = self.dir / "server.log"
         self.appendonly, self.appendfsync = appendonly, appendfsync

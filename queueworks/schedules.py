@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, NamedTuple
 
 from croniter import CroniterError, croniter
@@ -45,11 +46,23 @@ class Definition(NamedTuple):
     cron: str | None
 
 
+_RANDOM = re.compile(r"R(\(\d+-\d+\))?(/\d+)?\Z", re.IGNORECASE)  # croniter's random field
+
+
 def check_cron(expr: Any) -> str:
     """A standard 5-field cron expression (minute hour day month weekday, or ``@hourly``
-    and the like), as croniter reads it; ``ValueError`` naming it otherwise."""
+    and the like), as croniter reads it; ``ValueError`` naming it otherwise. Fields are
+    separated by spaces, with none before or after, and none may draw its value at random
+    (croniter's ``R``: drawn again at every computation, so no due time would hold)."""
     if not isinstance(expr, str) or not expr.strip():
         raise ValueError(f"cron {expr!r} must be a cron expression such as '*/5 * * * *'")
+    if expr != expr.strip(" ") or not expr.isprintable():
+        raise ValueError(
+            f"cron {expr!r} must be fields separated by spaces, without control characters "
+            "or spaces around them"
+        )
+    if any(_RANDOM.match(part) for part in re.split(r"[ ,]+", expr)):
+        raise ValueError(f"cron {expr!r} must not draw a field at random (R)")
     fields = expr.split()
     if not expr.startswith("@") and len(fields) != 5:
         raise ValueError(

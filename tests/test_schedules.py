@@ -177,6 +177,11 @@ def test_schedule_list_replace_unschedule(client: Client, r: redis.Redis, keys: 
         ("a/b", {"every": 1.0}, "schedule name 'a/b'"),
         ("ok", {"every": 0}, "every"),
         ("ok", {"cron": "nope"}, "cron 'nope'"),
+        ("ok", {"cron": "R * * * *"}, "cron 'R * * * *'"),  # croniter's random minute
+        ("ok", {"cron": "0 R(0-5) * * *"}, "cron '0 R(0-5) * * *'"),
+        ("ok", {"cron": "*/5 * * * *\n"}, "cron '*/5 * * * *\\n'"),
+        ("ok", {"cron": " 0 * * * *"}, "cron ' 0 * * * *'"),
+        ("ok", {"cron": "0\t* * * *"}, "cron '0\\t* * * *'"),
         ("ok", {}, "every=seconds or cron"),
     ],
 )
@@ -472,6 +477,10 @@ def test_cli_schedule_list_info_unschedule(redis_url: str, prefix: str, client: 
     gone = cli(["unschedule", "mail", "digest"], redis_url, prefix)
     assert gone.returncode == 0 and [s.name for s in client.queue("mail").schedules()] == ["hourly"]
     one_line_error(cli(["unschedule", "mail", "digest"], redis_url, prefix), 1, "no schedule")
+    one_line_error(cli(["schedules", "nosuchqueue"], redis_url, prefix), 1, "no queue nosuchqueue")
+    empty = client.queue("quiet")  # a queue without schedules: listed as none, exit 0
+    listed = cli(["schedules", empty.name], redis_url, prefix)
+    assert listed.returncode == 0 and "0 schedule(s) of queue quiet" in listed.stdout, listed
 
 
 @pytest.mark.integration

@@ -20,7 +20,7 @@ from queueworks.aio.results import ResultWatcher
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncTask
 from queueworks.aio.wire import AsyncLine
-from queueworks.client import client_log, given_settings
+from queueworks.client import client_log, env_options, given_settings
 from queueworks.client_plans import (
     plan_drain_worker,
     plan_task_count,
@@ -66,6 +66,14 @@ class AsyncClient:
         return cls(
             connect_async(url, **connect_options), prefix=prefix, allow_eviction=allow_eviction
         )
+
+    @classmethod
+    def from_env(cls, **connect_options: Any) -> AsyncClient:
+        """``Client.from_env``: ``QUEUEWORKS_REDIS_URL`` (default
+        ``redis://localhost:6379/0``), ``QUEUEWORKS_PREFIX`` and the rest as the command
+        reads them, at this call."""
+        url, options = env_options(connect_options)
+        return cls.from_url(url, **options)
 
     async def check_eviction(self) -> None:
         """``Client.check_eviction``: once per client, at its first write."""

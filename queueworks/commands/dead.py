@@ -137,7 +137,7 @@ def requeue_all(client: Client, task_id: str, letters: list[DeadLetter]) -> str:
     return f"requeued {len(letters)} dead letter(s) of task {task_id}{tail}"
 
 
-@click.command(short_help="List (or requeue) a task's dead letters.")
+@click.command(short_help="List (or requeue) a task's or a queue's dead letters.")
 @common
 @click.argument("task_id", metavar="TASK", callback=task_id_param)
 @option("--json", "as_json", is_flag=True, help="machine-readable output")
@@ -169,10 +169,12 @@ def dead(
     requeue: bool,
     **flags: Any,
 ) -> None:
-    """List the dead letters of TASK: index, attempts, reason, last error line.
+    """List the dead letters of TASK (a task, or a queue): index, attempts, reason, last
+    error line.
 
     With --requeue, each listed one goes back on the task's stream with its index and
-    payload and the dead count goes down (a completed task becomes active again)."""
+    payload (a queue's job runs again) and the dead count goes down (a completed task
+    becomes active again)."""
     settings = settings_from_flags(**flags)
     client = client_for(settings)
     task = client.task(task_id)

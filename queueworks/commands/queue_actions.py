@@ -49,7 +49,11 @@ def _do(q: Any, action: str, job_id: str | None, page: tuple[str, int, int], as_
     if action == "empty":
         return f"{q.empty()} job(s) of the backlog cancelled"
     if action == "requeue-dead":
-        return f"{q.requeue_dead()} dead job(s) requeued"
+        said = f"{q.requeue_dead()} dead job(s) requeued"
+        gone = q.status().dead - int(q.client.redis.xlen(q.client.keys.task(q.name).dead))
+        if gone > 0:  # their letters were trimmed (the newest are kept) or deleted
+            said += f"; {gone} job(s) counted dead have no dead letter kept: none can be requeued"
+        return said
     return f"{q.delete_dead()} dead letter(s) deleted"
 
 

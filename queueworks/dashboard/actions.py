@@ -181,7 +181,14 @@ def empty(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[st
 def requeue_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
     name = _queue(d, params)
     n = _planned(d, plan_requeue_dead(d.client.keys, name))
-    return {"requeued": n, "message": f"{n} dead job(s) of {name} requeued."}
+    gone = d.queues.dead_without_letter(name)
+    said = f"{n} dead job(s) of {name} requeued."
+    if gone:
+        said += (
+            f" {gone} job(s) counted dead have no dead letter kept (the newest are kept; "
+            "deleted ones are gone): nothing can requeue them."
+        )
+    return {"requeued": n, "dead_without_letter": gone, "message": said}
 
 
 def delete_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:

@@ -164,11 +164,13 @@ def job_page(request: Request) -> Response:
 
 def search(request: Request) -> Response:
     """``/search?q=``: the page of the task, queue or job of that id (a job's: of the queue
-    that has it; ``QUEUE/JOB`` names both); 404 when nothing has it."""
+    that has it; ``QUEUE/JOB`` names both, and the queue must have that job); 404 when
+    nothing has it."""
     d = dash_of(request)
     wanted = request.query_params.get("q", "").strip()
     queue, _, job = wanted.rpartition("/")
     if queue and _NAME.match(queue) and d.queues.is_queue(queue):
+        d.queues.job(queue, job)  # TaskNotFound (404) where the job's page would be one
         return RedirectResponse(f"/queues/{segment(queue)}/jobs/{segment(job)}", status_code=303)
     if _NAME.match(wanted) and d.client.redis.exists(d.client.keys.task(wanted).record):
         return RedirectResponse(f"/tasks/{segment(wanted)}", status_code=303)

@@ -64,6 +64,7 @@ INF = float("inf")
 SUMMARY_READS = 12  # replies per queue of a summaries pipeline (the last 4: flow_reads)
 RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
 _EMPTY = [None] * len(TASK_FIELDS)
+PAYLOAD_SHOWN = 2000  # characters of a dead letter's payload in a queue's summary and page
 
 
 def record_fields(name: str, raw: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
@@ -100,8 +101,12 @@ def _pending_count(reply: Any) -> int:
 
 
 def dead_letter(entry_id: bytes, raw: dict[bytes, bytes]) -> JobDeadLetter:
+    """A dead letter as a queue's page and summary show it: its payload cut to its first
+    ``PAYLOAD_SHOWN`` characters (50 letters of 1 MB payloads would be 50 MB), its size
+    given."""
     f = {k: v or None for k, v in decode_dead_letter(raw, errors="replace").items()}
     attempts = f[DEAD_ATTEMPTS]
+    payload = f[DEAD_PAYLOAD]
     return JobDeadLetter(
         id=entry_id.decode(errors="replace"),
         job=f[DEAD_JOB],
@@ -109,7 +114,9 @@ def dead_letter(entry_id: bytes, raw: dict[bytes, bytes]) -> JobDeadLetter:
         reason=f[DEAD_REASON] or "",
         error=redact_url(f[DEAD_ERROR] or ""),
         attempts=int(attempts) if attempts and attempts.isdigit() else None,
-        payload=f[DEAD_PAYLOAD],
+        payload=payload and payload[:PAYLOAD_SHOWN],
+        payload_bytes=len(raw.get(DEAD_PAYLOAD.encode()) or b"") if payload else None,
+        payload_cut=payload is not None and len(payload) > PAYLOAD_SHOWN,
         worker=f[DEAD_WORKER],
         ts=_number(f[DEAD_TS]),
     )
@@ -229,6 +236,12 @@ class QueueReader:
             raise TaskNotFound(f"queue {name}")
         return rows[0]
 
+    def dead_without_letter(self, name: str) -> int:
+        """How many of the queue's jobs counted dead have no dead letter kept (at least:
+        ``QueueDetail.dead_without_letter``)."""
+        dead = self.summary(name).dead
+        return max(0, dead - _int(self.r.xlen(self.keys.task(name).dead)))
+
     def latency(self, names: Sequence[str]) -> dict[str, tuple[list[tuple[float, int]], float]]:
         """Each queue's enqueue -> start histogram (cumulative buckets, sum), one pipeline."""
         pipe = self.r.pipeline(transaction=False)
@@ -268,6 +281,7 @@ class QueueReader:
             dead_letters=[dead_letter(i, raw) for i, raw in dead_shown],
             dead_letters_total=_int(dead_total),
             dead_letters_next=dead_next,
+            dead_without_letter=max(0, queue.dead - _int(dead_total)),
             schedules=self.schedules(name),
             running_jobs=self.client.running_jobs(name) if queue.running else [],
         )

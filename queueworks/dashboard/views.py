@@ -93,6 +93,9 @@ class TaskDetail(_View):
     dead_letters: list[DeadLetter]  # newest first, a page of them
     dead_letters_total: int
     dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
+    # jobs counted dead beyond the letters kept (the stream keeps the newest ones: at least
+    # this many dead jobs have no letter, and no requeue can reach them)
+    dead_without_letter: int = 0
     results: list[ResultSample]
     results_total: int
     rq_job: RqJob | None = None
@@ -183,9 +186,11 @@ class JobDeadLetter(_View):
     reason: str
     error: str
     attempts: int | None
-    payload: str | None
+    payload: str | None  # its first ``PAYLOAD_SHOWN`` characters: the job's page has it all
     worker: str | None
     ts: float | None
+    payload_bytes: int | None = None  # the size of the whole payload, in bytes (UTF-8)
+    payload_cut: bool = False  # ``payload`` is only its start
 
 
 class LatencyBucket(_View):
@@ -215,6 +220,9 @@ class QueueDetail(_View):
     dead_letters: list[JobDeadLetter]  # newest first, a page of them
     dead_letters_total: int
     dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
+    # jobs counted dead beyond the letters kept (the stream keeps the newest ones: at least
+    # this many dead jobs have no letter, and no requeue can reach them)
+    dead_without_letter: int = 0
     schedules: list[Schedule] = Field(default_factory=list)  # its periodic jobs, by name
     running_jobs: list[JobStatus] = []  # up to 20 running, oldest first, with progress
 
