@@ -13,6 +13,7 @@ import redis
 
 from queueworks import events
 from queueworks import script_calls as calls
+from queueworks.aside_jobs import plan_aside_counts
 from queueworks.connection import UNAVAILABLE, text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
 from queueworks.flow import plan_pump
@@ -130,7 +131,9 @@ def plan_queue_status(ref: QueueRef) -> Plan[QueueStatus]:
         task = yield from plan_status(ref.keys, ref.qk)
     trip = Trip(errors=True)
     queue_reads(trip, ref.qk)
-    return queue_status(task, (yield trip), time.time())
+    replies = yield trip
+    aside = yield from plan_aside_counts(ref.qk, replies[-1])
+    return queue_status(task, replies, time.time(), aside)
 
 
 def plan_queues(keys: Keys) -> Plan[list[QueueStatus]]:

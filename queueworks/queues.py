@@ -25,6 +25,8 @@ from types import FunctionType
 from typing import Any
 
 from queueworks import events
+from queueworks.aside_jobs import NONE as NO_ASIDE
+from queueworks.aside_jobs import Aside, with_aside
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, dependencies
 from queueworks.flow import flow_reads, flow_status
@@ -208,21 +210,25 @@ def queue_reads(pipe: Any, qk: TaskKeys) -> None:
     pipe.zcard(qk.deferred)
     pipe.hget(qk.record, QUEUE_PAUSED)
     flow_reads(pipe, qk, "spec")
+    pipe.smembers(qk.aside)  # last: the handlers whose set-aside jobs to count
 
 
-def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueStatus:
-    """A queue's status from its task's and the replies of ``queue_reads`` (errors as
-    exceptions in them: a key of the wrong type counts nothing)."""
+def queue_status(
+    task: TaskStatus, replies: Sequence[Any], now: float, aside: Aside = NO_ASIDE
+) -> QueueStatus:
+    """A queue's status from its task's, the replies of ``queue_reads`` (errors as
+    exceptions in them: a key of the wrong type counts nothing) and its jobs set aside
+    (``queueworks.aside_jobs``: backlog and running, and the reason they wait)."""
     length, pending, scheduled, rate, deferred, paused = replies[:6]
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
-    flow = flow_status(replies[6:], now)
+    flow = flow_status(replies[6:10], now)
     return QueueStatus(
         name=task.id,
         state=task.state,
-        backlog=backlog + sum(flow["groups_waiting"].values()),
+        backlog=backlog + sum(flow["groups_waiting"].values()) + sum(aside.waiting.values()),
         scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
-        running=running,
+        running=running + aside.running,
         deferred=int(deferred or 0) if not isinstance(deferred, Exception) else 0,
         done=task.done,
         dead=task.dead,
@@ -233,8 +239,9 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         max_nodes=task.max_nodes,
         priority=task.priority,
         rates=rates,
-        reason=task.reason,
+        reason=with_aside(task.reason, aside.waiting),
         paused=paused == b"1",
+        set_aside=aside.waiting,
         **flow,
     )
 

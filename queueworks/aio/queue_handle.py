@@ -272,7 +272,8 @@ class AsyncQueue:
         return await self._run(plan_pause(self.client.keys, self.name, False))
 
     async def empty(self) -> int:
-        """Cancel every job of its backlog (on its stream, not started): how many."""
+        """Cancel every job of its backlog (not started: on its stream, set aside, or
+        waiting for a group slot): how many."""
         return await self._run(plan_empty(self.client.keys, self.name))
 
     async def requeue_dead(self) -> int:
