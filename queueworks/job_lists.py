@@ -11,7 +11,8 @@ queued        the stream, after its group's last delivered entry (XRANGE with CO
               jobs waiting for a group slot (each group's wait list, by name); total:
               each stream's length less its pending entries, plus the jobs the
               ``groups:waiting`` hash counts
-running       the group's pending list (XPENDING with COUNT), oldest read first
+running       the group's pending list (XPENDING with COUNT), oldest read first, then each
+              aside stream's likewise
 scheduled     the ``scheduled`` zset, by when each runs
 deferred      the ``deferred`` zset, by when each was enqueued
 done          the ``done`` list (``settle_jobs.lua`` keeps the newest ``DONE_KEPT``),
@@ -30,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from queueworks.aside_jobs import plan_aside_counts
+from queueworks.aside_jobs import aside_handlers, plan_aside_counts
 from queueworks.connection import text
 from queueworks.flow import group_counts, wait_item
 from queueworks.job_options import JobOptions
@@ -233,19 +234,33 @@ def _waiting(qk: TaskKeys, groups: Sequence[str], skip: int, need: int) -> Plan[
 
 
 def _running(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    """The jobs members hold on the queue's stream, then on each aside stream (jobs set
+    aside that a member that may run them took), by handler: each oldest read first."""
     trip = Trip(errors=True)
     trip.xpending(qk.stream, qk.group)
     trip.xpending_range(qk.stream, qk.group, "-", "+", offset + limit)
-    summary, reply = yield trip
-    consumers = _reply(summary, {}).get("consumers") or []
-    total = sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
-    rows = running_rows(_reply(reply, []))[offset : offset + limit]
-    if not rows:
+    trip.smembers(qk.aside)
+    *pending, aside_set = yield trip
+    streams = [qk.stream, *(qk.aside_stream(h) for h in aside_handlers(aside_set))]
+    if len(streams) > 1:
+        trip = Trip(errors=True)
+        for stream in streams[1:]:
+            trip.xpending(stream, qk.group)
+            trip.xpending_range(stream, qk.group, "-", "+", offset + limit)
+        pending += yield trip
+    total, found = 0, []
+    for i, stream in enumerate(streams):
+        summary, reply = pending[2 * i : 2 * i + 2]
+        consumers = _reply(summary, {}).get("consumers") or []
+        total += sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+        found += [(stream, row) for row in running_rows(_reply(reply, []))]
+    page = found[offset : offset + limit]
+    if not page:
         return total, []
     trip = Trip(errors=True)
-    for row in rows:
-        trip.xrange(qk.stream, row["message_id"], row["message_id"], count=1)
-    held = running_entries(rows, (yield trip))
+    for stream, row in page:
+        trip.xrange(stream, row["message_id"], row["message_id"], count=1)
+    held = running_entries([row for _, row in page], (yield trip))
     records = yield from _records(qk, [entry.job_id for _, entry, _ in held])
     now = time.time()
     jobs = [

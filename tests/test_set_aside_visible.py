@@ -149,3 +149,27 @@ def test_a_running_jobs_timeout_says_running(
         raise AssertionError("no TimeoutError")
 
     assert asyncio.run(async_result()) == f"job {job.id} not finished after 0.2 s (running)"
+
+
+@pytest.mark.system
+def test_a_set_aside_job_a_member_runs_is_counted_and_listed_running(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """A job set aside, then taken by a worker that may run it: ``running`` in the
+    queue's status and in its running list, no longer in its backlog."""
+    cluster.controller()
+    cluster.worker("narrow", allow=("tests.handlers",))
+    cluster.wait_workers(r, 1)
+    q = client.queue("later")
+    assert q.enqueue("tests.handlers:double", {"x": 1}).result(timeout=30) == 2  # a member
+    slow = q.enqueue("queueworks.examples:sleep", {"seconds": 6})
+    wait_for(lambda: slow.status().reason, 15, "the job set aside")
+    assert q.status().set_aside == {"queueworks.examples:sleep": 1}
+    cluster.worker("wide", allow=("queueworks.examples",))
+    wait_for(lambda: slow.status().state == JobState.RUNNING, 30, "the job running")
+    status = q.status()
+    assert (status.backlog, status.running, status.set_aside, status.reason) == (0, 1, {}, None)
+    running = q.jobs("running")
+    assert running.total == 1 and [(j.id, j.worker) for j in running.jobs] == [(slow.id, "wide")]
+    assert q.jobs("queued").total == 0
+    assert slow.result(timeout=30) == 6.0
