@@ -150,8 +150,9 @@ def lone_surrogate(exc: pytest.ExceptionInfo[ValueError], field: str) -> None:
 def test_a_lone_surrogate_is_refused_naming_the_field(
     client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
 ) -> None:
-    """A payload (or a subtask) holding ``"\\ud800"``: ``ValueError`` naming it, from
-    enqueue, enqueue_many and submit, sync and asyncio, and nothing of it is written."""
+    """A payload (or a subtask, a unique key, a group) holding ``"\\ud800"``: ``ValueError``
+    naming it, from enqueue, enqueue_many and submit, sync and asyncio, and nothing of it
+    is written."""
     q = client.queue("texts")
     q.enqueue("tests.handlers:double", {"x": 1})  # the handler known: the shortest path
     written = sorted(r.keys(f"{prefix}:*"))
@@ -169,6 +170,11 @@ def test_a_lone_surrogate_is_refused_naming_the_field(
     with pytest.raises(ValueError) as exc:
         q.enqueue_many([("tests.handlers:double", {"x": LONE})])
     lone_surrogate(exc, "payload")
+    for field, given in (("key", {"key": f"k{LONE}"}), ("group", {"group": LONE})):
+        with pytest.raises(ValueError, match=rf"^{field} .* holds a lone surrogate"):
+            q.enqueue("tests.handlers:double", {"x": 1}, **given)
+    with pytest.raises(ValueError, match=r"^group .* holds a lone surrogate"):
+        q.enqueue_many([("tests.handlers:double", {"x": 1})], group=LONE)
     with pytest.raises(ValueError) as exc:
         client.submit(TaskSpec(name="t", handler="tests.handlers:double", subtasks=[{}, LONE]))
     lone_surrogate(exc, "subtasks[1]")
@@ -184,6 +190,8 @@ def test_a_lone_surrogate_is_refused_naming_the_field(
             with pytest.raises(ValueError) as exc:
                 await aq.enqueue_many([("tests.handlers:double", [LONE])])
             out.append(exc)
+            with pytest.raises(ValueError, match=r"^key .* holds a lone surrogate"):
+                await aq.enqueue("tests.handlers:double", {"x": 1}, key=LONE)
             spec = TaskSpec(name="t", handler="tests.handlers:double", subtasks=[LONE])
             with pytest.raises(ValueError) as exc:
                 await ac.submit(spec)
