@@ -374,7 +374,7 @@ class QueueStatus(_Model):
 
     name: str
     state: TaskState
-    backlog: int  # jobs to run now not started: on the stream, or waiting for a group slot
+    backlog: int  # jobs to run now not started: on the stream, set aside, waiting for a slot
     scheduled: int  # delayed jobs not due yet
     running: int  # jobs a member holds
     deferred: int = 0  # jobs waiting for their dependencies
@@ -394,6 +394,8 @@ class QueueStatus(_Model):
     limited: bool = False  # held back by its rate_limit now (a read found no token, < 1 s ago)
     groups_running: dict[str, int] = Field(default_factory=dict)  # slots held, by group
     groups_waiting: dict[str, int] = Field(default_factory=dict)  # jobs waiting for a slot
+    # jobs set aside (no member that read them may run their handler), by handler: in backlog
+    set_aside: dict[str, int] = Field(default_factory=dict)
 
 
 class Event(_Model):

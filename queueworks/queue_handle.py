@@ -298,7 +298,8 @@ class Queue:
         return self._run(plan_pause(self.client.keys, self.name, False))
 
     def empty(self) -> int:
-        """Cancel every job of its backlog (on its stream, not started): how many."""
+        """Cancel every job of its backlog (not started: on its stream, set aside, or
+        waiting for a group slot): how many."""
         return self._run(plan_empty(self.client.keys, self.name))
 
     def requeue_dead(self) -> int:

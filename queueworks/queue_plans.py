@@ -13,7 +13,8 @@ import redis
 
 from queueworks import events
 from queueworks import script_calls as calls
-from queueworks.connection import text
+from queueworks.aside_jobs import plan_aside_counts
+from queueworks.connection import UNAVAILABLE, text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
 from queueworks.flow import plan_pump
 from queueworks.job_keys import plan_job_keys
@@ -27,7 +28,10 @@ from queueworks.queues import (
     CANCELLED_LAST,
     FIRST_PAUSE,
     LAST_PAUSE,
+    OUTAGE_FIRST_PAUSE,
+    OUTAGE_LAST_PAUSE,
     JobFailed,
+    NotFinished,
     cancelled,
     check_created,
     enqueued,
@@ -36,6 +40,7 @@ from queueworks.queues import (
     new_queue,
     not_finished,
     opened_settings,
+    outage_pause,
     queue_created,
     queue_reads,
     queue_reopened,
@@ -49,6 +54,7 @@ from queueworks.queues import (
     running_rows,
     status_reads,
     tell_handlers,
+    timed_out,
     xadd_now,
 )
 from queueworks.replication import NO_WAIT, Replicas, barrier
@@ -125,7 +131,9 @@ def plan_queue_status(ref: QueueRef) -> Plan[QueueStatus]:
         task = yield from plan_status(ref.keys, ref.qk)
     trip = Trip(errors=True)
     queue_reads(trip, ref.qk)
-    return queue_status(task, (yield trip), time.time())
+    replies = yield trip
+    aside = yield from plan_aside_counts(ref.qk, replies[-1])
+    return queue_status(task, replies, time.time(), aside)
 
 
 def plan_queues(keys: Keys) -> Plan[list[QueueStatus]]:
@@ -231,6 +239,13 @@ def plan_resend(
 
 
 FINISHED = frozenset(s.value.encode() for s in JobState if s.finished)
+# what a status read once a result's timeout passed may meet: the timeout is said without it
+UNREADABLE: tuple[type[Exception], ...] = (
+    *UNAVAILABLE,
+    redis.ResponseError,
+    LookupError,
+    ValueError,
+)
 
 
 def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
@@ -310,39 +325,72 @@ def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[A
     ``TimeoutError`` after ``timeout`` s. On a queue with ``wait_replicas``, an outcome
     counts once its settle is on that many replicas (``plan_outcome_replicated``). The
     first look reads the job's record alone (a settled job's result: one command, one
-    round trip); the next ones read its entry before its record (``result_reads``)."""
+    round trip); the next ones read its entry before its record (``result_reads``).
+    While Redis cannot be reached it looks again, from ``OUTAGE_FIRST_PAUSE`` to
+    ``OUTAGE_LAST_PAUSE`` apart, until ``timeout``, then raises what the last look met."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause, checked, first = FIRST_PAUSE, time.monotonic(), True
+    outage = OUTAGE_FIRST_PAUSE
     while True:
-        check = time.monotonic() - checked >= QUEUE_CHECK_SECONDS
+        check = not first and time.monotonic() - checked >= QUEUE_CHECK_SECONDS
         trip = Trip()
         if first:
             trip.hmget(ref.qk.job(job_id), RESULT_FIELDS)
         else:
             result_reads(trip, ref.qk, job_id, check)
-        replies = yield trip
-        if first and replies[0][0] is None:  # no outcome yet: look again, entry first
-            first = False
-            continue
-        first = False
         failed: JobFailed | None = None
         try:
-            done = finished(ref.name, job_id, replies, check)
-        except QueueGone:
-            yield from plan_revive(ref)  # its entry runs once its group is there again
-            done = None
-        except JobFailed as exc:
-            failed, done = exc, None
-        if (done is not None or failed is not None) and (yield from plan_outcome_replicated(ref)):
-            if failed is not None:
-                raise failed
-            return done[0] if done is not None else None
+            replies = yield trip
+            if first and replies[0][0] is None:  # no outcome yet: look again, entry first
+                first = False
+                continue
+            first = False
+            try:
+                done = finished(ref.name, job_id, replies, check)
+            except QueueGone:
+                yield from plan_revive(ref)  # its entry runs once its group is there again
+                done = None
+            except JobFailed as exc:
+                failed, done = exc, None
+            settled = done is not None or failed is not None
+            if settled and (yield from plan_outcome_replicated(ref)):
+                if failed is not None:
+                    raise failed
+                return done[0] if done is not None else None
+        except UNAVAILABLE as exc:  # Redis is away: look again until the timeout, as workers do
+            yield Sleep(outage_pause(exc, deadline, outage))
+            outage = min(OUTAGE_LAST_PAUSE, outage * 2)
+            continue
+        outage = OUTAGE_FIRST_PAUSE
         if deadline is not None and time.monotonic() >= deadline:
-            raise not_finished(job_id, replies, timeout)
+            said = not_finished(job_id, replies, timeout)
+            raise (yield from plan_unfinished(ref, job_id, timeout, said))
         if check:
             checked = time.monotonic()
         yield Sleep(pause)
         pause = min(LAST_PAUSE, pause * 1.5)
+
+
+def plan_unfinished(
+    ref: QueueRef, job_id: str, timeout: float | None, fallback: NotFinished
+) -> Plan[NotFinished]:
+    """The ``TimeoutError`` of a result not there after ``timeout`` s: the job's status
+    read once more (its state, ``running`` for a job a member holds, and why it waits);
+    ``fallback`` (what the last look said) where the status cannot be read. Reads only:
+    a queue that is gone is not made again here."""
+    trip = Trip(errors=True)
+    status_reads(trip, ref.qk, job_id)
+    try:
+        raw, pending, where = read_status(ref.qk, job_id, (yield trip))
+        if where:
+            stream, entry = where
+            trip = Trip()
+            trip.xpending_range(stream, ref.qk.group, entry, entry, 1)
+            pending = (yield trip)[0]
+        status = job_status(ref.name, job_id, raw, pending, time.time())
+    except UNREADABLE:
+        return fallback
+    return timed_out(status, timeout)
 
 
 def plan_outcome_replicated(ref: QueueRef) -> Plan[bool]:

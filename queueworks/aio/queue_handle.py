@@ -25,7 +25,7 @@ from typing import Any, TypeAlias, TypeVar
 
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
-from queueworks.connection import text
+from queueworks.connection import UNAVAILABLE, text
 from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
 from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
@@ -47,6 +47,7 @@ from queueworks.queue_plans import (
     plan_revive,
     plan_running,
     plan_send,
+    plan_unfinished,
     plan_unique,
     plan_write,
 )
@@ -54,10 +55,14 @@ from queueworks.queue_settings import QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
+    OUTAGE_FIRST_PAUSE,
+    OUTAGE_LAST_PAUSE,
     RUNNING_SHOWN,
     HandlerPaths,
+    NotFinished,
     deferred_on,
     new_job,
+    outage_pause,
 )
 from queueworks.replication import NO_WAIT, NotReplicated, Replicas, jobs_not_replicated
 from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
@@ -267,7 +272,8 @@ class AsyncQueue:
         return await self._run(plan_pause(self.client.keys, self.name, False))
 
     async def empty(self) -> int:
-        """Cancel every job of its backlog (on its stream, not started): how many."""
+        """Cancel every job of its backlog (not started: on its stream, set aside, or
+        waiting for a group slot): how many."""
         return await self._run(plan_empty(self.client.keys, self.name))
 
     async def requeue_dead(self) -> int:
@@ -409,12 +415,18 @@ class AsyncJob:
         settings = self.queue.settings
         wait = Replicas(settings.wait_replicas, settings.wait_timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        left = timeout
+        left, outage = timeout, OUTAGE_FIRST_PAUSE
         while True:
             try:
                 return await watcher.result(self.queue.name, self.queue.keys, self.id, left, wait)
             except QueueGone:
                 await self.queue._revive()  # its entry runs once its group is there again
+            except NotFinished as exc:  # said again from its status (running, why it waits)
+                plan = plan_unfinished(self.queue.ref, self.id, timeout, exc)
+                raise await self.queue._run(plan) from None
+            except UNAVAILABLE as exc:  # Redis is away: look again until the timeout
+                await asyncio.sleep(outage_pause(exc, deadline, outage))
+                outage = min(OUTAGE_LAST_PAUSE, outage * 2)
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
 
     async def cancel(self) -> bool:

@@ -26,14 +26,10 @@ from queueworks.commands.options import (
     task_id_param,
 )
 from queueworks.models import DeadLetter, TaskState, TaskStatus
+from queueworks.queues import last_line
 
 FIRST_REASONS = 3  # distinct reasons that `submit --wait` prints
 SAMPLE = 200  # dead letters read to find them
-
-
-def last_line(error: str) -> str:
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
 
 
 def render(

@@ -50,7 +50,6 @@ def wait_for_job(
     queue: Queue, job_id: str, timeout: float | None, say: Callable[[str], None]
 ) -> Outcome | None:
     """Wait for job ``job_id`` of ``queue`` to finish; None if ``timeout`` s passed first."""
-    from queueworks.commands.dead import last_line
     from queueworks.commands.info import ControllerWatch
     from queueworks.queues import JobFailed
 
@@ -65,9 +64,7 @@ def wait_for_job(
         except TimeoutError:
             pass
         except JobFailed as exc:
-            error = last_line(exc.traceback)
-            why = f"{exc.reason}: {error}" if error and error != exc.reason else exc.reason
-            return Outcome(False, reason=why)
+            return Outcome(False, reason=exc.summary)
         controller.look()
         reason = queue.task.status(with_nodes=False).reason or job.status().reason
         if reason and reason != said:

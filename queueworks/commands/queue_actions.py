@@ -78,9 +78,10 @@ def queue(
 ) -> None:
     """Act on QUEUE. ACTION: `jobs` lists its jobs in --state (queued, scheduled, deferred,
     running, done, dead), --limit after --offset; `pause` (its workers stop reading new
-    jobs; jobs keep arriving) and `resume`; `empty` cancels its backlog (the jobs on its
-    stream not started); `requeue-dead` runs every dead job again; `delete-dead` drops every
-    dead letter (the jobs stay counted as dead); `run JOB_ID` runs a scheduled job now."""
+    jobs; jobs keep arriving) and `resume`; `empty` cancels its backlog (the jobs not
+    started: on its stream, set aside, waiting for a group slot); `requeue-dead` runs every
+    dead job again; `delete-dead` drops every dead letter (the jobs stay counted as dead);
+    `run JOB_ID` runs a scheduled job now."""
     from queueworks.queue_handle import Queue
     from queueworks.queue_settings import DEFAULTS
     from queueworks.tasks import TaskNotFound

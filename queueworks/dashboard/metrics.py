@@ -213,7 +213,10 @@ def queue_lines(queues: Sequence[QueueSummary], latency: Latency) -> list[str]:
     out: list[str] = []
     fam = _Family(out)
     gauges = (
-        ("backlog", "Jobs of a queue not started (on its stream or waiting for a group slot)."),
+        (
+            "backlog",
+            "Jobs of a queue not started (on its stream, set aside or waiting for a group slot).",
+        ),
         ("scheduled", "Delayed jobs of a queue, not due yet."),
         ("running", "Jobs of a queue that a member holds now."),
         ("nodes", "Members in the node set of a queue."),
@@ -234,6 +237,15 @@ def queue_lines(queues: Sequence[QueueSummary], latency: Latency) -> list[str]:
             for group, n in getattr(q, f"groups_{what}").items():
                 label = f'queue="{_label(q.name)}",group="{_label(group)}"'
                 out.append(f"queueworks_queue_group_{what}{{{label}}} {n}")
+    fam(
+        "queueworks_queue_set_aside",
+        "gauge",
+        "Jobs of a queue set aside, by handler: no member that read them may run it.",
+    )
+    for q in queues:
+        for handler, n in q.set_aside.items():
+            label = f'queue="{_label(q.name)}",handler="{_label(handler)}"'
+            out.append(f"queueworks_queue_set_aside{{{label}}} {n}")
     fam(
         "queueworks_queue_jobs_total",
         "counter",

@@ -148,7 +148,7 @@ class QueueSummary(_View):
 
     name: str
     state: TaskState
-    backlog: int  # not started: on the stream, or waiting for a group slot
+    backlog: int  # not started: on the stream, set aside, or waiting for a group slot
     scheduled: int  # delayed, not due yet
     running: int  # held by a member
     deferred: int = 0  # waiting for their dependencies
@@ -171,6 +171,7 @@ class QueueSummary(_View):
     limited: bool = False  # held back by its rate_limit now
     groups_running: dict[str, int] = {}  # slots held, by group
     groups_waiting: dict[str, int] = {}  # jobs waiting for a slot, by group
+    set_aside: dict[str, int] = {}  # jobs set aside (no member may run them), by handler
 
     @property
     def finished(self) -> bool:
