@@ -14,7 +14,7 @@ time is known: no read). Then ``--due`` schedules are made due and fired in one 
 Live (``--live EVERY,...``): on another private Redis with its defaults (``hz 10``), a real
 controller process leads; for each ``every`` one schedule runs ``--seconds`` s (no worker:
 its jobs stay in the queue's stream). *Fired* is the share of its due times on the grid up
-to the unschedule that got their job; *late* is each job's stream entry time (Redis' clock
+to the last one fired that got their job; *late* is each job's stream entry time (Redis' clock
 at the ``XADD``) minus its due time.
 """
 
@@ -126,17 +126,15 @@ def one_live(client: Client, every: float, seconds: float) -> tuple[float, list[
     assert made.next_run is not None
     time.sleep(seconds)
     q.unschedule("tick")
-    stopped = time.time()
     time.sleep(0.2)  # a fire under way when it was removed lands
-    step = round(every * 1000)
-    due = round(made.next_run * 1000)
-    grid = (round(stopped * 1000) - due) // step + 1
-    late = []
+    late, last = [], 0.0
     for entry_id, fields in client.redis.xrange(client.keys.task(name).stream):
-        at = int(entry_id.split(b"-")[0])
-        late.append(at - float(fields[b"t"]) * 1000)
+        due = float(fields[b"t"]) * 1000
+        late.append(int(entry_id.split(b"-")[0]) - due)
+        last = max(last, due)
     q.task.cancel()
-    return min(len(late), grid) / max(1, grid), late
+    grid = round((last - made.next_run * 1000) / (every * 1000)) + 1  # up to the last fired
+    return len(late) / max(1, grid), late
 
 
 if __name__ == "__main__":
