@@ -106,6 +106,7 @@ def live(everies: list[float], seconds: float) -> None:
         procs.spawn("controller")
         try:
             wait_for(lambda: r.exists(keys.leader), 30)
+            one_live(client, 0.01, 0.5)  # the leader's first pass has run: it watches
             print(f"a live controller, one schedule at a time, {seconds:g} s each:")
             for every in everies:
                 fired, late = one_live(client, every, seconds)
