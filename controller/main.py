@@ -6,7 +6,9 @@ others wait and take over within the TTL when the leader dies. All state lives i
 a controller that dies loses nothing: a new leader seals the fence and reads everything
 (``Reconciler.rebuild``), then keeps what it read in memory and reads again only what the
 events name (``XREAD BLOCK`` on ``qw:events``), plus a bounded backstop. A gap in the events
-(trimmed while it was behind) means a full read again; so does a Redis outage.
+(trimmed while it was behind) means a full read again; so does a Redis outage. Near a
+schedule's due time the wait ends on this process's clock, not on the block's timeout
+(``controller.scheduler.wake``).
 
 Every write of a pass is fenced (``controller.fence``): a leader frozen past its lease wakes
 up and writes nothing.
