@@ -6,7 +6,9 @@ others wait and take over within the TTL when the leader dies. All state lives i
 a controller that dies loses nothing: a new leader seals the fence and reads everything
 (``Reconciler.rebuild``), then keeps what it read in memory and reads again only what the
 events name (``XREAD BLOCK`` on ``qw:events``), plus a bounded backstop. A gap in the events
-(trimmed while it was behind) means a full read again; so does a Redis outage.
+(trimmed while it was behind) means a full read again; so does a Redis outage. Near a
+schedule's due time the wait ends on this process's clock, not on the block's timeout
+(``controller.scheduler.wake``).
 
 Every write of a pass is fenced (``controller.fence``): a leader frozen past its lease wakes
 up and writes nothing.
@@ -40,7 +42,7 @@ from .fence import Fence, Fenced
 from .lease import Lease
 from .leftovers import Leftovers
 from .reconciler import PassStats, Reconciler
-from .scheduler import Scheduler
+from .scheduler import Scheduler, wake
 from .tally import Tally
 
 LEASE_POLL = 0.05  # s between two looks at whether the lease thread won the lease
@@ -170,13 +172,16 @@ class Controller:
 
     def _one_pass(self) -> None:
         rec = self.reconciler
+        now = time.time()
         wait = min(
             self.settings.reconcile_interval,
-            self.scheduler.wait(time.time()),
+            self.scheduler.wait(now),
             self.demand.wait(),
             self.leftovers.wait(),
         )
-        block = 0 if rec.busy() else max(1, int(wait * 1000))
+        block, nap = (0, 0.0) if rec.busy() else wake(wait, self.scheduler.due_in(now))
+        if nap:
+            self._stop.wait(nap)  # a due time is near: on this clock, not on Redis' cron tick
         dirty = self.feed.read(block)
         if dirty.gap:
             raise Gap("qw:events was trimmed past the last event read")

@@ -16,6 +16,7 @@ The fire script (``lua/fire_schedule.lua``, run fenced) writes it only if the qu
 copy still says that due time, and advances it, in one atomic step: a replayed or stale
 tick is a no-op.
 
+Due times that pass while a leader watches fire each, late if the leader was (``fire_times``).
 Missed ticks (no controller ran): one catch-up run, for the latest due time missed, then
 the next due time after now (``due_times``).
 """
@@ -165,6 +166,32 @@ def due_times(d: Definition, due_ms: int, now_ms: int) -> tuple[int, int]:
     step = max(1, round(d.every * 1000))
     fire = due_ms + (now_ms - due_ms) // step * step
     return fire, fire + step
+
+
+def _after(d: Definition, due_ms: int) -> int:
+    """The due time that follows ``due_ms``."""
+    if d.cron is not None:
+        return _cron_next(d.cron, due_ms)
+    assert d.every is not None
+    return due_ms + max(1, round(d.every * 1000))
+
+
+def fire_times(
+    d: Definition, due_ms: int, now_ms: int, since_ms: int, limit: int
+) -> tuple[list[int], int]:
+    """For a schedule due at ``due_ms`` (<= ``now_ms``): the due times to fire now, in order,
+    and the next due time after them. ``since_ms``: since when the leader has watched the
+    schedules without a break. A due time from then on passed while it watched: each fires,
+    however late the leader is (at most ``limit`` now, the rest at the next pass). One before
+    it passed while no controller ran: ``due_times``' one catch-up run."""
+    if due_ms < since_ms:
+        fire, after = due_times(d, due_ms, now_ms)
+        return [fire], after
+    fires, after = [due_ms], _after(d, due_ms)
+    while after <= now_ms and len(fires) < limit:
+        fires.append(after)
+        after = _after(d, after)
+    return fires, after
 
 
 def as_schedule(
