@@ -1,0 +1,97 @@
+"""A worker frozen past its heartbeat TTL (SIGSTOP) is pruned and its job runs again on
+another member, holding the same group slot. When it resumes it finds itself fenced and
+stops the handler it still runs before anything of that job is settled: an ``async def``
+one at once (cancelled), a plain one at its next ``ctx.checkpoint()`` (an exception its
+``except Exception`` does not catch), and a plain one that cannot be asked (no context) by
+the worker's exit. So a queue's ``group_limit`` holds across the freeze: the group's next
+job starts only once every run of the one before has ended."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import redis
+
+from queueworks import Client
+from queueworks.workers.watchdog import EXIT_HUNG
+from tests.conftest import Cluster, Proc, wait_for
+from tests.handlers_zombie import runs
+
+pytestmark = pytest.mark.system
+
+ALLOW = ("tests.handlers_zombie",)
+INTERVAL, TTL = 0.25, 1.0  # the workers' heartbeat: a freeze of FROZEN s is well past it
+FROZEN = 2.5
+SOON = 1.0  # s after SIGCONT by which the zombie's handler has stopped (it takes a tick)
+
+Runs = dict[tuple[str, int], tuple[float, float]]  # (job, pid) -> (first note, last note)
+
+
+def _freeze_the_groups_job(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str, handler: str, concurrency: int
+) -> tuple[Proc, float, Runs]:
+    """Two workers, a queue with ``group_limit=1`` and two jobs of one group; the worker
+    running the first is frozen past its TTL, then resumed while the first job's reclaimed
+    attempt runs. Returns the zombie, when it resumed, and the runs once both jobs are done."""
+    cluster.controller()
+    beat = ["--heartbeat-interval", str(INTERVAL), "--heartbeat-ttl", str(TTL)]
+    extra = [*beat, "--concurrency", str(concurrency)]
+    workers = [cluster.worker(allow=ALLOW, extra=extra) for _ in range(2)]
+    cluster.wait_workers(r, 2)
+    q = client.queue("frozen", group_limit=1, min_nodes=2, job_timeout=60.0)
+    wait_for(lambda: len(q.status().nodes) == 2, 30, "both workers members")
+    log = f"{prefix}:log"
+    first = q.enqueue(handler, {"log": log, "name": "first", "ticks": 80}, group="g")  # 4 s
+    wait_for(lambda: len(r.lrange(log, 0, -1)) >= 5, 30, "the first job running a while")
+    after = q.enqueue(handler, {"log": log, "name": "next", "ticks": 10}, group="g")
+    ((_, pid),) = runs(r, log)
+    zombie = next(w for w in workers if w.pid == pid)
+    zombie.signal(signal.SIGSTOP)
+    frozen_at = time.time()
+    wait_for(lambda: len(runs(r, log)) == 2, 15, "the first job reclaimed and run again")
+    time.sleep(max(0.0, frozen_at + FROZEN - time.time()))
+    resumed_at = time.time()
+    zombie.signal(signal.SIGCONT)
+    assert first.result(timeout=30) == "first"
+    assert after.result(timeout=30) == "next"
+    assert first.status().worker != zombie.name  # nothing of the zombie's was settled
+    return zombie, resumed_at, runs(r, log)
+
+
+def _assert_held(zombie: Proc, resumed_at: float, ran: Runs) -> None:
+    stopped = ran[("first", zombie.pid)][1]
+    assert stopped < resumed_at + SOON, f"the zombie's handler ran {stopped - resumed_at:.2f} s on"
+    firsts = [span for (name, _), span in ran.items() if name == "first"]
+    nexts = [span for (name, _), span in ran.items() if name == "next"]
+    assert len(firsts) == 2 and len(nexts) == 1, ran
+    # the group's next job started only once every run of the first had ended
+    assert nexts[0][0] > max(end for _, end in firsts), ran
+
+
+def test_an_async_handler_of_a_fenced_worker_is_cancelled_at_once(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    handler = "tests.handlers_zombie:ticking_async"
+    zombie, resumed_at, ran = _freeze_the_groups_job(cluster, client, r, prefix, handler, 1)
+    _assert_held(zombie, resumed_at, ran)
+    assert zombie.alive()  # it rejoined
+
+
+def test_a_plain_handler_of_a_fenced_worker_stops_at_its_checkpoint(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    handler = "tests.handlers_zombie:ticking_checked"
+    zombie, resumed_at, ran = _freeze_the_groups_job(cluster, client, r, prefix, handler, 2)
+    _assert_held(zombie, resumed_at, ran)
+    assert zombie.alive()
+
+
+def test_a_fenced_worker_whose_plain_handler_cannot_stop_exits(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    handler = "tests.handlers_zombie:ticking_plain"
+    zombie, resumed_at, ran = _freeze_the_groups_job(cluster, client, r, prefix, handler, 1)
+    _assert_held(zombie, resumed_at, ran)
+    assert zombie.p.wait(10) == EXIT_HUNG  # for its supervisor to start a fresh one
