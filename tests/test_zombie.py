@@ -4,7 +4,8 @@ stops the handler it still runs before anything of that job is settled: an ``asy
 one at once (cancelled), a plain one at its next ``ctx.checkpoint()`` (an exception its
 ``except Exception`` does not catch), and a plain one that cannot be asked (no context) by
 the worker's exit. So a queue's ``group_limit`` holds across the freeze: the group's next
-job starts only once every run of the one before has ended."""
+job starts only once every run of the one before has ended. And whatever the zombie ran, a
+settle of it finds the member pruned and writes nothing (no ack, no result, no slot back)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ import pytest
 import redis
 
 from queueworks import Client
+from queueworks.jobrecords import decode_entry
+from queueworks.keys import GROUP, Keys
+from queueworks.scripts import JobBatch, Scripts
 from queueworks.workers.watchdog import EXIT_HUNG
 from tests.conftest import Cluster, Proc, wait_for
 from tests.handlers_zombie import runs
-
-pytestmark = pytest.mark.system
+from tests.test_flow import _Settled, _stream, _take
 
 ALLOW = ("tests.handlers_zombie",)
 INTERVAL, TTL = 0.25, 1.0  # the workers' heartbeat: a freeze of FROZEN s is well past it
@@ -70,6 +73,7 @@ def _assert_held(zombie: Proc, resumed_at: float, ran: Runs) -> None:
     assert nexts[0][0] > max(end for _, end in firsts), ran
 
 
+@pytest.mark.system
 def test_an_async_handler_of_a_fenced_worker_is_cancelled_at_once(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -79,6 +83,7 @@ def test_an_async_handler_of_a_fenced_worker_is_cancelled_at_once(
     assert zombie.alive()  # it rejoined
 
 
+@pytest.mark.system
 def test_a_plain_handler_of_a_fenced_worker_stops_at_its_checkpoint(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -88,6 +93,7 @@ def test_a_plain_handler_of_a_fenced_worker_stops_at_its_checkpoint(
     assert zombie.alive()
 
 
+@pytest.mark.system
 def test_a_fenced_worker_whose_plain_handler_cannot_stop_exits(
     cluster: Cluster, client: Client, r: redis.Redis, prefix: str
 ) -> None:
@@ -95,3 +101,31 @@ def test_a_fenced_worker_whose_plain_handler_cannot_stop_exits(
     zombie, resumed_at, ran = _freeze_the_groups_job(cluster, client, r, prefix, handler, 1)
     _assert_held(zombie, resumed_at, ran)
     assert zombie.p.wait(10) == EXIT_HUNG  # for its supervisor to start a fresh one
+
+
+@pytest.mark.integration
+def test_a_pruned_member_settles_nothing_of_what_it_ran(r: redis.Redis, keys: Keys) -> None:
+    """Its job ended as it resumed, before it learnt it was pruned: the settle (done, or a
+    retry that waits) finds its membership key gone and writes nothing; the member that
+    reclaimed the job settles it."""
+    tk, scripts = keys.task("fz"), Scripts(r)
+    (entry_id,) = _stream(r, tk, 1, options='{"group":"g"}')
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    r.set(tk.heartbeat("w1"), "1")
+    assert _take(scripts, tk, r, entry_id, 1) == 1
+    job = _Settled(decode_entry(entry_id, r.xrange(tk.stream, entry_id, entry_id)[0][1]))
+    r.delete(tk.heartbeat("w1"))  # pruned; w2 reclaims the job and runs it
+    r.xclaim(tk.stream, GROUP, "w2", 0, [entry_id])
+    now, fence = time.time(), tk.heartbeat("w1")
+    done = scripts.settle_jobs(tk, JobBatch(ok=[job]), "w1", now, 60, None, fence=fence)
+    later = scripts.retry_later(tk, [(job, now + 60, "tb")], "w1", now, None, fence=fence)
+    assert (list(done), list(later)) == ([0, 0, 0, 0, 1], [0, 0, 1])  # fenced: nothing
+    assert r.xpending_range(tk.stream, GROUP, "-", "+", 10)[0]["consumer"] == b"w2"
+    assert r.hget(tk.groups, "g") == b"1" and r.hget(tk.groups_held, entry_id) == b"g"
+    assert not r.exists(tk.job(entry_id)) and r.zcard(tk.scheduled) == 0
+    r.set(tk.heartbeat("w2"), "1")
+    done = scripts.settle_jobs(
+        tk, JobBatch(ok=[job]), "w2", now, 60, None, fence=tk.heartbeat("w2")
+    )
+    assert list(done) == [1, 0, 0, 0]
+    assert r.hget(tk.groups, "g") is None and r.xlen(tk.stream) == 0
