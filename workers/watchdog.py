@@ -11,6 +11,9 @@ one. Its heartbeat stops, the others prune it and reclaim what it held; each sta
 reclaimed entry is charged, so a handler that hangs every time is dead-lettered after
 ``max_attempts`` starts.
 
+A call its worker stopped (``workers.stopping``: the job is no longer ours) that still runs
+past the time it was given to end exits the process the same way.
+
 Arming is one attribute write and disarming another, plus a look at the lock: the watchdog
 thread checks a few times a second and costs the hot path nothing else.
 """
