@@ -15,11 +15,17 @@ import time
 import pytest
 import redis
 
-from queueworks import Client
-from queueworks.jobrecords import decode_entry
+from queueworks import Client, Fenced, JobContext, Role
+from queueworks.jobrecords import JobEntry, decode_entry
 from queueworks.keys import GROUP, Keys
+from queueworks.logs import get_logger
 from queueworks.scripts import JobBatch, Scripts
-from queueworks.workers.watchdog import EXIT_HUNG
+from queueworks.workers.eventloop import EventLoop
+from queueworks.workers.heartbeat import NodeState
+from queueworks.workers.running_job import RunningJob
+from queueworks.workers.stopping import Running
+from queueworks.workers.watchdog import EXIT_HUNG, Watchdog
+from queueworks.workers.work import Work
 from tests.conftest import Cluster, Proc, wait_for
 from tests.handlers_zombie import runs
 from tests.test_flow import _Settled, _stream, _take
@@ -129,3 +135,35 @@ def test_a_pruned_member_settles_nothing_of_what_it_ran(r: redis.Redis, keys: Ke
     )
     assert list(done) == [1, 0, 0, 0]
     assert r.hget(tk.groups, "g") is None and r.xlen(tk.stream) == 0
+
+
+@pytest.mark.integration
+def test_a_fence_stops_only_the_jobs_that_run_elsewhere_now(r: redis.Redis, keys: Keys) -> None:
+    """What a fence stops: a job another member claimed, or one settled meanwhile; not one
+    still pending on us (no member reclaimed it: nobody else runs it), nor one whose stream
+    is gone (an emptied Redis: nobody runs it again either)."""
+    tk = keys.task("fs")
+    ids = _stream(r, tk, 3)
+    r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
+    log = get_logger()
+    running = Running(r, "w1", EventLoop(), Watchdog(log), log)
+    seat = NodeState("w1").seat("fs", queue=True)
+    jobs = []
+    for entry_id in [*ids, "1-1"]:
+        stream = tk.stream if entry_id != "1-1" else keys.task("gone").stream
+        work = Work(stream, entry_id, {}, 1)
+        job = RunningJob(
+            work, JobEntry(entry_id, entry_id, "m:f", "{}", "", False, ""), print, (), 0
+        )
+        job.ctx = JobContext("fs", entry_id, 1, Role(0, 1, 1), "w1", log)
+        running.started(seat, job)
+        jobs.append(job)
+    r.xclaim(tk.stream, GROUP, "w2", 0, [ids[0]])  # reclaimed by w2
+    r.xack(tk.stream, GROUP, ids[1])  # settled by another
+    running.fenced(seat.key)
+    assert [isinstance(j.stop, Fenced) for j in jobs] == [True, True, False, False]
+    with pytest.raises(Fenced):
+        jobs[0].ctx.checkpoint()  # type: ignore[union-attr]
+    jobs[2].ctx.checkpoint()  # type: ignore[union-attr]
+    for job in jobs:
+        running.ended(job)

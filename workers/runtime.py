@@ -62,7 +62,8 @@ class WorkerParts:
     running: Running = field(init=False)  # the queues' jobs running here, and their stop
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "running", Running(self.aio, self.watchdog, self.log))
+        running = Running(self.r, self.state.worker_id, self.aio, self.watchdog, self.log)
+        object.__setattr__(self, "running", running)
 
 
 class TaskRun:

@@ -13,7 +13,8 @@ How a call is stopped depends on what it can hear:
   one, as for a handler past its hard timeout.
 
 The jobs are registered by the queue loop while their calls run (``started``, ``ended``); a
-fence stops those of the membership it was found in (``fenced``: what ``Seat.fence`` calls).
+fence stops those of the membership it was found in that run elsewhere now (``fenced``: what
+``Seat.fence`` calls).
 """
 
 from __future__ import annotations
@@ -21,7 +22,11 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from redis.exceptions import ResponseError
+
+from queueworks.connection import Connection, text
 from queueworks.context import Fenced, Stopped
+from queueworks.keys import GROUP
 
 from .eventloop import EventLoop
 from .heartbeat import Seat
@@ -36,7 +41,10 @@ class Running:
     """The queues' jobs whose handler calls run on this worker now, by the membership (seat)
     they run in; any thread may stop them (the heartbeat's, finding a fence)."""
 
-    def __init__(self, aio: EventLoop, watchdog: Watchdog, log: Any) -> None:
+    def __init__(
+        self, r: Connection, me: str, aio: EventLoop, watchdog: Watchdog, log: Any
+    ) -> None:
+        self.r, self.me = r, me
         self.aio, self.watchdog, self.log = aio, watchdog, log
         self._lock = threading.Lock()
         self._jobs: dict[int, tuple[str, RunningJob]] = {}  # id(job) -> (seat's key, job)
@@ -71,10 +79,27 @@ class Running:
         self.watchdog.stopped(job.label, STOP_GRACE if ctx is not None else 0.0)
 
     def fenced(self, key: str) -> None:
-        """Our membership ``key`` was found fenced: every job running in it is stopped."""
+        """Our membership ``key`` was found fenced (called again on every look while it is):
+        each job running in it that another member now holds, or that was settled
+        meanwhile, is stopped. One still pending on us runs on (nobody else runs it: no
+        member reclaimed it yet; looked at again on the next call), and so does one whose
+        stream is gone (an emptied Redis, a deleted queue: nobody runs it again either);
+        what it returns is settled only if we rejoined first, and then only once."""
         with self._lock:
-            jobs = [job for k, job in self._jobs.values() if k == key]
+            jobs = [job for k, job in self._jobs.values() if k == key and job.stop is None]
+        if not jobs:
+            return
+        pipe = self.r.pipeline(transaction=False)
         for job in jobs:
+            entry = job.work.entry_id
+            pipe.xpending_range(job.work.stream, GROUP, entry, entry, 1)
+        for job, reply in zip(jobs, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, ResponseError):  # NOGROUP: no stream, no group
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if reply and text(reply[0]["consumer"]) == self.me:
+                continue
             self.stop(job, fenced())
 
 
