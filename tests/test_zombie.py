@@ -80,11 +80,14 @@ def _assert_held(zombie: Proc, resumed_at: float, ran: Runs) -> None:
 
 
 @pytest.mark.system
+@pytest.mark.parametrize("concurrency", [1, 3])
 def test_an_async_handler_of_a_fenced_worker_is_cancelled_at_once(
-    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str, concurrency: int
 ) -> None:
     handler = "tests.handlers_zombie:ticking_async"
-    zombie, resumed_at, ran = _freeze_the_groups_job(cluster, client, r, prefix, handler, 1)
+    zombie, resumed_at, ran = _freeze_the_groups_job(
+        cluster, client, r, prefix, handler, concurrency
+    )
     _assert_held(zombie, resumed_at, ran)
     assert zombie.alive()  # it rejoined
 

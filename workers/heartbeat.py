@@ -156,9 +156,11 @@ class Seat:
         set was gone): what we still run there is stopped first (``NodeState.on_fenced``),
         before the run gets to settle anything; it rejoins at its next safe point."""
         self.fenced = True
-        self.node.on_fenced(self.key)
-        self.suspend.set()
-        self.node.wake.set()
+        try:
+            self.node.on_fenced(self.key)
+        finally:
+            self.suspend.set()
+            self.node.wake.set()
 
     def revoke(self) -> None:
         """Leave at the next safe point (a queue's seat: the worker has other work)."""
