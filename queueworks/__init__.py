@@ -7,7 +7,14 @@ workers that can grow, shrink, lose a node or give nodes away while the task run
 from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.connection import RedisUnavailable
-from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
+from queueworks.context import (
+    Fenced,
+    JobContext,
+    Stopped,
+    SubtaskContext,
+    Suspended,
+    on_rebalance,
+)
 from queueworks.eviction import EvictingRedis
 from queueworks.models import (
     JobState,
@@ -30,6 +37,7 @@ __all__ = [
     "AsyncTask",
     "Client",
     "EvictingRedis",
+    "Fenced",
     "Job",
     "JobContext",
     "JobFailed",
@@ -41,6 +49,7 @@ __all__ = [
     "RedisUnavailable",
     "Role",
     "Schedule",
+    "Stopped",
     "SubmitError",
     "SubtaskContext",
     "Suspended",

@@ -469,14 +469,18 @@ def settle_jobs(
     ttl: int,
     client: Any,
     aside: str = "",
+    fence: str = "",
 ) -> Call[Any]:
     """Settle a batch of jobs (see settle_jobs.lua) read from the queue's stream, or from
     the aside stream of handler ``aside``; with a pipeline, the reply comes
-    with it: ``(ok, dead, rejected)``, or a ``NoScriptError`` to heal (a ``bare`` call: the
-    queue's read carries it, and it must not cost a SCRIPT EXISTS round trip each time)."""
+    with it: ``(ok, dead, rejected, moved)`` (and a fifth element when fenced: nothing
+    settled), or a ``NoScriptError`` to heal (a ``bare`` call: the queue's read carries it,
+    and it must not cost a SCRIPT EXISTS round trip each time). ``fence``: the caller's
+    membership key, which must exist for anything to be settled ('': no such check)."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
     keys = [*_settle_keys(tk, aside)]
+    keys.append(fence or keys[0])
     prefix = tk.job_prefix
     held: list[JobEntry] = []  # jobs with options of their own: a unique key, maybe
     for job in batch.ok:
@@ -517,13 +521,15 @@ def retry_later(
     now: float,
     client: Any,
     aside: str = "",
+    fence: str = "",
 ) -> Call[Any]:
     """Settle failed attempts as retries that wait (retry_later.lua): each ``(job, retry
     at, traceback)`` leaves the stream (the queue's, or the aside stream of handler
-    ``aside``) for the scheduled zset. Replies ``(moved, rejected)``; on a pipeline as
-    ``settle_jobs`` (``bare``: the caller heals a ``NoScriptError`` reply)."""
+    ``aside``) for the scheduled zset. Replies ``(moved, rejected)`` (and a third element
+    when fenced: nothing moved); on a pipeline as ``settle_jobs`` (``bare``: the caller
+    heals a ``NoScriptError`` reply); ``fence`` as for ``settle_jobs``."""
     stream = tk.aside_stream(aside) if aside else tk.stream
-    keys = [stream, tk.scheduled, tk.record, tk.dead, tk.aside]
+    keys = [stream, tk.scheduled, tk.record, tk.dead, tk.aside, fence or stream]
     argv: list[Any] = [tk.group, repr(now), worker_id, aside]
     for job, run_at, error in later:
         e = job.entry

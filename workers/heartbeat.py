@@ -40,6 +40,8 @@ class NodeState:
     reported: int = 0  # of ``processed``, what the worker record has been told
     wake: threading.Event = field(default_factory=threading.Event)
     seats: dict[str, Seat] = field(default_factory=dict)  # task id -> our seat in its set
+    # a seat found fenced (its key): what this worker runs there is stopped (the worker's)
+    on_fenced: Callable[[str], None] = lambda key: None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def seat(self, task_id: str, *, queue: bool = False) -> Seat:
@@ -148,6 +150,17 @@ class Seat:
         if self.queue:
             return "" if self.revoked else self.key
         return self.node.assign
+
+    def fence(self) -> None:
+        """We are no member any more (pruned while away: our heartbeat or our place in the
+        set was gone): what we still run there is stopped first (``NodeState.on_fenced``),
+        before the run gets to settle anything; it rejoins at its next safe point."""
+        self.fenced = True
+        try:
+            self.node.on_fenced(self.key)
+        finally:
+            self.suspend.set()
+            self.node.wake.set()
 
     def revoke(self) -> None:
         """Leave at the next safe point (a queue's seat: the worker has other work)."""
@@ -274,9 +287,7 @@ class Heartbeat(threading.Thread):
         left_ms: int | None,
     ) -> None:
         if not mine:
-            seat.fenced = True
-            seat.suspend.set()
-            seat.wake.set()
+            seat.fence()
         seat.observe_epoch(epoch)
         if successor is not None and left_ms is not None:
             if left_ms == -2 and self.prune(seat, successor):

@@ -61,6 +61,9 @@ class JobLedger(Attempts):
         self.group_limit = Limits.of(spec).group
         self.pump: Pump | None = None  # the hand-on after a settle: its reads on the pipeline
         self.rate = 0.0  # jobs/s the last settle carried, over the time since the one before
+        # our membership's key: a settle finds it gone if we were pruned (then it settles
+        # nothing: what we ran is run again by the member that reclaimed it)
+        self.fence = self.tk.heartbeat(self.me)
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:
@@ -169,9 +172,10 @@ class JobLedger(Attempts):
         self.state.processed += len(batch)
         now = time.time()
         self.sent = ([("", batch)], now)
-        self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe)
+        fence = self.fence
+        self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe, fence=fence)
         if batch.later:
-            self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe)
+            self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe, fence=fence)
         if batch.dead or batch.rejected:
             self._dead_lettered(pipe, [batch])
         self._pump_into(pipe, [batch])
@@ -211,12 +215,17 @@ class JobLedger(Attempts):
         self.batch, self.asides = JobBatch(), {}
         now = time.time()
         self.sent = (sent, now)
+        fence = self.fence
         for aside, b in sent:
             self.state.processed += len(b)
-            self.scripts.settle_jobs(self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside)
+            self.scripts.settle_jobs(
+                self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside, fence=fence
+            )
         for aside, b in sent:
             if b.later:
-                self.scripts.retry_later(self.tk, b.later, self.me, now, client=pipe, aside=aside)
+                self.scripts.retry_later(
+                    self.tk, b.later, self.me, now, client=pipe, aside=aside, fence=fence
+                )
         if any(b.dead or b.rejected for _, b in sent):
             self._dead_lettered(pipe, [b for _, b in sent])
         self._pump_into(pipe, [b for _, b in sent])
@@ -248,22 +257,36 @@ class JobLedger(Attempts):
             replies = pump.replies(replies)
         moved = 0  # dependents the settles moved to the queue's outbox
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
+            laters = len(batches) + self._laters(batches)
             if isinstance(reply, NoScriptError) and i < len(batches):
                 aside, batch = batches[i]
                 reply = self.scripts.settle_jobs(
-                    self.tk, batch, self.me, now, self.ttl, client=None, aside=aside
+                    self.tk, batch, self.me, now, self.ttl, None, aside, self.fence
                 )
-            elif isinstance(reply, NoScriptError) and i < len(batches) + self._laters(batches):
+            elif isinstance(reply, NoScriptError) and i < laters:
                 aside, batch = [(a, b) for a, b in batches if b.later][i - len(batches)]
-                self.scripts.retry_later(self.tk, batch.later, self.me, now, None, aside)
+                reply = self.scripts.retry_later(
+                    self.tk, batch.later, self.me, now, None, aside, self.fence
+                )
             elif isinstance(reply, Exception):
                 raise reply
             if i < len(batches) and len(reply) > 3:
                 moved += int(reply[3])
+            if (i < len(batches) and len(reply) > 4) or (
+                len(batches) <= i < laters and len(reply) > 2
+            ):
+                self._fenced(batches, i)
         if pump is not None:  # after the settles (one run again included): slots are free
             pump.run(self.scripts, heads)
         if moved:  # jobs wait for these: release them now (the leader's backstop else)
             run(self.r, self.scripts, plan_drain(self.keys, [self.tk.task_id]))
+
+    def _fenced(self, batches: Sequence[tuple[str, JobBatch]], i: int) -> None:
+        """The settle (or retry) ``i`` of ``batches`` found us pruned and wrote nothing:
+        those jobs are no longer ours (the member that reclaimed them runs them again)."""
+        jobs = len(batches[i][1]) if i < len(batches) else 0
+        self.state.processed -= jobs
+        self.log.warning("settle_fenced", jobs=jobs)
 
     @staticmethod
     def _laters(batches: Sequence[tuple[str, JobBatch]]) -> int:

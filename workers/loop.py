@@ -21,6 +21,7 @@ from .inflight import EventLoop
 from .ledger import Attempts
 from .membership import Membership
 from .reclaim import Reclaim
+from .stopping import Running
 from .watchdog import Watchdog
 from .work import Work
 
@@ -41,6 +42,7 @@ class Run(Protocol):
     allow: list[str]  # the worker's --allow prefixes
     concurrency: int  # items of the task in flight at once (--concurrency)
     aio: EventLoop  # the process's event loop for async def handlers
+    running: Running  # the queues' jobs running on this worker, and the way to stop one
     batch_size: int
     streams: list[str]  # every subtask stream of the task
     owned: list[str]  # the streams this member reads in its role

@@ -114,7 +114,7 @@ class Membership:
         self._joined = None
         role = roster.role_of(self.me)
         if role is None:
-            self.state.fenced = True
+            self.state.fence()
             return None
         self.state.role_epoch = roster.epoch
         self.checked_at = sent
@@ -212,7 +212,7 @@ class Membership:
         self.checked_at = time.monotonic() if sent is None else sent
         changed = score is None or int(epoch or 0) != self.role.epoch
         if score is None:
-            self.state.fenced = True
+            self.state.fence()
         elif changed:
             self.state.observe_epoch(int(epoch or 0))
         return changed

@@ -249,9 +249,12 @@ class QueueLoop:
         if time.monotonic() > max(self.ledger.last_flush, self.batch_at) + FLUSH_SECONDS:
             self.ledger.flush()
         fn = job.fn
+        run.running.started(run.state, job)
         try:
+            if job.stop is not None:  # stopped before it started: it does not
+                return self._outcome(job, None, job.stop)
             if is_async(fn):
-                value = run.aio.run(job.label, fn, job.args, run.spec.subtask_timeout)
+                value = run.aio.run_call(job, run.spec.subtask_timeout)
             else:
                 value = run.watchdog.call(job.label, fn, *job.args)
         except ColdStop:
@@ -259,11 +262,18 @@ class QueueLoop:
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the handler's own
             return self._outcome(job, None, exc)
+        finally:
+            run.running.ended(job)
         return self._outcome(job, value, None)
 
     def _outcome(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
-        """Record how a job's call ended; False if it waits again first in ``held``."""
+        """Record how a job's call ended; False if it waits again first in ``held``. A job
+        stopped while it ran (``workers.stopping``) is no longer ours: nothing of it is
+        recorded, whatever its call did."""
         run, ledger = self.run, self.ledger
+        if job.stop is not None:
+            run.log.warning("stopped_job_dropped", job=job.label, reason=str(job.stop))
+            return True
         if job.ctx is not None:
             call_ended(job.ctx)  # its last progress report, before the settle
         if isinstance(error, Suspended):  # runs again after the re-rank, same attempt
@@ -286,10 +296,15 @@ class QueueLoop:
     # -- many in flight (--concurrency > 1): workers.queue_set.Flight ---------------------
 
     def call_for(self, work: Work) -> Call | None:
-        return self._decoded(work)  # the running job is its own call
+        job = self._decoded(work)  # the running job is its own call
+        if job is not None:
+            self.run.running.started(self.run.state, job)
+        return job
 
     def record(self, call: Call) -> None:
-        self._outcome(cast(RunningJob, call), call.value, call.error)
+        job = cast(RunningJob, call)
+        self.run.running.ended(job)
+        self._outcome(job, call.value, call.error)
 
     def tick(self) -> None:
         self.duties.tick()

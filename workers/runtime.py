@@ -35,6 +35,7 @@ from .loop import ModeLoop, ReadsAtJoin
 from .membership import Membership
 from .modes import MODES
 from .reclaim import Consumers, Reclaim
+from .stopping import Running
 from .watchdog import Watchdog
 from .work import Leave, Work, in_stream_order
 
@@ -58,6 +59,11 @@ class WorkerParts:
     # its members' heartbeats, each if asked (the worker's watcher)
     watch: Callable[[str | None, bool, bool], None] = lambda task_id, epoch, heartbeats: None
     aio: EventLoop = field(default_factory=EventLoop)  # the process's loop for async handlers
+    running: Running = field(init=False)  # the queues' jobs running here, and their stop
+
+    def __post_init__(self) -> None:
+        running = Running(self.r, self.state.worker_id, self.aio, self.watchdog, self.log)
+        object.__setattr__(self, "running", running)
 
 
 class TaskRun:
@@ -69,6 +75,7 @@ class TaskRun:
         self.state: Seat = parts.state.seat(task_id, queue=queue)
         self.watchdog, self.batch_size = parts.watchdog, parts.batch_size
         self.allow, self.concurrency, self.aio = parts.allow, parts.concurrency, parts.aio
+        self.running = parts.running
         self.tk = parts.keys.task(task_id)
         self.me = parts.state.worker_id
         self.log = parts.log.bind(task_id=task_id)

@@ -91,6 +91,7 @@ class Worker:
             watch=self._watch_task,
         )
         self.parts.aio.on_hung = self._loop_hung
+        self.state.on_fenced = self.parts.running.fenced
         scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)
         self.queue_set = QueueSet(self.parts, scout)
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it

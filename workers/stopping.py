@@ -1,0 +1,107 @@
+"""Stopping a job while it runs: the one way a worker ends a handler call it no longer wants
+finished (``Running.stop``), whatever the reason (``queueworks.context.Stopped``: its worker
+was fenced). A stopped job is no longer this worker's: nothing of it is settled (no ack, no
+result, no group slot or unique key given back); its outcome, when its call ends, is dropped.
+
+How a call is stopped depends on what it can hear:
+
+* an ``async def`` handler's coroutine is cancelled at once (its call ends with the reason);
+* a plain handler that takes a context raises the reason at its next ``ctx.checkpoint()``
+  (a ``BaseException``: its ``except Exception`` lets it through); one still running
+  ``STOP_GRACE`` s later, or one that takes no context (it cannot be asked), is past
+  saving: the watchdog ends the process (``EXIT_HUNG``), for its supervisor to start a fresh
+  one, as for a handler past its hard timeout.
+
+The jobs are registered by the queue loop while their calls run (``started``, ``ended``); a
+fence stops those of the membership it was found in that run elsewhere now (``fenced``: what
+``Seat.fence`` calls).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from queueworks.connection import Connection, text
+from queueworks.context import Fenced, Stopped
+from queueworks.keys import GROUP
+
+from .eventloop import EventLoop
+from .heartbeat import Seat
+from .inflight import is_async
+from .running_job import RunningJob
+from .watchdog import Watchdog
+
+STOP_GRACE = 1.0  # s a stopped plain handler with a context has to reach its checkpoint
+
+
+class Running:
+    """The queues' jobs whose handler calls run on this worker now, by the membership (seat)
+    they run in; any thread may stop them (the heartbeat's, finding a fence)."""
+
+    def __init__(
+        self, r: Connection, me: str, aio: EventLoop, watchdog: Watchdog, log: Any
+    ) -> None:
+        self.r, self.me = r, me
+        self.aio, self.watchdog, self.log = aio, watchdog, log
+        self._lock = threading.Lock()
+        self._jobs: dict[int, tuple[str, RunningJob]] = {}  # id(job) -> (seat's key, job)
+
+    def started(self, seat: Seat, job: RunningJob) -> None:
+        """``job``'s call is about to start in ``seat``'s membership; stopped at once if
+        that is fenced already (a fence found meanwhile finds the job registered)."""
+        with self._lock:
+            self._jobs[id(job)] = (seat.key, job)
+        if seat.fenced:
+            self.stop(job, fenced())
+
+    def ended(self, job: RunningJob) -> None:
+        """``job``'s call has ended (its outcome is recorded, or dropped if stopped)."""
+        with self._lock:
+            self._jobs.pop(id(job), None)
+        if job.stop is not None:
+            self.watchdog.stop_ended(job.label)
+
+    def stop(self, job: RunningJob, reason: Stopped) -> None:
+        """Stop ``job``'s call, for ``reason`` (once; see the module's docstring)."""
+        if job.stop is not None:
+            return
+        job.stop = reason
+        self.log.warning("job_stopped", job=job.label, reason=str(reason))
+        if is_async(job.fn):
+            self.aio.stop_call(job, reason)
+            return
+        ctx = job.ctx
+        if ctx is not None:
+            ctx.stop(reason)
+        self.watchdog.stopped(job.label, STOP_GRACE if ctx is not None else 0.0)
+
+    def fenced(self, key: str) -> None:
+        """Our membership ``key`` was found fenced (called again on every look while it is):
+        each job running in it that another member now holds, or that was settled
+        meanwhile, is stopped. One still pending on us runs on (nobody else runs it: no
+        member reclaimed it yet; looked at again on the next call), and so does one whose
+        stream is gone (an emptied Redis, a deleted queue: nobody runs it again either);
+        what it returns is settled only if we rejoined first, and then only once."""
+        with self._lock:
+            jobs = [job for k, job in self._jobs.values() if k == key and job.stop is None]
+        if not jobs:
+            return
+        pipe = self.r.pipeline(transaction=False)
+        for job in jobs:
+            entry = job.work.entry_id
+            pipe.xpending_range(job.work.stream, GROUP, entry, entry, 1)
+        for job, reply in zip(jobs, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(reply, ResponseError):  # NOGROUP: no stream, no group
+                continue
+            if isinstance(reply, Exception):
+                raise reply
+            if reply and text(reply[0]["consumer"]) == self.me:
+                continue
+            self.stop(job, fenced())
+
+
+def fenced() -> Fenced:
+    return Fenced("its worker was fenced (pruned while it did not answer): it runs elsewhere")
