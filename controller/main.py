@@ -151,8 +151,8 @@ class Controller:
         if check:
             self.lease.check_emptied()
         if self.lease.emptied.is_set():
-            self.lease.emptied.clear()
             self.emptied.lost()
+            self.lease.emptied.clear()
 
     def _lead(self) -> bool:
         """True while this controller leads with a mirror read under its current term."""

@@ -99,7 +99,6 @@ class TaskRun:
             except ResponseError as exc:
                 if not stream_gone(exc):
                     raise
-                self.log.warning("task_gone", error=str(exc))
                 self.gone()
                 reason = "missing"
             finally:
@@ -242,6 +241,8 @@ class TaskRun:
         persistence, a ``FLUSHALL``, a failover to an empty replica): our membership went
         with it. Fenced: the next safe point rejoins, if the task is there again (a queue a
         client's handle made again), else the run ends."""
+        if not self.state.fenced:
+            self.log.warning("membership_gone", reason="the task's stream or group is gone")
         self.state.fenced = True
         self.state.suspend.set()
 
