@@ -50,7 +50,7 @@ def stream_gone(error: Exception) -> bool:
     there; a member of it is a member no more."""
     if not isinstance(error, redis.ResponseError):
         return False
-    said = str(error)
+    said = _said(error)
     return said.startswith(("NOGROUP", "UNBLOCKED")) or said == "no such key"
 
 
@@ -60,8 +60,19 @@ _GONE_KEY = re.compile(r"^NOGROUP No such key '([^']*)'")
 def gone_stream(error: Exception) -> str | None:
     """The stream a ``NOGROUP`` error of a read or a claim names (it or its group is gone);
     None for any other error."""
-    found = _GONE_KEY.match(str(error)) if isinstance(error, redis.ResponseError) else None
+    found = _GONE_KEY.match(_said(error)) if isinstance(error, redis.ResponseError) else None
     return found.group(1) if found else None
+
+
+_PIPELINE = "of pipeline caused error: "
+
+
+def _said(error: Exception) -> str:
+    """What Redis said, without the words redis-py puts before an error a pipeline raised
+    ("Command # 3 (XREADGROUP ...) of pipeline caused error: ")."""
+    said = str(error)
+    at = said.find(_PIPELINE) if said.startswith("Command # ") else -1
+    return said[at + len(_PIPELINE) :] if at >= 0 else said
 
 
 def lost(name: str) -> QueueNotFound:

@@ -24,6 +24,7 @@ from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.redis_server import RedisServer
 from queueworks.scripts import Scripts
+from queueworks.vanished import gone_stream, stream_gone
 from queueworks.workers.reclaim import Reclaim
 from tests.conftest import Cluster, wait_for
 
@@ -215,3 +216,43 @@ def test_reclaim_finds_nothing_where_the_stream_or_its_group_is_gone(
         assert reclaim.backstop(tk.stream, 0) == ([], [])
         assert reclaim.departed(tk.stream, {"w0": 1}, []) == ([], [])
         r.xadd(tk.stream, {"i": "0"})  # a stream without the group
+
+
+@pytest.mark.integration
+def test_a_stream_gone_is_told_in_every_form_redis_says_it(lonely: RedisServer) -> None:
+    """``NOGROUP`` alone or from a pipeline (redis-py puts the command before it), "no such
+    key" from ``XINFO CONSUMERS``, ``UNBLOCKED`` for a read that waited: the stream named
+    where Redis names it; any other error is not a stream gone."""
+    r = lonely.client()
+    with pytest.raises(redis.ResponseError) as alone:
+        r.xreadgroup("g", "c", {"s1": ">"})
+    pipe = r.pipeline(transaction=False)
+    pipe.get("x")
+    pipe.xreadgroup("g", "c", {"s2": ">"})
+    with pytest.raises(redis.ResponseError) as piped:
+        pipe.execute()
+    with pytest.raises(redis.ResponseError) as info:
+        r.xinfo_consumers("s3", "g")
+    assert "of pipeline caused error" in str(piped.value)
+    assert [gone_stream(e.value) for e in (alone, piped, info)] == ["s1", "s2", None]
+    assert all(stream_gone(e.value) for e in (alone, piped, info))
+
+    r.xgroup_create("s4", "g", id="0", mkstream=True)
+    waited: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            lonely.client().xreadgroup("g", "c", {"s4": ">"}, block=10_000)
+        except redis.ResponseError as exc:
+            waited.append(exc)
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    wait_for(lambda: r.info("clients")["blocked_clients"] == 1, 10, "the read waiting")
+    r.delete("s4")
+    thread.join(10)
+    assert len(waited) == 1 and stream_gone(waited[0]) and gone_stream(waited[0]) is None
+    r.set("k", "v")
+    with pytest.raises(redis.ResponseError) as other:
+        r.xreadgroup("g", "c", {"k": ">"})
+    assert not stream_gone(other.value)
