@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import redis
+from structlog.testing import capture_logs
 
 from queueworks import AsyncClient, Client, TaskNotFound, TaskSpec, TaskState
+from queueworks.controller.emptied import Emptied
 from queueworks.controller.lease import Lease
 from queueworks.controller.tally import Tally
 from queueworks.keys import Keys
@@ -256,3 +258,31 @@ def test_a_stream_gone_is_told_in_every_form_redis_says_it(lonely: RedisServer) 
     with pytest.raises(redis.ResponseError) as other:
         r.xreadgroup("g", "c", {"k": ">"})
     assert not stream_gone(other.value)
+
+
+@pytest.mark.integration
+def test_the_schedules_that_went_with_the_data_are_named_once(
+    lonely: RedisServer, prefix: str
+) -> None:
+    """What the leader knew of the schedule index, against what is left: those whose
+    definitions went are named, once; one made again meanwhile is not."""
+    r, keys = lonely.client(), Keys(prefix)
+    client = Client.from_url(lonely.url, prefix=prefix)
+    mail, news = client.queue("mail"), client.queue("news")
+    mail.schedule("digest", "tests.handlers:double", {"x": 1}, every=60.0)
+    mail.schedule("nightly", "tests.handlers:double", {"x": 2}, cron="30 2 * * *")
+    news.schedule("hourly", "tests.handlers:double", {"x": 3}, every=3600.0)
+    emptied = Emptied(r, keys, get_logger(), Tally())
+    emptied.read()
+    r.flushall()
+    news.schedule("hourly", "tests.handlers:double", {"x": 3}, every=3600.0)  # made again
+    with capture_logs() as logs:
+        emptied.lost()
+        emptied.lost()
+    said = [(e["event"], e.get("schedules")) for e in logs]
+    assert said == [
+        ("redis_emptied", None),
+        ("schedules_lost", ["mail/digest", "mail/nightly"]),
+        ("redis_emptied", None),
+    ], logs
+    client.close()
