@@ -54,7 +54,7 @@ def alive(cluster: Cluster) -> None:
 
 
 @pytest.mark.system
-@pytest.mark.slow(40)
+@pytest.mark.slow(20)
 @pytest.mark.parametrize("how", ["flushall", "restart"])
 def test_every_process_serves_again_after_redis_lost_its_data(
     lonely: RedisServer, prefix: str, tmp_path: Path, how: str
@@ -95,7 +95,7 @@ def test_every_process_serves_again_after_redis_lost_its_data(
                 waited.append(exc)
 
         thread = threading.Thread(target=waiter, daemon=True)
-        if how == "flushall":
+        if how == "flushall":  # (a wait under way when Redis goes down is not this test's)
             thread.start()
         wait_for(lambda: task.status().done > 5, 60, "the task under way")
         wait_for(lambda: kept.status().done > 5 and other.status().done > 5, 60, "jobs flowing")
@@ -117,6 +117,7 @@ def test_every_process_serves_again_after_redis_lost_its_data(
             list(task.results())
 
         assert kept.enqueue("tests.handlers:double", {"x": 7}).result(timeout=60) == 14
+        assert other.enqueue("tests.handlers:double", {"x": 9}).result(timeout=60) == 18
         fresh = client.queue("fresh")
         assert fresh.enqueue("tests.handlers:double", {"x": 8}).result(timeout=60) == 16
         again = client.submit(
