@@ -55,6 +55,10 @@ class Run(Protocol):
         """The safe point: raise ``Leave`` (stopping, revoked, finished), rejoin when
         fenced, re-rank on a new epoch."""
 
+    def gone(self) -> None:
+        """The task's stream or its group is gone (Redis lost its keys): our membership
+        went with it; the next ``check`` rejoins, or leaves if the task is gone too."""
+
     def idle(self) -> None:
         """Nothing to do now: ``look_around``, then wait for a wake-up or a heartbeat."""
 

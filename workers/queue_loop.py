@@ -32,6 +32,7 @@ from queueworks.models import NOT_ALLOWED, parse_handler_path
 from queueworks.records import QUEUE_PAUSED
 from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
+from queueworks.vanished import gone_stream
 
 from .aside import Aside
 from .flow import GroupSlots, RateGate
@@ -126,8 +127,13 @@ class QueueLoop:
         return looked
 
     def read_failed(self, error: Exception) -> None:
-        """A read that covered aside streams failed: one was emptied and deleted meanwhile
-        (read the queue's stream alone until the next look); else the error is raised."""
+        """A read failed: the queue's stream or group is gone (Redis lost its keys: the
+        membership went with it, ``TaskRun.gone``); or, a read that covered aside streams,
+        one was emptied and deleted meanwhile (read the queue's stream alone until the next
+        look); else the error is raised."""
+        if gone_stream(error) == self.run.tk.stream:  # (a cluster's reads never wait)
+            self.run.gone()
+            return
         if len(self.aside.read) > 1 and isinstance(error, ResponseError):
             self.aside.lost(time.monotonic())
             return
