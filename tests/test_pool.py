@@ -1,0 +1,231 @@
+"""``queueworks worker --processes N``: a supervisor keeps N worker processes running; a
+member that hangs, dies or retires is replaced and the others never stop serving; a stop
+is passed on to every member; a member that fails at start-up is started again with a
+growing wait, never in a loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from typing import Any
+
+import pytest
+import redis
+
+from queueworks import Client, JobFailed, Queue
+from queueworks.keys import Keys
+from queueworks.pools import PoolRecord, read_pool
+from queueworks.workers.watchdog import EXIT_HUNG
+from tests.conftest import Cluster, Proc, wait_for
+
+pytestmark = pytest.mark.system
+
+
+def pool(cluster: Cluster, name: str, *extra: str) -> Proc:
+    return cluster.worker(name, extra=list(extra))
+
+
+def record(r: redis.Redis, cluster: Cluster, pool_id: str) -> PoolRecord | None:
+    return read_pool(r, Keys(cluster.prefix), pool_id)
+
+
+def members(r: redis.Redis, cluster: Cluster, pool_id: str, n: int) -> list[str]:
+    """The pool's members, once ``n`` of them run and are registered as workers."""
+    keys = Keys(cluster.prefix)
+
+    def up() -> list[str] | None:
+        rec = record(r, cluster, pool_id)
+        if rec is None or len(rec.members) != n:
+            return None
+        registered = all(r.exists(keys.worker_heartbeat(m)) for m in rec.members)
+        return rec.members if registered else None
+
+    found: list[str] = wait_for(up, 60, f"{n} members of {pool_id} registered")
+    return found
+
+
+def pid_of(client: Client, member: str) -> int:
+    return next(w.pid for w in client.workers() if w.id == member)
+
+
+def events(proc: Proc, name: str) -> list[dict[str, Any]]:
+    out = []
+    for line in proc.log().splitlines():
+        if line.startswith("{") and f'"{name}"' in line:
+            event = json.loads(line)
+            if event["event"] == name:
+                out.append(event)
+    return out
+
+
+def warm(q: Queue) -> None:
+    assert q.enqueue("tests.handlers:double", {"x": 1}).result(timeout=60) == 2
+
+
+def test_a_hung_handler_costs_its_member_a_moment_and_the_sibling_keeps_serving(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """A sync handler blocked in C (``time.sleep(3)``) past job_timeout (1 s) and its hard
+    limit (1 s more): its member exits hung and the supervisor starts another at once; the
+    sibling serves other jobs all along; the job runs again (attempt 2) and succeeds."""
+    cluster.controller()
+    proc = pool(cluster, "hp", "--processes", "2")
+    first = members(r, cluster, "hp", 2)
+    q = client.queue("hung", job_timeout=1.0, max_attempts=2)
+    warm(q)
+    log = f"{cluster.prefix}:attempts"
+    stuck = q.enqueue("tests.handlers:slow_first", {"log": log, "seconds": 3.0})
+    wait_for(lambda: r.llen(log) == 1, 30, "the slow job started")
+    hung = stuck.status().worker
+    assert hung in first
+    sibling = next(m for m in first if m != hung)
+    sibling_pid = pid_of(client, sibling)
+    # while the one member is stuck and then replaced, the other goes on serving
+    quick = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(20)]
+    assert [j.result(timeout=60) for j in quick] == [2 * i for i in range(20)]
+    assert stuck.result(timeout=60) == 2
+    assert [int(a) for a in r.lrange(log, 0, -1)] == [1, 2]
+    exited = [e for e in events(proc, "pool_member_exited") if e["member"] == hung]
+    assert exited and exited[0]["exit_code"] == EXIT_HUNG, proc.log()[-3000:]
+    now = members(r, cluster, "hp", 2)
+    assert sibling in now and hung not in now
+    assert pid_of(client, sibling) == sibling_pid  # never restarted
+    rec = record(r, cluster, "hp")
+    assert rec is not None and (rec.restarts, rec.failed) == (1, 1)
+    assert not events(proc, "pool_member_failing_at_start")  # replaced at once
+    assert proc.terminate(30) == 0
+
+
+def test_a_member_that_overruns_on_its_last_attempt_is_dead_lettered_saying_so(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """One attempt only: the job whose handler hung its member is dead-lettered, and what
+    it says names the limit it overran; the pool goes on with a fresh member."""
+    cluster.controller()
+    proc = pool(cluster, "hd", "--processes", "2")
+    members(r, cluster, "hd", 2)
+    q = client.queue("hungdead", job_timeout=1.0, max_attempts=1)
+    warm(q)
+    log = f"{cluster.prefix}:attempts"
+    stuck = q.enqueue("tests.handlers:slow_first", {"log": log, "seconds": 3.0})
+    with pytest.raises(JobFailed) as failed:
+        stuck.result(timeout=60)
+    assert "max_attempts" in failed.value.reason
+    assert "hung" in failed.value.traceback
+    assert q.enqueue("tests.handlers:double", {"x": 4}).result(timeout=60) == 8
+    members(r, cluster, "hd", 2)
+    assert proc.terminate(30) == 0
+
+
+def test_a_sigkilled_member_is_replaced_within_3_s(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    cluster.controller()
+    proc = pool(cluster, "kp", "--processes", "2")
+    first = members(r, cluster, "kp", 2)
+    os.kill(pid_of(client, first[0]), signal.SIGKILL)
+    killed = time.monotonic()
+
+    def replaced() -> bool:
+        rec = record(r, cluster, "kp")
+        return rec is not None and len(rec.members) == 2 and first[0] not in rec.members
+
+    wait_for(replaced, 3.0, "a new member in the killed one's place")
+    assert time.monotonic() - killed < 3.0
+    now = members(r, cluster, "kp", 2)  # registered too (its interpreter takes a moment)
+    assert first[1] in now
+    exited = [e for e in events(proc, "pool_member_exited") if e["member"] == first[0]]
+    assert exited and exited[0]["exit_code"] == -signal.SIGKILL
+    q = client.queue("afterkill")
+    warm(q)
+    assert proc.terminate(30) == 0
+
+
+def test_members_retire_after_max_jobs_and_every_job_runs_exactly_once(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """--max-jobs-per-child 5: members leave gracefully (exit 0) and fresh ones start;
+    60 jobs run exactly once, each at its first attempt. (No safe point in them: a job
+    stopped at one, by a member joining the queue, runs again by design.)"""
+    cluster.controller()
+    proc = pool(cluster, "rp", "--processes", "2", "--max-jobs-per-child", "5")
+    members(r, cluster, "rp", 2)
+    q = client.queue("recycle", max_attempts=1)
+    log = f"{cluster.prefix}:runs"
+    jobs = [
+        q.enqueue("tests.handlers:job_logged", {"x": i, "log": log, "seconds": 0})
+        for i in range(60)
+    ]
+    assert [j.result(timeout=180) for j in jobs] == [2 * i for i in range(60)]
+    runs = [line.decode().split("|") for line in r.lrange(log, 0, -1)]
+    twice = [run for run in runs if [r[0] for r in runs].count(run[0]) > 1]
+    assert sorted(job for job, _, _, _ in runs) == sorted(j.id for j in jobs), twice
+    assert {attempt for _, _, attempt, _ in runs} == {"1"}
+    ran_on = {worker for _, worker, _, _ in runs}
+    assert len(ran_on) == 60 // 5, ran_on  # 5 jobs per member, then a fresh one
+    retiring = events(proc, "worker_retiring")
+    assert retiring and all("ran 5 jobs" in e["why"] for e in retiring), retiring
+    assert all(e["exit_code"] == 0 for e in events(proc, "pool_member_exited"))
+    rec = record(r, cluster, "rp")
+    assert rec is not None and rec.retired >= len(ran_on) - 2 and rec.failed == 0
+    assert not events(proc, "pool_member_failing_at_start")
+    assert proc.terminate(30) == 0
+
+
+def test_sigterm_stops_every_member_gracefully_and_the_pool_exits_0(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """SIGTERM to the supervisor: each member finishes what it runs, leaves and exits 0;
+    then the supervisor exits 0, and its record and its members' are gone."""
+    cluster.controller()
+    proc = pool(cluster, "tp", "--processes", "2")
+    first = members(r, cluster, "tp", 2)
+    q = client.queue("term", max_attempts=1)
+    warm(q)
+    long = q.enqueue("tests.handlers:sleep_for", {"seconds": 2.0})  # no safe point in it
+    wait_for(lambda: long.status().state == "running", 30, "the long job started")
+    proc.signal(signal.SIGTERM)
+    assert proc.p.wait(60) == 0, proc.log()[-3000:]
+    assert long.status().state == "done"  # finished by its member before it left
+    left = events(proc, "pool_member_left")
+    assert sorted(e["member"] for e in left) == sorted(first)
+    assert {e["exit_code"] for e in left} == {0}
+    assert len(events(proc, "worker_stopped")) == 2
+    keys = Keys(cluster.prefix)
+    assert r.zcard(keys.workers) == 0
+    assert record(r, cluster, "tp") is None and not r.zscore(keys.pools, "tp")
+
+
+def test_a_member_failing_at_start_up_is_started_again_with_a_growing_wait(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """Members refuse an evicting Redis at start-up (exit 1): each is started again after
+    1 s, then 2 s, then 4 s (one log line each), not in a loop; once Redis is fixed they
+    come up and the pool serves."""
+    before = r.config_get("maxmemory-policy")["maxmemory-policy"]
+    r.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        proc = pool(cluster, "fp", "--processes", "2")
+        wait_for(
+            lambda: len(events(proc, "pool_member_failing_at_start")) >= 4,
+            60,
+            "two failed starts of each member",
+        )
+        time.sleep(1.0)
+        failing = events(proc, "pool_member_failing_at_start")
+        waits: dict[int, list[float]] = {}
+        for e in failing:
+            waits.setdefault(e["failures"], []).append(e["next_start_in"])
+        assert waits[1] == [1.0, 1.0] and set(waits[2]) == {2.0}, failing
+        started = events(proc, "pool_member_started")
+        assert len(started) <= 2 * 3  # the first start, and one after each wait so far
+        rec = record(r, cluster, "fp")
+        assert rec is not None and rec.backoff > 0 and rec.members == []
+    finally:
+        r.config_set("maxmemory-policy", before)
+    cluster.controller()
+    members(r, cluster, "fp", 2)  # within the current wait (at most 8 s)
+    warm(client.queue("failing"))
+    assert proc.terminate(30) == 0
