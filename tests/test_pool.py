@@ -9,16 +9,21 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from queueworks import Client, JobFailed, Queue
+from queueworks.cli import main as cli
+from queueworks.commands.info import render
 from queueworks.keys import Keys
 from queueworks.pools import PoolRecord, read_pool
 from queueworks.workers.watchdog import EXIT_HUNG
 from tests.conftest import Cluster, Proc, wait_for
+from tests.test_dashboard import make_app
 
 pytestmark = pytest.mark.system
 
@@ -120,10 +125,13 @@ def test_a_member_that_overruns_on_its_last_attempt_is_dead_lettered_saying_so(
 
 
 def test_a_sigkilled_member_is_replaced_within_3_s(
-    cluster: Cluster, client: Client, r: redis.Redis
+    cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
+    """Replaced at once; ``info``, ``health``, ``/api/workers`` and ``/metrics`` show the
+    pool, its members and the restart."""
     cluster.controller()
-    proc = pool(cluster, "kp", "--processes", "2")
+    id_file = tmp_path / "pool.id"
+    proc = pool(cluster, "kp", "--processes", "2", "--id-file", str(id_file))
     first = members(r, cluster, "kp", 2)
     os.kill(pid_of(client, first[0]), signal.SIGKILL)
     killed = time.monotonic()
@@ -140,7 +148,24 @@ def test_a_sigkilled_member_is_replaced_within_3_s(
     assert exited and exited[0]["exit_code"] == -signal.SIGKILL
     q = client.queue("afterkill")
     warm(q)
+    wait_for(lambda: (rec := record(r, cluster, "kp")) and rec.restarts == 1, 5, "the record")
+
+    shown = json.loads(render(client, as_json=True))["pools"]
+    assert [(p["id"], sorted(p["members"]), p["restarts"], p["failed"]) for p in shown] == [
+        ("kp", sorted(now), 1, 1)
+    ]
+    assert "1 pool(s)" in render(client) and "restarts=1 (retired=0 failed=1)" in render(client)
+    health = ["health", "--redis", redis_url, "--prefix", cluster.prefix, "--id-file"]
+    assert id_file.read_text() == "kp"
+    assert CliRunner().invoke(cli, [*health, str(id_file)]).exit_code == 0
+    with make_app(client) as web:
+        assert [p["id"] for p in web.get("/api/workers").json()["pools"]] == ["kp"]
+        text = web.get("/metrics").text
+        assert 'queueworks_pool_members{pool="kp"} 2' in text
+        assert 'queueworks_pool_restarts_total{pool="kp",why="failed"} 1' in text
     assert proc.terminate(30) == 0
+    gone = CliRunner().invoke(cli, [*health, str(id_file)])
+    assert gone.exit_code == 2 and "kp has no heartbeat" in gone.output
 
 
 def test_members_retire_after_max_jobs_and_every_job_runs_exactly_once(
