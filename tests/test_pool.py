@@ -19,13 +19,12 @@ from click.testing import CliRunner
 from queueworks import Client, JobFailed, Queue
 from queueworks.cli import main as cli
 from queueworks.commands.info import render
+from queueworks.commands.options import given_options
 from queueworks.keys import Keys
 from queueworks.pools import PoolRecord, read_pool
 from queueworks.workers.watchdog import EXIT_HUNG
 from tests.conftest import Cluster, Proc, wait_for
 from tests.test_dashboard import make_app
-
-pytestmark = pytest.mark.system
 
 
 def pool(cluster: Cluster, name: str, *extra: str) -> Proc:
@@ -69,6 +68,7 @@ def warm(q: Queue) -> None:
     assert q.enqueue("tests.handlers:double", {"x": 1}).result(timeout=60) == 2
 
 
+@pytest.mark.system
 def test_a_hung_handler_costs_its_member_a_moment_and_the_sibling_keeps_serving(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -103,6 +103,7 @@ def test_a_hung_handler_costs_its_member_a_moment_and_the_sibling_keeps_serving(
     assert proc.terminate(30) == 0
 
 
+@pytest.mark.system
 def test_a_member_that_overruns_on_its_last_attempt_is_dead_lettered_saying_so(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -124,6 +125,7 @@ def test_a_member_that_overruns_on_its_last_attempt_is_dead_lettered_saying_so(
     assert proc.terminate(30) == 0
 
 
+@pytest.mark.system
 def test_a_sigkilled_member_is_replaced_within_3_s(
     cluster: Cluster, client: Client, r: redis.Redis, redis_url: str, tmp_path: Path
 ) -> None:
@@ -168,6 +170,7 @@ def test_a_sigkilled_member_is_replaced_within_3_s(
     assert gone.exit_code == 2 and "kp has no heartbeat" in gone.output
 
 
+@pytest.mark.system
 def test_members_retire_after_max_jobs_and_every_job_runs_exactly_once(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -199,6 +202,7 @@ def test_members_retire_after_max_jobs_and_every_job_runs_exactly_once(
     assert proc.terminate(30) == 0
 
 
+@pytest.mark.system
 def test_sigterm_stops_every_member_gracefully_and_the_pool_exits_0(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -223,6 +227,7 @@ def test_sigterm_stops_every_member_gracefully_and_the_pool_exits_0(
     assert record(r, cluster, "tp") is None and not r.zscore(keys.pools, "tp")
 
 
+@pytest.mark.system
 def test_a_member_failing_at_start_up_is_started_again_with_a_growing_wait(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
@@ -254,3 +259,40 @@ def test_a_member_failing_at_start_up_is_started_again_with_a_growing_wait(
     members(r, cluster, "fp", 2)  # within the current wait (at most 8 s)
     warm(client.queue("failing"))
     assert proc.terminate(30) == 0
+
+
+@pytest.mark.unit
+def test_processes_takes_a_count_or_auto() -> None:
+    worker = cli.commands["worker"]
+    assert worker.make_context("worker", ["--processes", "3"]).params["processes"] == 3
+    auto = worker.make_context("worker", ["--processes", "auto"]).params["processes"]
+    assert auto == len(os.sched_getaffinity(0)) >= 1
+    for bad in ("0", "-1", "two", "1.5"):
+        result = CliRunner().invoke(cli, ["worker", "--processes", bad])
+        assert result.exit_code == 2 and "--processes" in result.output, (bad, result.output)
+
+
+@pytest.mark.unit
+def test_members_get_the_options_given_to_the_pool() -> None:
+    """What the supervisor passes on: every option given on its line (its own aside), as
+    given; the environment's travel with the environment."""
+    argv = ["--processes", "2", "--name", "p", "--allow", "a.", "--allow", "b", "--label"]
+    argv += ["k=v", "--queues", "x, y", "--concurrency", "3", "--allow-eviction", "--cluster"]
+    argv += ["--max-jobs-per-child", "5", "--id-file", "/tmp/x"]
+    ctx = cli.commands["worker"].make_context("worker", argv)
+    assert given_options(ctx, skip={"name", "id_file", "processes"}) == [
+        "--cluster",
+        "--allow",
+        "a.",
+        "--allow",
+        "b",
+        "--label",
+        "k=v",
+        "--queues",
+        "x,y",
+        "--concurrency",
+        "3",
+        "--max-jobs-per-child",
+        "5",
+        "--allow-eviction",
+    ]
