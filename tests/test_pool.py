@@ -162,6 +162,8 @@ def test_a_sigkilled_member_is_replaced_within_3_s(
     assert CliRunner().invoke(cli, [*health, str(id_file)]).exit_code == 0
     with make_app(client) as web:
         assert [p["id"] for p in web.get("/api/workers").json()["pools"]] == ["kp"]
+        page = web.get("/workers").text
+        assert 'data-pool="kp"' in page and all(f"<code>{m}</code>" in page for m in now)
         text = web.get("/metrics").text
         assert 'queueworks_pool_members{pool="kp"} 2' in text
         assert 'queueworks_pool_restarts_total{pool="kp",why="failed"} 1' in text
