@@ -9,10 +9,10 @@ it starts members, watches them exit, and writes the pool's record (``queueworks
 * A member that exits for any reason (its handler hung past the hard limit, a crash, an
   OOM kill, SIGKILL, a retirement after ``--max-jobs-per-child``) is replaced within a
   tick (``TICK``). What it held is reclaimed by the others as for any worker that died.
-* A member that exits non-zero soon after it started (``STARTUP`` s) is failing at
-  start-up (a Redis it refuses, an option it rejects): its next start waits, twice as long
-  each time (``BACKOFF_FIRST`` .. ``BACKOFF_MAX``), said in one log line per wait; a member
-  that stays up resets it.
+* A member that exits before it was ever up (its heartbeat seen in Redis; without Redis:
+  ``STARTUP`` s alive) failed at start-up (a Redis it refuses, an option it rejects, a
+  crash on import): its next start waits, twice as long each time (``BACKOFF_FIRST`` ..
+  ``BACKOFF_MAX``), said in one log line per wait; a member that comes up resets it.
 * ``stop()``: every member is sent SIGTERM (its warm stop); ``stop(cold=True)``: again
   (its cold stop). ``run`` returns once every member has exited: 0 if each left cleanly.
 
@@ -40,7 +40,8 @@ from queueworks.pools import PoolRecord, forget_pool, write_pool
 from .watchdog import EXIT_HUNG
 
 TICK = 0.1  # s between two looks at the members
-STARTUP = 5.0  # s: a member that exits non-zero sooner failed at start-up
+STARTUP = 5.0  # s: without Redis, a member that exits sooner failed at start-up
+LOOK_UP_EVERY = 0.25  # s between two looks for the heartbeats of members not yet up
 BACKOFF_FIRST = 1.0  # s: the first wait after a failed start-up; doubles each time
 BACKOFF_MAX = 60.0
 RECORD_EVERY = 1.0  # s between two writes of the pool's record
@@ -75,6 +76,7 @@ class Slot:
     proc: subprocess.Popen[bytes] | None = None
     member: str = ""
     started: float = 0.0  # monotonic
+    up: bool = False  # its heartbeat was seen: it started
     failures: int = 0  # start-up failures in a row
     next_start: float = 0.0  # monotonic: not before
 
@@ -106,6 +108,7 @@ class Pool:
         self.unclean = 0  # members that exited non-zero after the stop began
         self.started_at = time.time()
         self._recorded = 0.0  # monotonic: last record write
+        self._looked = 0.0  # monotonic: last look for members' heartbeats
         self._redis_ok = True
 
     # -- control (the CLI's signal handlers call these) -----------------------------------
@@ -132,6 +135,7 @@ class Pool:
                     for slot in self.slots:
                         if slot.proc is None and now >= slot.next_start:
                             self._start(slot)
+                self._look_up(now)
                 self._record(now)
                 time.sleep(TICK)
         finally:
@@ -158,7 +162,7 @@ class Pool:
         slot.proc = subprocess.Popen(
             args, process_group=0, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL
         )
-        slot.member, slot.started = member, time.monotonic()
+        slot.member, slot.started, slot.up = member, time.monotonic(), False
         if self.starts > self.processes:
             self.restarts += 1
         self.log.info("pool_member_started", member=member, pid=slot.proc.pid, slot=slot.number)
@@ -184,7 +188,8 @@ class Pool:
                 self.retired += 1
             else:
                 self.failed += 1
-            if code > 0 and lived < STARTUP and code != EXIT_HUNG:
+            up = slot.up or self._alive_lately(slot) or (self.r is None and lived >= STARTUP)
+            if code != 0 and not up:
                 slot.failures += 1
                 wait = min(BACKOFF_FIRST * 2 ** (slot.failures - 1), BACKOFF_MAX)
                 slot.next_start = now + wait
@@ -200,6 +205,33 @@ class Pool:
             slot.failures, slot.next_start = 0, now
             log = self.log.info if code == 0 else self.log.warning
             log("pool_member_exited", member=slot.member, exit_code=code, why=why)
+
+    def _alive_lately(self, slot: Slot) -> bool:
+        """A member that just ended: was it up after all (its heartbeat outlives it by up to
+        a TTL: it came up between two looks)?"""
+        if self.r is None:
+            return False
+        try:
+            return bool(self.r.exists(self.keys.worker_heartbeat(slot.member)))
+        except UNAVAILABLE:
+            return False
+
+    def _look_up(self, now: float) -> None:
+        """Mark the members whose heartbeat is in Redis as up (looked for a few times a
+        second, only while some member is not up yet)."""
+        waiting = [s for s in self.slots if s.proc is not None and not s.up]
+        if self.r is None or not waiting or now - self._looked < LOOK_UP_EVERY:
+            return
+        self._looked = now
+        try:
+            pipe = self.r.pipeline(transaction=False)
+            for slot in waiting:
+                pipe.exists(self.keys.worker_heartbeat(slot.member))
+            for slot, seen in zip(waiting, pipe.execute(), strict=True):
+                if seen:
+                    slot.up, slot.failures = True, 0
+        except UNAVAILABLE:
+            pass  # not up, then: the members wait for Redis too
 
     # -- the record -----------------------------------------------------------------------
 
