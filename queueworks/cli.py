@@ -166,7 +166,6 @@ main.add_command(redis_command)
     help="a pool's member whose resident memory passes this many MB after a job leaves "
     "gracefully and a fresh one starts (runs a pool even with --processes 1)",
 )
-@option("--pool-member", hidden=True, help="the pool this process is a member of (set by it)")
 @allow_eviction
 def worker(
     name: str | None,
@@ -177,7 +176,6 @@ def worker(
     processes: int,
     max_jobs_per_child: int | None,
     max_memory_per_child: int | None,
-    pool_member: str | None,
     **flags: Any,
 ) -> None:
     """Join the pool and process subtasks of the tasks this worker is given.
@@ -189,7 +187,10 @@ def worker(
     every member: the supervisor passes the signal on and exits 0 once each has left."""
     labels = key_values(label, "--label", "label")
     limits = max_jobs_per_child is not None or max_memory_per_child is not None
-    if pool_member is None and (processes > 1 or limits):
+    from queueworks.workers.pool import POOL_MEMBER
+
+    pool_member = os.environ.get(POOL_MEMBER)  # set by a pool's supervisor on its members
+    if not pool_member and (processes > 1 or limits):
         run_pool(name, processes, id_file, flags)
         return
     from queueworks.workers.worker import Worker

@@ -3,8 +3,10 @@
 
 Each member is a fresh ``python -m queueworks worker`` process with the pool's options and
 an id of its own (``<pool>-<n>``, n counting every start), so each is a full worker: its
-own heartbeat, memberships and watchdog. The supervisor runs no handler and imports none;
-it starts members, watches them exit, and writes the pool's record (``queueworks.pools``).
+own heartbeat, memberships and watchdog. ``QUEUEWORKS_POOL_MEMBER`` in its environment
+(the pool's id) makes it one worker process, whatever ``--processes`` says. The
+supervisor runs no handler and imports none; it starts members, watches them exit, and
+writes the pool's record (``queueworks.pools``).
 
 * A member that exits for any reason (its handler hung past the hard limit, a crash, an
   OOM kill, SIGKILL, a retirement after ``--max-jobs-per-child``) is replaced within a
@@ -47,6 +49,7 @@ BACKOFF_MAX = 60.0
 RECORD_EVERY = 1.0  # s between two writes of the pool's record
 RECORD_TTL = 10.0  # s the record outlives its last write
 PR_SET_PDEATHSIG = 1
+POOL_MEMBER = "QUEUEWORKS_POOL_MEMBER"  # in a member's environment: its pool's id
 
 
 def cpus() -> int:
@@ -158,9 +161,13 @@ class Pool:
         self.starts += 1
         member = f"{self.id}-{self.starts}"
         args = [self.python, "-m", "queueworks", *self.command]
-        args += ["--name", member, "--pool-member", self.id]
+        args += ["--name", member]
         slot.proc = subprocess.Popen(
-            args, process_group=0, preexec_fn=_die_with_parent, stdin=subprocess.DEVNULL
+            args,
+            env={**os.environ, POOL_MEMBER: self.id},
+            process_group=0,
+            preexec_fn=_die_with_parent,
+            stdin=subprocess.DEVNULL,
         )
         slot.member, slot.started, slot.up = member, time.monotonic(), False
         if self.starts > self.processes:
