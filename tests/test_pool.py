@@ -205,6 +205,30 @@ def test_members_retire_after_max_jobs_and_every_job_runs_exactly_once(
 
 
 @pytest.mark.system
+def test_a_member_past_its_memory_limit_retires_after_the_job(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """--max-memory-per-child 1 (MB, less than any Python process): each member retires
+    after its first job, never before one (no loop of starts); each job runs once."""
+    cluster.controller()
+    proc = pool(cluster, "mp", "--processes", "2", "--max-memory-per-child", "1")
+    members(r, cluster, "mp", 2)
+    time.sleep(1.0)  # idle members over the limit stay: it is looked at after a job
+    assert not events(proc, "worker_retiring")
+    q = client.queue("memory", max_attempts=1)
+    log = f"{cluster.prefix}:runs"
+    jobs = [q.enqueue("tests.handlers:job_logged", {"x": i, "log": log}) for i in range(4)]
+    assert [j.result(timeout=120) for j in jobs] == [0, 2, 4, 6]
+    runs = [line.decode().split("|") for line in r.lrange(log, 0, -1)]
+    assert sorted(job for job, _, _, _ in runs) == sorted(j.id for j in jobs)
+    assert len({worker for _, worker, _, _ in runs}) == 4  # a fresh member for each job
+    retiring = events(proc, "worker_retiring")
+    assert retiring and all("max_memory_per_child=1" in e["why"] for e in retiring)
+    assert not events(proc, "pool_member_failing_at_start")
+    assert proc.terminate(30) == 0
+
+
+@pytest.mark.system
 def test_sigterm_stops_every_member_gracefully_and_the_pool_exits_0(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:

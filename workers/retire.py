@@ -2,12 +2,12 @@
 ``--max-memory-per-child``, it retires (``Worker.retire``: it finishes what runs, hands back
 what it read, leaves and exits 0) and its supervisor (``workers.pool``) starts a fresh one.
 
-The job limit is the watchdog's (``Watchdog.limit_calls``): the worker retires as its N-th
-handler call ends, before it starts another; ``async def`` handlers, which the watchdog does
-not see, are counted by a thread that looks at the settled count (``NodeState.processed``)
-a few times a second. Memory is read by that thread only after the count moved (a job
-ended), as Celery does after each task, so a limit below what an idle process takes
-retires a member after each job, never in a loop of starts.
+Both are looked at as a handler call ends, before the worker starts another
+(``Watchdog.limit_calls``: nothing is added to a call unless a limit is set; memory, when
+limited, is read after each call, as Celery does after each task). So a memory limit below
+what an idle process takes retires a member after each job, never in a loop of starts.
+``async def`` handlers, which the watchdog does not see, are counted by a thread that looks
+at the settled count (``NodeState.processed``) a few times a second.
 """
 
 from __future__ import annotations
@@ -51,11 +51,23 @@ class Retirement(threading.Thread):
         self.max_jobs, self.max_memory_mb = max_jobs, max_memory_mb
         self.why = ""  # set once it retired the worker
         self._lock = threading.Lock()
-        if max_jobs is not None:
-            watchdog.limit_calls(max_jobs, self._calls_done)
+        self._arm()
 
-    def _calls_done(self) -> None:
-        self.now(f"ran {self.watchdog.calls} jobs (max_jobs_per_child={self.max_jobs})")
+    def _arm(self) -> None:
+        """Have the watchdog call us when the next look is due: after the last job allowed,
+        or after the next one if memory is limited."""
+        due = [] if self.max_jobs is None else [self.max_jobs]
+        if self.max_memory_mb is not None:
+            due.append(self.watchdog.calls + 1)
+        if due:
+            self.watchdog.limit_calls(min(due), self._call_ended)
+
+    def _call_ended(self) -> None:
+        why = self.over(self.watchdog.calls)
+        if why:
+            self.now(why)
+        else:
+            self._arm()
 
     def now(self, why: str) -> None:
         """Retire, saying why (once)."""
