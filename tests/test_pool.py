@@ -254,6 +254,31 @@ def test_sigterm_stops_every_member_gracefully_and_the_pool_exits_0(
 
 
 @pytest.mark.system
+def test_a_second_sigterm_stops_the_members_cold(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """A member waits for its job on the first SIGTERM (a grace of 60 s); the second one,
+    passed on, interrupts it: the pool exits at once, 1 (a cold stop)."""
+    cluster.controller()
+    proc = pool(cluster, "cp", "--processes", "2", "--grace-period", "60")
+    members(r, cluster, "cp", 2)
+    q = client.queue("cold", max_attempts=2)
+    warm(q)
+    long = q.enqueue("tests.handlers:sleep_for", {"seconds": 60.0})
+    wait_for(lambda: long.status().state == "running", 30, "the long job started")
+    busy = long.status().worker
+    proc.signal(signal.SIGTERM)
+    wait_for(lambda: len(events(proc, "pool_member_left")) == 1, 30, "the idle member left")
+    assert proc.alive()  # the busy one finishes its job first
+    sent = time.monotonic()
+    proc.signal(signal.SIGTERM)
+    assert proc.p.wait(30) == 1
+    assert time.monotonic() - sent < 15
+    left = {e["member"]: e["exit_code"] for e in events(proc, "pool_member_left")}
+    assert left[busy] == 1 and set(left.values()) == {0, 1}, left
+
+
+@pytest.mark.system
 def test_a_member_failing_at_start_up_is_started_again_with_a_growing_wait(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
