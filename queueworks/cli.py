@@ -32,8 +32,10 @@ from queueworks.commands.health import health
 from queueworks.commands.info import info
 from queueworks.commands.options import (
     ENV,
+    PROCESSES,
     allow_eviction,
     common,
+    given_options,
     key_values,
     option,
     queue_names,
@@ -43,7 +45,7 @@ from queueworks.commands.options import (
 from queueworks.commands.queue_actions import queue
 from queueworks.commands.schedules import schedule, schedules, unschedule
 from queueworks.commands.submit import submit
-from queueworks.signals import ColdStop, install_stop_signals
+from queueworks.signals import ColdStop, install_pass_on_signals, install_stop_signals
 
 
 @click.group(cls=OneLineErrors)
@@ -131,7 +133,38 @@ main.add_command(redis_command)
 @option(
     "--id-file",
     type=click.Path(dir_okay=False),
-    help="write the worker id to this file (for `queueworks health --id-file`)",
+    help="write the worker id (with --processes: the pool's id) to this file (for "
+    "`queueworks health --id-file`)",
+)
+@option(
+    "--processes",
+    type=PROCESSES,
+    default="1",
+    envvar=ENV + "PROCESSES",
+    show_envvar=True,
+    show_default=True,
+    help="worker processes to run, each a worker of its own, kept running by a small "
+    "supervisor (a member that exits or is killed is started again); `auto`: one per CPU "
+    "this process may use",
+)
+@option(
+    "--max-jobs-per-child",
+    type=click.IntRange(min=1),
+    envvar=ENV + "MAX_JOBS_PER_CHILD",
+    show_envvar=True,
+    show_default="no limit",
+    help="a pool's member leaves gracefully after this many jobs (or subtasks) and a fresh "
+    "one starts (runs a pool even with --processes 1)",
+)
+@option(
+    "--max-memory-per-child",
+    type=click.IntRange(min=1),
+    metavar="MB",
+    envvar=ENV + "MAX_MEMORY_PER_CHILD",
+    show_envvar=True,
+    show_default="no limit",
+    help="a pool's member whose resident memory passes this many MB after a job leaves "
+    "gracefully and a fresh one starts (runs a pool even with --processes 1)",
 )
 @allow_eviction
 def worker(
@@ -140,6 +173,9 @@ def worker(
     label: tuple[str, ...],
     queues: list[str] | None,
     id_file: str | None,
+    processes: int,
+    max_jobs_per_child: int | None,
+    max_memory_per_child: int | None,
     **flags: Any,
 ) -> None:
     """Join the pool and process subtasks of the tasks this worker is given, and the jobs
@@ -148,14 +184,22 @@ def worker(
     Handlers are imported from the folder it starts in too (as rq and celery workers do),
     under the --allow prefixes only. SIGTERM or SIGINT: warm stop (finish or abort the
     step, leave the node set, exit 0); a second signal, or the grace period running out,
-    interrupts the handler."""
+    interrupts the handler. With --processes N (or a per-child limit) the same goes for
+    every member: the supervisor passes the signal on and exits 0 once each has left."""
+    labels = key_values(label, "--label", "label")
+    limits = max_jobs_per_child is not None or max_memory_per_child is not None
+    from queueworks.workers.pool import POOL_MEMBER
+
+    pool_member = os.environ.get(POOL_MEMBER)  # set by a pool's supervisor on its members
+    if not pool_member and (processes > 1 or limits):
+        run_pool(name, processes, id_file, flags)
+        return
     from queueworks.workers.worker import Worker
 
     settings = settings_from_flags(**flags)
     here = os.getcwd()
     if here not in sys.path:  # `python -m` puts it there; the `queueworks` script does not
         sys.path.insert(0, here)
-    labels = key_values(label, "--label", "label")
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
     try:
@@ -165,6 +209,18 @@ def worker(
     if id_file:
         Path(id_file).write_text(w.id)
     install_stop_signals(w.stop, settings.grace_period)
+    if limits:
+        from queueworks.workers.retire import Retirement
+
+        retire = Retirement(
+            w.state,
+            w.watchdog,
+            w.retire,
+            w.log,
+            max_jobs=max_jobs_per_child,
+            max_memory_mb=max_memory_per_child,
+        )
+        retire.start()
     try:
         w.run()  # stopped before Redis answered: the connection error, as one line
     except ColdStop:
@@ -172,6 +228,31 @@ def worker(
     if w.exit_code:  # hung (its event loop): a thread of it may never end, so at once
         sys.stderr.flush()
         os._exit(w.exit_code)
+
+
+def run_pool(name: str | None, processes: int, id_file: str | None, flags: dict[str, Any]) -> None:
+    """``worker --processes N``: the supervisor (``workers.pool``). It imports no handler:
+    each member is a fresh ``queueworks worker`` with the options given here."""
+    from queueworks.connection import connect_settings
+    from queueworks.keys import Keys, check_worker_id
+    from queueworks.workers.pool import Pool
+    from queueworks.workers.worker import default_worker_id
+
+    ctx = click.get_current_context()
+    settings = settings_from_flags(**flags)
+    try:
+        pool_id = check_worker_id(name or default_worker_id())
+        check_worker_id(f"{pool_id}-{10**9}")  # its members' ids: <pool>-<n>
+        r = connect_settings(settings)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    command = ["--debug"] if ctx.find_root().params.get("debug") else []
+    command += ["worker", *given_options(ctx, skip={"name", "id_file", "processes"})]
+    pool = Pool(pool_id, processes, command, r=r, keys=Keys(settings.prefix))
+    if id_file:
+        Path(id_file).write_text(pool.id)
+    install_pass_on_signals(lambda cold: pool.stop(cold=cold))
+    sys.exit(pool.run())
 
 
 @main.command(short_help="Give tasks node sets and keep them sized.")

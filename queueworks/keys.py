@@ -101,6 +101,10 @@ key                                type          meaning
                                                  task, rank, current (``records``)
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
+``qw:pools``                       zset          every worker pool (``worker --processes``), score =
+                                                 its supervisor's last write (s)
+``qw:pool:<P>``                    string + TTL  pool P's record as JSON: members, restarts
+                                                 (``queueworks.pools``); TTL a few intervals
 ``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``
 ``qw:autoscale:wanted``            string + TTL  the workers wanted per node selector (JSON,
                                                  ``queueworks.wanted``), written by the leader
@@ -413,6 +417,13 @@ class Keys:
 
     def assign(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}:assign"
+
+    @property
+    def pools(self) -> str:
+        return f"{self.prefix}:pools"
+
+    def pool(self, pool_id: str) -> str:
+        return f"{self.prefix}:pool:{pool_id}"
 
     @property
     def tasks(self) -> str:

@@ -72,7 +72,15 @@ class Watchdog(threading.Thread):
         self._slots = [self._main]
         self.timeouts = 0
         self._stops: dict[int | str, float] = {}  # stopped calls' index -> their deadline
+        self.calls = 0  # handler calls ended, in every slot
+        self.call_limit: int | None = None  # then ``on_limit`` (``limit_calls``)
+        self.on_limit: Callable[[], None] = _nothing
         self.use(timeout, log, grace=grace)
+
+    def limit_calls(self, n: int, then: Callable[[], None]) -> None:
+        """Call ``then`` as the ``n``-th handler call ends (a pool member's job limit:
+        ``workers.retire``), on the thread that made it, before it may start another."""
+        self.call_limit, self.on_limit = n, then
 
     def use(self, timeout: float, log: Any, *, grace: float | None = None) -> None:
         """The limits (and the logger) for the calls that follow: one task's."""
@@ -107,6 +115,9 @@ class Watchdog(threading.Thread):
                 slot.job = None
                 if job is slot.fired or self._lock.locked():
                     self._clear(slot, job)
+                self.calls += 1
+                if self.call_limit is not None and self.calls >= self.call_limit:
+                    self.on_limit()
         except SubtaskTimeout:  # it may have landed inside the ``finally``: disarm again
             slot.job = None
             self._clear(slot, job)
@@ -182,6 +193,10 @@ class Watchdog(threading.Thread):
             sys.stderr.flush()
             sys.stdout.flush()
             os._exit(EXIT_HUNG)
+
+
+def _nothing() -> None:
+    return None
 
 
 def grace_for(timeout: float) -> float:

@@ -107,6 +107,13 @@ class Worker:
         self.state.stopping = True
         self.state.suspend_all()
 
+    def retire(self) -> None:
+        """Leave after what runs now (a pool member's limit, ``workers.retire``): unlike
+        ``stop`` nothing is cut short at a safe point; what was read and not started is
+        handed back, then the worker leaves and exits 0."""
+        self.state.stopping = True
+        self.state.wake.set()
+
     def _loop_hung(self) -> None:
         """The event loop stayed blocked past the hard limit (``workers.eventloop``): leave
         as on a warm stop (what waited on the loop is handed back), then exit hung, for

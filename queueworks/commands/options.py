@@ -52,6 +52,23 @@ def seconds(low: float = 0.0, high: float | None = None, *, above: bool = False)
     return Finite(min=low, max=high, min_open=above)
 
 
+class Processes(click.ParamType[int]):
+    """``--processes``: a count of at least 1, or ``auto`` (the CPUs this process may use)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            from queueworks.workers.pool import cpus
+
+            return cpus()
+        return click.IntRange(1, MAX_PROCESSES).convert(value, param, ctx)
+
+
+MAX_PROCESSES = 1024
+PROCESSES = Processes()
 NODES = click.IntRange(1, MAX_NODES)
 PRIORITY = click.IntRange(-MAX_PRIORITY, MAX_PRIORITY)
 ATTEMPTS = click.IntRange(1, MAX_ATTEMPTS)
@@ -137,6 +154,31 @@ def settings_from_flags(**flags: Any) -> Settings:
     ctx.meta[META_PREFIX] = settings.prefix
     configure(settings.log_level, settings.log_format)
     return settings
+
+
+def given_options(ctx: click.Context, *, skip: set[str]) -> list[str]:
+    """The options given on this command's line, as arguments again (those its
+    environment variables set travel with the environment): what a supervisor passes on."""
+    from click.core import ParameterSource
+
+    args: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if name is None or name in skip or not isinstance(param, click.Option):
+            continue
+        if ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        value, flag = ctx.params[name], param.opts[0]
+        if param.is_flag:
+            args += [flag] if value else []
+        elif param.multiple:
+            for item in value:
+                args += [flag, str(item)]
+        elif isinstance(value, list):  # a comma-separated list, split by its callback
+            args += [flag, ",".join(value)]
+        else:
+            args += [flag, str(value)]
+    return args
 
 
 def client_for(settings: Settings) -> Client:

@@ -188,6 +188,7 @@ def workers_page(request: Request) -> Response:
         request,
         "workers",
         workers=workers,
+        pools=d.reader.pools(),
         lost=lost,
         lost_minutes=int(LOST_WINDOW // 60),
         counts=d.reader.worker_counts(workers, lost),
