@@ -97,6 +97,13 @@ main.add_command(redis_command)
 )
 @option("--label", multiple=True, help="k=v label, matched by a task's node_selector (repeat)")
 @option(
+    "--django",
+    "django_settings",
+    metavar="SETTINGS",
+    help="a Django project's settings module: Django is set up before handlers are "
+    "imported, and the project's tasks (Django's Tasks framework) run here",
+)
+@option(
     "--queues",
     envvar=ENV + "QUEUES",
     show_envvar=True,
@@ -140,6 +147,7 @@ def worker(
     label: tuple[str, ...],
     queues: list[str] | None,
     id_file: str | None,
+    django_settings: str | None,
     **flags: Any,
 ) -> None:
     """Join the pool and process subtasks of the tasks this worker is given, and the jobs
@@ -156,6 +164,13 @@ def worker(
     if here not in sys.path:  # `python -m` puts it there; the `queueworks` script does not
         sys.path.insert(0, here)
     labels = key_values(label, "--label", "label")
+    if django_settings:
+        from queueworks.contrib.django.worker import setup_django
+
+        try:
+            allow = setup_django(django_settings, allow)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
     try:
