@@ -18,13 +18,17 @@ from queueworks.client import Client
 from queueworks.job_lists import plan_job_detail
 from queueworks.keys import check_task_id
 from queueworks.messages import NotJSON, to_json
+from queueworks.models import JobDetail
 from queueworks.queue_handle import Queue
 from queueworks.runner import run
 
 from .compat import TASKS
-from .results import HANDLER, parse_result_id, result_id, task_result, when
+from .results import HANDLER, CallUnread, parse_result_id, result_id, task_result, when
 
 OPTIONS = {"redis_url", "prefix", "allow", "queue_settings"}
+# reads of a job whose payload was not found while it was not finished: it was settling
+# between the reads of its detail (``results.CallUnread``); the next read sees it settled
+DETAIL_READS = 3
 # whether this queueworks takes a job's own priority (``Queue.enqueue(priority=)``)
 ENQUEUE_TAKES_PRIORITY = "priority" in inspect.signature(Queue.enqueue).parameters
 
@@ -146,8 +150,18 @@ class QueueworksBackend(TASKS.BaseTaskBackend):  # type: ignore[misc]
         enqueued it; ``TaskResultDoesNotExist`` if there is no such task's job."""
         try:
             queue, job_id = parse_result_id(result_id)
-            client = self.client
-            detail = run(client.redis, client.scripts, plan_job_detail(client.keys, queue, job_id))
-            return task_result(detail, self.alias)
+            reads = DETAIL_READS
+            while True:
+                detail = self._detail(queue, job_id)
+                reads -= 1
+                try:
+                    return task_result(detail, self.alias)
+                except CallUnread:
+                    if detail.state.finished or not reads:
+                        raise
         except LookupError as exc:
             raise TASKS.TaskResultDoesNotExist(result_id) from exc
+
+    def _detail(self, queue: str, job_id: str) -> JobDetail:
+        client = self.client
+        return run(client.redis, client.scripts, plan_job_detail(client.keys, queue, job_id))

@@ -79,6 +79,12 @@ def task_error(traceback: str) -> Any:
     return TASKS.TaskError(exception_class_path=path, traceback=traceback)
 
 
+class CallUnread(LookupError):
+    """The job's payload (its task and arguments) was not read: gone with its dead letter,
+    or moving between the reads of a job that was settling (``job_lists.plan_job_detail``
+    reads its status, then its record and entry)."""
+
+
 def import_task(path: str) -> Any:
     """The ``Task`` at ``path`` (``module.function``, its ``module_path``): ``ValueError``
     if there is none there."""
@@ -98,7 +104,7 @@ def task_result(detail: JobDetail, backend: str) -> Any:
     done = json.loads(detail.result) if detail.state == JobState.DONE and detail.result else None
     call = done if done is not None else json.loads(detail.payload or "null")
     if not isinstance(call, dict) or "task" not in call:
-        raise LookupError(f"job {rid}: its task is no longer known")
+        raise CallUnread(f"job {rid} ({detail.state}): its task is no longer known")
     task = import_task(call["task"])
     if task.queue_name != detail.queue or task.backend != backend:
         task = task.using(queue_name=detail.queue, backend=backend)
