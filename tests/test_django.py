@@ -5,6 +5,7 @@ and real worker processes started with ``--django``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -30,7 +31,8 @@ django.setup()
 
 from django.test.utils import override_settings  # noqa: E402
 
-from queueworks.contrib.django import QueueworksBackend, TaskFailed  # noqa: E402
+from queueworks.contrib.django import QueueworksBackend, TaskFailed, job_priority  # noqa: E402
+from queueworks.contrib.django.backend import ENQUEUE_TAKES_PRIORITY  # noqa: E402
 from queueworks.contrib.django.compat import TASKS  # noqa: E402
 from queueworks.contrib.django.results import task_error  # noqa: E402
 from tests.djangoproject import tasks  # noqa: E402
@@ -106,6 +108,15 @@ def test_tasks_run_on_a_django_worker_and_any_process_reads_their_results(
     got = finished(backend, context.id).return_value
     assert got == {"attempt": 1, "id": context.id, "x": 7, "workers": ["dj-1"]}
     assert finished(backend, coroutine.id).return_value == 42
+
+    # the async API: aenqueue, aget_result
+    async def both() -> Any:
+        queued = await tasks.add.aenqueue(40, 2)
+        return await backend.aget_result(queued.id), queued.id
+
+    fresh, async_id = asyncio.run(both())
+    assert fresh.status in (Status.READY, Status.RUNNING, Status.SUCCESSFUL)
+    assert finished(backend, async_id).return_value == 42
 
     # another process (a fresh interpreter with the project's settings) reads a result
     code = (
@@ -196,6 +207,46 @@ def test_a_worker_runs_only_tasks_its_allow_covers_and_closes_connections(
 
 def outside(x: int) -> int:  # a module-level function outside the backend's "allow"
     return x
+
+
+@pytest.mark.integration
+def test_enqueue_sends_task_enqueued_and_makes_a_ready_job(backend: Any) -> None:
+    seen: list[Any] = []
+
+    def receiver(sender: type, task_result: Any, **kw: Any) -> None:
+        seen.append((sender, task_result))
+
+    TASKS.task_enqueued.connect(receiver)
+    try:
+        result = tasks.add.using(priority=10).enqueue(1, 2)
+    finally:
+        TASKS.task_enqueued.disconnect(receiver)
+    assert seen == [(QueueworksBackend, result)]
+    queue, job_id = result.id.split("/")
+    status = backend.client.job_status(queue, job_id)
+    assert status.state == "queued" and status.handler == "queueworks.contrib.django:run_task"
+    read = backend.get_result(result.id)
+    assert read.status == Status.READY and read.args == [1, 2] and read.worker_ids == []
+    assert job_priority(-100) < job_priority(0) < job_priority(100)
+
+
+@pytest.mark.system
+def test_a_worker_with_settings_it_cannot_load_says_so(cluster: Cluster) -> None:
+    worker = cluster.worker(allow=DJANGO_ALLOW, extra=["--django", "tests.nosuchproject"])
+    assert worker.p.wait(60) == 2
+    assert "--django tests.nosuchproject: ModuleNotFoundError" in worker.log()
+
+
+@pytest.mark.system
+def test_higher_priority_tasks_run_first(cluster: Cluster, backend: Any, r: redis.Redis) -> None:
+    if not ENQUEUE_TAKES_PRIORITY:
+        pytest.skip("this queueworks has no job priorities (Queue.enqueue(priority=))")
+    low = [tasks.when_ran.using(priority=-50).enqueue() for _ in range(3)]
+    high = [tasks.when_ran.using(priority=50).enqueue() for _ in range(3)]
+    cluster.controller()
+    django_worker(cluster, name="dj-5")
+    ran = {x.id: finished(backend, x.id).return_value for x in low + high}
+    assert max(ran[x.id] for x in high) < min(ran[x.id] for x in low)
 
 
 @pytest.mark.integration
