@@ -27,7 +27,7 @@ from queueworks.commands.dashboard_server import dashboard
 from queueworks.commands.dead import dead
 from queueworks.commands.devserver import redis_command
 from queueworks.commands.enqueue import enqueue
-from queueworks.commands.errors import BadInput, OneLineErrors
+from queueworks.commands.errors import BadInput, CliError, OneLineErrors
 from queueworks.commands.health import health
 from queueworks.commands.info import info
 from queueworks.commands.options import (
@@ -165,8 +165,10 @@ def worker(
         sys.path.insert(0, here)
     labels = key_values(label, "--label", "label")
     if django_settings:
-        from queueworks.contrib.django.worker import setup_django
-
+        try:
+            from queueworks.contrib.django.worker import setup_django
+        except ImportError as exc:  # no Django (or, on Django 5.2, no django-tasks)
+            raise CliError(str(exc)) from None
         try:
             allow = setup_django(django_settings, allow)
         except ValueError as exc:
