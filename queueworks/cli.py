@@ -27,7 +27,7 @@ from queueworks.commands.dashboard_server import dashboard
 from queueworks.commands.dead import dead
 from queueworks.commands.devserver import redis_command
 from queueworks.commands.enqueue import enqueue
-from queueworks.commands.errors import BadInput, OneLineErrors
+from queueworks.commands.errors import BadInput, CliError, OneLineErrors
 from queueworks.commands.health import health
 from queueworks.commands.info import info
 from queueworks.commands.options import (
@@ -98,6 +98,13 @@ main.add_command(redis_command)
     help="module prefix handlers may come from (repeat); none given: every handler refused",
 )
 @option("--label", multiple=True, help="k=v label, matched by a task's node_selector (repeat)")
+@option(
+    "--django",
+    "django_settings",
+    metavar="SETTINGS",
+    help="a Django project's settings module: Django is set up before handlers are "
+    "imported, and the project's tasks (Django's Tasks framework) run here",
+)
 @option(
     "--queues",
     envvar=ENV + "QUEUES",
@@ -176,6 +183,7 @@ def worker(
     processes: int,
     max_jobs_per_child: int | None,
     max_memory_per_child: int | None,
+    django_settings: str | None,
     **flags: Any,
 ) -> None:
     """Join the pool and process subtasks of the tasks this worker is given, and the jobs
@@ -200,6 +208,15 @@ def worker(
     here = os.getcwd()
     if here not in sys.path:  # `python -m` puts it there; the `queueworks` script does not
         sys.path.insert(0, here)
+    if django_settings:
+        try:
+            from queueworks.contrib.django.worker import setup_django
+        except ImportError as exc:  # no Django (or, on Django 5.2, no django-tasks)
+            raise CliError(str(exc)) from None
+        try:
+            allow = setup_django(django_settings, allow)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
     try:

@@ -124,6 +124,7 @@ class JobContext:
     role: Role
     worker_id: str
     log: Any
+    allow: tuple[str, ...] = ()  # the worker's --allow prefixes (a handler that imports more)
     _suspend: threading.Event = field(default_factory=threading.Event, repr=False)
     _sink: ProgressSink | None = field(default=None, repr=False)
     _named: bool = field(default=False, repr=False)  # its entry names it ('j')

@@ -63,6 +63,7 @@ class QueueLoop:
         self.ledger = JobLedger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
         self.progress = ProgressWriter(run.scripts, run.tk, int(run.spec.result_ttl), run.log)
         self.handlers: dict[str, Handler | HandlerRefused] = {}
+        self.allow = tuple(run.allow)
         for path in sorted(text(h) for h in run.r.smembers(run.tk.handlers)):
             self._handler(path)  # imported once, before the first job
         self.aside = Aside(run, self._reads_aside)
@@ -329,6 +330,7 @@ class QueueLoop:
             role=role,
             worker_id=run.me,
             log=run.log,
+            allow=self.allow,
             _suspend=run.state.suspend,
             _sink=self.progress,
             _named=entry.named,
