@@ -9,6 +9,7 @@ from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.connection import RedisUnavailable
 from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
 from queueworks.eviction import EvictingRedis
+from queueworks.job_functions import AsyncJobFunction, Call, JobFunction, job
 from queueworks.models import (
     JobState,
     JobStatus,
@@ -26,13 +27,16 @@ from queueworks.vanished import QueueNotFound
 __all__ = [
     "AsyncClient",
     "AsyncJob",
+    "AsyncJobFunction",
     "AsyncQueue",
     "AsyncTask",
+    "Call",
     "Client",
     "EvictingRedis",
     "Job",
     "JobContext",
     "JobFailed",
+    "JobFunction",
     "JobState",
     "JobStatus",
     "Queue",
@@ -49,6 +53,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskStatus",
+    "job",
     "on_rebalance",
 ]
 __version__ = "0.1.0"
