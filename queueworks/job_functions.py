@@ -90,6 +90,7 @@ class Signature:
         fields: dict[str, Any] = {}  # a TypedDict's: the arguments by name
         self.positional: list[str] = []  # filled by position, in order
         self.positional_only: list[inspect.Parameter] = []
+        self.most_positional = 0  # len(positional), once they are known
         for p in params:
             hint = hints.get(p.name, Any)
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -102,6 +103,7 @@ class Signature:
                 self.positional.append(p.name)
             if p.kind is p.POSITIONAL_ONLY:
                 self.positional_only.append(p)
+        self.most_positional = len(self.positional)
         make_typed_dict: Any = TypedDict  # its name, made here, is the function's
         arguments = make_typed_dict(self.name, fields)
         arguments.__pydantic_config__ = ConfigDict(extra="forbid")
@@ -123,8 +125,15 @@ class Signature:
     def encode(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         """The payload JSON of a call with these arguments; ``ValueError`` naming the
         parameter that is wrong (nothing is sent)."""
-        values = self._checked(self._bound(args, kwargs))
-        return '{"args":[],"kwargs":' + self._to_json(values).decode() + "}"
+        if kwargs or len(args) > self.most_positional:
+            values = self._bound(args, kwargs)
+        else:  # the commonest call: by position alone
+            values = dict(zip(self.positional, args, strict=False))
+        try:
+            checked = self._validate(values)
+        except ValidationError as exc:
+            raise BadArguments(self.name, exc) from None
+        return '{"args":[],"kwargs":' + self._to_json(checked).decode() + "}"
 
     def _checked(self, values: dict[str, Any]) -> dict[str, Any]:
         """The arguments by name, as their annotations say; ``BadArguments`` (a
