@@ -21,6 +21,7 @@ its parameters, the adapter of its return type.
 from __future__ import annotations
 
 import inspect
+import json
 import types
 import typing
 from collections.abc import Callable, Coroutine
@@ -229,6 +230,25 @@ def function_path(fn: Callable[..., Any]) -> str:
     path = f"{module}:{name}"
     parse_handler_path(path)
     return path
+
+
+def arguments_of(payload: str | None) -> list[tuple[str, str]] | None:
+    """A typed call's arguments as a page shows them: ``(name, JSON)`` each, by name (one
+    given by position as ``#0``, ``#1``...); None if ``payload`` (JSON text) is no
+    typed call's wire form."""
+    if not payload or not payload.startswith("{"):
+        return None
+    try:
+        value = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(value, dict) or not value or not value.keys() <= {ARGS, KWARGS}:
+        return None
+    args, kwargs = value.get(ARGS, []), value.get(KWARGS, {})
+    if not isinstance(args, list) or not isinstance(kwargs, dict):
+        return None
+    shown = [(f"#{i}", json.dumps(v, ensure_ascii=False)) for i, v in enumerate(args)]
+    return shown + [(str(k), json.dumps(v, ensure_ascii=False)) for k, v in kwargs.items()]
 
 
 _NATIVE: dict[Any, tuple[type, ...]] = {

@@ -260,3 +260,22 @@ def test_mypy_flags_a_wrong_call_and_knows_the_result_type(tmp_path: Path) -> No
         10: 'note: Revealed type is "list[str]"',
         15: 'note: Revealed type is "int"',
     }, done.stdout
+
+
+@pytest.mark.integration
+def test_the_dashboard_shows_a_typed_jobs_arguments_by_name(client: Client) -> None:
+    from tests.test_dashboard import make_app
+
+    q = client.queue("typed-dash")
+    later = q.enqueue(add.call(2, 3, note="<b>hi</b>"), delay=600)  # its payload is kept
+    wire = q.enqueue("tests.handlers_typed:named", {"args": ["p"], "kwargs": {"note": "n"}})
+    plain = q.enqueue("tests.handlers:double", {"args": 1, "x": 2})
+    with make_app(client) as web:
+        html = web.get(f"/queues/typed-dash/jobs/{later.id}").text
+        table = html.split('id="job-arguments"', 1)[1].split("</table>", 1)[0]
+        assert "<th>a</th><td><code>2</code>" in table and "<th>b</th><td><code>3</code>" in table
+        assert "<th>note</th><td><code>&#34;&lt;b&gt;hi&lt;/b&gt;&#34;</code>" in table, table
+        shown = web.get(f"/queues/typed-dash/jobs/{wire.id}").text
+        assert "<th>#0</th><td><code>&#34;p&#34;</code>" in shown
+        assert "<th>note</th>" in shown
+        assert 'id="job-arguments"' not in web.get(f"/queues/typed-dash/jobs/{plain.id}").text
