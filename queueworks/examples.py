@@ -36,9 +36,10 @@ def add(a: int, b: int, *, note: str = "") -> int:
 
 @job
 async def add_later(a: int, b: int, *, ctx: JobContext | None = None) -> int:
-    """``add`` as an ``async def`` (on a worker's event loop)."""
+    """``add`` as an ``async def`` (on a worker's event loop), which shows its context:
+    ``a + b``, plus ``1000 * ctx.attempt`` when a worker runs it."""
     await asyncio.sleep(0)
-    return a + b
+    return a + b if ctx is None else a + b + 1000 * ctx.attempt
 
 
 def digest(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:

@@ -38,6 +38,7 @@ P = ParamSpec("P")
 R = TypeVar("R", default=Any)
 
 ARGS, KWARGS = "args", "kwargs"  # the payload's two fields
+_FIELDS = frozenset((ARGS, KWARGS))
 _CONTEXTS = (JobContext, SubtaskContext)
 
 
@@ -105,6 +106,7 @@ class Signature:
             if p.kind is p.POSITIONAL_ONLY:
                 self.positional_only.append(p)
         self.most_positional = len(self.positional)
+        self.by_position = bool(self.positional_only)
         make_typed_dict: Any = TypedDict  # its name, made here, is the function's
         arguments = make_typed_dict(self.name, fields)
         arguments.__pydantic_config__ = ConfigDict(extra="forbid")
@@ -128,8 +130,8 @@ class Signature:
         parameter that is wrong (nothing is sent)."""
         if kwargs or len(args) > self.most_positional:
             values = self._bound(args, kwargs)
-        else:  # the commonest call: by position alone
-            values = dict(zip(self.positional, args, strict=False))
+        else:  # the commonest call: by position alone (no more than there are)
+            values = dict(zip(self.positional, args))  # noqa: B905 (strict= costs ~0.3 µs)
         try:
             checked = self._validate(values)
         except ValidationError as exc:
@@ -171,16 +173,21 @@ class Signature:
     def decode_call(self, payload: Any, ctx: Any) -> tuple[list[Any], dict[str, Any]]:
         """The arguments of a job's payload, as the annotations say (``ValueError`` naming
         what is wrong), with ``ctx`` where the function takes it."""
-        if type(payload) is not dict or not payload.keys() <= {ARGS, KWARGS}:
+        if type(payload) is not dict or not payload.keys() <= _FIELDS:
             raise ValueError(
                 f"{self.name}: a typed job's payload is "
                 '{"args": [...], "kwargs": {...}}, not ' + repr(payload)[:200]
             )
-        kwargs = self._checked(self._bound(payload.get(ARGS, ()), payload.get(KWARGS) or {}))
-        args = [self._take(p, kwargs) for p in self.positional_only]
+        args, kwargs = payload.get(ARGS), payload.get(KWARGS)
+        if not args and type(kwargs) is dict and (self.ctx is None or self.ctx not in kwargs):
+            values = kwargs  # the commonest: by name alone (as a Python producer sends)
+        else:
+            values = self._bound(args or (), {} if kwargs is None else kwargs)
+        checked = self._checked(values)
+        given = [self._take(p, checked) for p in self.positional_only] if self.by_position else []
         if self.ctx is not None:
-            kwargs[self.ctx] = ctx
-        return args, kwargs
+            checked[self.ctx] = ctx
+        return given, checked
 
     @staticmethod
     def _take(p: inspect.Parameter, kwargs: dict[str, Any]) -> Any:
@@ -215,7 +222,13 @@ class Signature:
             args, kwargs = decode(payload, ctx)
             return encode(fn(*args, **kwargs))
 
-        return run
+        if self.by_position:
+            return run
+
+        def run_by_name(payload: Any, ctx: Any = None) -> Any:
+            return encode(fn(**decode(payload, ctx)[1]))
+
+        return run_by_name
 
 
 def function_path(fn: Callable[..., Any]) -> str:

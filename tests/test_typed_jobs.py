@@ -98,6 +98,22 @@ def test_a_wrong_argument_names_the_parameter_and_nothing_is_sent(
     assert snapshot(r, prefix) == before
 
 
+@pytest.mark.unit
+def test_the_allow_list_decides_for_the_decorated_functions_module() -> None:
+    from queueworks.models import NOT_ALLOWED
+    from workers.handlers import HandlerRefused, resolve
+
+    found = resolve("tests.handlers_typed:add", ["tests.handlers_typed"])
+    assert found.fn({"args": [1, 2]}) == 3 and not found.takes_ctx  # through its signature
+    assert resolve("tests.handlers_typed:who", ["tests"]).takes_ctx
+    with pytest.raises(HandlerRefused) as refused:
+        resolve("tests.handlers_typed:add", ["tests.handlers"])  # not tests.handlers_typed
+    assert refused.value.kind == NOT_ALLOWED
+    with pytest.raises(HandlerRefused, match=r"defined in 'tests\.handlers_typed'") as refused:
+        resolve("tests.handlers_typed_reexport:add", ["tests.handlers_typed_reexport"])
+    assert refused.value.kind == NOT_ALLOWED
+
+
 # -- through a real worker ------------------------------------------------------------------
 
 
