@@ -8,6 +8,7 @@ run now sends its ``XADD`` (``xadd_now``) itself, the hottest call of the client
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -281,7 +282,7 @@ class Queue:
     def schedule(
         self,
         name: str,
-        handler: str | Callable[..., Any],
+        handler: str | Callable[..., Any] | Call[Any],
         payload: Any = None,
         *,
         every: float | None = None,
@@ -290,8 +291,13 @@ class Queue:
         """Enqueue ``handler(payload)`` on this queue every ``every`` s (the first run
         ``every`` s from now) or at each time of the cron expression ``cron`` (5 fields,
         UTC): one job per due time, enqueued by the controller that leads. A schedule of
-        the same name is replaced. ``ValueError`` naming what is wrong."""
-        plan = plan_schedule(self.ref, name, self._path(handler), payload, every, cron)
+        the same name is replaced. ``ValueError`` naming what is wrong. ``handler`` may be a
+        typed call (``fn.call(...)``, no payload): each job is that call."""
+        if isinstance(handler, Call):
+            path, payload = handler.path, json.loads(checked_call(handler, payload))
+        else:
+            path = self._path(handler)
+        plan = plan_schedule(self.ref, name, path, payload, every, cron)
         return self._run(plan)
 
     def schedules(self) -> list[Schedule]:

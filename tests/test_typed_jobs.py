@@ -74,12 +74,15 @@ def test_the_context_is_found_by_annotation_not_position() -> None:
 
 
 @pytest.mark.integration
-def test_a_typed_function_is_not_enqueued_with_a_payload(client: Client) -> None:
+def test_a_typed_function_is_enqueued_or_scheduled_as_a_call(client: Client) -> None:
     q = client.queue("typed-misuse")
     with pytest.raises(ValueError, match=r"add is a typed job function: enqueue add\.call"):
         q.enqueue(add, {"a": 1, "b": 2})
     with pytest.raises(ValueError, match=r"carries its arguments; give no payload"):
         q.enqueue(add.call(1, 2), {"a": 1})
+    every = q.schedule("sums", add.call(1, 2, note="x"), every=60)  # each job that call
+    assert every.handler == "tests.handlers_typed:add"
+    assert every.payload == {"args": [], "kwargs": {"a": 1, "b": 2, "note": "x"}}
 
 
 @pytest.mark.integration

@@ -11,6 +11,7 @@ and a connection or two, not a thousand. Each job is still written once.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import (
     AsyncIterable,
@@ -253,7 +254,7 @@ class AsyncQueue:
     async def schedule(
         self,
         name: str,
-        handler: str | Callable[..., Any],
+        handler: str | Callable[..., Any] | Call[Any],
         payload: Any = None,
         *,
         every: float | None = None,
@@ -262,8 +263,13 @@ class AsyncQueue:
         """Enqueue ``handler(payload)`` on this queue every ``every`` s (the first run
         ``every`` s from now) or at each time of the cron expression ``cron`` (5 fields,
         UTC): one job per due time, enqueued by the controller that leads. A schedule of
-        the same name is replaced. ``ValueError`` naming what is wrong."""
-        plan = plan_schedule(self.ref, name, self._path(handler), payload, every, cron)
+        the same name is replaced. ``ValueError`` naming what is wrong. ``handler`` may be a
+        typed call (``fn.call(...)``, no payload): each job is that call."""
+        if isinstance(handler, Call):
+            path, payload = handler.path, json.loads(checked_call(handler, payload))
+        else:
+            path = self._path(handler)
+        plan = plan_schedule(self.ref, name, path, payload, every, cron)
         return await self._run(plan)
 
     async def schedules(self) -> list[Schedule]:
