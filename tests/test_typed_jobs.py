@@ -238,7 +238,7 @@ def test_cli_enqueues_a_typed_call(cluster: Cluster, client: Client, r: redis.Re
 def test_mypy_flags_a_wrong_call_and_knows_the_result_type(tmp_path: Path) -> None:
     code = textwrap.dedent(
         """\
-        from queueworks import AsyncClient, Client
+        from queueworks import AsyncClient, Client, TaskSpec
         from tests.handlers_typed import add, add_later, named
 
         q = Client.from_url("redis://localhost:6379/0").queue("q")
@@ -253,6 +253,8 @@ def test_mypy_flags_a_wrong_call_and_knows_the_result_type(tmp_path: Path) -> No
             aq = await client.queue("q")
             j = await aq.enqueue(add_later.call(1, 2))
             reveal_type(await j.result())
+
+        TaskSpec(name="t", handler=add, subtasks=[add.call(i, 1) for i in range(3)])
         """
     )
     path = tmp_path / "typed_calls.py"
