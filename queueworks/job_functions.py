@@ -29,6 +29,7 @@ from functools import cached_property, update_wrapper
 from typing import Any, Generic, NotRequired, ParamSpec, Required, cast, overload
 
 from pydantic import ConfigDict, TypeAdapter, ValidationError
+from pydantic_core import PydanticSerializationError, PydanticSerializationUnexpectedValue
 from typing_extensions import TypedDict, TypeVar
 
 from queueworks.context import JobContext, SubtaskContext
@@ -201,7 +202,14 @@ class Signature:
             return value
         if self.result is None:
             return value
-        return self.result.dump_python(value, mode="json", warnings="error")
+        try:
+            return self.result.dump_python(value, mode="json", warnings="error")
+        except (PydanticSerializationError, PydanticSerializationUnexpectedValue) as exc:
+            detail = str(exc).strip().splitlines()[-1].strip()  # one line: the last is the why
+            raise TypeError(
+                f"{self.name}() returned {type(value).__name__}, not what its return "
+                f"annotation says: {detail}"
+            ) from None
 
     def decode_result(self, value: Any) -> Any:
         return value if self.result is None else self.result.validate_python(value)

@@ -175,7 +175,7 @@ def test_each_supported_type_round_trips_through_a_worker(
     bad = q.enqueue("tests.handlers_typed:add", {"args": [1], "kwargs": {"b": "x"}})
     with pytest.raises(JobFailed, match=r"BadArguments: add\(\): b: Input should be a valid"):
         bad.result(timeout=60)
-    with pytest.raises(JobFailed, match=r"(?i)serializ|int"):
+    with pytest.raises(JobFailed, match=r"TypeError: wrong_return\(\) returned str, not what"):
         q.enqueue(wrong_return.call(1)).result(timeout=60)
 
 
