@@ -14,8 +14,9 @@ Decimal as a string, an enum as its value, a dataclass or a model as an object).
 producer sends every argument by name. The parameter annotated ``JobContext`` (or
 ``SubtaskContext``) is given by the worker, never sent.
 
-Everything a call needs is built once per function (``Signature``): the pydantic model of
-its parameters, the adapter of its return type.
+Everything a call needs is built once per function (``Signature``): the pydantic validator
+and serializer of its arguments (a ``TypedDict`` of its parameters), the adapter of its
+return type.
 """
 
 from __future__ import annotations
@@ -82,8 +83,8 @@ def _said(error: Any) -> str:
 
 
 class Signature:
-    """What ``@job`` learns of a function once: where its ``ctx`` goes, the pydantic
-    model of its other parameters, and its return type."""
+    """What ``@job`` learns of a function once: where its ``ctx`` goes, the validator and
+    serializer of its other parameters, and its return type."""
 
     def __init__(self, fn: Callable[..., Any]) -> None:
         self.fn, self.name = fn, fn.__name__
@@ -93,7 +94,6 @@ class Signature:
         fields: dict[str, Any] = {}  # a TypedDict's: the arguments by name
         self.positional: list[str] = []  # filled by position, in order
         self.positional_only: list[inspect.Parameter] = []
-        self.most_positional = 0  # len(positional), once they are known
         for p in params:
             hint = hints.get(p.name, Any)
             if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
@@ -117,7 +117,8 @@ class Signature:
         returns = hints.get("return", Any)
         self.result: TypeAdapter[Any] | None = None if returns is Any else TypeAdapter(returns)
         # a JSON-native return type is checked by its type alone (no adapter per job)
-        self._native = _NATIVE.get(returns)
+        native = returns is None or isinstance(returns, type)
+        self._native = _NATIVE.get(returns) if native else None
 
     @cached_property
     def path(self) -> str:
