@@ -2,6 +2,7 @@
 
     python -m bench.job_cpu                               # 20,000 jobs, 5 rounds (~1 min)
     python -m bench.job_cpu --against REV --jobs 5000 --rounds 3
+    python -m bench.job_cpu --typed                       # and a typed no-op job (@job)
 
 Each round runs every system in turn (their order reversed every other round), each on a
 fresh private redis-server: 2 workers (``queueworks worker``) and 1 producer that calls
@@ -12,6 +13,8 @@ process is pinned to one core (``taskset -c 0``), so the time a job takes is the
 costs: the producer's, redis-server's and the workers' CPU time (from ``/proc``) over the
 run, divided by the jobs. The figures are the medians over rounds, and each ratio the
 median of the per-round ratios. ``REV``'s code is checked out with ``git archive``.
+``--typed`` adds *queueworks typed*: the producer calls ``q.enqueue(typed_noop.call(i))``,
+a typed job function of one ``int`` argument (``queueworks.examples``), in the same rounds.
 """
 
 from __future__ import annotations
@@ -38,15 +41,20 @@ import sys, time
 from queueworks import Client
 client = Client.from_url(sys.argv[1], prefix="qw")
 q = client.queue("cpu")
-n, members = int(sys.argv[2]), int(sys.argv[3])
+n, members, typed = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "typed"
 deadline = time.time() + 30
 while len(q.status().nodes) < members and time.time() < deadline:  # the workers are in
     time.sleep(0.05)
 print("go", flush=True)
 sys.stdin.readline()
 t0 = time.process_time()
-for i in range(n):
-    q.enqueue("queueworks.examples:noop", i)
+if typed:
+    from queueworks.examples import typed_noop
+    for i in range(n):
+        q.enqueue(typed_noop.call(i))
+else:
+    for i in range(n):
+        q.enqueue("queueworks.examples:noop", i)
 spent = time.process_time() - t0
 deadline = time.time() + 120
 while q.status().done < n and time.time() < deadline:
@@ -77,6 +85,7 @@ def checkout(rev: str) -> Path:
 
 
 FLOOR = "floor"
+TYPED = "queueworks typed"
 
 
 def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> list[Any]:
@@ -98,9 +107,9 @@ def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> l
     ]
 
 
-def one_run(tree: Path | None, jobs: int, workers: int) -> dict[str, float]:
+def one_run(tree: Path | None, jobs: int, workers: int, typed: bool = False) -> dict[str, float]:
     """µs of CPU per job of producer, redis-server and workers, for ``tree``'s code (None:
-    the floor)."""
+    the floor); ``typed``: of a typed job function's jobs."""
     env = {**os.environ, "PYTHONPATH": str(tree or ROOT), "QUEUEWORKS_LOG_LEVEL": "warning"}
     with RedisServer() as server:
         pid = server.pid  # redis-server's
@@ -109,7 +118,8 @@ def one_run(tree: Path | None, jobs: int, workers: int) -> dict[str, float]:
         if tree is None:
             argv = [sys.executable, "-m", "bench.resp_floor", "produce", url, str(jobs)]
         else:
-            argv = [sys.executable, "-c", PRODUCER, url, str(jobs), str(workers)]
+            kind = "typed" if typed else "plain"
+            argv = [sys.executable, "-c", PRODUCER, url, str(jobs), str(workers), kind]
         producer = subprocess.Popen(
             pinned(argv),
             env=env,
@@ -159,15 +169,21 @@ def table(runs: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -> st
     for name, rows in runs.items():
         cells = [f"{statistics.median(r[p] for r in rows):.1f}" for p in PARTS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    floor = runs[FLOOR]
     for name, rows in runs.items():
         if name != FLOOR:
-            ratios = [
-                f"{statistics.median(a[p] / b[p] for a, b in zip(rows, floor, strict=True)):.2f}x"
-                for p in PARTS
-            ]
-            lines.append(f"| {name} ÷ floor | " + " | ".join(ratios) + " |")
+            lines.append(ratio_row(f"{name} ÷ floor", rows, runs[FLOOR]))
+    if TYPED in runs:
+        lines.append(ratio_row(f"{TYPED} ÷ queueworks", runs[TYPED], runs["queueworks"]))
     return "\n".join(lines)
+
+
+def ratio_row(title: str, rows: list[dict[str, float]], base: list[dict[str, float]]) -> str:
+    """The median of the per-round ratios of ``rows`` to ``base``, part by part."""
+    ratios = [
+        f"{statistics.median(a[p] / b[p] for a, b in zip(rows, base, strict=True)):.2f}x"
+        for p in PARTS
+    ]
+    return f"| {title} | " + " | ".join(ratios) + " |"
 
 
 def measure(
@@ -179,7 +195,7 @@ def measure(
     for k in range(rounds):
         order = list(trees) if k % 2 == 0 else list(reversed(trees))
         for name in order:
-            runs[name].append(one_run(trees[name], jobs, workers))
+            runs[name].append(one_run(trees[name], jobs, workers, name == TYPED))
             print(f"round {k + 1} {name}: {runs[name][-1]}", file=sys.stderr)
     return runs
 
@@ -190,8 +206,11 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--typed", action="store_true", help="and a typed no-op job (@job)")
     args = parser.parse_args()
     trees: dict[str, Path | None] = {"queueworks": ROOT, FLOOR: None}
+    if args.typed:
+        trees[TYPED] = ROOT
     if args.against:
         trees[args.against] = checkout(args.against)
     runs = measure(trees, args.jobs, args.rounds, args.workers)

@@ -16,6 +16,7 @@ from queueworks.context import (
     on_rebalance,
 )
 from queueworks.eviction import EvictingRedis
+from queueworks.job_functions import AsyncJobFunction, Call, JobFunction, job
 from queueworks.models import (
     JobState,
     JobStatus,
@@ -33,14 +34,17 @@ from queueworks.vanished import QueueNotFound
 __all__ = [
     "AsyncClient",
     "AsyncJob",
+    "AsyncJobFunction",
     "AsyncQueue",
     "AsyncTask",
+    "Call",
     "Client",
     "EvictingRedis",
     "Fenced",
     "Job",
     "JobContext",
     "JobFailed",
+    "JobFunction",
     "JobState",
     "JobStatus",
     "Queue",
@@ -58,6 +62,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskStatus",
+    "job",
     "on_rebalance",
 ]
 __version__ = "0.1.0"

@@ -30,6 +30,7 @@ from queueworks.aside_jobs import Aside, with_aside
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, dependencies
 from queueworks.flow import flow_reads, flow_status
+from queueworks.job_functions import Call, JobFunctionBase, function_path
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import (
     RESULT_FIELDS,
@@ -95,14 +96,14 @@ def handler_path(handler: str | Callable[..., Any]) -> str:
     """``"module:function"`` for a path or a module-level function object."""
     if isinstance(handler, str):
         path = handler
+    elif isinstance(handler, JobFunctionBase):
+        name = handler.signature.name
+        raise ValueError(
+            f"{name} is a typed job function: enqueue {name}.call(...) (its arguments, "
+            "checked), not the function and a payload"
+        )
     else:
-        module, name = getattr(handler, "__module__", ""), getattr(handler, "__qualname__", "")
-        if not module or module == "__main__" or "." in name or "<" in name:
-            raise ValueError(
-                f"handler {handler!r}: a worker can only import a module-level function of an "
-                "importable module; give it as 'package.module:function'"
-            )
-        path = f"{module}:{name}"
+        return function_path(handler)
     parse_handler_path(path)
     return path
 
@@ -124,6 +125,15 @@ class HandlerPaths:
                     self._paths.clear()
                 self._paths[handler] = path
         return path
+
+
+def checked_call(call: Call[Any], payload: Any) -> str:
+    """A typed call's payload JSON; ``ValueError`` if a payload is given beside it."""
+    if payload is not None:
+        raise ValueError(
+            f"payload: a call of {call.signature.name} carries its arguments; give no payload"
+        )
+    return call.body
 
 
 def payload_json(payload: Any) -> str:
@@ -158,11 +168,13 @@ def new_job(
     delay: float | None,
     at: datetime | float | None,
     options: JobOptions | None = None,
+    body: str | None = None,
 ) -> NewJob:
-    """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON, own
-    options (checked: ``JobOptions.given``), and when it runs, with a new id if that is
-    later; ``ValueError`` naming what is wrong."""
-    body = payload_json(payload)
+    """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON (``body``
+    if made already: a typed call's), own options (checked: ``JobOptions.given``), and when
+    it runs, with a new id if that is later; ``ValueError`` naming what is wrong."""
+    if body is None:
+        body = payload_json(payload)
     given = "" if options is None else options.json()
     if delay is None and at is None:
         return NewJob("", path, body, None, given)  # to run now: its id will be its entry's

@@ -141,6 +141,8 @@ def test_readme_first_handler_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         for name, value in env.items():  # what the commands were given, as a shell would
             if name.startswith("QUEUEWORKS_"):
                 monkeypatch.setenv(name, value)
+        monkeypatch.syspath_prepend(str(folder))  # Python started in that folder
+        monkeypatch.delitem(sys.modules, "myjobs", raising=False)
         exec(compile(example, "README.md", "exec"), {"__name__": "readme"})
         enqueue, info = (line for line in shell.strip().splitlines())
         for line, expect in ((enqueue, r"\n49\n$"), (info, r"maths")):

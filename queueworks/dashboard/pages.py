@@ -14,6 +14,7 @@ from queueworks.dashboard.reader import TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
+from queueworks.job_functions import arguments_of
 from queueworks.job_lists import LISTED, WINDOW
 from queueworks.keys import check_task_id
 from queueworks.lost_workers import WINDOW as LOST_WINDOW
@@ -159,7 +160,8 @@ def job_page(request: Request) -> Response:
     name = request.path_params["name"]
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
-    return render(request, "job.html", d.context(request, "queues", j=job, q=q))
+    args = arguments_of(job.payload)  # a typed job function's, by name
+    return render(request, "job.html", d.context(request, "queues", j=job, q=q, args=args))
 
 
 def search(request: Request) -> Response:
