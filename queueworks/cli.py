@@ -83,6 +83,29 @@ for command in (
 main.add_command(redis_command)
 
 
+def otel_flag(f: Any) -> Any:
+    return option(
+        "--otel",
+        is_flag=True,
+        help="trace with OpenTelemetry (the otel extra), set up from the OTEL_* variables",
+    )(f)
+
+
+def start_tracing(service: str) -> None:
+    """--otel: the OpenTelemetry SDK set up from the ``OTEL_*`` variables, and this
+    process instrumented (``queueworks.otel.setup``)."""
+    try:
+        from queueworks.otel import setup
+    except ImportError as exc:
+        raise BadInput(
+            f"--otel needs the otel extra: pip install 'queueworks[otel]' ({exc})"
+        ) from None
+    try:
+        setup(service)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
 @main.command(short_help="Join the pool and process subtasks and jobs.")
 @common
 @option(
@@ -134,7 +157,9 @@ main.add_command(redis_command)
     help="write the worker id to this file (for `queueworks health --id-file`)",
 )
 @allow_eviction
+@otel_flag
 def worker(
+    otel: bool,
     name: str | None,
     allow: tuple[str, ...],
     label: tuple[str, ...],
@@ -151,6 +176,8 @@ def worker(
     interrupts the handler."""
     from queueworks.workers.worker import Worker
 
+    if otel:
+        start_tracing("queueworks-worker")
     settings = settings_from_flags(**flags)
     here = os.getcwd()
     if here not in sys.path:  # `python -m` puts it there; the `queueworks` script does not
@@ -201,12 +228,15 @@ def worker(
     type=float,
 )
 @allow_eviction
-def controller(**flags: Any) -> None:
+@otel_flag
+def controller(otel: bool, **flags: Any) -> None:
     """Give tasks their node sets and keep them sized.
 
     Run two or more: one holds the leader lease, the others stand by."""
     from queueworks.controller.main import Controller
 
+    if otel:
+        start_tracing("queueworks-controller")
     settings = settings_from_flags(**flags)
     try:
         c = Controller(settings)

@@ -93,7 +93,15 @@ class JobLedger(Attempts):
         job.reason, job.outcome = reason, error[-8000:]
         work = job.work
         self._batch(work.stream).dead.append(job)
-        self.log.warning("job_dead", job=job.label, reason=reason, attempts=work.attempt)
+        self.log.warning(
+            "job_dead",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=self.tk.task_id,
+            attempt=work.attempt,
+            reason=reason,
+            attempts=work.attempt,
+        )
 
     def reject(self, work: Work, why: str) -> None:
         """An entry that is no job of this queue: settled apart, never counted as a job."""
@@ -115,12 +123,21 @@ class JobLedger(Attempts):
             self.log.info(
                 "job_retry_later",
                 job=job.label,
+                job_id=job.entry.job_id,
+                queue=self.tk.task_id,
                 attempt=work.attempt,
                 wait=round(wait, 3),
                 error=repr(exc),
             )
             return None
-        self.log.info("job_retry", job=job.label, attempt=work.attempt, error=repr(exc))
+        self.log.info(
+            "job_retry",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=self.tk.task_id,
+            attempt=work.attempt,
+            error=repr(exc),
+        )
         return self.retry(work)
 
     def exhausted(self, work: Work, why: str) -> None:

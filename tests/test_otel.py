@@ -1,0 +1,368 @@
+"""Tracing (``queueworks.otel``): a job's trace from the enqueue to the handler, across real
+processes, exported by the real SDK over OTLP/HTTP to a receiver the test runs (decoding
+with ``opentelemetry-proto``); the log lines that name a job; and a worker without
+OpenTelemetry installed, which runs as it does without tracing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from queueworks import Client, JobFailed
+from queueworks.job_options import JobOptions
+from queueworks.logs import default_format
+from tests.conftest import ROOT, Cluster, missing, wait_for
+
+try:
+    import opentelemetry.exporter.otlp.proto.http
+    import opentelemetry.instrumentation
+    import opentelemetry.sdk  # noqa: F401
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+        ExportTraceServiceRequest,
+        ExportTraceServiceResponse,
+    )
+    from opentelemetry.proto.trace.v1.trace_pb2 import Span as ProtoSpan
+except ImportError:  # pragma: no cover
+    missing("the otel extra", "pip install -e '.[dev,otel]'")
+
+ALLOW = "tests.handlers_otel"
+
+
+def _value(v: Any) -> Any:
+    kind = v.WhichOneof("value")
+    return getattr(v, kind) if kind else None
+
+
+def _attrs(kvs: Any) -> dict[str, Any]:
+    return {kv.key: _value(kv.value) for kv in kvs}
+
+
+class Receiver:
+    """An OTLP/HTTP trace receiver on a free port: every span posted to ``/v1/traces``,
+    decoded, with its service's name."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                request = ExportTraceServiceRequest.FromString(body)
+                receiver.take(request)
+                reply = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(reply)))
+                self.end_headers()
+                self.wfile.write(reply)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def take(self, request: Any) -> None:
+        for rs in request.resource_spans:
+            service = _attrs(rs.resource.attributes).get("service.name")
+            for ss in rs.scope_spans:
+                for s in ss.spans:
+                    span = {
+                        "service": service,
+                        "name": s.name,
+                        "kind": s.kind,
+                        "trace_id": s.trace_id.hex(),
+                        "span_id": s.span_id.hex(),
+                        "parent": s.parent_span_id.hex(),
+                        "attributes": _attrs(s.attributes),
+                        "status": s.status.code,
+                        "events": [(e.name, _attrs(e.attributes)) for e in s.events],
+                        "links": [(link.trace_id.hex(), link.span_id.hex()) for link in s.links],
+                    }
+                    with self.lock:
+                        self.spans.append(span)
+
+    def find(self, name: str, **attributes: Any) -> list[dict[str, Any]]:
+        with self.lock:
+            return [
+                s
+                for s in self.spans
+                if s["name"] == name
+                and all(s["attributes"].get(k) == v for k, v in attributes.items())
+            ]
+
+    def one(self, name: str, timeout: float = 30.0, count: int = 1, **attributes: Any) -> Any:
+        found = wait_for(
+            lambda: len(self.find(name, **attributes)) >= count and self.find(name, **attributes),
+            timeout,
+            f"{count} span(s) {name} {attributes}: have {[s['name'] for s in self.spans]}",
+        )
+        return found[0] if count == 1 else found
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    rcv = Receiver()
+    yield rcv
+    rcv.close()
+
+
+@pytest.fixture
+def traced_client(receiver: Receiver, client: Client) -> Iterator[Client]:
+    """This process as an instrumented producer (the SDK, exporting to ``receiver``)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from queueworks.otel import QueueworksInstrumentor
+
+    provider = TracerProvider(resource=Resource({"service.name": "producer"}))
+    provider.add_span_processor(
+        SimpleSpanProcessor(OTLPSpanExporter(endpoint=f"{receiver.url}/v1/traces"))
+    )
+    instrumentor = QueueworksInstrumentor()
+    instrumentor.instrument(tracer_provider=provider)
+    try:
+        yield client
+    finally:
+        instrumentor.uninstrument()
+        provider.shutdown()
+
+
+def otel_env(receiver: Receiver, service: str) -> dict[str, str]:
+    return {
+        "OTEL_SERVICE_NAME": service,
+        "OTEL_TRACES_EXPORTER": "otlp",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": receiver.url,
+        "OTEL_BSP_SCHEDULE_DELAY": "50",
+    }
+
+
+def log_events(text: str, name: str) -> list[dict[str, Any]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("{") and f'"{name}"' in line:
+            event = json.loads(line)
+            if event["event"] == name:
+                out.append(event)
+    return out
+
+
+CONSUMER, PRODUCER = ProtoSpan.SPAN_KIND_CONSUMER, ProtoSpan.SPAN_KIND_PRODUCER
+ERROR = 2  # Status.STATUS_CODE_ERROR
+
+
+@pytest.mark.system
+def test_a_jobs_trace_joins_the_enqueue_to_its_handler_across_processes(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """A producer (this process, instrumented) and a worker started with --otel: the
+    worker's ``process`` span is a child of the producer's ``send`` span, the handler's own
+    span a child of the ``process`` span; the messaging attributes; a failure's status,
+    exception event, retry and dead letter; a deferred job's link; the worker's job lines
+    and the handler's ``ctx.log`` lines carry the job and its trace."""
+    name = f"otel-{uuid.uuid4().hex[:6]}"
+    w = cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    cluster.wait_workers(r, 1)
+    q = traced_client.queue(name, max_attempts=2, retry_delay=0)
+    ok = q.enqueue("tests.handlers_otel:traced", {"x": 7})
+    assert ok.result(timeout=30) == {"x": 7}
+    bad = q.enqueue("tests.handlers_otel:fails", 1)
+    with pytest.raises(JobFailed):
+        bad.result(timeout=30)
+    after = q.enqueue("tests.handlers_otel:traced", {"x": 8}, depends_on=[ok])
+    assert after.result(timeout=30) == {"x": 8}
+
+    send = receiver.one(f"send {name}", **{"messaging.message.id": ok.id})
+    assert send["service"] == "producer" and send["kind"] == PRODUCER
+    assert send["attributes"]["messaging.system"] == "queueworks"
+    assert send["attributes"]["messaging.operation.type"] == "send"
+    assert send["attributes"]["messaging.destination.name"] == name
+    process = receiver.one(f"process {name}", **{"messaging.message.id": ok.id})
+    assert process["service"] == "worker-svc" and process["kind"] == CONSUMER
+    assert (process["trace_id"], process["parent"]) == (send["trace_id"], send["span_id"])
+    assert process["attributes"] == {
+        "messaging.system": "queueworks",
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.destination.name": name,
+        "messaging.message.id": ok.id,
+        "messaging.client.id": w.name,
+        "queueworks.job.attempt": 1,
+        "queueworks.job.handler": "tests.handlers_otel:traced",
+    }
+    assert process["status"] != ERROR and process["events"] == []
+    inner = wait_for(
+        lambda: [s for s in receiver.find("inner") if s["parent"] == process["span_id"]],
+        30,
+        "the handler's own span, under the job's",
+    )
+    assert inner[0]["trace_id"] == send["trace_id"]
+
+    bad_send = receiver.one(f"send {name}", **{"messaging.message.id": bad.id})
+    tries = receiver.one(f"process {name}", count=2, **{"messaging.message.id": bad.id})
+    tries.sort(key=lambda s: s["attributes"]["queueworks.job.attempt"])
+    assert [s["attributes"]["queueworks.job.attempt"] for s in tries] == [1, 2]
+    for s in tries:
+        assert (s["trace_id"], s["parent"]) == (bad_send["trace_id"], bad_send["span_id"])
+        assert s["status"] == ERROR and s["attributes"]["error.type"] == "ValueError"
+        exception = [e for n, e in s["events"] if n == "exception"]
+        assert exception and exception[0]["exception.type"] == "ValueError"
+        assert "bad input 1" in exception[0]["exception.message"]
+    assert [n for n, _ in tries[0]["events"]] == ["exception", "retry"]
+    assert [n for n, _ in tries[1]["events"]] == ["exception", "dead_letter"]
+
+    deferred_send = receiver.one(f"send {name}", **{"messaging.message.id": after.id})
+    deferred = receiver.one(f"process {name}", **{"messaging.message.id": after.id})
+    assert deferred["parent"] == "" and deferred["trace_id"] != deferred_send["trace_id"]
+    assert deferred["links"] == [(deferred_send["trace_id"], deferred_send["span_id"])]
+
+    log = w.log()
+    for event in ("job_started", "job_done"):
+        [line] = [e for e in log_events(log, event) if e["job_id"] == ok.id]
+        assert (line["queue"], line["attempt"]) == (name, 1)
+        assert (line["trace_id"], line["span_id"]) == (process["trace_id"], process["span_id"])
+    assert log_events(log, "job_done")[0]["seconds"] >= 0
+    [said] = [e for e in log_events(log, "handler_said") if e["x"] == 7]
+    assert (said["job_id"], said["queue"], said["attempt"]) == (ok.id, name, 1)
+    assert (said["trace_id"], said["span_id"]) == (process["trace_id"], process["span_id"])
+    failed = [e for e in log_events(log, "job_failed") if e["job_id"] == bad.id]
+    assert [e["attempt"] for e in failed] == [1, 2] and "bad input 1" in failed[0]["error"]
+    assert {e["trace_id"] for e in failed} == {bad_send["trace_id"]}
+    [dead] = log_events(log, "job_dead")
+    assert (dead["job_id"], dead["queue"], dead["attempt"]) == (bad.id, name, 2)
+    assert dead["span_id"] == tries[1]["span_id"]
+
+
+# a worker where importing OpenTelemetry fails, as where the otel extra is not installed
+NO_OTEL = """
+import sys
+class NoOtel:
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("opentelemetry", "wrapt"):
+            raise ImportError(f"no module named {name!r} (blocked by the test)")
+        return None
+sys.meta_path.insert(0, NoOtel())
+sys.argv[0] = "queueworks"
+from queueworks.cli import main
+main()
+"""
+
+
+@pytest.mark.system
+def test_a_worker_without_opentelemetry_runs_jobs_as_today(
+    cluster: Cluster, client: Client, r: redis.Redis, tmp_path: Path
+) -> None:
+    """OpenTelemetry cannot be imported: a worker runs jobs and logs each job's lines (the
+    job, its queue and attempt; no trace), JSON by default where stderr is no terminal;
+    ``--otel`` there is one clear line and exit 2."""
+    env = {k: v for k, v in cluster.env.items() if k != "QUEUEWORKS_LOG_FORMAT"}
+    name = f"plain-{uuid.uuid4().hex[:6]}"
+    argv = [sys.executable, "-c", NO_OTEL, "worker", "--name", name, "--allow", ALLOW]
+    refused = subprocess.run(
+        [*argv, "--otel"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "--otel needs the otel extra" in refused.stderr
+    log = tmp_path / "worker.log"
+    with log.open("wb") as out:
+        worker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=out)
+    try:
+        cluster.wait_workers(r, 1)
+        q = client.queue(f"q-{name}")
+        jobs = [q.enqueue("tests.handlers_otel:plain", i) for i in range(3)]
+        assert [j.result(timeout=30) for j in jobs] == [0, 2, 4]
+    finally:
+        worker.terminate()
+        worker.wait(20)
+    text = log.read_text()
+    assert worker.returncode == 0, text
+    assert "Traceback" not in text
+    done = {e["job_id"]: e for e in log_events(text, "job_done")}
+    assert set(done) == {j.id for j in jobs}
+    assert all(e["queue"] == f"q-{name}" and e["attempt"] == 1 for e in done.values())
+    assert not any("trace_id" in e for e in done.values())
+    said = log_events(text, "handler_said")
+    assert {e["job_id"] for e in said} == {j.id for j in jobs}
+
+
+@pytest.mark.system
+def test_log_level_warning_leaves_out_the_job_lines(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    w = cluster.worker(allow=(ALLOW,), extra=["--log-level", "warning"])
+    cluster.wait_workers(r, 1)
+    q = client.queue(f"quiet-{uuid.uuid4().hex[:6]}")
+    assert q.enqueue("tests.handlers_otel:plain", 4).result(timeout=30) == 8
+    for event in ("job_started", "job_done", "handler_said"):
+        assert f'"{event}"' not in w.log()
+
+
+@pytest.mark.unit
+def test_a_traced_jobs_options_carry_its_context_beside_its_own() -> None:
+    """The trace context is added to a job's own options (or makes them), and their
+    reading (``JobOptions.parse``) ignores it; a deferred job's marks a link."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from queueworks.otel import Producer, carried
+
+    tracer = TracerProvider().get_tracer("t")
+    producer = Producer()
+    assert producer.carry("") == ""  # no span: nothing carried
+    with tracer.start_as_current_span("s") as span:
+        bare = producer.carry("")
+        mine = producer.carry(JobOptions(group="g", retry_delay=2.0).json())
+    ctx = span.get_span_context()
+    tp = f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
+    assert json.loads(bare) == {"tp": tp}
+    assert json.loads(mine) == {"retry_delay": 2.0, "group": "g", "tp": tp}
+    assert JobOptions.parse(mine) == JobOptions(group="g", retry_delay=2.0)
+    assert JobOptions.parse(bare) == JobOptions()
+    assert carried(mine) == ({"traceparent": tp}, False)
+    assert carried(producer.as_link(mine)) == ({"traceparent": tp}, True)
+    assert producer.as_link("") == "" and carried("{not json") == ({}, False)
+
+
+@pytest.mark.unit
+def test_the_log_format_follows_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    class Tty:
+        def isatty(self) -> bool:
+            return True
+
+    assert default_format() == "json"  # pytest's stderr is no terminal
+    monkeypatch.setattr(sys, "stderr", Tty())
+    assert default_format() == "console"
+
+
+@pytest.mark.unit
+def test_the_instrumentor_is_registered_for_opentelemetry_instrument() -> None:
+    """``opentelemetry-instrument`` finds it by its entry point (where the package is
+    installed from this tree's pyproject.toml)."""
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    points = project["entry-points"]["opentelemetry_instrumentor"]
+    assert points == {"queueworks": "queueworks.otel:QueueworksInstrumentor"}
+    assert "opentelemetry-api" in " ".join(project["optional-dependencies"]["otel"])
