@@ -33,12 +33,15 @@ from contextlib import AbstractContextManager
 from functools import wraps
 from typing import Any
 
-from opentelemetry import context, propagate, trace
+from opentelemetry import baggage, context, trace
+from opentelemetry.baggage.propagation import W3CBaggagePropagator
 from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-defined]
     BaseInstrumentor,
 )
 from opentelemetry.instrumentation.utils import unwrap
+from opentelemetry.propagators.composite import CompositePropagator
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from wrapt import wrap_function_wrapper
 
 from queueworks.tracing import LINK_FIELD, TRACE_FIELDS, hooks
@@ -57,7 +60,8 @@ ERROR_TYPE = "error.type"
 ATTEMPT = "queueworks.job.attempt"
 HANDLER = "queueworks.job.handler"
 
-_HEADERS = {header: name for name, header in TRACE_FIELDS.items()}
+# what a job carries is W3C's, whatever OTEL_PROPAGATORS says for HTTP
+_PROPAGATOR = CompositePropagator([TraceContextTextMapPropagator(), W3CBaggagePropagator()])
 
 
 def _merge(options: str, fields: dict[str, Any]) -> str:
@@ -69,14 +73,27 @@ def _merge(options: str, fields: dict[str, Any]) -> str:
 
 
 class Producer:
-    """``hooks.producer``: the current context into a new job's options."""
+    """``hooks.producer``: the current context into a new job's options, as the W3C
+    propagators write it (``traceparent`` made here: it is on every traced enqueue)."""
 
     def carry(self, options: str) -> str:
-        carrier: dict[str, str] = {}
-        propagate.inject(carrier)
-        if "traceparent" not in carrier:
+        ctx = context.get_current()
+        span_context = trace.get_current_span(ctx).get_span_context()
+        if not span_context.is_valid:
             return options
-        return _merge(options, {_HEADERS[h]: v for h, v in carrier.items() if h in _HEADERS})
+        tp = f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
+        tp += f"{span_context.trace_flags:02x}"
+        fields = {"tp": tp}
+        if span_context.trace_state:
+            fields["ts"] = span_context.trace_state.to_header()
+        if baggage.get_all(ctx):
+            carrier: dict[str, str] = {}
+            W3CBaggagePropagator().inject(carrier, ctx)
+            if "baggage" in carrier:
+                fields["bg"] = carrier["baggage"]
+        if not options and len(fields) == 1:
+            return '{"tp":"' + tp + '"}'
+        return _merge(options, fields)
 
     def as_link(self, options: str) -> str:
         if '"tp":' not in options:
@@ -108,7 +125,7 @@ class Consumer:
     def start(self, job: Any, queue: str, worker_id: str) -> None:
         entry = job.entry
         headers, link = carried(entry.options)
-        parent = propagate.extract(headers) if headers else None
+        parent = _PROPAGATOR.extract(headers) if headers else None
         links: list[Link] = []
         if link and parent is not None:
             linked = trace.get_current_span(parent).get_span_context()
