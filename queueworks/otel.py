@@ -184,6 +184,29 @@ class Consumer:
             job.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
         )
 
+    def batch(
+        self, task: str, carried_options: str | None, count: int, worker_id: str
+    ) -> AbstractContextManager[Any]:
+        headers, _ = carried(carried_options)
+        parent = _PROPAGATOR.extract(headers) if headers else context.Context()
+        span = self.tracer.start_span(
+            f"process {task}",
+            context=parent,
+            kind=SpanKind.CONSUMER,
+            attributes={
+                SYSTEM_ATTR: SYSTEM,
+                OPERATION_NAME: "process",
+                OPERATION_TYPE: "process",
+                DESTINATION: task,
+                BATCH_COUNT: count,
+                CLIENT_ID: worker_id,
+            },
+        )
+        return trace.use_span(span, end_on_exit=True)
+
+    def trace_id(self, job: Any) -> str:
+        return format(job.span.get_span_context().trace_id, "032x")
+
     def end(self, job: Any, error: BaseException | None, fate: str) -> None:
         span: trace.Span = job.span
         if fate == "suspended":

@@ -47,6 +47,17 @@ class Consumer(Protocol):
         """The job's span current while the worker writes about it (its log lines)."""
         ...
 
+    def batch(
+        self, task: str, carried: str | None, count: int, worker_id: str
+    ) -> AbstractContextManager[Any]:
+        """A ``process`` span, current while a worker runs ``count`` subtasks of ``task`` in
+        a row; ``carried``: the task's trace context (its record's)."""
+        ...
+
+    def trace_id(self, job: Any) -> str:
+        """The job's trace id (hex), kept on its record for the dashboard."""
+        ...
+
     def end(self, job: Any, error: BaseException | None, fate: str) -> None:
         """The job's call ended (``error``: what it raised); ``fate``: "" (done), "retry",
         "dead" or "suspended". Its span ends."""

@@ -19,10 +19,12 @@ from typing import Any
 import pytest
 import redis
 
-from queueworks import Client, JobFailed
+from queueworks import Client, JobFailed, TaskSpec
+from queueworks.dashboard import DashboardConfig
 from queueworks.job_options import JobOptions
 from queueworks.logs import default_format
 from tests.conftest import ROOT, Cluster, missing, wait_for
+from tests.test_dashboard import make_app
 
 try:
     import opentelemetry.exporter.otlp.proto.http
@@ -239,6 +241,22 @@ def test_a_jobs_trace_joins_the_enqueue_to_its_handler_across_processes(
     assert deferred["parent"] == "" and deferred["trace_id"] != deferred_send["trace_id"]
     assert deferred["links"] == [(deferred_send["trace_id"], deferred_send["span_id"])]
 
+    # the trace's id, kept with the job: on its detail and its dashboard page, linked
+    assert ok.detail().trace_id == send["trace_id"]  # a done job: its record's
+    assert bad.detail().trace_id == bad_send["trace_id"]  # a dead one
+    pending = q.enqueue("tests.handlers_otel:traced", {"x": 9}, delay=600)
+    waiting = receiver.one(f"send {name}", **{"messaging.message.id": pending.id})
+    assert pending.detail().trace_id == waiting["trace_id"]  # a waiting one: its options'
+    trace_url = "https://tracing.example/trace/{trace_id}"
+    with make_app(traced_client, trace_url=trace_url) as web:
+        page = web.get(f"/queues/{name}/jobs/{ok.id}")
+        assert page.status_code == 200
+        link = f'href="https://tracing.example/trace/{send["trace_id"]}"'
+        assert link in page.text
+        assert web.get(f"/api/queues/{name}/jobs/{ok.id}").json()["trace_id"] == send["trace_id"]
+    with pytest.raises(ValueError, match="trace-url"):
+        DashboardConfig(redis_url="redis://x", trace_url="https://tracing.example/trace/")
+
     log = w.log()
     for event in ("job_started", "job_done"):
         [line] = [e for e in log_events(log, event) if e["job_id"] == ok.id]
@@ -254,6 +272,37 @@ def test_a_jobs_trace_joins_the_enqueue_to_its_handler_across_processes(
     [dead] = log_events(log, "job_dead")
     assert (dead["job_id"], dead["queue"], dead["attempt"]) == (bad.id, name, 2)
     assert dead["span_id"] == tries[1]["span_id"]
+
+
+@pytest.mark.system
+def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """A task's submit is a ``send`` span; a worker runs its subtasks in ``process`` spans,
+    each a child of it, one per batch run, counting the subtasks it ran."""
+    cluster.controller()
+    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    cluster.wait_workers(r, 1)
+    name = f"task-{uuid.uuid4().hex[:6]}"
+    spec = TaskSpec(name=name, handler="tests.handlers_otel:plain", subtasks=list(range(20)))
+    task = traced_client.submit(spec)
+    task.wait(timeout=60)
+    assert dict(task.results()) == {i: 2 * i for i in range(20)}
+    send = receiver.one(f"send {name}")
+    assert send["kind"] == PRODUCER and send["attributes"]["messaging.message.id"] == task.id
+    assert send["attributes"]["messaging.batch.message_count"] == 20
+
+    def all_processed() -> list[dict[str, Any]] | None:
+        spans = receiver.find(f"process {name}")
+        total = sum(s["attributes"]["messaging.batch.message_count"] for s in spans)
+        return spans if total >= 20 else None
+
+    spans = wait_for(all_processed, 30, "process spans covering every subtask")
+    assert sum(s["attributes"]["messaging.batch.message_count"] for s in spans) == 20
+    for s in spans:
+        assert s["kind"] == CONSUMER and s["service"] == "worker-svc"
+        assert s["attributes"]["queueworks.task.id"] == task.id
+        assert (s["trace_id"], s["parent"]) == (send["trace_id"], send["span_id"])
 
 
 # a worker where importing OpenTelemetry fails, as where the otel extra is not installed

@@ -23,12 +23,13 @@ from queueworks import events
 from queueworks.dependencies import plan_drain
 from queueworks.flow import Limits
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import entry_job, entry_payload
+from queueworks.jobrecords import JOB_TRACE, entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.retry_policy import RetryPolicy
 from queueworks.runner import run
 from queueworks.scripts import JobBatch
+from queueworks.tracing import hooks
 
 from .flow import Pump
 from .ledger import Attempts
@@ -189,6 +190,15 @@ class JobLedger(Attempts):
         self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe)
         if batch.later:
             self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe)
+        tracer = hooks.consumer
+        if tracer is not None:  # tracing: each settled job's record keeps its trace id
+            for job in (*batch.ok, *batch.dead):
+                if (
+                    getattr(job, "span", None) is not None
+                ):  # (the record's time to live stays bounded)
+                    record = self.tk.job(job.entry.job_id)
+                    pipe.hset(record, JOB_TRACE, tracer.trace_id(job))
+                    pipe.expire(record, self.ttl)
         if batch.dead or batch.rejected:
             self._dead_lettered(pipe, [batch])
         self._pump_into(pipe, [batch])

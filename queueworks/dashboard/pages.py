@@ -159,7 +159,9 @@ def job_page(request: Request) -> Response:
     name = request.path_params["name"]
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
-    return render(request, "job.html", d.context(request, "queues", j=job, q=q))
+    trace_url = d.config.trace_url
+    ctx = d.context(request, "queues", j=job, q=q, trace_url=trace_url)
+    return render(request, "job.html", ctx)
 
 
 def search(request: Request) -> Response:
