@@ -47,6 +47,7 @@ from wrapt import wrap_function_wrapper
 from queueworks.tracing import LINK_FIELD, TRACE_FIELDS, hooks
 
 SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+SUBTASK_SPANS = "QUEUEWORKS_OTEL_SUBTASK_SPANS"  # 1: --otel traces each subtask too
 SYSTEM = "queueworks"
 # attribute names (semantic conventions 1.44.0, messaging; the last two are queueworks')
 SYSTEM_ATTR = "messaging.system"
@@ -116,11 +117,13 @@ def carried(options: str | None) -> tuple[dict[str, str], bool]:
 
 
 class Consumer:
-    """``hooks.consumer``: a ``process <queue>`` span per run of a job's handler."""
+    """``hooks.consumer``: a ``process <queue>`` span per run of a job's handler, and one
+    per batch of a task's subtasks (and, with ``subtask_spans``, one per subtask in it)."""
 
-    def __init__(self, tracer: trace.Tracer) -> None:
-        self.tracer = tracer
+    def __init__(self, tracer: trace.Tracer, subtask_spans: bool = False) -> None:
+        self.tracer, self.subtask_spans = tracer, subtask_spans
         self.wrapped: dict[Callable[..., Any], Callable[..., Any]] = {}  # per handler
+        self.per_subtask: dict[tuple[Callable[..., Any], str], Callable[..., Any]] = {}
 
     def start(self, job: Any, queue: str, worker_id: str) -> None:
         entry = job.entry
@@ -203,6 +206,45 @@ class Consumer:
             },
         )
         return trace.use_span(span, end_on_exit=True)
+
+    def subtask_fn(self, fn: Callable[..., Any], task: str) -> Callable[..., Any] | None:
+        if not self.subtask_spans:
+            return None
+        found = self.per_subtask.get((fn, task))
+        if found is not None:
+            return found
+        tracer, name = self.tracer, f"process {task}"
+
+        def opened(args: tuple[Any, ...]) -> AbstractContextManager[trace.Span]:
+            attributes: dict[str, Any] = {
+                SYSTEM_ATTR: SYSTEM,
+                OPERATION_NAME: "process",
+                OPERATION_TYPE: "process",
+                DESTINATION: task,
+            }
+            ctx = args[1] if len(args) > 1 else None
+            if ctx is not None and hasattr(ctx, "index"):
+                attributes.update({MESSAGE_ID: str(ctx.index), ATTEMPT: ctx.attempt})
+            return tracer.start_as_current_span(name, kind=SpanKind.CONSUMER, attributes=attributes)
+
+        if _is_coroutine_function(fn):
+
+            @wraps(fn)
+            async def each_async(*args: Any) -> Any:
+                with opened(args):
+                    return await fn(*args)
+
+            found = each_async
+        else:
+
+            @wraps(fn)
+            def each(*args: Any) -> Any:
+                with opened(args):
+                    return fn(*args)
+
+            found = each
+        self.per_subtask[(fn, task)] = found
+        return found
 
     def trace_id(self, job: Any) -> str:
         return format(job.span.get_span_context().trace_id, "032x")
@@ -327,7 +369,8 @@ def _submit_wrapper(tracer: trace.Tracer, is_async: bool) -> Callable[..., Any]:
 
 class QueueworksInstrumentor(BaseInstrumentor):  # type: ignore[misc]
     """Traces the clients' enqueues and submits (``send``) and a worker's jobs
-    (``process``); adds ``trace_id``/``span_id`` to log lines written under a span."""
+    (``process``); adds ``trace_id``/``span_id`` to log lines written under a span.
+    ``instrument(subtask_spans=True)``: a span per subtask too, under its batch's."""
 
     def instrumentation_dependencies(self) -> Collection[str]:
         return ()  # queueworks itself: nothing else to be present
@@ -346,7 +389,7 @@ class QueueworksInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         for module, name, is_async in _SUBMITS:
             wrap_function_wrapper(module, name, _submit_wrapper(tracer, is_async))
         hooks.producer = Producer()
-        hooks.consumer = Consumer(tracer)
+        hooks.consumer = Consumer(tracer, bool(kwargs.get("subtask_spans", False)))
         hooks.log_fields = log_fields
 
     def _uninstrument(self, **kwargs: Any) -> None:
@@ -364,7 +407,8 @@ def setup(service_name: str) -> Any:
     resource (``OTEL_SERVICE_NAME``, ``OTEL_RESOURCE_ATTRIBUTES``; ``service_name`` where
     neither names the service), the exporter (``OTEL_TRACES_EXPORTER``: ``otlp``, the
     default, over HTTP/protobuf to ``OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT``; ``console``;
-    ``none``), a batch span processor (``OTEL_BSP_*``), the sampler (``OTEL_TRACES_SAMPLER``).
+    ``none``), a batch span processor (``OTEL_BSP_*``), the sampler (``OTEL_TRACES_SAMPLER``);
+    a span per subtask with ``QUEUEWORKS_OTEL_SUBTASK_SPANS=1``.
     The tracer provider; its spans are flushed when the process exits."""
     from opentelemetry.sdk.resources import SERVICE_NAME, Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -391,5 +435,6 @@ def setup(service_name: str) -> Any:
             raise ValueError(f"OTEL_TRACES_EXPORTER: {name!r} is not otlp, console or none")
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
-    QueueworksInstrumentor().instrument(tracer_provider=provider)
+    each = os.environ.get(SUBTASK_SPANS, "") not in ("", "0")
+    QueueworksInstrumentor().instrument(tracer_provider=provider, subtask_spans=each)
     return provider

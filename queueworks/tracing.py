@@ -54,6 +54,10 @@ class Consumer(Protocol):
         a row; ``carried``: the task's trace context (its record's)."""
         ...
 
+    def subtask_fn(self, fn: Callable[..., Any], task: str) -> Callable[..., Any] | None:
+        """``fn`` run in a span of its own per subtask, if asked for (None: not asked)."""
+        ...
+
     def trace_id(self, job: Any) -> str:
         """The job's trace id (hex), kept on its record for the dashboard."""
         ...

@@ -275,13 +275,18 @@ def test_a_jobs_trace_joins_the_enqueue_to_its_handler_across_processes(
 
 
 @pytest.mark.system
+@pytest.mark.parametrize("each", [False, True], ids=["batches", "and-each"])
 def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
-    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis, each: bool
 ) -> None:
     """A task's submit is a ``send`` span; a worker runs its subtasks in ``process`` spans,
-    each a child of it, one per batch run, counting the subtasks it ran."""
+    each a child of it, one per batch run, counting the subtasks it ran; asked for
+    (``QUEUEWORKS_OTEL_SUBTASK_SPANS=1``), a span per subtask too, under its batch's."""
     cluster.controller()
-    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    env = otel_env(receiver, "worker-svc")
+    if each:
+        env["QUEUEWORKS_OTEL_SUBTASK_SPANS"] = "1"
+    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=env)
     cluster.wait_workers(r, 1)
     name = f"task-{uuid.uuid4().hex[:6]}"
     spec = TaskSpec(name=name, handler="tests.handlers_otel:plain", subtasks=list(range(20)))
@@ -292,8 +297,12 @@ def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
     assert send["kind"] == PRODUCER and send["attributes"]["messaging.message.id"] == task.id
     assert send["attributes"]["messaging.batch.message_count"] == 20
 
-    def all_processed() -> list[dict[str, Any]] | None:
+    def batches() -> list[dict[str, Any]]:
         spans = receiver.find(f"process {name}")
+        return [s for s in spans if "messaging.batch.message_count" in s["attributes"]]
+
+    def all_processed() -> list[dict[str, Any]] | None:
+        spans = batches()
         total = sum(s["attributes"]["messaging.batch.message_count"] for s in spans)
         return spans if total >= 20 else None
 
@@ -303,6 +312,21 @@ def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
         assert s["kind"] == CONSUMER and s["service"] == "worker-svc"
         assert s["attributes"]["queueworks.task.id"] == task.id
         assert (s["trace_id"], s["parent"]) == (send["trace_id"], send["span_id"])
+    ones = [s for s in receiver.find(f"process {name}") if s not in spans]
+    if not each:
+        assert ones == []
+        return
+    ones = wait_for(
+        lambda: (
+            len(receiver.find(f"process {name}")) >= len(spans) + 20
+            and [s for s in receiver.find(f"process {name}") if s not in spans]
+        ),
+        30,
+        "a span per subtask",
+    )
+    assert sorted(int(s["attributes"]["messaging.message.id"]) for s in ones) == list(range(20))
+    batch_ids = {s["span_id"] for s in spans}
+    assert all(s["parent"] in batch_ids and s["trace_id"] == send["trace_id"] for s in ones)
 
 
 # a worker where importing OpenTelemetry fails, as where the otel extra is not installed

@@ -194,13 +194,14 @@ class SubtaskLoop:
         if self.trace is None:  # the task's trace context, read once
             self.trace = text(self.run.r.hget(self.run.tk.record, TASK_TRACE) or b"")
         run = self.run
+        fn = tracer.subtask_fn(self.handler.fn, run.spec.name)  # None: no span per subtask
         with tracer.batch(run.spec.name, self.trace, len(entries), run.me) as span:
             span.set_attribute("queueworks.task.id", run.tk.task_id)
-            ran = self._run_each(stream, entries, attempt)
+            ran = self._run_each(stream, entries, attempt, fn)
             span.set_attribute("messaging.batch.message_count", ran)
         return ran
 
-    def _run_each(self, stream: str, entries: Entries, attempt: int) -> int:
+    def _run_each(self, stream: str, entries: Entries, attempt: int, traced: Any = None) -> int:
         """Run entries of one stream in order and record each outcome for the next settle,
         until done or a safe point says stop. Returns how many were consumed; the rest (a
         suspended one first) is the caller's to keep, in order. A failure that will be
@@ -214,7 +215,7 @@ class SubtaskLoop:
         suspended = s.suspend.is_set
         monotonic = time.monotonic
         call = run.watchdog.call if not is_async(self.handler.fn) else self._await
-        fn, takes_ctx = self.handler.fn, self.handler.takes_ctx
+        fn, takes_ctx = traced or self.handler.fn, self.handler.takes_ctx
         ok = ledger.succeeded(stream)
         flush_at = ledger.last_flush + FLUSH_SECONDS
         for i, (raw_id, fields) in enumerate(entries):
