@@ -26,3 +26,15 @@ def plain(payload: Any, ctx: JobContext) -> int:
 
 def fails(payload: Any) -> None:
     raise ValueError(f"bad input {payload!r}")
+
+
+async def traced_async(payload: Any, ctx: JobContext) -> int:
+    """As ``traced``, a coroutine: its span nests under the job's on the event loop."""
+    import asyncio
+
+    from opentelemetry import trace
+
+    with trace.get_tracer("tests.handlers_otel").start_as_current_span("inner_async"):
+        await asyncio.sleep(0.01)
+    ctx.log.info("handler_said", x=payload)
+    return int(payload) + 1

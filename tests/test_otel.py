@@ -275,6 +275,43 @@ def test_a_jobs_trace_joins_the_enqueue_to_its_handler_across_processes(
 
 
 @pytest.mark.system
+def test_coroutines_in_flight_run_under_their_own_jobs_spans(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """``--concurrency 8``, ``async def`` handlers in flight together: each job's handler
+    runs with its own ``process`` span current (its inner span, its log line)."""
+    name = f"otel-aio-{uuid.uuid4().hex[:6]}"
+    w = cluster.worker(
+        allow=(ALLOW,),
+        extra=["--otel", "--concurrency", "8"],
+        env=otel_env(receiver, "worker-svc"),
+    )
+    cluster.wait_workers(r, 1)
+    q = traced_client.queue(name)
+    jobs = traced_client.queue(name).enqueue_many(
+        [("tests.handlers_otel:traced_async", i) for i in range(16)]
+    )
+    assert [j.result(timeout=30) for j in jobs] == [i + 1 for i in range(16)]
+    [send] = receiver.find(f"send {name}")  # one span for the batch
+    assert send["attributes"]["messaging.batch.message_count"] == 16
+    processes = receiver.one(f"process {name}", count=16)
+    assert {p["attributes"]["messaging.message.id"] for p in processes} == {j.id for j in jobs}
+    assert all(p["parent"] == send["span_id"] for p in processes)
+    by_span = {p["span_id"]: p for p in processes}
+    inner = wait_for(
+        lambda: len(receiver.find("inner_async")) >= 16 and receiver.find("inner_async"),
+        30,
+        "the handlers' own spans",
+    )
+    assert sorted(s["parent"] for s in inner) == sorted(by_span)
+    said = log_events(w.log(), "handler_said")
+    assert len(said) == 16
+    for line in said:
+        assert by_span[line["span_id"]]["attributes"]["messaging.message.id"] == line["job_id"]
+    assert q.status().done == 16
+
+
+@pytest.mark.system
 @pytest.mark.parametrize("each", [False, True], ids=["batches", "and-each"])
 def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
     cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis, each: bool
