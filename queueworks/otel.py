@@ -296,6 +296,48 @@ _SUBMITS = [
 ]
 
 
+_CANCELS = [
+    ("queueworks.queue_handle", "Job.cancel", False),
+    ("queueworks.aio.queue_handle", "AsyncJob.cancel", True),
+]
+
+
+def _cancel_wrapper(tracer: trace.Tracer, is_async: bool) -> Callable[..., Any]:
+    """``cancel <queue>`` (CLIENT) around ``job.cancel()``; a ``cancelled`` event if it
+    cancelled the job (one that has not started: it has no ``process`` span)."""
+
+    def opened(instance: Any) -> AbstractContextManager[trace.Span]:
+        attributes = {
+            SYSTEM_ATTR: SYSTEM,
+            OPERATION_NAME: "cancel",
+            OPERATION_TYPE: "settle",
+            DESTINATION: instance.queue.name,
+            MESSAGE_ID: instance.id,
+        }
+        name = f"cancel {instance.queue.name}"
+        return tracer.start_as_current_span(name, kind=SpanKind.CLIENT, attributes=attributes)
+
+    if is_async:
+
+        async def cancel_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+            with opened(instance) as span:
+                done = await wrapped(*args, **kwargs)
+                if done:
+                    span.add_event("cancelled")
+                return done
+
+        return cancel_async
+
+    def cancel(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
+        with opened(instance) as span:
+            done = wrapped(*args, **kwargs)
+            if done:
+                span.add_event("cancelled")
+            return done
+
+    return cancel
+
+
 def _send_attributes(destination: str) -> dict[str, Any]:
     return {
         SYSTEM_ATTR: SYSTEM,
@@ -388,6 +430,8 @@ class QueueworksInstrumentor(BaseInstrumentor):  # type: ignore[misc]
             wrap_function_wrapper(module, name, _enqueue_wrapper(tracer, is_async, many))
         for module, name, is_async in _SUBMITS:
             wrap_function_wrapper(module, name, _submit_wrapper(tracer, is_async))
+        for module, name, is_async in _CANCELS:
+            wrap_function_wrapper(module, name, _cancel_wrapper(tracer, is_async))
         hooks.producer = Producer()
         hooks.consumer = Consumer(tracer, bool(kwargs.get("subtask_spans", False)))
         hooks.log_fields = log_fields
@@ -396,7 +440,8 @@ class QueueworksInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         import importlib
 
         hooks.producer = hooks.consumer = hooks.log_fields = None
-        methods = [(m, n) for m, n, *_ in _CLIENT_METHODS] + [(m, n) for m, n, _ in _SUBMITS]
+        methods = [(m, n) for m, n, *_ in _CLIENT_METHODS]
+        methods += [(m, n) for m, n, _ in [*_SUBMITS, *_CANCELS]]
         for module, name in methods:
             owner, method = name.split(".")
             unwrap(getattr(importlib.import_module(module), owner), method)

@@ -247,6 +247,10 @@ def test_a_jobs_trace_joins_the_enqueue_to_its_handler_across_processes(
     pending = q.enqueue("tests.handlers_otel:traced", {"x": 9}, delay=600)
     waiting = receiver.one(f"send {name}", **{"messaging.message.id": pending.id})
     assert pending.detail().trace_id == waiting["trace_id"]  # a waiting one: its options'
+    assert pending.cancel() and not ok.cancel()
+    cancels = receiver.one(f"cancel {name}", count=2)
+    events = {s["attributes"]["messaging.message.id"]: s["events"] for s in cancels}
+    assert events == {pending.id: [("cancelled", {})], ok.id: []}
     trace_url = "https://tracing.example/trace/{trace_id}"
     with make_app(traced_client, trace_url=trace_url) as web:
         page = web.get(f"/queues/{name}/jobs/{ok.id}")
