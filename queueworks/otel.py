@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Collection, MutableMapping
 from contextlib import AbstractContextManager
 from functools import wraps
@@ -40,7 +41,15 @@ from opentelemetry.instrumentation.instrumentor import (  # type: ignore[attr-de
 )
 from opentelemetry.instrumentation.utils import unwrap
 from opentelemetry.propagators.composite import CompositePropagator
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import (
+    Link,
+    NonRecordingSpan,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from wrapt import wrap_function_wrapper
 
@@ -102,10 +111,17 @@ class Producer:
         return _merge(options, {LINK_FIELD: 1})
 
 
+_TRACEPARENT = re.compile(r'"tp":"(00-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2})"')
+
+
 def carried(options: str | None) -> tuple[dict[str, str], bool]:
     """The W3C headers a job's options carry, and whether its consumer links to them."""
-    if not options:
+    if not options or '"tp":' not in options:
         return {}, False
+    if '"ts":' not in options and '"bg":' not in options:  # as ``Producer.carry`` writes
+        found_tp = _TRACEPARENT.search(options)
+        if found_tp is not None:
+            return {"traceparent": found_tp.group(1)}, f'"{LINK_FIELD}":1' in options
     try:
         found = json.loads(options)
     except ValueError:
@@ -114,6 +130,20 @@ def carried(options: str | None) -> tuple[dict[str, str], bool]:
         return {}, False
     headers = {h: v for n, h in TRACE_FIELDS.items() if isinstance(v := found.get(n), str)}
     return headers, found.get(LINK_FIELD) == 1
+
+
+def remote(headers: dict[str, str]) -> context.Context:
+    """The context a job carries (``carried``): its producer's span, remote, and baggage.
+    A ``traceparent`` as ``Producer.carry`` writes it is read here; anything else (a
+    ``tracestate``, baggage, another form) by the W3C propagators."""
+    if len(headers) == 1:
+        tp = headers["traceparent"]
+        trace_id, span_id = int(tp[3:35], 16), int(tp[36:52], 16)
+        if tp[:3] == "00-" and trace_id and span_id:
+            flags = TraceFlags(int(tp[53:55], 16))
+            span = NonRecordingSpan(SpanContext(trace_id, span_id, True, flags))
+            return trace.set_span_in_context(span, context.Context())
+    return _PROPAGATOR.extract(headers, context.Context())
 
 
 class Consumer:
@@ -128,7 +158,7 @@ class Consumer:
     def start(self, job: Any, queue: str, worker_id: str) -> None:
         entry = job.entry
         headers, link = carried(entry.options)
-        parent = _PROPAGATOR.extract(headers) if headers else None
+        parent = remote(headers) if headers else None
         links: list[Link] = []
         if link and parent is not None:
             linked = trace.get_current_span(parent).get_span_context()
@@ -191,7 +221,7 @@ class Consumer:
         self, task: str, carried_options: str | None, count: int, worker_id: str
     ) -> AbstractContextManager[Any]:
         headers, _ = carried(carried_options)
-        parent = _PROPAGATOR.extract(headers) if headers else context.Context()
+        parent = remote(headers) if headers else context.Context()
         span = self.tracer.start_span(
             f"process {task}",
             context=parent,
