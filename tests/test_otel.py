@@ -322,8 +322,9 @@ def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
 ) -> None:
     """A task's submit is a ``send`` span; a worker runs its subtasks in ``process`` spans,
     each a child of it, one per batch run, counting the subtasks it ran; asked for
-    (``QUEUEWORKS_OTEL_SUBTASK_SPANS=1``), a span per subtask too, under its batch's."""
-    cluster.controller()
+    (``QUEUEWORKS_OTEL_SUBTASK_SPANS=1``), a span per subtask too, under its batch's. The
+    controller runs with ``--otel`` too."""
+    cluster.controller(extra=["--otel"])
     env = otel_env(receiver, "worker-svc")
     if each:
         env["QUEUEWORKS_OTEL_SUBTASK_SPANS"] = "1"
