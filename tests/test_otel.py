@@ -461,6 +461,39 @@ def test_a_traced_jobs_options_carry_its_context_beside_its_own() -> None:
 
 
 @pytest.mark.unit
+def test_tracestate_and_baggage_ride_with_the_job_and_come_back() -> None:
+    """A context with a ``tracestate`` and baggage: both carried (as the W3C headers), and
+    the worker's side reads them back with the producer's span as the remote parent."""
+    from opentelemetry import baggage, context, trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
+
+    from queueworks.otel import Producer, carried, remote
+
+    state = TraceState([("vendor", "v1")])
+    parent = SpanContext(0xABC, 0xDEF, True, TraceFlags(1), state)
+    ctx = trace.set_span_in_context(NonRecordingSpan(parent))
+    ctx = baggage.set_baggage("tenant", "t 7", ctx)
+    token = context.attach(ctx)
+    try:
+        with TracerProvider().get_tracer("t").start_as_current_span("send") as span:
+            options = Producer().carry('{"group":"g"}')
+    finally:
+        context.detach(token)
+    found = json.loads(options)
+    assert found["group"] == "g" and found["ts"] == "vendor=v1"
+    assert found["bg"] == "tenant=t+7"
+    headers, link = carried(options)
+    assert set(headers) == {"traceparent", "tracestate", "baggage"} and not link
+    back = remote(headers)
+    sent = span.get_span_context()
+    got = trace.get_current_span(back).get_span_context()
+    assert (got.trace_id, got.span_id, got.is_remote) == (sent.trace_id, sent.span_id, True)
+    assert got.trace_state == state
+    assert baggage.get_baggage("tenant", back) == "t 7"
+
+
+@pytest.mark.unit
 def test_the_log_format_follows_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     class Tty:
         def isatty(self) -> bool:
