@@ -29,6 +29,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections.abc import Callable, Collection, MutableMapping
 from contextlib import AbstractContextManager
 from functools import wraps
@@ -467,14 +468,12 @@ class QueueworksInstrumentor(BaseInstrumentor):  # type: ignore[misc]
         hooks.log_fields = log_fields
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        import importlib
-
         hooks.producer = hooks.consumer = hooks.log_fields = None
         methods = [(m, n) for m, n, *_ in _CLIENT_METHODS]
         methods += [(m, n) for m, n, _ in [*_SUBMITS, *_CANCELS]]
         for module, name in methods:
             owner, method = name.split(".")
-            unwrap(getattr(importlib.import_module(module), owner), method)
+            unwrap(getattr(sys.modules[module], owner), method)
 
 
 def setup(service_name: str) -> Any:
