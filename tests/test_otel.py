@@ -316,6 +316,30 @@ def test_coroutines_in_flight_run_under_their_own_jobs_spans(
 
 
 @pytest.mark.system
+def test_a_periodic_jobs_runs_link_to_where_it_was_scheduled(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """A schedule written under a span: each job the controller fires from it is processed
+    in a trace of its own whose ``process`` span links to that span."""
+    from opentelemetry.sdk.trace import TracerProvider
+
+    cluster.controller()
+    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    cluster.wait_workers(r, 1)
+    name = f"otel-cron-{uuid.uuid4().hex[:6]}"
+    q = traced_client.queue(name)
+    with TracerProvider().get_tracer("t").start_as_current_span("deploy") as span:
+        q.schedule("tick", "tests.handlers_otel:plain", 3, every=0.5)
+    made = span.get_span_context()
+    runs = receiver.one(f"process {name}", count=2)
+    for run in runs:
+        assert run["parent"] == "" and run["trace_id"] != f"{made.trace_id:032x}"
+        assert run["links"] == [(f"{made.trace_id:032x}", f"{made.span_id:016x}")]
+    assert len({run["trace_id"] for run in runs}) == len(runs)
+    q.unschedule("tick")
+
+
+@pytest.mark.system
 @pytest.mark.parametrize("each", [False, True], ids=["batches", "and-each"])
 def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
     cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis, each: bool
