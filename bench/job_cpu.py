@@ -3,6 +3,7 @@
     python -m bench.job_cpu                               # 20,000 jobs, 5 rounds (~1 min)
     python -m bench.job_cpu --against REV --jobs 5000 --rounds 3
     python -m bench.job_cpu --typed                       # and a typed no-op job (@job)
+    python -m bench.job_cpu --otel                        # and with tracing on, beside it
 
 Each round runs every system in turn (their order reversed every other round), each on a
 fresh private redis-server: 2 workers (``queueworks worker``) and 1 producer that calls
@@ -15,6 +16,11 @@ run, divided by the jobs. The figures are the medians over rounds, and each rati
 median of the per-round ratios. ``REV``'s code is checked out with ``git archive``.
 ``--typed`` adds *queueworks typed*: the producer calls ``q.enqueue(typed_noop.call(i))``,
 a typed job function of one ``int`` argument (``queueworks.examples``), in the same rounds.
+
+``--otel`` adds *queueworks+otel*: this tree with tracing on (the ``otel`` extra): the
+producer instrumented (``QueueworksInstrumentor``, the SDK with a batch span processor and
+the OTLP/HTTP exporter), the workers started with ``--otel``; both export to a receiver in
+this process (not pinned, not counted) that reads each request and answers 200.
 """
 
 from __future__ import annotations
@@ -37,8 +43,16 @@ from queueworks.redis_server import RedisServer
 CORE = "0"
 ALLOW = "queueworks.examples"
 PRODUCER = r"""
-import sys, time
+import os, sys, time
 from queueworks import Client
+if os.environ.get("BENCH_OTEL"):  # the producer traced: the SDK, a batch processor, OTLP
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from queueworks.otel import QueueworksInstrumentor
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    QueueworksInstrumentor().instrument(tracer_provider=provider)
 client = Client.from_url(sys.argv[1], prefix="qw")
 q = client.queue("cpu")
 n, members, typed = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "typed"
@@ -60,6 +74,8 @@ deadline = time.time() + 120
 while q.status().done < n and time.time() < deadline:
     time.sleep(0.01)
 print("done", spent, q.status().done, flush=True)
+if os.environ.get("BENCH_OTEL"):
+    provider.shutdown()
 """
 
 
@@ -86,10 +102,39 @@ def checkout(rev: str) -> Path:
 
 FLOOR = "floor"
 TYPED = "queueworks typed"
+OTEL = "queueworks+otel"
 
 
-def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> list[Any]:
-    """``n`` worker processes of ``tree``'s queueworks (None: the floor's consumers)."""
+class Sink:
+    """An OTLP/HTTP receiver that reads each request and answers 200 (``--otel``)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        return {"BENCH_OTEL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": self.url}
+
+
+def spawn_workers(
+    tree: Path | None, url: str, n: int, env: dict[str, str], otel: bool = False
+) -> list[Any]:
+    """``n`` worker processes of ``tree``'s queueworks (None: the floor's consumers);
+    ``otel``: started with ``--otel``."""
     if tree is None:
         argvs = [
             [sys.executable, "-m", "bench.resp_floor", "consume", url, f"c{i}"] for i in range(n)
@@ -97,6 +142,7 @@ def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> l
         cwd, env = ROOT, {**env, "PYTHONPATH": str(ROOT)}
     else:
         argv = [sys.executable, "-m", "queueworks", "worker", "--allow", ALLOW]
+        argv += ["--otel"] if otel else []
         argvs, cwd = [argv] * n, tree
         env = {**env, "QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": "qw"}
     return [
@@ -107,10 +153,15 @@ def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> l
     ]
 
 
-def one_run(tree: Path | None, jobs: int, workers: int, typed: bool = False) -> dict[str, float]:
+def one_run(
+    tree: Path | None, jobs: int, workers: int, typed: bool = False, sink: Sink | None = None
+) -> dict[str, float]:
     """µs of CPU per job of producer, redis-server and workers, for ``tree``'s code (None:
-    the floor); ``typed``: of a typed job function's jobs."""
+    the floor); ``typed``: of a typed job function's jobs; with tracing on, exported to
+    ``sink``, if given."""
     env = {**os.environ, "PYTHONPATH": str(tree or ROOT), "QUEUEWORKS_LOG_LEVEL": "warning"}
+    if sink is not None:
+        env.update(sink.env())
     with RedisServer() as server:
         pid = server.pid  # redis-server's
         subprocess.run(["taskset", "-pc", CORE, str(pid)], check=True, capture_output=True)
@@ -128,7 +179,7 @@ def one_run(tree: Path | None, jobs: int, workers: int, typed: bool = False) -> 
             stdout=subprocess.PIPE,
             text=True,
         )
-        procs = spawn_workers(tree, url, workers, env)
+        procs = spawn_workers(tree, url, workers, env, otel=sink is not None)
         try:
             assert producer.stdout is not None and producer.stdin is not None
             if producer.stdout.readline().strip() != "go":
@@ -189,13 +240,15 @@ def ratio_row(title: str, rows: list[dict[str, float]], base: list[dict[str, flo
 def measure(
     trees: dict[str, Path | None], jobs: int, rounds: int, workers: int
 ) -> dict[str, list[dict[str, float]]]:
-    """``rounds`` runs of each system (None: the floor), their order reversed every other
-    round: µs of CPU per job of each part, per run."""
+    """``rounds`` runs of each system (None: the floor; ``OTEL``: this tree traced), their
+    order reversed every other round: µs of CPU per job of each part, per run."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    sink = Sink() if OTEL in trees else None
     for k in range(rounds):
         order = list(trees) if k % 2 == 0 else list(reversed(trees))
         for name in order:
-            runs[name].append(one_run(trees[name], jobs, workers, name == TYPED))
+            traced = sink if name == OTEL else None
+            runs[name].append(one_run(trees[name], jobs, workers, name == TYPED, traced))
             print(f"round {k + 1} {name}: {runs[name][-1]}", file=sys.stderr)
     return runs
 
@@ -207,12 +260,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--typed", action="store_true", help="and a typed no-op job (@job)")
+    parser.add_argument("--otel", action="store_true", help="this tree traced, beside it")
     args = parser.parse_args()
     trees: dict[str, Path | None] = {"queueworks": ROOT, FLOOR: None}
     if args.typed:
         trees[TYPED] = ROOT
     if args.against:
         trees[args.against] = checkout(args.against)
+    if args.otel:
+        trees[OTEL] = ROOT
     runs = measure(trees, args.jobs, args.rounds, args.workers)
     print(table(runs, args.jobs, args.rounds))
 

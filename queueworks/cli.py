@@ -85,6 +85,29 @@ for command in (
 main.add_command(redis_command)
 
 
+def otel_flag(f: Any) -> Any:
+    return option(
+        "--otel",
+        is_flag=True,
+        help="trace with OpenTelemetry (the otel extra), set up from the OTEL_* variables",
+    )(f)
+
+
+def start_tracing(service: str) -> None:
+    """--otel: the OpenTelemetry SDK set up from the ``OTEL_*`` variables, and this
+    process instrumented (``queueworks.otel.setup``)."""
+    try:
+        from queueworks.otel import setup
+    except ImportError as exc:
+        raise BadInput(
+            f"--otel needs the otel extra: pip install 'queueworks[otel]' ({exc})"
+        ) from None
+    try:
+        setup(service)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+
+
 @main.command(short_help="Join the pool and process subtasks and jobs.")
 @common
 @option(
@@ -174,7 +197,9 @@ main.add_command(redis_command)
     "gracefully and a fresh one starts (runs a pool even with --processes 1)",
 )
 @allow_eviction
+@otel_flag
 def worker(
+    otel: bool,
     name: str | None,
     allow: tuple[str, ...],
     label: tuple[str, ...],
@@ -204,6 +229,8 @@ def worker(
         return
     from queueworks.workers.worker import Worker
 
+    if otel:
+        start_tracing("queueworks-worker")
     settings = settings_from_flags(**flags)
     here = os.getcwd()
     if here not in sys.path:  # `python -m` puts it there; the `queueworks` script does not
@@ -299,12 +326,15 @@ def run_pool(name: str | None, processes: int, id_file: str | None, flags: dict[
     type=float,
 )
 @allow_eviction
-def controller(**flags: Any) -> None:
+@otel_flag
+def controller(otel: bool, **flags: Any) -> None:
     """Give tasks their node sets and keep them sized.
 
     Run two or more: one holds the leader lease, the others stand by."""
     from queueworks.controller.main import Controller
 
+    if otel:
+        start_tracing("queueworks-controller")
     settings = settings_from_flags(**flags)
     try:
         c = Controller(settings)

@@ -367,6 +367,7 @@ class JobDetail(JobStatus):
     traceback: str | None = None  # a dead job's (or the last failed attempt's) traceback
     entry: str | None = None  # its stream entry, while it has one
     options: dict[str, Any] = Field(default_factory=dict)  # its own: retry schedule, unique key
+    trace_id: str | None = None  # its trace's id, when it was enqueued or run while tracing
 
 
 class JobPage(_Model):

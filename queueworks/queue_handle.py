@@ -67,6 +67,7 @@ from queueworks.runner import run, send_trip
 from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import Backend, Task
+from queueworks.tracing import hooks
 from queueworks.wire import XaddBytes
 
 T = TypeVar("T")
@@ -151,7 +152,7 @@ class Queue:
         else:
             path, body, typed = self._path(handler), None, None
         plain = options is None and delay is None and at is None and depends_on is None
-        if plain and wait_replicas is None and wait_timeout is None:
+        if plain and wait_replicas is None and wait_timeout is None and hooks.producer is None:
             now_job = self._enqueue_now(path, payload, body, typed)
             if now_job is not None:
                 return now_job

@@ -60,6 +60,7 @@ from queueworks.queues import (
 from queueworks.replication import NO_WAIT, Replicas, barrier
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import TaskNotFound, plan_status
+from queueworks.tracing import hooks
 from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone
 
 
@@ -204,12 +205,19 @@ def plan_write(
     return [job_id for reply in replies for job_id in enqueued(ref.name, reply)], acked
 
 
+def linked(options: str) -> str:
+    """A deferred job's options: while tracing, its consumer links to its producer's span
+    (it runs once its dependencies are done, not as a child of the enqueue)."""
+    producer = hooks.producer
+    return options if producer is None else producer.as_link(options)
+
+
 def plan_defer(ref: QueueRef, job: NewJob, deps: Sequence[Dependency]) -> Plan[str]:
     """Enqueue ``job`` (to run now) deferred until ``deps`` are done
     (``queueworks.dependencies``): its record and dependency set first (``defer_job``),
     then its registration at each dependency; its id. ``ValueError`` (and nothing of the
     job left) for an unknown dependency or a cycle."""
-    job = job._replace(id=new_job_id(), at=None)
+    job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
     refs = [dep.ref for dep in deps]
     new = [job.handler] if job.handler not in ref.known else []
     trip = Trip()
@@ -452,7 +460,7 @@ def plan_unique(
     holder = ""
     refs = [dep.ref for dep in deps]
     if deps:
-        job = job._replace(id=new_job_id(), at=None)
+        job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
     for _ in range(UNIQUE_TRIES):
         trip = Trip()
         told = job.handler not in ref.known

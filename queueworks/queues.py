@@ -54,6 +54,7 @@ from queueworks.models import (
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.records import QUEUE_PAUSED, Hash, new_task, queue_counts
 from queueworks.scripts import NewJob, job_ids
+from queueworks.tracing import hooks
 from queueworks.validate import run_at
 from queueworks.vanished import (
     QueueGone,
@@ -159,7 +160,9 @@ def batch_options(group: Any) -> str:
     """The options JSON of every job of an ``enqueue_many`` (checked: ``ValueError``
     naming a bad group; '' for none)."""
     options = JobOptions.given(group=group)
-    return "" if options is None else options.json()
+    given = "" if options is None else options.json()
+    producer = hooks.producer
+    return given if producer is None else producer.carry(given)
 
 
 def new_job(
@@ -176,6 +179,9 @@ def new_job(
     if body is None:
         body = payload_json(payload)
     given = "" if options is None else options.json()
+    producer = hooks.producer
+    if producer is not None:  # tracing: the job carries the current span's context
+        given = producer.carry(given)
     if delay is None and at is None:
         return NewJob("", path, body, None, given)  # to run now: its id will be its entry's
     now = time.time()

@@ -23,12 +23,13 @@ from queueworks import events
 from queueworks.dependencies import plan_drain
 from queueworks.flow import Limits
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import entry_job, entry_payload
+from queueworks.jobrecords import JOB_TRACE, entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.retry_policy import RetryPolicy
 from queueworks.runner import run
 from queueworks.scripts import JobBatch
+from queueworks.tracing import hooks
 
 from .flow import Pump
 from .ledger import Attempts
@@ -96,7 +97,15 @@ class JobLedger(Attempts):
         job.reason, job.outcome = reason, error[-8000:]
         work = job.work
         self._batch(work.stream).dead.append(job)
-        self.log.warning("job_dead", job=job.label, reason=reason, attempts=work.attempt)
+        self.log.warning(
+            "job_dead",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=self.tk.task_id,
+            attempt=work.attempt,
+            reason=reason,
+            attempts=work.attempt,
+        )
 
     def reject(self, work: Work, why: str) -> None:
         """An entry that is no job of this queue: settled apart, never counted as a job."""
@@ -118,12 +127,21 @@ class JobLedger(Attempts):
             self.log.info(
                 "job_retry_later",
                 job=job.label,
+                job_id=job.entry.job_id,
+                queue=self.tk.task_id,
                 attempt=work.attempt,
                 wait=round(wait, 3),
                 error=repr(exc),
             )
             return None
-        self.log.info("job_retry", job=job.label, attempt=work.attempt, error=repr(exc))
+        self.log.info(
+            "job_retry",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=self.tk.task_id,
+            attempt=work.attempt,
+            error=repr(exc),
+        )
         return self.retry(work)
 
     def exhausted(self, work: Work, why: str) -> None:
@@ -176,6 +194,15 @@ class JobLedger(Attempts):
         self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe, fence=fence)
         if batch.later:
             self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe, fence=fence)
+        tracer = hooks.consumer
+        if tracer is not None:  # tracing: each settled job's record keeps its trace id
+            for job in (*batch.ok, *batch.dead):
+                if (
+                    getattr(job, "span", None) is not None
+                ):  # (the record's time to live stays bounded)
+                    record = self.tk.job(job.entry.job_id)
+                    pipe.hset(record, JOB_TRACE, tracer.trace_id(job))
+                    pipe.expire(record, self.ttl)
         if batch.dead or batch.rejected:
             self._dead_lettered(pipe, [batch])
         self._pump_into(pipe, [batch])

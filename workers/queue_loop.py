@@ -32,6 +32,7 @@ from queueworks.models import NOT_ALLOWED, parse_handler_path
 from queueworks.records import QUEUE_PAUSED
 from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
+from queueworks.tracing import hooks
 from queueworks.vanished import gone_stream
 
 from .aside import Aside
@@ -60,6 +61,7 @@ _PAYLOAD_FIELD = f"field '{ENTRY_PAYLOAD}'"
 class QueueLoop:
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.queue = run.tk.task_id
         self.ledger = JobLedger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
         self.progress = ProgressWriter(run.scripts, run.tk, int(run.spec.result_ttl), run.log)
         self.handlers: dict[str, Handler | HandlerRefused] = {}
@@ -227,10 +229,22 @@ class QueueLoop:
             with contextlib.suppress(ValueError):  # a time that is no number: no sample
                 ledger.latency(started - float(entry.enqueued))
         if not handler.takes_ctx:
-            return RunningJob(work, entry, handler.fn, (payload,), started)
-        ctx = self._context(entry, work)
-        job = RunningJob(work, entry, handler.fn, (payload, ctx), started)
-        job.ctx = ctx
+            job = RunningJob(work, entry, handler.fn, (payload,), started)
+        else:
+            ctx = self._context(entry, work)
+            job = RunningJob(work, entry, handler.fn, (payload, ctx), started)
+            job.ctx = ctx
+        tracer = hooks.consumer
+        if tracer is None:
+            self.run.log.info(
+                "job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt
+            )
+            return job
+        tracer.start(job, self.queue, self.run.me)
+        with tracer.attached(job):
+            self.run.log.info(
+                "job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt
+            )
         return job
 
     def _slot(self, work: Work, entry: JobEntry) -> bool:
@@ -276,7 +290,24 @@ class QueueLoop:
     def _outcome(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
         """Record how a job's call ended; False if it waits again first in ``held``. A job
         stopped while it ran (``workers.stopping``) is no longer ours: nothing of it is
-        recorded, whatever its call did."""
+        recorded, whatever its call did. Its lines are written under its span while
+        tracing, which then ends."""
+        if job.span is None:
+            return self._ended(job, value, error)
+        tracer = hooks.consumer
+        assert tracer is not None
+        with tracer.attached(job):
+            again = self._ended(job, value, error)
+        if isinstance(error, Suspended):
+            fate = "suspended"
+        elif job.reason:
+            fate = "dead"
+        else:
+            fate = "retry" if error is not None else ""
+        tracer.end(job, error, fate)
+        return again
+
+    def _ended(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
         run, ledger = self.run, self.ledger
         if job.stop is not None:
             run.log.warning("stopped_job_dropped", job=job.label, reason=str(job.stop))
@@ -286,7 +317,16 @@ class QueueLoop:
         if isinstance(error, Suspended):  # runs again after the re-rank, same attempt
             run.held.appendleft(job.work)
             return False
+        entry = job.entry
         if error is not None:
+            run.log.info(
+                "job_failed",
+                job_id=entry.job_id,
+                queue=self.queue,
+                attempt=job.attempt,
+                seconds=round(time.time() - job.started_at, 6),
+                error=repr(error),
+            )
             retry = ledger.failed(job, error)
             if retry is None:
                 return True
@@ -298,6 +338,13 @@ class QueueLoop:
             ledger.bury(job, "result is not JSON", str(exc))
             return True
         ledger.succeeded(job, body)
+        run.log.info(
+            "job_done",
+            job_id=entry.job_id,
+            queue=self.queue,
+            attempt=job.attempt,
+            seconds=round(time.time() - job.started_at, 6),
+        )
         return True
 
     # -- many in flight (--concurrency > 1): workers.queue_set.Flight ---------------------
@@ -329,7 +376,7 @@ class QueueLoop:
             attempt=work.attempt,
             role=role,
             worker_id=run.me,
-            log=run.log,
+            log=run.log.bind(job_id=entry.job_id, queue=self.queue, attempt=work.attempt),
             allow=self.allow,
             _suspend=run.state.suspend,
             _sink=self.progress,

@@ -116,7 +116,8 @@ def common(f: Any) -> Any:
             setting(
                 "--log-format",
                 "log_format",
-                "log lines as JSON events or for a console",
+                "log lines as JSON events or for a console (default: console when stderr "
+                "is a terminal, else json)",
                 type=click.Choice(["json", "console"]),
             ),
         ]

@@ -161,7 +161,9 @@ def job_page(request: Request) -> Response:
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
     args = arguments_of(job.payload)  # a typed job function's, by name
-    return render(request, "job.html", d.context(request, "queues", j=job, q=q, args=args))
+    trace_url = d.config.trace_url
+    ctx = d.context(request, "queues", j=job, q=q, args=args, trace_url=trace_url)
+    return render(request, "job.html", ctx)
 
 
 def search(request: Request) -> Response:
