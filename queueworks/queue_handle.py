@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Unpack
 
 from queueworks import script_calls as calls
 from queueworks.connection import one_command, text
@@ -28,6 +28,7 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
+from queueworks.queue_configure import plan_configure
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -43,7 +44,7 @@ from queueworks.queue_plans import (
     plan_unique,
     plan_write,
 )
-from queueworks.queue_settings import QueueSettings, queue_wait
+from queueworks.queue_settings import LiveOptions, QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
@@ -288,6 +289,17 @@ class Queue:
         dead): ``limit`` (at most 1,000) after ``offset``, and how many there are
         (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
         return self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
+
+    def configure(self, **settings: Unpack[LiveOptions]) -> QueueSettings:
+        """Change the queue's live settings (any of ``job_timeout``, ``max_attempts``,
+        ``result_ttl``, ``retry_delay``, ``retry_backoff``, ``retry_max_delay``,
+        ``rate_limit``, ``group_limit``, ``wait_replicas``, ``wait_timeout``), checked as
+        ``Client.queue`` checks them (``ValueError`` naming a bad one): every member starts
+        its next jobs with them within a second; a running job keeps the ones it started
+        with. The queue's settings now."""
+        self.settings = self._run(plan_configure(self.client.keys, self.name, settings))
+        self.ref.settings = self.settings
+        return self.settings
 
     def pause(self) -> bool:
         """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""

@@ -12,6 +12,7 @@ takes from a form. ``QueueOptions``, the keyword arguments of ``Client.queue`` a
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypedDict
@@ -47,7 +48,8 @@ class Setting:
     ``low`` itself excluded), None allowed if ``optional``; where the queue's spec keeps it
     (``stored``: a ``TaskSpec`` field, or a dotted path into it), only when it is not the
     default if ``sparse`` (a setting added later: the specs of queues that do not use it
-    stay as they were); the help text."""
+    stay as they were); whether ``Queue.configure`` may change it on a live queue
+    (``live``); the help text."""
 
     kind: type
     help: str
@@ -57,6 +59,7 @@ class Setting:
     optional: bool = False
     stored: str = ""
     sparse: bool = False
+    live: bool = False
     name: str = ""
     default: Any = None
 
@@ -142,7 +145,9 @@ class QueueSettings:
     )
     max_attempts: int = field(
         default=3,
-        metadata=about(int, "runs of a failing job before it is dead", low=1, high=MAX_ATTEMPTS),
+        metadata=about(
+            int, "runs of a failing job before it is dead", low=1, high=MAX_ATTEMPTS, live=True
+        ),
     )
     job_timeout: float = field(
         default=60.0,
@@ -152,6 +157,7 @@ class QueueSettings:
             high=MAX_TIMEOUT,
             above_low=True,
             stored="subtask_timeout",
+            live=True,
         ),
     )
     result_ttl: float = field(
@@ -161,6 +167,7 @@ class QueueSettings:
             "seconds a finished job's result (or error) is kept",
             high=MAX_TTL,
             above_low=True,
+            live=True,
         ),
     )
     node_selector: dict[str, str] = field(
@@ -175,6 +182,7 @@ class QueueSettings:
             high=MAX_WAIT_REPLICAS,
             stored="options.queue.wait_replicas",
             sparse=True,
+            live=True,
         ),
     )
     wait_timeout: float = field(
@@ -186,6 +194,7 @@ class QueueSettings:
             above_low=True,
             stored="options.queue.wait_timeout",
             sparse=True,
+            live=True,
         ),
     )
 
@@ -196,6 +205,7 @@ class QueueSettings:
             "seconds before a failed job's 2nd attempt (0: at once), grown by retry_backoff",
             high=MAX_RETRY_DELAY,
             sparse=True,
+            live=True,
         ),
     )
     retry_backoff: float = field(
@@ -206,6 +216,7 @@ class QueueSettings:
             low=1.0,
             high=MAX_BACKOFF,
             sparse=True,
+            live=True,
         ),
     )
     retry_max_delay: float = field(
@@ -215,6 +226,7 @@ class QueueSettings:
             "seconds a retry waits at most (before jitter)",
             high=MAX_RETRY_DELAY,
             sparse=True,
+            live=True,
         ),
     )
 
@@ -229,6 +241,7 @@ class QueueSettings:
             optional=True,
             stored="options.queue.rate_limit",
             sparse=True,
+            live=True,
         ),
     )
     group_limit: int | None = field(
@@ -241,6 +254,7 @@ class QueueSettings:
             optional=True,
             stored="options.queue.group_limit",
             sparse=True,
+            live=True,
         ),
     )
 
@@ -290,6 +304,21 @@ class QueueOptions(TypedDict, total=False):
     group_limit: int | None
 
 
+class LiveOptions(TypedDict, total=False):
+    """The keyword arguments ``Queue.configure`` takes: the settings marked ``live``."""
+
+    max_attempts: int
+    job_timeout: float
+    result_ttl: float
+    wait_replicas: int
+    wait_timeout: float
+    retry_delay: float
+    retry_backoff: float
+    retry_max_delay: float
+    rate_limit: float | None
+    group_limit: int | None
+
+
 DEFAULTS = QueueSettings()
 SETTINGS: dict[str, Setting] = {  # by name, in the order they are declared
     f.name: replace(f.metadata[SETTING], name=f.name, default=getattr(DEFAULTS, f.name))
@@ -330,3 +359,36 @@ def queue_wait(settings: QueueSettings, replicas: int | None, timeout: float | N
         settings.wait_timeout if timeout is None else timeout,
         "enqueue",
     )
+
+
+LIVE = tuple(name for name, s in SETTINGS.items() if s.live)  # what ``configure`` changes
+
+
+def check_live_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a caller gave ``Queue.configure``, checked as ``Client.queue`` checks
+    them (``ValueError`` naming the setting); a ``TypeError`` for a name that is no setting
+    a live queue can change (its node set's: ``q.task.resize``, ``q.task.set_priority``)."""
+    for name in given:
+        if name not in LIVE:
+            why = "its node set's (q.task.resize, q.task.set_priority)"
+            raise TypeError(
+                f"configure() got an unexpected keyword argument {name!r}"
+                + (f": it is {why}" if name in SETTINGS else "")
+            )
+    return {name: SETTINGS[name].check(given[name]) for name in LIVE if name in given}
+
+
+def configured_spec(stored: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored queue's spec (read as a dict) with ``changes`` (checked) written where each
+    setting is kept; the rest as it was."""
+    spec: dict[str, Any] = json.loads(json.dumps(stored))  # a deep copy
+    for name, value in changes.items():
+        *outer, last = SETTINGS[name].path
+        place = spec
+        for part in outer:
+            inner = place.get(part)
+            if not isinstance(inner, dict):
+                inner = place[part] = {}
+            place = inner
+        place[last] = value
+    return spec

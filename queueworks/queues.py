@@ -425,8 +425,9 @@ def opened_settings(
     if differs:
         have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
         raise ValueError(
-            f"queue {name!r} exists with {have}; open it without those settings (its "
-            "node set can change: q.task.resize, q.task.set_priority)"
+            f"queue {name!r} exists with {have}; open it without those settings and "
+            "change them with q.configure(...) (its node set: q.task.resize, "
+            "q.task.set_priority)"
         )
     if TaskState(text(raw[1])).finished and not reopen:
         raise ValueError(

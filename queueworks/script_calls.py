@@ -21,7 +21,7 @@ from queueworks.jobrecords import JobEntry
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES, JobState
-from queueworks.records import QUEUE_PAUSED
+from queueworks.records import QUEUE_PAUSED, QUEUE_SETTINGS
 
 T = TypeVar("T")
 
@@ -708,6 +708,12 @@ def pause_queue(tk: TaskKeys, paused: bool) -> Call[int]:
     return Call("pause_queue", [tk.record], ["1" if paused else "", QUEUE_PAUSED], int)
 
 
+def configure_queue(tk: TaskKeys, read: bytes, spec: str) -> Call[int]:
+    """Write a queue's new ``spec`` if it is still the one ``read`` (configure_queue.lua):
+    the new settings version; 0 the spec changed meanwhile, -1 no such queue record."""
+    return Call("configure_queue", [tk.record], [read, spec, QUEUE_SETTINGS], int)
+
+
 def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[Any]:
     keys = [tk.stream, tk.record, tk.dead, tk.job(job_id)]
     return Call("requeue_job", keys, [dead_entry, repr(now)], _same)
@@ -800,6 +806,7 @@ NAMES = (
     "depend",
     "release_job",
     "pause_queue",
+    "configure_queue",
     "lease_acquire",
     "submit_small",
     "rate_read",

@@ -21,7 +21,7 @@ from collections.abc import (
     Sequence,
 )
 from datetime import datetime
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, TypeAlias, TypeVar, Unpack
 
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
@@ -37,6 +37,7 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
+from queueworks.queue_configure import plan_configure
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -51,7 +52,7 @@ from queueworks.queue_plans import (
     plan_unique,
     plan_write,
 )
-from queueworks.queue_settings import QueueSettings, queue_wait
+from queueworks.queue_settings import LiveOptions, QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
@@ -262,6 +263,12 @@ class AsyncQueue:
         dead): ``limit`` (at most 1,000) after ``offset``, and how many there are
         (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
         return await self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
+
+    async def configure(self, **settings: Unpack[LiveOptions]) -> QueueSettings:
+        """As ``Queue.configure``: change the queue's live settings; its settings now."""
+        self.settings = await self._run(plan_configure(self.client.keys, self.name, settings))
+        self.ref.settings = self.settings
+        return self.settings
 
     async def pause(self) -> bool:
         """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""
