@@ -30,6 +30,7 @@ from queueworks.commands.enqueue import enqueue
 from queueworks.commands.errors import BadInput, OneLineErrors
 from queueworks.commands.health import health
 from queueworks.commands.info import info
+from queueworks.commands.job import job
 from queueworks.commands.options import (
     ENV,
     allow_eviction,
@@ -73,6 +74,7 @@ for command in (
     schedules,
     unschedule,
     queue,
+    job,
     info,
     dead,
     health,

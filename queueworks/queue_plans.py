@@ -20,7 +20,7 @@ from queueworks.flow import plan_pump
 from queueworks.job_keys import plan_job_keys
 from queueworks.jobrecords import JOB_STATE, RESULT_FIELDS, job_status
 from queueworks.keys import Keys, check_task_id
-from queueworks.models import JobState, JobStatus, QueueStatus
+from queueworks.models import JobState, JobStatus, QueueStatus, StoredSpec
 from queueworks.plans import Plan, Sleep, Trip, alone
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.queues import (
@@ -409,7 +409,10 @@ def plan_outcome_replicated(ref: QueueRef) -> Plan[bool]:
 
 def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
     """Cancel the job if it has not started; False if it has started or finished."""
-    now, ttl = time.time(), int(ref.settings.result_ttl)
+    settings = ref.settings
+    if not ref.revives:  # a handle from a name alone: the queue's own settings
+        settings = yield from plan_settings_of(ref)
+    now, ttl = time.time(), int(settings.result_ttl)
     try:
         found, options = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
     except redis.ResponseError as exc:
@@ -430,11 +433,24 @@ def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
     if len(trip):
         yield trip
     if options is not None and options.group is not None and found in (1, CANCELLED_LAST):
-        limit = ref.settings.group_limit or 0  # a slot it held on the stream goes on
+        limit = settings.group_limit or 0  # a slot it held on the stream goes on
         yield from plan_pump(ref.qk, limit, {options.group: 1}, back=[job_id])
     if found in (1, CANCELLED_LAST):  # its dependents die with it: release them now
         yield from plan_drain(ref.keys, [ref.name])
     return cancelled(ref.name, job_id, found)
+
+
+def plan_settings_of(ref: QueueRef) -> Plan[QueueSettings]:
+    """The queue's settings as stored (the defaults if it has no record, or none that
+    reads as a queue's)."""
+    trip = Trip()
+    trip.hget(ref.qk.record, "spec")
+    raw = (yield trip)[0]
+    try:
+        stored = StoredSpec.model_validate_json(raw or b"")
+    except ValueError:
+        return DEFAULTS
+    return QueueSettings.of(stored) if stored.mode == "queue" else DEFAULTS
 
 
 UNIQUE_TRIES = 10  # enqueue_unique calls: each but the last found a holder that had moved on
