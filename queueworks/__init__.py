@@ -8,6 +8,7 @@ from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.connection import RedisUnavailable
 from queueworks.context import (
+    Cancelled,
     Fenced,
     JobContext,
     Stopped,
@@ -35,6 +36,7 @@ __all__ = [
     "AsyncJob",
     "AsyncQueue",
     "AsyncTask",
+    "Cancelled",
     "Client",
     "EvictingRedis",
     "Fenced",

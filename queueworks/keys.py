@@ -101,6 +101,8 @@ key                                type          meaning
                                                  task, rank, current (``records``)
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
+``qw:worker:<W>:stop``             list + TTL    jobs W is to stop ("QUEUE\tJOB_ID": cancelled while
+                                                 they ran), taken by its heartbeat; 60 s
 ``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``
 ``qw:autoscale:wanted``            string + TTL  the workers wanted per node selector (JSON,
                                                  ``queueworks.wanted``), written by the leader
@@ -413,6 +415,9 @@ class Keys:
 
     def assign(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}:assign"
+
+    def worker_stops(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}:stop"
 
     @property
     def tasks(self) -> str:

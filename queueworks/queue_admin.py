@@ -138,7 +138,7 @@ def _cancel(
     for job_id in ids:
         trip.call(calls.cancel_job(qk, job_id, now, ttl, aside=aside))
     cancelled: list[tuple[str, str | None, bool]] = []
-    for job_id, (found, options) in zip(ids, (yield trip), strict=True):
+    for job_id, (found, options, _) in zip(ids, (yield trip), strict=True):
         if found in (1, CANCELLED_LAST):
             if options is not None and options.key is not None:
                 freed.append((options.key, job_id, options.unique_for))

@@ -423,7 +423,10 @@ class Job:
         return self.queue._run(plan_job_result(self.queue.ref, self.id, timeout))
 
     def cancel(self) -> bool:
-        """Cancel the job if it has not started; False if it has started or finished."""
+        """Cancel the job: one not started never runs; a running one is stopped (an ``async
+        def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
+        checks finishes, its outcome dropped) and never run again. Whether the job will not
+        run (again): False if it had finished."""
         return self.queue._run(plan_job_cancel(self.queue.ref, self.id))
 
 

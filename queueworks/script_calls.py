@@ -662,23 +662,39 @@ def release_job(
     return Call("release_job", keys, args, _released)
 
 
-def _cancel_reply(reply: Any) -> tuple[int | str, JobOptions | None]:
+STOPPED_RUNNING = 3  # cancel_job: a running job cancelled; its member is told to stop it
+
+
+class CancelReply(NamedTuple):
+    """What ``cancel_job`` replied: ``found`` (its code, or an aside handler), the job's own
+    options, and the member running it when it was stopped (``STOPPED_RUNNING``)."""
+
+    found: int | str
+    options: JobOptions | None
+    member: str | None = None
+
+
+def _cancel_reply(reply: Any) -> CancelReply:
     if isinstance(reply, list):
-        return int(reply[0]), JobOptions.parse(reply[1])
-    return (text(reply) if isinstance(reply, bytes | str) else int(reply)), None
+        member = text(reply[2]) if len(reply) > 2 else None
+        options = JobOptions.parse(reply[1]) if reply[1] else None
+        return CancelReply(int(reply[0]), options, member)
+    return CancelReply(text(reply) if isinstance(reply, bytes | str) else int(reply), None)
 
 
 def cancel_job(
-    tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = ""
-) -> Call[tuple[int | str, JobOptions | None]]:
+    tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = "", running: bool = False
+) -> Call[CancelReply]:
     """1 cancelled, 2 cancelled and its handler left the queue's handler set, 0 it had
     started or finished, -1 no such job; a string: the handler whose aside stream the job
     waits on ('' the queue's own), to call again with (``aside``). With it, the cancelled
-    job's own options (None: it has none), whose unique key is to release."""
+    job's own options (None: it has none), whose unique key is to release. With
+    ``running``, a job a member runs is cancelled too (``STOPPED_RUNNING``, naming it)."""
     stream = tk.aside_stream(aside) if aside else tk.stream
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
     keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released, tk.groups_waiting)
-    return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl, aside], _cancel_reply)
+    args = [tk.group, job_id, repr(now), ttl, aside, "1" if running else ""]
+    return Call("cancel_job", keys, args, _cancel_reply)
 
 
 def _set_aside_reply(reply: Any) -> str | int:

@@ -3,6 +3,10 @@ finished (``Running.stop``), whatever the reason (``queueworks.context.Stopped``
 was fenced). A stopped job is no longer this worker's: nothing of it is settled (no ack, no
 result, no group slot or unique key given back); its outcome, when its call ends, is dropped.
 
+A job cancelled while it ran (``queueworks.job_stops``: ``Cancelled``) is stopped the same
+way, its cancel having settled it already; but a plain handler that does not stop is left
+to finish (its outcome dropped) unless ``cancel_ends_process``.
+
 How a call is stopped depends on what it can hear:
 
 * an ``async def`` handler's coroutine is cancelled at once (its call ends with the reason);
@@ -25,7 +29,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from queueworks.connection import Connection, text
-from queueworks.context import Fenced, Stopped
+from queueworks.context import Cancelled, Fenced, Stopped
 from queueworks.keys import GROUP
 
 from .eventloop import EventLoop
@@ -48,6 +52,7 @@ class Running:
         self.aio, self.watchdog, self.log = aio, watchdog, log
         self._lock = threading.Lock()
         self._jobs: dict[int, tuple[str, RunningJob]] = {}  # id(job) -> (seat's key, job)
+        self.cancel_ends_process = False  # a cancelled plain handler that runs on: exit
 
     def started(self, seat: Seat, job: RunningJob) -> None:
         """``job``'s call is about to start in ``seat``'s membership; stopped at once if
@@ -64,8 +69,10 @@ class Running:
         if job.stop is not None:
             self.watchdog.stop_ended(job.label)
 
-    def stop(self, job: RunningJob, reason: Stopped) -> None:
-        """Stop ``job``'s call, for ``reason`` (once; see the module's docstring)."""
+    def stop(self, job: RunningJob, reason: Stopped, *, ends_process: bool = True) -> None:
+        """Stop ``job``'s call, for ``reason`` (once; see the module's docstring). Not
+        ``ends_process``: a plain handler that does not stop is left to finish (its outcome
+        dropped) instead of ending the process."""
         if job.stop is not None:
             return
         job.stop = reason
@@ -76,7 +83,20 @@ class Running:
         ctx = job.ctx
         if ctx is not None:
             ctx.stop(reason)
-        self.watchdog.stopped(job.label, STOP_GRACE if ctx is not None else 0.0)
+        if ends_process:
+            self.watchdog.stopped(job.label, STOP_GRACE if ctx is not None else 0.0)
+
+    def cancelled(self, jobs: list[tuple[str, str]]) -> None:
+        """Jobs cancelled while they ran (``queueworks.job_stops``: (queue, job id)): each
+        that runs here is stopped. Their cancel settled them already (their entries are
+        gone: nobody runs them again); a plain handler that does not stop finishes, its
+        outcome dropped (``cancel_ends_process``: the process ends instead, for a
+        supervisor that replaces it)."""
+        wanted = set(jobs)
+        with self._lock:
+            found = [job for k, job in self._jobs.values() if (k, job.entry.job_id) in wanted]
+        for job in found:
+            self.stop(job, Cancelled("cancelled"), ends_process=self.cancel_ends_process)
 
     def fenced(self, key: str) -> None:
         """Our membership ``key`` was found fenced (called again on every look while it is):

@@ -437,7 +437,10 @@ class AsyncJob:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
 
     async def cancel(self) -> bool:
-        """Cancel the job if it has not started; False if it has started or finished."""
+        """Cancel the job: one not started never runs; a running one is stopped (an ``async
+        def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
+        checks finishes, its outcome dropped) and never run again. Whether the job will not
+        run (again): False if it had finished."""
         return await self.queue._run(plan_job_cancel(self.queue.ref, self.id))
 
 
