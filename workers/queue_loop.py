@@ -116,9 +116,11 @@ class QueueLoop:
             self.ledger.settled(replies[start:base])
             if check:
                 member, epoch, flags = replies[base : base + 3]
-                for reply in (member, epoch, flags):
+                for reply in (member, epoch):
                     if isinstance(reply, Exception):
                         raise reply
+                if not isinstance(flags, list):  # (a record that is no hash: none set)
+                    flags = [None, None]
                 # a change suspends us: what was read stays ours, run after the re-rank
                 self.checked_at = now
                 run.membership.fence(member, epoch)
