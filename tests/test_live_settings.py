@@ -100,3 +100,25 @@ def test_members_start_their_next_jobs_with_new_settings_within_a_second(
     failing = q.enqueue("tests.handlers:always_fails", {})
     with pytest.raises(JobFailed, match="failed 3 times"):
         failing.result(timeout=30)
+
+
+@pytest.mark.system
+def test_a_rate_limit_set_and_removed_on_a_live_queue(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("live-rate")
+    cluster.worker()
+    assert q.enqueue("tests.handlers:double", {"x": 1}).result(timeout=60) == 2  # joined
+    q.configure(rate_limit=2.0)
+    time.sleep(SEEN_WITHIN)
+    started = time.monotonic()
+    jobs = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(7)]
+    assert [j.result(timeout=60) for j in jobs] == [2 * i for i in range(7)]
+    assert time.monotonic() - started >= 2.5  # 7 jobs at 2/s (a burst of 1): 3 s at least
+    assert client.queue("live-rate").status().rate_limit == 2.0
+    q.configure(rate_limit=None)
+    time.sleep(SEEN_WITHIN)
+    started = time.monotonic()
+    jobs = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(40)]
+    assert [j.result(timeout=60) for j in jobs] == [2 * i for i in range(40)]
+    assert time.monotonic() - started < 15.0  # 40 jobs at 2/s would take 19.5 s at least
