@@ -132,3 +132,24 @@ def test_a_cancelled_job_is_never_run_again_when_its_worker_dies(
     assert q.enqueue("tests.handlers:double", {"x": 3}).result(timeout=60) == 6
     assert said(r, key) == ["ran"]
     assert job.status().state == JobState.CANCELLED
+
+
+def test_a_job_read_but_not_started_is_not_started_once_cancelled(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    cluster.worker(allow=ALLOW, extra=BEAT)
+    q = client.queue("held", job_timeout=120)
+    warm = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(20)]
+    assert [j.result(timeout=60) for j in warm] == [2 * i for i in range(20)]  # batches now
+    q.pause()
+    time.sleep(0.5)
+    first = q.enqueue(deaf, {"seconds": 4, "key": f"{prefix}:first"})
+    behind = q.enqueue(deaf, {"seconds": 0, "key": f"{prefix}:behind"})
+    q.resume()
+    running(first)
+    assert behind.status().state == JobState.RUNNING  # read with it: held behind it
+    assert behind.cancel() is True
+    wait_for(lambda: said(r, f"{prefix}:first") == ["ran", "done"], 30, "the first job done")
+    assert q.enqueue("tests.handlers:double", {"x": 5}).result(timeout=30) == 10
+    assert said(r, f"{prefix}:behind") == []  # never started
+    assert behind.status().state == JobState.CANCELLED

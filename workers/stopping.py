@@ -24,6 +24,7 @@ fence stops those of the membership it was found in that run elsewhere now (``fe
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from redis.exceptions import ResponseError
@@ -39,6 +40,8 @@ from .running_job import RunningJob
 from .watchdog import Watchdog
 
 STOP_GRACE = 1.0  # s a stopped plain handler with a context has to reach its checkpoint
+CANCELLED_KEPT = 1000  # jobs cancelled before they started here that a worker remembers
+CANCELLED_SECONDS = 600.0  # ... and for how long (one read is started well before that)
 
 
 class Running:
@@ -53,6 +56,7 @@ class Running:
         self._lock = threading.Lock()
         self._jobs: dict[int, tuple[str, RunningJob]] = {}  # id(job) -> (seat's key, job)
         self.cancel_ends_process = False  # a cancelled plain handler that runs on: exit
+        self._cancelled: dict[tuple[str, str], float] = {}  # cancelled, not started: when
 
     def started(self, seat: Seat, job: RunningJob) -> None:
         """``job``'s call is about to start in ``seat``'s membership; stopped at once if
@@ -61,6 +65,8 @@ class Running:
             self._jobs[id(job)] = (seat.key, job)
         if seat.fenced:
             self.stop(job, fenced())
+        if self._cancelled and self._was_cancelled(seat.key, job.entry.job_id):
+            self.stop(job, cancelled(), ends_process=False)
 
     def ended(self, job: RunningJob) -> None:
         """``job``'s call has ended (its outcome is recorded, or dropped if stopped)."""
@@ -95,8 +101,20 @@ class Running:
         wanted = set(jobs)
         with self._lock:
             found = [job for k, job in self._jobs.values() if (k, job.entry.job_id) in wanted]
+            now = time.monotonic()  # one read here but not started yet: stopped as it starts
+            for pair in wanted - {(k, job.entry.job_id) for k, job in self._jobs.values()}:
+                self._cancelled[pair] = now
+            while len(self._cancelled) > CANCELLED_KEPT:
+                del self._cancelled[next(iter(self._cancelled))]
         for job in found:
-            self.stop(job, Cancelled("cancelled"), ends_process=self.cancel_ends_process)
+            self.stop(job, cancelled(), ends_process=self.cancel_ends_process)
+
+    def _was_cancelled(self, queue: str, job_id: str) -> bool:
+        """Whether job ``job_id`` of ``queue`` was cancelled before it started here (its
+        worker had read it: a retry about to run, a job held behind others of its read)."""
+        with self._lock:
+            at = self._cancelled.pop((queue, job_id), None)
+        return at is not None and time.monotonic() - at < CANCELLED_SECONDS
 
     def fenced(self, key: str) -> None:
         """Our membership ``key`` was found fenced (called again on every look while it is):
@@ -121,6 +139,10 @@ class Running:
             if reply and text(reply[0]["consumer"]) == self.me:
                 continue
             self.stop(job, fenced())
+
+
+def cancelled() -> Cancelled:
+    return Cancelled("cancelled while it ran: it is recorded cancelled and never runs again")
 
 
 def fenced() -> Fenced:
