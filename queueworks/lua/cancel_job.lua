@@ -40,9 +40,17 @@ end
 local options  -- the job's own options ('o'), if it has any
 
 local function stopped()  -- a running job cancelled (its entry, read: ``holder``)
+  local starts = 0  -- the attempts it had before this entry (a retry that waited)
+  local found = redis.call('XRANGE', KEYS[1], holder[1], holder[1])
+  local flat = #found > 0 and found[1][2] or {}
+  for i = 1, #flat, 2 do
+    if flat[i] == '${ENTRY_STARTS}' then
+      starts = tonumber(flat[i + 1]) or 0
+    end
+  end
   redis.call('XACK', KEYS[1], ARGV[1], holder[1])
   redis.call('XDEL', KEYS[1], holder[1])
-  redis.call('HSET', KEYS[3], '${JOB_ATTEMPTS}', holder[4], '${JOB_WORKER}', holder[2])
+  redis.call('HSET', KEYS[3], '${JOB_ATTEMPTS}', starts + holder[4], '${JOB_WORKER}', holder[2])
   return holder[2]
 end
 
