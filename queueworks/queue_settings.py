@@ -6,8 +6,11 @@ it). Everything else is derived from it: the defaults (``DEFAULTS``), the check 
 caller gives ``Client.queue`` (``check_queue_settings``), the ``TaskSpec`` a queue is
 stored as and back (``QueueSettings.spec`` / ``.of``), the ``queueworks enqueue`` options
 (``queueworks.commands.options.queue_setting_options``) and what the dashboard reads and
-takes from a form. ``QueueOptions``, the keyword arguments of ``Client.queue`` and
-``AsyncClient.queue``, must name the same fields (a unit test holds them together).
+takes from a form; and the ones a live queue can change (``Setting.live``: ``LIVE``,
+``check_live_settings``, the options of ``queueworks queue QUEUE set`` and the dashboard's
+settings form). ``QueueOptions``, the keyword arguments of ``Client.queue`` and
+``AsyncClient.queue``, must name the same fields, and ``LiveOptions``, those of
+``Queue.configure``, the live ones (unit tests hold them together).
 """
 
 from __future__ import annotations
