@@ -8,6 +8,7 @@ from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.connection import RedisUnavailable
 from queueworks.context import (
+    Cancelled,
     Fenced,
     JobContext,
     Stopped,
@@ -38,6 +39,7 @@ __all__ = [
     "AsyncQueue",
     "AsyncTask",
     "Call",
+    "Cancelled",
     "Client",
     "EvictingRedis",
     "Fenced",

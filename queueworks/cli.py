@@ -30,6 +30,7 @@ from queueworks.commands.enqueue import enqueue
 from queueworks.commands.errors import BadInput, CliError, OneLineErrors
 from queueworks.commands.health import health
 from queueworks.commands.info import info
+from queueworks.commands.job import job
 from queueworks.commands.options import (
     ENV,
     PROCESSES,
@@ -75,6 +76,7 @@ for command in (
     schedules,
     unschedule,
     queue,
+    job,
     info,
     dead,
     health,

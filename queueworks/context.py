@@ -30,6 +30,11 @@ class Fenced(Stopped):
     again (same group slot)."""
 
 
+class Cancelled(Stopped):
+    """The job was cancelled while it ran (``job.cancel()``): it is recorded cancelled and
+    never runs again; let it end the handler."""
+
+
 class SafePoint:
     """What ``checkpoint()`` returns when the work may go on: nothing to do in a plain
     handler; awaited in an ``async def`` handler (``await ctx.checkpoint()``), it also lets

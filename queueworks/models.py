@@ -321,6 +321,7 @@ class DeadLetter(_Model):
     attempts: int
     payload: str | None
     worker: str | None
+    job: str | None = None  # a queue's: the dead job's id
 
 
 class JobState(StrEnum):

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
-from typing import Any, Generic
+from typing import Any, Generic, Unpack
 
 from typing_extensions import TypeVar
 
@@ -32,6 +32,7 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
+from queueworks.queue_configure import plan_configure
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -47,7 +48,7 @@ from queueworks.queue_plans import (
     plan_unique,
     plan_write,
 )
-from queueworks.queue_settings import QueueSettings, queue_wait
+from queueworks.queue_settings import LiveOptions, QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
@@ -321,6 +322,17 @@ class Queue:
         (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
         return self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
 
+    def configure(self, **settings: Unpack[LiveOptions]) -> QueueSettings:
+        """Change the queue's live settings (any of ``job_timeout``, ``max_attempts``,
+        ``result_ttl``, ``retry_delay``, ``retry_backoff``, ``retry_max_delay``,
+        ``rate_limit``, ``group_limit``, ``wait_replicas``, ``wait_timeout``), checked as
+        ``Client.queue`` checks them (``ValueError`` naming a bad one): every member starts
+        its next jobs with them within a second; a running job keeps the ones it started
+        with. The queue's settings now."""
+        self.settings = self._run(plan_configure(self.client.keys, self.name, settings))
+        self.ref.settings = self.settings
+        return self.settings
+
     def pause(self) -> bool:
         """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""
         return self._run(plan_pause(self.client.keys, self.name, True))
@@ -449,7 +461,10 @@ class Job(Generic[R]):
         return value if self.typed is None else self.typed.decode(value)
 
     def cancel(self) -> bool:
-        """Cancel the job if it has not started; False if it has started or finished."""
+        """Cancel the job: one not started never runs; a running one is stopped (an ``async
+        def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
+        checks finishes, its outcome dropped) and never run again. Whether the job will not
+        run (again): False if it had finished."""
         return self.queue._run(plan_job_cancel(self.queue.ref, self.id))
 
 

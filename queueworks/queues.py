@@ -93,6 +93,25 @@ def last_line(error: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+JOB_REF_ID = re.compile(r"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # as jobrecords.JOB_ID
+
+
+def job_ref(ref: str) -> tuple[str, str]:
+    """``"QUEUE/JOB_ID"`` as (queue name, job id), each checked: ``ValueError`` naming what
+    is wrong."""
+    if not isinstance(ref, str):
+        raise ValueError(f"job: {ref!r} is no 'QUEUE/JOB_ID'")
+    name, slash, job_id = ref.rpartition("/")
+    if not slash:
+        raise ValueError(f"job: {ref!r} is no 'QUEUE/JOB_ID' (the queue's name, a slash, the id)")
+    from queueworks.keys import check_task_id
+
+    check_task_id(name, "queue name")
+    if not JOB_REF_ID.match(job_id):
+        raise ValueError(f"job: {job_id!r} is no job id a queue gives (hex, or a stream entry id)")
+    return name, job_id
+
+
 def handler_path(handler: str | Callable[..., Any]) -> str:
     """``"module:function"`` for a path or a module-level function object."""
     if isinstance(handler, str):
@@ -443,8 +462,9 @@ def opened_settings(
     if differs:
         have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
         raise ValueError(
-            f"queue {name!r} exists with {have}; open it without those settings (its "
-            "node set can change: q.task.resize, q.task.set_priority)"
+            f"queue {name!r} exists with {have}; open it without those settings and "
+            "change them with q.configure(...) (its node set: q.task.resize, "
+            "q.task.set_priority)"
         )
     if TaskState(text(raw[1])).finished and not reopen:
         raise ValueError(

@@ -88,6 +88,7 @@ LUA_NAMES = {
 
 
 QUEUE_PAUSED = "paused"  # a queue record's flag: its members read no new job while it is "1"
+QUEUE_SETTINGS = "settings"  # a queue record's settings version: bumped by each configure
 MEMBER_OF = "member_of"  # the worker hash field of the queues a worker is a member of
 _NAMES = TypeAdapter(list[str])
 

@@ -21,7 +21,7 @@ from queueworks.jobrecords import JobEntry
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES, JobState
-from queueworks.records import QUEUE_PAUSED
+from queueworks.records import QUEUE_PAUSED, QUEUE_SETTINGS
 
 T = TypeVar("T")
 
@@ -662,23 +662,39 @@ def release_job(
     return Call("release_job", keys, args, _released)
 
 
-def _cancel_reply(reply: Any) -> tuple[int | str, JobOptions | None]:
+STOPPED_RUNNING = 3  # cancel_job: a running job cancelled; its member is told to stop it
+
+
+class CancelReply(NamedTuple):
+    """What ``cancel_job`` replied: ``found`` (its code, or an aside handler), the job's own
+    options, and the member running it when it was stopped (``STOPPED_RUNNING``)."""
+
+    found: int | str
+    options: JobOptions | None
+    member: str | None = None
+
+
+def _cancel_reply(reply: Any) -> CancelReply:
     if isinstance(reply, list):
-        return int(reply[0]), JobOptions.parse(reply[1])
-    return (text(reply) if isinstance(reply, bytes | str) else int(reply)), None
+        member = text(reply[2]) if len(reply) > 2 else None
+        options = JobOptions.parse(reply[1]) if reply[1] else None
+        return CancelReply(int(reply[0]), options, member)
+    return CancelReply(text(reply) if isinstance(reply, bytes | str) else int(reply), None)
 
 
 def cancel_job(
-    tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = ""
-) -> Call[tuple[int | str, JobOptions | None]]:
+    tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = "", running: bool = False
+) -> Call[CancelReply]:
     """1 cancelled, 2 cancelled and its handler left the queue's handler set, 0 it had
     started or finished, -1 no such job; a string: the handler whose aside stream the job
     waits on ('' the queue's own), to call again with (``aside``). With it, the cancelled
-    job's own options (None: it has none), whose unique key is to release."""
+    job's own options (None: it has none), whose unique key is to release. With
+    ``running``, a job a member runs is cancelled too (``STOPPED_RUNNING``, naming it)."""
     stream = tk.aside_stream(aside) if aside else tk.stream
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
     keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released, tk.groups_waiting)
-    return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl, aside], _cancel_reply)
+    args = [tk.group, job_id, repr(now), ttl, aside, "1" if running else ""]
+    return Call("cancel_job", keys, args, _cancel_reply)
 
 
 def _set_aside_reply(reply: Any) -> str | int:
@@ -706,6 +722,12 @@ def pause_queue(tk: TaskKeys, paused: bool) -> Call[int]:
     """Set (``paused``) or clear the queue's paused flag (pause_queue.lua): 1 changed, 0 it
     was so already, -1 no such queue record."""
     return Call("pause_queue", [tk.record], ["1" if paused else "", QUEUE_PAUSED], int)
+
+
+def configure_queue(tk: TaskKeys, read: bytes, spec: str) -> Call[int]:
+    """Write a queue's new ``spec`` if it is still the one ``read`` (configure_queue.lua):
+    the new settings version; 0 the spec changed meanwhile, -1 no such queue record."""
+    return Call("configure_queue", [tk.record], [read, spec, QUEUE_SETTINGS], int)
 
 
 def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[Any]:
@@ -800,6 +822,7 @@ NAMES = (
     "depend",
     "release_job",
     "pause_queue",
+    "configure_queue",
     "lease_acquire",
     "submit_small",
     "rate_read",

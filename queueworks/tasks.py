@@ -15,6 +15,7 @@ from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
     DEAD_INDEX,
+    DEAD_JOB,
     DEAD_PAYLOAD,
     DEAD_REASON,
     DEAD_WORKER,
@@ -229,6 +230,7 @@ def dead_letter(entry_id: bytes, raw: Mapping[bytes, bytes]) -> DeadLetter:
         attempts=int(f[DEAD_ATTEMPTS] or 0),
         payload=f[DEAD_PAYLOAD],
         worker=f[DEAD_WORKER],
+        job=f[DEAD_JOB],
     )
 
 

@@ -22,6 +22,7 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.eviction import PolicyWatch
+from queueworks.job_stops import stops_of, take_stops
 from queueworks.keys import Keys
 from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
@@ -42,6 +43,8 @@ class NodeState:
     seats: dict[str, Seat] = field(default_factory=dict)  # task id -> our seat in its set
     # a seat found fenced (its key): what this worker runs there is stopped (the worker's)
     on_fenced: Callable[[str], None] = lambda key: None
+    # jobs cancelled while they ran here, (queue, job id): stopped (``queueworks.job_stops``)
+    on_cancelled: Callable[[list[tuple[str, str]]], None] = lambda jobs: None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def seat(self, task_id: str, *, queue: bool = False) -> Seat:
@@ -247,6 +250,7 @@ class Heartbeat(threading.Thread):
         pipe.hincrby(k.worker(s.worker_id), "processed", delta)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
+        take_stops(pipe, k, s.worker_id)
         for _, task_id, successor in seats:
             tk = k.task(task_id)
             pipe.set(tk.heartbeat(s.worker_id), repr(now), px=self.ttl_ms, xx=True)
@@ -262,13 +266,15 @@ class Heartbeat(threading.Thread):
             # We were dropped from the pool (declared lost while paused): register again
             # rather than let the heartbeat recreate half a record.
             self._on_forgotten()
-        assign, drain = replies[4], replies[5]
+        assign, drain, stops = replies[4], replies[5], stops_of(replies[6])
+        if stops:
+            s.on_cancelled(stops)
         s.observe_assign(assign.decode() if assign else "")
         if drain and not s.stopping:  # an operator asked for a graceful leave
             self._log.info("draining")
             s.stopping = True
             s.suspend_all()
-        at = 6
+        at = 7
         for seat, task_id, successor in seats:
             mine, epoch_reply = replies[at], replies[at + 1]
             left_ms = int(replies[at + 2]) if successor is not None else None

@@ -25,6 +25,7 @@ from queueworks.flow import Limits
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JOB_TRACE, entry_job, entry_payload
 from queueworks.messages import safe_text
+from queueworks.models import StoredSpec
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.retry_policy import RetryPolicy
 from queueworks.runner import run
@@ -56,15 +57,19 @@ class JobLedger(Attempts):
         self._aside_at = len(self.tk.aside_stream(""))  # an aside stream's name: its handler
         # on the pipeline, not yet settled: (handler of the aside stream or "", batch), when
         self.sent: tuple[list[tuple[str, JobBatch]], float] | None = None
-        self.ttl = int(self.spec.result_ttl)
-        spec = self.spec
-        self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
-        self.group_limit = Limits.of(spec).group
+        self.use(self.spec)
         self.pump: Pump | None = None  # the hand-on after a settle: its reads on the pipeline
         self.rate = 0.0  # jobs/s the last settle carried, over the time since the one before
         # our membership's key: a settle finds it gone if we were pruned (then it settles
         # nothing: what we ran is run again by the member that reclaimed it)
         self.fence = self.tk.heartbeat(self.me)
+
+    def use(self, spec: StoredSpec) -> None:
+        """The queue's settings from now on (``QueueLoop.reconfigure``)."""
+        self.spec = spec
+        self.ttl = int(spec.result_ttl)
+        self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
+        self.group_limit = Limits.of(spec).group
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:

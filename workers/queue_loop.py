@@ -28,8 +28,9 @@ from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backsto
 from queueworks.flow import Limits
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
-from queueworks.models import NOT_ALLOWED, parse_handler_path
-from queueworks.records import QUEUE_PAUSED
+from queueworks.models import NOT_ALLOWED, StoredSpec, parse_handler_path
+from queueworks.queue_settings import MAX_GROUP_LIMIT
+from queueworks.records import QUEUE_PAUSED, QUEUE_SETTINGS
 from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
 from queueworks.tracing import hooks
@@ -40,6 +41,7 @@ from .flow import GroupSlots, RateGate
 from .handlers import Handler, HandlerRefused, resolve
 from .inflight import Call, is_async
 from .jobledger import JobLedger
+from .live_settings import LiveSettings
 from .loop import Run
 from .progress import ProgressWriter
 from .running_job import RunningJob
@@ -73,6 +75,7 @@ class QueueLoop:
         self.gate = RateGate(run, limits.rate, self.aside) if limits.rate is not None else None
         self.slots = GroupSlots(run, limits.group) if limits.group is not None else None
         self.duties = LeaderDuties(run)
+        self.live = LiveSettings(run)
         self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
         self.paused = False  # the queue's paused flag, as the last check read it: no reads
@@ -109,21 +112,27 @@ class QueueLoop:
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
-            pipe.hget(run.tk.record, QUEUE_PAUSED)
+            pipe.hmget(run.tk.record, [QUEUE_PAUSED, QUEUE_SETTINGS])
         if look:
             self.aside.look_on(pipe)
 
         def looked(replies: list[Any]) -> None:
             self.ledger.settled(replies[start:base])
             if check:
-                member, epoch, paused = replies[base : base + 3]
+                member, epoch, flags = replies[base : base + 3]
                 for reply in (member, epoch):
                     if isinstance(reply, Exception):
                         raise reply
+                if not isinstance(flags, list):  # (a record that is no hash: none set)
+                    flags = [None, None]
                 # a change suspends us: what was read stays ours, run after the re-rank
                 self.checked_at = now
                 run.membership.fence(member, epoch)
-                self.paused = paused == b"1"
+                self.paused = flags[0] == b"1"
+                self.live.seen(flags[1])
+                spec = self.live.changed()  # before any job this read brings starts
+                if spec is not None:
+                    self.reconfigure(spec)
             if look:
                 self.aside.looked(replies[base + 3 if check else base], now)
 
@@ -365,6 +374,27 @@ class QueueLoop:
         self.aside.tick()
         if self.slots is not None:
             self.slots.backstop()
+
+    def reconfigure(self, spec: StoredSpec) -> None:
+        """The queue's settings changed (``workers.live_settings``): the jobs started from
+        now on run with ``spec``'s (timeout, attempts, result TTL, retries, limits)."""
+        run = self.run
+        run.spec = spec
+        self.ledger.use(spec)
+        self.progress.ttl = int(spec.result_ttl)
+        limits = Limits.of(spec)
+        if limits.rate is None:
+            self.gate = None
+        elif self.gate is None:
+            self.gate = RateGate(run, limits.rate, self.aside)
+        else:
+            self.gate.rate = limits.rate
+        if limits.group is not None:
+            if self.slots is None:
+                self.slots = GroupSlots(run, limits.group)
+            self.slots.limit = limits.group
+        elif self.slots is not None:  # jobs may still wait for a slot: the pump hands them on
+            self.slots.limit = MAX_GROUP_LIMIT
 
     def _context(self, entry: JobEntry, work: Work) -> JobContext:
         run = self.run

@@ -3,6 +3,10 @@ finished (``Running.stop``), whatever the reason (``queueworks.context.Stopped``
 was fenced). A stopped job is no longer this worker's: nothing of it is settled (no ack, no
 result, no group slot or unique key given back); its outcome, when its call ends, is dropped.
 
+A job cancelled while it ran (``queueworks.job_stops``: ``Cancelled``) is stopped the same
+way, its cancel having settled it already; but a plain handler that does not stop is left
+to finish (its outcome dropped) unless ``cancel_ends_process``.
+
 How a call is stopped depends on what it can hear:
 
 * an ``async def`` handler's coroutine is cancelled at once (its call ends with the reason);
@@ -20,12 +24,13 @@ fence stops those of the membership it was found in that run elsewhere now (``fe
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 from redis.exceptions import ResponseError
 
 from queueworks.connection import Connection, text
-from queueworks.context import Fenced, Stopped
+from queueworks.context import Cancelled, Fenced, Stopped
 from queueworks.keys import GROUP
 
 from .eventloop import EventLoop
@@ -35,6 +40,8 @@ from .running_job import RunningJob
 from .watchdog import Watchdog
 
 STOP_GRACE = 1.0  # s a stopped plain handler with a context has to reach its checkpoint
+CANCELLED_KEPT = 1000  # jobs cancelled before they started here that a worker remembers
+CANCELLED_SECONDS = 600.0  # ... and for how long (one read is started well before that)
 
 
 class Running:
@@ -48,6 +55,8 @@ class Running:
         self.aio, self.watchdog, self.log = aio, watchdog, log
         self._lock = threading.Lock()
         self._jobs: dict[int, tuple[str, RunningJob]] = {}  # id(job) -> (seat's key, job)
+        self.cancel_ends_process = False  # a cancelled plain handler that runs on: exit
+        self._cancelled: dict[tuple[str, str], float] = {}  # cancelled, not started: when
 
     def started(self, seat: Seat, job: RunningJob) -> None:
         """``job``'s call is about to start in ``seat``'s membership; stopped at once if
@@ -56,6 +65,8 @@ class Running:
             self._jobs[id(job)] = (seat.key, job)
         if seat.fenced:
             self.stop(job, fenced())
+        if self._cancelled and self._was_cancelled(seat.key, job.entry.job_id):
+            self.stop(job, cancelled(), ends_process=False)
 
     def ended(self, job: RunningJob) -> None:
         """``job``'s call has ended (its outcome is recorded, or dropped if stopped)."""
@@ -64,8 +75,10 @@ class Running:
         if job.stop is not None:
             self.watchdog.stop_ended(job.label)
 
-    def stop(self, job: RunningJob, reason: Stopped) -> None:
-        """Stop ``job``'s call, for ``reason`` (once; see the module's docstring)."""
+    def stop(self, job: RunningJob, reason: Stopped, *, ends_process: bool = True) -> None:
+        """Stop ``job``'s call, for ``reason`` (once; see the module's docstring). Not
+        ``ends_process``: a plain handler that does not stop is left to finish (its outcome
+        dropped) instead of ending the process."""
         if job.stop is not None:
             return
         job.stop = reason
@@ -76,7 +89,32 @@ class Running:
         ctx = job.ctx
         if ctx is not None:
             ctx.stop(reason)
-        self.watchdog.stopped(job.label, STOP_GRACE if ctx is not None else 0.0)
+        if ends_process:
+            self.watchdog.stopped(job.label, STOP_GRACE if ctx is not None else 0.0)
+
+    def cancelled(self, jobs: list[tuple[str, str]]) -> None:
+        """Jobs cancelled while they ran (``queueworks.job_stops``: (queue, job id)): each
+        that runs here is stopped. Their cancel settled them already (their entries are
+        gone: nobody runs them again); a plain handler that does not stop finishes, its
+        outcome dropped (``cancel_ends_process``: the process ends instead, for a
+        supervisor that replaces it)."""
+        wanted = set(jobs)
+        with self._lock:
+            found = [job for k, job in self._jobs.values() if (k, job.entry.job_id) in wanted]
+            now = time.monotonic()  # one read here but not started yet: stopped as it starts
+            for pair in wanted - {(k, job.entry.job_id) for k, job in self._jobs.values()}:
+                self._cancelled[pair] = now
+            while len(self._cancelled) > CANCELLED_KEPT:
+                del self._cancelled[next(iter(self._cancelled))]
+        for job in found:
+            self.stop(job, cancelled(), ends_process=self.cancel_ends_process)
+
+    def _was_cancelled(self, queue: str, job_id: str) -> bool:
+        """Whether job ``job_id`` of ``queue`` was cancelled before it started here (its
+        worker had read it: a retry about to run, a job held behind others of its read)."""
+        with self._lock:
+            at = self._cancelled.pop((queue, job_id), None)
+        return at is not None and time.monotonic() - at < CANCELLED_SECONDS
 
     def fenced(self, key: str) -> None:
         """Our membership ``key`` was found fenced (called again on every look while it is):
@@ -101,6 +139,10 @@ class Running:
             if reply and text(reply[0]["consumer"]) == self.me:
                 continue
             self.stop(job, fenced())
+
+
+def cancelled() -> Cancelled:
+    return Cancelled("cancelled while it ran: it is recorded cancelled and never runs again")
 
 
 def fenced() -> Fenced:

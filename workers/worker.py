@@ -92,6 +92,7 @@ class Worker:
         )
         self.parts.aio.on_hung = self._loop_hung
         self.state.on_fenced = self.parts.running.fenced
+        self.state.on_cancelled = self.parts.running.cancelled
         scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)
         self.queue_set = QueueSet(self.parts, scout)
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it

@@ -22,7 +22,7 @@ from collections.abc import (
     Sequence,
 )
 from datetime import datetime
-from typing import Any, Generic, TypeAlias
+from typing import Any, Generic, TypeAlias, Unpack
 
 from typing_extensions import TypeVar
 
@@ -41,6 +41,7 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
+from queueworks.queue_configure import plan_configure
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -55,7 +56,7 @@ from queueworks.queue_plans import (
     plan_unique,
     plan_write,
 )
-from queueworks.queue_settings import QueueSettings, queue_wait
+from queueworks.queue_settings import LiveOptions, QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
@@ -292,6 +293,12 @@ class AsyncQueue:
         (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
         return await self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
 
+    async def configure(self, **settings: Unpack[LiveOptions]) -> QueueSettings:
+        """As ``Queue.configure``: change the queue's live settings; its settings now."""
+        self.settings = await self._run(plan_configure(self.client.keys, self.name, settings))
+        self.ref.settings = self.settings
+        return self.settings
+
     async def pause(self) -> bool:
         """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""
         return await self._run(plan_pause(self.client.keys, self.name, True))
@@ -464,7 +471,10 @@ class AsyncJob(Generic[R]):
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
 
     async def cancel(self) -> bool:
-        """Cancel the job if it has not started; False if it has started or finished."""
+        """Cancel the job: one not started never runs; a running one is stopped (an ``async
+        def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
+        checks finishes, its outcome dropped) and never run again. Whether the job will not
+        run (again): False if it had finished."""
         return await self.queue._run(plan_job_cancel(self.queue.ref, self.id))
 
 

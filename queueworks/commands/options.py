@@ -229,6 +229,33 @@ def key_values(items: tuple[str, ...], flag: str, what: str) -> dict[str, str]:
     return labels
 
 
+NO_LIMIT = "none"  # ``queue QUEUE set --rate-limit none``: the setting's "no limit" (None)
+CLEARED: Any = object()  # what a live setting option gives for NO_LIMIT
+
+
+def live_setting_options(f: Any) -> Any:
+    """An option for every setting ``Queue.configure`` changes (``Setting.live``), for
+    ``queueworks queue QUEUE set``: its flag, type and help from the declaration; not given:
+    None. One that may be "no limit" takes ``none`` too (``CLEARED``)."""
+    for s in reversed([s for s in SETTINGS.values() if s.live]):
+        kind = setting_type(s)
+        help = f"set: {s.help}" + (f" ({NO_LIMIT!r}: no limit)" if s.optional else "")
+        f = option(s.flag, s.name, type=_OrNone(kind) if s.optional else kind, help=help)(f)
+    return f
+
+
+class _OrNone(click.ParamType[Any]):
+    """A setting's type, or ``none`` (``CLEARED``)."""
+
+    def __init__(self, inner: click.ParamType[Any]) -> None:
+        self.inner, self.name = inner, f"{inner.name}|none"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == NO_LIMIT:
+            return CLEARED
+        return self.inner.convert(value, param, ctx)
+
+
 def setting_type(s: Setting) -> click.ParamType[Any]:
     """The click type of a queue setting, from its declared kind and bounds."""
     if s.kind is int:
