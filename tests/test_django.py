@@ -218,7 +218,7 @@ def test_enqueue_sends_task_enqueued_and_makes_a_ready_job(backend: Any) -> None
 
     TASKS.task_enqueued.connect(receiver)
     try:
-        result = tasks.add.using(priority=10).enqueue(1, 2)
+        result = tasks.add.enqueue(1, 2)
     finally:
         TASKS.task_enqueued.disconnect(receiver)
     assert seen == [(QueueworksBackend, result)]
@@ -238,9 +238,16 @@ def test_a_worker_with_settings_it_cannot_load_says_so(cluster: Cluster) -> None
 
 
 @pytest.mark.system
-def test_higher_priority_tasks_run_first(cluster: Cluster, backend: Any, r: redis.Redis) -> None:
+def test_priorities_run_in_order_or_are_refused(
+    cluster: Cluster, backend: Any, r: redis.Redis
+) -> None:
+    """Where jobs have priorities, Django's run in their order; where they do not, the
+    backend says so and a task with a priority is refused (never dropped silently)."""
+    assert QueueworksBackend.supports_priority is ENQUEUE_TAKES_PRIORITY
     if not ENQUEUE_TAKES_PRIORITY:
-        pytest.skip("this queueworks has no job priorities (Queue.enqueue(priority=))")
+        with pytest.raises(TASKS.InvalidTask, match="priority"):
+            tasks.when_ran.using(priority=50).enqueue()
+        return
     low = [tasks.when_ran.using(priority=-50).enqueue() for _ in range(3)]
     high = [tasks.when_ran.using(priority=50).enqueue() for _ in range(3)]
     cluster.controller()

@@ -68,7 +68,10 @@ class QueueworksBackend(TASKS.BaseTaskBackend):  # type: ignore[misc]
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    supports_priority = True
+    # Django's priority needs job priorities (``Queue.enqueue(priority=)``): until this
+    # queueworks has them, the framework refuses a task with a priority, instead of the
+    # backend dropping it
+    supports_priority = ENQUEUE_TAKES_PRIORITY
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
         super().__init__(alias, params)
