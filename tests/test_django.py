@@ -34,7 +34,7 @@ from django.test.utils import override_settings  # noqa: E402
 from queueworks.contrib.django import QueueworksBackend, TaskFailed, job_priority  # noqa: E402
 from queueworks.contrib.django.backend import ENQUEUE_TAKES_PRIORITY  # noqa: E402
 from queueworks.contrib.django.compat import TASKS  # noqa: E402
-from queueworks.contrib.django.results import task_error  # noqa: E402
+from queueworks.contrib.django.results import HANDLER, task_error  # noqa: E402
 from tests.djangoproject import tasks  # noqa: E402
 
 if os.environ.get("DJANGO_SETTINGS_MODULE") != SETTINGS:
@@ -286,3 +286,14 @@ def test_task_error_names_the_task_exception() -> None:
     assert "TaskFailed" not in error.traceback and "line two" in error.traceback
     plain = task_error('Traceback (most recent call last):\n  File "x"\nTimeoutError: slow\n')
     assert plain.exception_class_path == "builtins.TimeoutError"
+
+
+@pytest.mark.integration
+def test_reading_a_result_imports_no_module_outside_the_allowed_prefixes(backend: Any) -> None:
+    """A result's task is named by its job's payload, which anyone who can write to Redis
+    writes: reading it imports only under the backend's ``allow`` prefixes."""
+    q = backend.client.queue("default")
+    job = q.enqueue(HANDLER, {"task": "qw_never_imported.tasks.t", "args": [], "kwargs": {}})
+    with pytest.raises(TASKS.TaskResultDoesNotExist):
+        backend.get_result(f"default/{job.id}")
+    assert "qw_never_imported" not in sys.modules

@@ -23,7 +23,15 @@ from queueworks.queue_handle import Queue
 from queueworks.runner import run
 
 from .compat import TASKS
-from .results import HANDLER, CallUnread, parse_result_id, result_id, task_result, when
+from .results import (
+    HANDLER,
+    CallUnread,
+    parse_result_id,
+    project_modules,
+    result_id,
+    task_result,
+    when,
+)
 
 OPTIONS = {"redis_url", "prefix", "allow", "queue_settings"}
 # reads of a job whose payload was not found while it was not finished: it was settling
@@ -158,7 +166,7 @@ class QueueworksBackend(TASKS.BaseTaskBackend):  # type: ignore[misc]
                 detail = self._detail(queue, job_id)
                 reads -= 1
                 try:
-                    return task_result(detail, self.alias)
+                    return task_result(detail, self.alias, self.allow or project_modules())
                 except CallUnread:
                     if detail.state.finished or not reads:
                         raise

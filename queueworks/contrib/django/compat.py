@@ -4,7 +4,6 @@ spell alike, whichever was found."""
 
 from __future__ import annotations
 
-import importlib
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,46 +16,45 @@ except ImportError as exc:  # pragma: no cover - the extra is the way to get it
 
 
 def _tasks_api() -> Any:
+    # fixed module names, by version (never a name read from data)
     if django.VERSION >= (6, 0):
-        base = importlib.import_module("django.tasks")
-        names = {
-            "exceptions": "django.tasks.exceptions",
-            "backends": "django.tasks.backends.base",
-            "signals": "django.tasks.signals",
-            "json": "django.utils.json",
-        }
-        invalid = "InvalidTask"
+        from django.tasks import base, exceptions, signals, task_backends
+        from django.tasks.backends import base as backends_base
+        from django.utils import json
+
+        invalid = exceptions.InvalidTask
     else:
         try:
-            base = importlib.import_module("django_tasks")
+            from django_tasks import (  # type: ignore[import-not-found,unused-ignore]
+                base,
+                exceptions,
+                signals,
+                task_backends,
+            )
+            from django_tasks import utils as json  # type: ignore[import-not-found,unused-ignore]
+            from django_tasks.backends import (  # type: ignore[import-not-found,unused-ignore]
+                base as backends_base,
+            )
         except ImportError as exc:
             raise ImportError(
                 "queueworks.contrib.django on Django 5.2 needs the django-tasks backport: "
                 "pip install django-tasks (or 'queueworks[django]')"
             ) from exc
-        names = {
-            "exceptions": "django_tasks.exceptions",
-            "backends": "django_tasks.backends.base",
-            "signals": "django_tasks.signals",
-            "json": "django_tasks.utils",
-        }
-        invalid = "InvalidTaskError"
-    mods = {k: importlib.import_module(v) for k, v in names.items()}
-    core = importlib.import_module(base.__name__ + ".base")
+        invalid = exceptions.InvalidTaskError
     return SimpleNamespace(
-        task_backends=base.task_backends,
-        BaseTaskBackend=mods["backends"].BaseTaskBackend,
-        Task=core.Task,
-        TaskResult=core.TaskResult,
-        TaskResultStatus=core.TaskResultStatus,
-        TaskError=core.TaskError,
-        TaskContext=core.TaskContext,
-        InvalidTask=getattr(mods["exceptions"], invalid),
-        TaskResultDoesNotExist=mods["exceptions"].TaskResultDoesNotExist,
-        task_enqueued=mods["signals"].task_enqueued,
-        task_started=mods["signals"].task_started,
-        task_finished=mods["signals"].task_finished,
-        normalize_json=mods["json"].normalize_json,
+        task_backends=task_backends,
+        BaseTaskBackend=backends_base.BaseTaskBackend,
+        Task=base.Task,
+        TaskResult=base.TaskResult,
+        TaskResultStatus=base.TaskResultStatus,
+        TaskError=base.TaskError,
+        TaskContext=base.TaskContext,
+        InvalidTask=invalid,
+        TaskResultDoesNotExist=exceptions.TaskResultDoesNotExist,
+        task_enqueued=signals.task_enqueued,
+        task_started=signals.task_started,
+        task_finished=signals.task_finished,
+        normalize_json=json.normalize_json,
     )
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from importlib import import_module
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from queueworks.allow import allowed
 from queueworks.models import JobDetail, JobState
 
 from .compat import TASKS
@@ -85,17 +87,30 @@ class CallUnread(LookupError):
     reads its status, then its record and entry)."""
 
 
-def import_task(path: str) -> Any:
-    """The ``Task`` at ``path`` (``module.function``, its ``module_path``): ``ValueError``
-    if there is none there."""
+def import_task(path: str, allow: Sequence[str]) -> Any:
+    """The ``Task`` at ``path`` (``module.function``, its ``module_path``), imported only
+    from a module under the ``allow`` prefixes (a path read from Redis names it):
+    ``PermissionError`` outside them, ``ValueError`` if there is no task there."""
     module, _, name = path.rpartition(".")
-    found = getattr(import_module(module), name, None) if module else None
+    if not module or not allowed(module, allow):
+        raise PermissionError(
+            f"Django task {path!r} is outside the allowed module prefixes {list(allow)}"
+        )
+    found = getattr(import_module(module), name, None)
     if not isinstance(found, TASKS.Task):
         raise ValueError(f"{path!r} is no Django task (a function decorated with @task)")
     return found
 
 
-def task_result(detail: JobDetail, backend: str) -> Any:
+def project_modules() -> list[str]:
+    """The module prefixes of the project's installed apps: where a process that reads a
+    result (``get_result``) may import a task from when the backend names no ``allow``."""
+    from django.apps import apps
+
+    return [config.name for config in apps.get_app_configs()]
+
+
+def task_result(detail: JobDetail, backend: str, allow: Sequence[str]) -> Any:
     """The ``TaskResult`` of a Django task's job; ``LookupError`` if the job is no Django
     task's, or its task is no longer known (a dead job whose dead letter is gone)."""
     rid = result_id(detail.queue, detail.id)
@@ -105,7 +120,10 @@ def task_result(detail: JobDetail, backend: str) -> Any:
     call = done if done is not None else json.loads(detail.payload or "null")
     if not isinstance(call, dict) or "task" not in call:
         raise CallUnread(f"job {rid} ({detail.state}): its task is no longer known")
-    task = import_task(call["task"])
+    try:
+        task = import_task(call["task"], allow)
+    except PermissionError as exc:
+        raise LookupError(str(exc)) from None
     if task.queue_name != detail.queue or task.backend != backend:
         task = task.using(queue_name=detail.queue, backend=backend)
     errors = []

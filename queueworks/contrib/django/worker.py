@@ -42,7 +42,7 @@ def run_task(payload: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
             f"Django task {path!r} is outside this worker's allowed module prefixes "
             f"{list(ctx.allow)}"
         )
-    task = import_task(path)
+    task = import_task(path, ctx.allow)
     if not allowed(task.func.__module__, ctx.allow):
         raise PermissionError(
             f"Django task {path!r} is defined in {task.func.__module__!r}, outside this "
