@@ -62,8 +62,10 @@ class NodeState:
         return any(not seat.leaving for seat in self.members())
 
     def suspend_all(self) -> None:
+        """The worker stops: every seat suspends, and every job it runs is asked to yield."""
         for seat in list(self.seats.values()):
             seat.suspend.set()
+            seat.halt.set()
         self.wake.set()
 
     def forget(self) -> None:
@@ -111,7 +113,12 @@ class Seat:
         self.fenced = False  # our member heartbeat was gone: we were pruned
         self.leaving = False  # the member is leaving its node set (runtime writes)
         self.revoked = False  # a queue's seat told to leave (the worker has other work)
+        # a new epoch, a prune, a leave: act at the next safe point (a task's steps pause)
         self.suspend = threading.Event()
+        # the jobs this seat runs must yield (``ctx.suspended``): the worker stops, is given
+        # a task, or was pruned. A queue's jobs watch this one, never ``suspend``: a change
+        # of a queue's members pauses none of them (docs/queues.md)
+        self.halt = threading.Event()
 
     @property
     def worker_id(self) -> str:
@@ -153,6 +160,15 @@ class Seat:
         """Leave at the next safe point (a queue's seat: the worker has other work)."""
         self.revoked = True
         self.suspend.set()
+        self.halt.set()
+        self.node.wake.set()
+
+    def pruned(self) -> None:
+        """We were declared dead in this node set (our member heartbeat is gone, or our
+        seat): stop, hand back and rejoin at the next safe point; what runs yields."""
+        self.fenced = True
+        self.suspend.set()
+        self.halt.set()
         self.node.wake.set()
 
     def observe_epoch(self, epoch: int) -> None:
@@ -274,9 +290,7 @@ class Heartbeat(threading.Thread):
         left_ms: int | None,
     ) -> None:
         if not mine:
-            seat.fenced = True
-            seat.suspend.set()
-            seat.wake.set()
+            seat.pruned()
         seat.observe_epoch(epoch)
         if successor is not None and left_ms is not None:
             if left_ms == -2 and self.prune(seat, successor):

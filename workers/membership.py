@@ -78,6 +78,7 @@ class Membership:
         the consumer group if they lack it (see ``upgrade_groups``); ``most``: the node set's
         bound (``NodeSetFull`` is raised if it holds that many without us)."""
         self.state.suspend.clear()
+        self.state.halt.clear()
         self.state.fenced = False
         now, sent = time.time(), time.monotonic()
         pipe = self.r.pipeline(transaction=False)
@@ -114,7 +115,7 @@ class Membership:
         self._joined = None
         role = roster.role_of(self.me)
         if role is None:
-            self.state.fenced = True
+            self.state.pruned()
             return None
         self.state.role_epoch = roster.epoch
         self.checked_at = sent
@@ -212,7 +213,7 @@ class Membership:
         self.checked_at = time.monotonic() if sent is None else sent
         changed = score is None or int(epoch or 0) != self.role.epoch
         if score is None:
-            self.state.fenced = True
+            self.state.pruned()
         elif changed:
             self.state.observe_epoch(int(epoch or 0))
         return changed

@@ -36,6 +36,7 @@ from queueworks.signals import ColdStop
 from .aside import Aside
 from .flow import GroupSlots, RateGate
 from .handlers import Handler, HandlerRefused, resolve
+from .heartbeat import Seat
 from .inflight import Call, is_async
 from .jobledger import JobLedger
 from .loop import Run
@@ -168,7 +169,7 @@ class QueueLoop:
         s = run.state
         ran, started = 0, time.monotonic()
         self.batch_at = started
-        while run.held and not (s.suspend.is_set() or s.stopping or s.fenced):
+        while run.held and not halted(s):
             work = self.ledger.start(run.held.popleft())
             if work is not None:
                 if not self._run_one(work):
@@ -189,8 +190,7 @@ class QueueLoop:
     def run_fresh_one(self, work: Work) -> bool:
         """Run one entry just read (a worker serving many queues runs them in turn); False
         if this queue's batch stops here (it and what follows wait in ``held``)."""
-        s = self.run.state
-        if s.suspend.is_set() or s.stopping or s.fenced:
+        if halted(self.run.state):
             self.run.held.append(work)
             return False
         return self._run_one(work)
@@ -308,7 +308,7 @@ class QueueLoop:
             role=role,
             worker_id=run.me,
             log=run.log,
-            _suspend=run.state.suspend,
+            _suspend=run.state.halt,  # never a change of the queue's members
             _sink=self.progress,
             _named=entry.named,
         )
@@ -345,6 +345,13 @@ class QueueLoop:
             if moved == -1:
                 ledger.reject(work, "no such job in this queue (set aside)")
         # (an aside stream's job: read only by members that may run it)
+
+
+def halted(seat: Seat) -> bool:
+    """Whether a queue's member starts no more jobs until its next safe point: the worker
+    stops, was given a task, or was pruned (it rejoins first). A new epoch is no reason: a
+    change of a queue's members never pauses a job (the re-rank waits for nothing)."""
+    return seat.halt.is_set() or seat.stopping or seat.fenced
 
 
 def settle_wait(now: float, last_flush: float, rate: float, waiting: int) -> float:

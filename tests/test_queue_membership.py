@@ -1,0 +1,79 @@
+"""Queues are not gangs: a change of a queue's members (a worker joins, dies, leaves) never
+pauses another worker's jobs, and a dead worker's jobs in every queue it read are run again.
+Real Redis, real processes, really SIGKILLed."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+
+import pytest
+import redis
+
+from queueworks import Client
+from tests.conftest import Cluster, wait_for
+
+TTL = ["--heartbeat-interval", "0.5", "--heartbeat-ttl", "1.5"]
+
+
+def members_of(client: Client, name: str) -> list[str]:
+    return sorted(n.worker for n in client.task(name).status().nodes)
+
+
+def longest_gap(times: list[float], start: float, end: float) -> float:
+    """The longest stretch of [start, end] without one of ``times`` in it."""
+    marks = [start, *sorted(t for t in times if start < t < end), end]
+    return max(b - a for a, b in itertools.pairwise(marks))
+
+
+@pytest.mark.system
+def test_a_worker_joining_and_dying_never_pauses_the_others_jobs(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """w1 and w2 (--concurrency 2) each run a long job without a safe point and have a slot
+    free while fast jobs arrive; w3 joins every queue and is SIGKILLed. Neither w1 nor w2
+    stops starting fast jobs meanwhile: their longest gap stays well under the time a drain
+    would take (the long jobs' length)."""
+    fast = client.queue("fast")
+    slow_a, slow_b = client.queue("slow-a"), client.queue("slow-b")
+    conc = ["--concurrency", "2", *TTL]
+    cluster.worker("w1", extra=[*conc, "--queues", "fast,slow-a"])
+    cluster.worker("w2", extra=[*conc, "--queues", "fast,slow-b"])
+    wait_for(lambda: members_of(client, "fast") == ["w1", "w2"], 30, "w1, w2 in fast")
+    wait_for(lambda: members_of(client, "slow-a") == ["w1"], 30, "w1 in slow-a")
+    wait_for(lambda: members_of(client, "slow-b") == ["w2"], 30, "w2 in slow-b")
+    long_jobs = [q.enqueue("tests.handlers:sleep_for", {"seconds": 25.0}) for q in (slow_a, slow_b)]
+    wait_for(lambda: all(j.status().state == "running" for j in long_jobs), 20, "long jobs")
+    log = f"{prefix}:fast-starts"
+    stop = threading.Event()
+
+    def produce() -> None:
+        while not stop.is_set():
+            fast.enqueue("tests.handlers:job_logged", {"x": 1, "log": log})
+            time.sleep(0.025)
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    try:
+        time.sleep(1.0)
+        start = time.time()
+        w3 = cluster.worker("w3", extra=TTL)
+        wait_for(lambda: "w3" in members_of(client, "fast"), 30, "w3 in fast")
+        time.sleep(1.0)
+        w3.kill()
+        killed = time.time()
+        wait_for(lambda: "w3" not in members_of(client, "fast"), 20, "w3 pruned")
+        time.sleep(1.5)
+        end = time.time()
+    finally:
+        stop.set()
+        producer.join()
+    starts: dict[str, list[float]] = {"w1": [], "w2": [], "w3": []}
+    for raw in r.lrange(log, 0, -1):
+        _, worker, _, at = raw.decode().split("|")
+        starts[worker].append(float(at))
+    gaps = {w: round(longest_gap(starts[w], start, end), 2) for w in ("w1", "w2")}
+    print("gaps", gaps)
+    assert all(g <= 1.0 for g in gaps.values()), (gaps, killed - start, end - start)
+    assert all(j.status().state == "running" for j in long_jobs)
