@@ -77,3 +77,33 @@ def test_a_worker_joining_and_dying_never_pauses_the_others_jobs(
     print("gaps", gaps)
     assert all(g <= 1.0 for g in gaps.values()), (gaps, killed - start, end - start)
     assert all(j.status().state == "running" for j in long_jobs)
+
+
+@pytest.mark.system
+def test_a_dead_workers_jobs_in_every_queue_it_read_run_again_within_a_ttl(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """A worker serving 12 queues keeps no heartbeat per queue (its pool heartbeat is its
+    liveness) and records the queues it joined; SIGKILLed while it runs a job of each, every
+    one of them runs again on the survivor within the TTL and a little, counted once."""
+    names = [f"m{i:02d}" for i in range(12)]
+    queues = [client.queue(n) for n in names]
+    victim = cluster.worker("victim", extra=["--concurrency", "12", *TTL])
+    wait_for(lambda: all(members_of(client, n) == ["victim"] for n in names), 30, "joined")
+    log = f"{prefix}:attempts"
+    jobs = [q.enqueue("tests.handlers:slow_first", {"log": log, "seconds": 60}) for q in queues]
+    wait_for(lambda: all(j.status().worker == "victim" for j in jobs), 30, "all running")
+    cluster.worker("survivor", extra=TTL)
+    wait_for(lambda: all(len(members_of(client, n)) == 2 for n in names), 30, "both joined")
+    assert {m.decode() for m in r.smembers(f"{prefix}:worker:victim:queues")} == set(names)
+    time.sleep(2.0)  # longer than the TTL: a heartbeat per queue would still be there
+    assert r.keys(f"{prefix}:task:*:hb:*") == []
+    victim.kill()
+    killed = time.time()
+    assert [j.result(timeout=30) for j in jobs] == [2] * len(jobs)
+    rerun = max(j.status().started_at or 0.0 for j in jobs) - killed
+    assert rerun < 1.5 + 3.0, rerun  # TTL + a tick, and room for a loaded machine
+    for q in queues:
+        assert (q.status().done, q.status().dead) == (1, 0)
+        assert members_of(client, q.name) == ["survivor"]
+    assert not r.exists(f"{prefix}:worker:victim:queues")

@@ -1,5 +1,7 @@
 """The heartbeat: one pipelined round trip per tick that keeps the worker alive in the pool and
-in its node set, reads the task's epoch and the assignment, and checks one other member.
+in its task's node set, reads the task's epoch and the assignment, checks one other member,
+and looks for dead workers of the queues (``workers.lost``). A queue's seats cost the tick
+nothing: liveness in a queue is the worker's pool heartbeat, one per process.
 
 Every member checks only its successor in rank order (a ring), so finding a dead member
 costs O(members) per tick per task. The check reads how long the successor's heartbeat
@@ -25,6 +27,8 @@ from queueworks.eviction import PolicyWatch
 from queueworks.keys import Keys
 from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
+
+from .lost import LostWorkers
 
 
 @dataclass
@@ -208,6 +212,7 @@ class Heartbeat(threading.Thread):
         self._check_at: float | None = None  # an extra tick when the successor's beat ends
         self.pruned = 0
         self.policy: PolicyWatch | None = None  # Redis's maxmemory-policy, read now and then
+        self.lost = LostWorkers(r, keys, scripts, state.worker_id, ttl=ttl, log=log)
 
     def stop(self) -> None:
         self._halt.set()
@@ -238,7 +243,8 @@ class Heartbeat(threading.Thread):
     def tick(self) -> None:
         s, k = self.state, self._keys
         now = time.time()
-        seats = [(seat, seat.key, seat.successor) for seat in s.members()]
+        # a queue's seat has no heartbeat, epoch or successor of its own to tick
+        seats = [(seat, seat.key, seat.successor) for seat in s.members() if not seat.queue]
         pipe = self._r.pipeline(transaction=False)
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
@@ -250,6 +256,7 @@ class Heartbeat(threading.Thread):
         pipe.hincrby(k.worker(s.worker_id), "processed", delta)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
+        looked = self.lost.look_on(pipe, now, self.interval)
         for _, task_id, successor in seats:
             tk = k.task(task_id)
             pipe.set(tk.heartbeat(s.worker_id), repr(now), px=self.ttl_ms, xx=True)
@@ -271,7 +278,11 @@ class Heartbeat(threading.Thread):
             self._log.info("draining")
             s.stopping = True
             s.suspend_all()
-        at = 6
+        dead, soon = looked(replies)
+        if soon is not None:  # look again the moment that worker's beat runs out
+            self._check_soon(soon - time.time())
+        self.lost.confirm(dead)
+        at = 7
         for seat, task_id, successor in seats:
             mine, epoch_reply = replies[at], replies[at + 1]
             left_ms = int(replies[at + 2]) if successor is not None else None
@@ -296,12 +307,14 @@ class Heartbeat(threading.Thread):
             if left_ms == -2 and self.prune(seat, successor):
                 return
             if 0 <= left_ms < self.interval * 1000:  # look again the moment it runs out
-                check_at = time.monotonic() + left_ms / 1000 + EXPIRY_SLACK
-                self._check_at = (
-                    check_at if self._check_at is None else min(self._check_at, check_at)
-                )
+                self._check_soon(left_ms / 1000)
         if seat.roster_at != epoch:
             self._follow(seat, task_id)
+
+    def _check_soon(self, seconds: float) -> None:
+        """Tick again ``seconds`` from now (a heartbeat runs out then), if that is sooner."""
+        check_at = time.monotonic() + max(0.0, seconds) + EXPIRY_SLACK
+        self._check_at = check_at if self._check_at is None else min(self._check_at, check_at)
 
     def follow(self, seat: Seat, roster: Roster) -> bool:
         """The member's roster of its task (its join's): whom to check from now on,

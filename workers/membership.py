@@ -82,6 +82,8 @@ class Membership:
         self.state.fenced = False
         now, sent = time.time(), time.monotonic()
         pipe = self.r.pipeline(transaction=False)
+        if self.state.queue:  # recorded before we may hold a job of it (``workers.lost``)
+            pipe.sadd(self.keys.worker_queues(self.me), self.tk.task_id)
         upgrade_groups(pipe, streams, self.tk.group)
         read_before = before(pipe) if before is not None else None
         stream, count = read if read is not None else (None, 0)
@@ -233,7 +235,9 @@ class Membership:
             first(pipe)
         call = calls.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
         departing = Queued(self.scripts, call, pipe)
-        if not self.state.queue:
+        if self.state.queue:  # (what we held is handed back: nothing of ours is left there)
+            pipe.srem(self.keys.worker_queues(self.me), self.tk.task_id)
+        else:
             pipe.hset(self.keys.worker(self.me), mapping=idle_worker())
         done = self.state.node.unreported()  # what this run settled, in the record now
         pipe.hincrby(self.keys.worker(self.me), "processed", done)
