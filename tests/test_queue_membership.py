@@ -85,9 +85,11 @@ def test_a_dead_workers_jobs_in_every_queue_it_read_run_again_within_a_ttl(
 ) -> None:
     """A worker serving 12 queues keeps no heartbeat per queue (its pool heartbeat is its
     liveness) and records the queues it joined; SIGKILLed while it runs a job of each, every
-    one of them runs again on the survivor within the TTL and a little, counted once."""
+    one of them runs again on the survivor within the TTL and a little, counted once, whether
+    a worker or the controller (which drops it from the pool) finds it dead first."""
     names = [f"m{i:02d}" for i in range(12)]
     queues = [client.queue(n) for n in names]
+    cluster.controller()
     victim = cluster.worker("victim", extra=["--concurrency", "12", *TTL])
     wait_for(lambda: all(members_of(client, n) == ["victim"] for n in names), 30, "joined")
     log = f"{prefix}:attempts"
@@ -107,3 +109,40 @@ def test_a_dead_workers_jobs_in_every_queue_it_read_run_again_within_a_ttl(
         assert (q.status().done, q.status().dead) == (1, 0)
         assert members_of(client, q.name) == ["survivor"]
     assert not r.exists(f"{prefix}:worker:victim:queues")
+
+
+@pytest.mark.system
+def test_many_idle_queues_cost_a_bounded_number_of_commands(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """200 idle queues, 2 workers: Redis serves a bounded number of commands a second (no
+    heartbeat, check or scan per queue at their full rate), a job on any queue still starts
+    at once, and a delayed job on a queue with nothing scheduled starts on time."""
+    names = [f"idle{i:03d}" for i in range(200)]
+    for n in names:
+        client.queue(n)
+    cluster.worker("a")
+    cluster.worker("b")
+    total = len(names) * 2
+
+    def joined() -> bool:
+        pipe = r.pipeline(transaction=False)
+        for n in names:
+            pipe.zcard(client.keys.task(n).members)
+        return sum(pipe.execute()) == total
+
+    wait_for(joined, 60, "both workers in every queue")
+    time.sleep(2.0)  # (the joins' re-ranks settle)
+    before, at = int(r.info("stats")["total_commands_processed"]), time.monotonic()
+    time.sleep(3.0)
+    per_s = (int(r.info("stats")["total_commands_processed"]) - before) / (time.monotonic() - at)
+    assert per_s < 3000, per_s  # each of these queues at its full rate: some 6,000 a second
+    q = client.queue(names[137])
+    started = time.time()
+    assert q.enqueue("tests.handlers:double", {"x": 2}).result(timeout=10) == 4
+    assert time.time() - started < 2.0
+    later = client.queue(names[61]).enqueue("tests.handlers:double", {"x": 3}, delay=1.0)
+    assert later.result(timeout=20) == 6
+    status = later.status()
+    assert status.started_at is not None and status.run_at is not None
+    assert status.started_at - status.run_at < 1.5, status.started_at - status.run_at

@@ -28,7 +28,7 @@ from queueworks.keys import Keys
 from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
 
-from .lost import LostWorkers
+from .lost import LOOK_COMMANDS, LostWorkers
 
 
 @dataclass
@@ -256,6 +256,9 @@ class Heartbeat(threading.Thread):
         pipe.hincrby(k.worker(s.worker_id), "processed", delta)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
+        queues = [seat for seat in s.members() if seat.queue]
+        if queues:  # gone: a finder took it, having found us dead (``workers.lost``)
+            pipe.exists(k.worker_queues(s.worker_id))
         looked = self.lost.look_on(pipe, now, self.interval)
         for _, task_id, successor in seats:
             tk = k.task(task_id)
@@ -278,11 +281,16 @@ class Heartbeat(threading.Thread):
             self._log.info("draining")
             s.stopping = True
             s.suspend_all()
+        at = 6
+        if queues:
+            if not replies[at]:
+                self._pruned_from_queues(queues)
+            at += 1
         dead, soon = looked(replies)
         if soon is not None:  # look again the moment that worker's beat runs out
             self._check_soon(soon - time.time())
         self.lost.confirm(dead)
-        at = 7
+        at += LOOK_COMMANDS
         for seat, task_id, successor in seats:
             mine, epoch_reply = replies[at], replies[at + 1]
             left_ms = int(replies[at + 2]) if successor is not None else None
@@ -310,6 +318,15 @@ class Heartbeat(threading.Thread):
                 self._check_soon(left_ms / 1000)
         if seat.roster_at != epoch:
             self._follow(seat, task_id)
+
+    def _pruned_from_queues(self, seats: list[Seat]) -> None:
+        """Another worker found us dead (our heartbeat ran out: a pause, a partition) and
+        pruned us from every queue we had joined: each seat hands back and rejoins."""
+        pruned = [seat for seat in seats if seat.task_id is not None and not seat.leaving]
+        if pruned:
+            self._log.warning("pruned_from_queues", queues=len(pruned))
+        for seat in pruned:
+            seat.pruned()
 
     def _check_soon(self, seconds: float) -> None:
         """Tick again ``seconds`` from now (a heartbeat runs out then), if that is sooner."""

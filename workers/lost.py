@@ -5,7 +5,9 @@ A queue's members keep no heartbeat of their own in it: the pool heartbeat
 of its ticks the heartbeat asks, on its own pipeline, for the workers whose last beat is older
 than a TTL (``qw:workers`` by score, newest first: a few, whatever the number of queues or
 workers alive); a candidate whose heartbeat key no longer EXISTS (EXISTS expires it on the
-spot) is dead. Its queues are the set it recorded before it read any of their jobs
+spot) is dead. So is a worker the controller found dead first and dropped from
+``qw:workers`` (its entry in ``qw:workers:lost``, read from where the last look stopped). Its
+queues are the set it recorded before it read any of their jobs
 (``qw:worker:<W>:queues``), taken whole in one MULTI (SMEMBERS + DEL): exactly one finder
 gets them. The finder prunes the dead worker from each of them (``depart.lua``: a new epoch),
 and each queue's leader, at that epoch, claims what it left pending and runs it again,
@@ -28,6 +30,7 @@ from queueworks.scripts import Queued, Scripts
 
 LOOK = 16  # candidates looked at per tick (the most recent first)
 PRUNE_BATCH = 500  # departures per pipeline
+LOOK_COMMANDS = 2  # what ``look_on`` puts on the pipeline
 
 
 class LostWorkers:
@@ -37,6 +40,7 @@ class LostWorkers:
         self.r, self.keys, self.scripts, self.me = r, keys, scripts, me
         self.ttl, self.log = ttl, log
         self.pruned = 0  # departures this worker wrote
+        self.cursor: str | None = None  # the last ``qw:workers:lost`` entry read
 
     def look_on(
         self, pipe: Any, now: float, ahead: float
@@ -49,10 +53,24 @@ class LostWorkers:
         pipe.zrevrangebyscore(
             self.keys.workers, now - self.ttl + ahead, "-inf", start=0, num=LOOK, withscores=True
         )
+        cursor = self.cursor
+        if cursor is None:  # (the first look: only what is lost from now on)
+            pipe.xrevrange(self.keys.workers_lost, count=1)
+        else:
+            pipe.xread({self.keys.workers_lost: cursor}, count=LOOK)
 
         def read(replies: list[Any]) -> tuple[list[str], float | None]:
             due: list[str] = []
             soon: float | None = None
+            lost = replies[at + 1]
+            if cursor is None:
+                self.cursor = text(lost[0][0]) if lost else "0-0"
+            elif lost:
+                for entry_id, fields in lost[0][1]:
+                    self.cursor = text(entry_id)
+                    worker = text(fields.get(b"worker", b""))
+                    if worker and worker != self.me:
+                        due.append(worker)  # (the controller dropped it: found dead)
             for raw, beat in replies[at]:
                 worker = text(raw)
                 if worker == self.me:

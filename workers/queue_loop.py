@@ -47,6 +47,10 @@ from .work import Leave, Work
 BLOCK_MS = 100  # a member waits this long on the stream per read, then looks around
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, this often
+# ... for each queue, with few queues; a worker serving many spreads them out, so what they
+# cost it per second stays level (``QueueLoop.spread``)
+CHECKS_PER_SECOND = 100
+DUTIES_PER_SECOND = 50
 SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
 BUSY_SETTLE_SECONDS = 0.01  # ... within this, under load: settles carrying BUSY_RATE jobs/s
 BUSY_RATE = 1000.0
@@ -70,7 +74,7 @@ class QueueLoop:
         self.gate = RateGate(run, limits.rate, self.aside) if limits.rate is not None else None
         self.slots = GroupSlots(run, limits.group) if limits.group is not None else None
         self.duties = LeaderDuties(run)
-        self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
+        self.check_every = CHECK_SECONDS
         self.checked_at = 0.0
         self.paused = False  # the queue's paused flag, as the last check read it: no reads
         self.avg_seconds = 0.0
@@ -88,6 +92,19 @@ class QueueLoop:
         self.aside.hand_back()
 
     # -- reading --------------------------------------------------------------------------
+
+    def spread(self, queues: int) -> None:
+        """The worker serves ``queues`` queues: check this one's membership and do its
+        duties less often the more there are (at most ``CHECKS_PER_SECOND`` checks and
+        ``DUTIES_PER_SECOND`` duties a second over all of them). What must be seen sooner
+        comes another way: a new epoch by notification, a pause or a new setting through
+        the events (``Scout.touched``), a prune of this worker by its own heartbeat."""
+        self.check_every = max(CHECK_SECONDS, queues / CHECKS_PER_SECOND)
+        self.duties.every = max(DUTY_SECONDS, queues / DUTIES_PER_SECOND)
+
+    def touched(self) -> None:
+        """The queue was paused, resumed or changed: its next read checks it."""
+        self.checked_at = 0.0
 
     def check_due(self, now: float) -> bool:
         return now - self.checked_at >= self.check_every
@@ -372,12 +389,17 @@ class LeaderDuties:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.duties_at = 0.0
+        self.every = DUTY_SECONDS  # how often (``QueueLoop.spread``)
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
         self.tasks_at = 0.0  # the leader's last look at tasks' outboxes (monotonic)
 
+    def poke(self) -> None:
+        """A delayed job was added (a notification, from another thread): look at once."""
+        self.duties_at = 0.0
+
     def tick(self) -> None:
         due = self.next_due is not None and time.time() >= self.next_due
-        if due or time.monotonic() - self.duties_at >= DUTY_SECONDS:
+        if due or time.monotonic() - self.duties_at >= self.every:
             self._duties()
 
     def block_ms(self) -> int:

@@ -299,6 +299,27 @@ class QueueSet:
             if n and name in self.members:
                 self.members[name].loop.ran_for(n, spent[name])
 
+    def on_scheduled(self, key: str, event: str) -> None:
+        """A keyspace notification of a queue's ``scheduled`` zset (the watcher's thread):
+        a delayed job or a retry was added, so that queue's leader looks for due jobs now,
+        however seldom its duties come round with many queues. After a reconnect (anything
+        may have been missed) every queue looks."""
+        if event == "resubscribed":
+            for member in list(self.members.values()):
+                member.loop.duties.poke()
+            return
+        if event != "zadd":
+            return
+        head, tail = self.parts.keys.task("\n").scheduled.split("\n")  # (around the name)
+        if key.startswith(head) and key.endswith(tail):
+            found = self.members.get(key[len(head) : len(key) - len(tail)])
+            if found is not None:
+                found.loop.duties.poke()
+
+    def scheduled_pattern(self) -> str:
+        """The keys ``on_scheduled`` is told about: every queue's ``scheduled`` zset."""
+        return self.parts.keys.task("*").scheduled
+
     # -- joining and leaving ----------------------------------------------------------------
 
     def _scout(self) -> None:
@@ -317,6 +338,9 @@ class QueueSet:
             if now - self.turned_away.get(name, -1e9) < REJOIN_SECONDS:
                 continue
             self._open(name)
+        for name in self.scout.take_touched():
+            if name in self.members:
+                self.members[name].loop.touched()
         self._publish()
 
     def _open(self, name: str) -> None:
@@ -368,6 +392,8 @@ class QueueSet:
         names = sorted(self.members)
         if names == self.published:
             return
+        for member in self.members.values():
+            member.loop.spread(len(names))
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(self.parts.keys.worker(self.me), mapping=queue_memberships(names))
         events.emit(pipe, self.parts.keys, "memberships", worker=self.me, queues=",".join(names))

@@ -240,6 +240,9 @@ class Worker:
     def _serve(self) -> None:
         backoff = 0.05
         ended = False  # a run just ended: the controller moves us on; wait for the word
+        if not self.queue_set.cluster:  # (a pattern has no slot: a cluster's leaders poll)
+            pattern = self.queue_set.scheduled_pattern()
+            self.watcher.watch(pattern, self.queue_set.on_scheduled, pattern=True)
         while not self.state.stopping:
             try:
                 if ended:  # (often already here: it came while we were leaving)
