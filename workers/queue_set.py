@@ -69,6 +69,7 @@ class QueueSet:
         # queues left while jobs of theirs still run here: read no more, closed once the
         # last of those jobs is recorded (leaving one queue waits for nothing else)
         self.leaving: dict[str, tuple[Member, str]] = {}
+        self.closing = False  # leaving every queue at once (the worker stops or has a task)
         self.turned_away: dict[str, float] = {}  # queue -> when it last did (monotonic)
         self.scouted_at = float("-inf")
         self.published: list[str] | None = None  # the memberships the worker record shows
@@ -108,9 +109,13 @@ class QueueSet:
                 self.flight.close()
             if self.reads is not None:
                 self.reads.close()
-            for name in list(self.members):
-                self._close(name, reason)
-            self.closed_left()
+            self.closing = True  # (the record says so once, at the end, not once a queue)
+            try:
+                for name in list(self.members):
+                    self._close(name, reason)
+                self.closed_left()
+            finally:
+                self.closing = False
             self._publish()
         return "stopping" if state.stopping else "assigned"
 
@@ -385,7 +390,8 @@ class QueueSet:
         self.log.info("queue_left", queue=name, reason=reason)
         if reason in ("finished", "revoked"):
             self.turned_away[name] = time.monotonic()
-        self._publish()
+        if not self.closing:
+            self._publish()
 
     def _publish(self) -> None:
         """The worker record shows the queues we are a member of (when that changes)."""
