@@ -169,6 +169,7 @@ def many(url: str, args: argparse.Namespace, only: set[str]) -> dict[str, Any]:
             }
             top = sorted(calls.items(), key=lambda kv: -kv[1])[:8]
             out["idle_top_commands_per_s"] = {k: round(v) for k, v in top if v >= 1}
+            print(json.dumps({"so_far": out}), flush=True)
         if "latency" in only:
             rng = random.Random(7)
             jobs = []
@@ -176,16 +177,23 @@ def many(url: str, args: argparse.Namespace, only: set[str]) -> dict[str, Any]:
                 jobs.append(client.queue(rng.choice(names)).enqueue(NOOP, {"x": 1}))
                 time.sleep(0.05)
             waits = []
+            deadline = time.monotonic() + args.latency_limit
             for j in jobs:
-                j.result(timeout=60)
+                try:
+                    j.result(timeout=max(0.1, deadline - time.monotonic()))
+                except TimeoutError:
+                    continue  # (counted as not started)
                 s = j.status()
                 assert s.started_at is not None and s.enqueued_at is not None
                 waits.append(1000 * (s.started_at - s.enqueued_at))
             out["enqueue_to_start_ms"] = {
                 "p50": round(pct(waits, 50), 2),
                 "p90": round(pct(waits, 90), 2),
-                "max": round(max(waits), 2),
+                "max": round(max(waits, default=float("nan")), 2),
+                "not_done_after_s": args.latency_limit,
+                "not_done": len(jobs) - len(waits),
             }
+            print(json.dumps({"so_far": out}), flush=True)
         if "kill" in only:
             q = client.queue(names[len(names) // 2])
             job = q.enqueue(LONG, {"seconds": 30.0})
@@ -195,7 +203,7 @@ def many(url: str, args: argparse.Namespace, only: set[str]) -> dict[str, Any]:
             proc.send_signal(signal.SIGKILL)
             proc.wait()
             killed = time.time()
-            wait_for(lambda: (job.status().attempts or 0) >= 2, 120, interval=0.01)
+            wait_for(lambda: (job.status().attempts or 0) >= 2, args.kill_limit, interval=0.01)
             again = job.status().started_at
             assert again is not None
             out["kill_to_rerun_s"] = round(again - killed, 2)
@@ -212,7 +220,9 @@ def main() -> None:
     ap.add_argument("--ready", type=float, default=120.0)
     ap.add_argument("--window", type=float, default=10.0)
     ap.add_argument("--latency-jobs", type=int, default=100)
+    ap.add_argument("--latency-limit", type=float, default=60.0, help="s for all of them")
     ap.add_argument("--w3-life", type=float, default=2.0)
+    ap.add_argument("--kill-limit", type=float, default=120.0)
     ap.add_argument("--json")
     args = ap.parse_args()
     only = set(args.only.split(","))

@@ -16,6 +16,7 @@ from one loop (``workers.queue_set``): this loop's parts are its steps.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -101,6 +102,11 @@ class QueueLoop:
         the events (``Scout.touched``), a prune of this worker by its own heartbeat."""
         self.check_every = max(CHECK_SECONDS, queues / CHECKS_PER_SECOND)
         self.duties.every = max(DUTY_SECONDS, queues / DUTIES_PER_SECOND)
+        # each queue's turn at a place of its own in the interval: queues joined together
+        # do not all come due in one round (their duties' round trips would stall it)
+        now = time.monotonic()
+        self.checked_at = min(self.checked_at, now - random.random() * self.check_every)
+        self.duties.duties_at = now - random.random() * self.duties.every
 
     def touched(self) -> None:
         """The queue was paused, resumed or changed: its next read checks it."""
