@@ -216,24 +216,28 @@ class Worker:
         (a member joins or leaves), and its members' heartbeats (one ran out: prune it)."""
         if task_id is None:
             self._wanted.clear()
-        else:
-            tk = self.keys.task(task_id)
-            mine: set[tuple[str, bool]] = set()
-            if epoch:
-                mine.add((tk.epoch, False))
-            if heartbeats:
-                mine.add((tk.heartbeat_prefix + "*", True))
-            if mine:
-                self._wanted[task_id] = mine
-            else:
-                self._wanted.pop(task_id, None)
-        want: set[tuple[str, bool]] = set().union(*self._wanted.values())
-        for key, pattern in self._watched - want:
+            self._rewatch(self._watched, set())
+            return
+        tk = self.keys.task(task_id)
+        mine: set[tuple[str, bool]] = set()
+        if epoch:
+            mine.add((tk.epoch, False))
+        if heartbeats:
+            mine.add((tk.heartbeat_prefix + "*", True))
+        # (each task's keys are its own: only this one's change, whatever else is watched;
+        # a worker serving many queues re-ranks them one at a time)
+        old = self._wanted.pop(task_id, set())
+        if mine:
+            self._wanted[task_id] = mine
+        self._rewatch(old, mine)
+
+    def _rewatch(self, old: set[tuple[str, bool]], new: set[tuple[str, bool]]) -> None:
+        for key, pattern in old - new:
             self.watcher.unwatch(key, pattern=pattern)
-        for key, pattern in want - self._watched:
+        for key, pattern in new - old:
             callback = self._on_member_heartbeat if pattern else self._on_epoch
             self.watcher.watch(key, callback, pattern=pattern)
-        self._watched = want
+        self._watched = (self._watched - old) | new
 
     # -- the loop -------------------------------------------------------------------------
 
