@@ -6,7 +6,9 @@ others wait and take over within the TTL when the leader dies. All state lives i
 a controller that dies loses nothing: a new leader seals the fence and reads everything
 (``Reconciler.rebuild``), then keeps what it read in memory and reads again only what the
 events name (``XREAD BLOCK`` on ``qw:events``), plus a bounded backstop. A gap in the events
-(trimmed while it was behind) means a full read again; so does a Redis outage.
+(trimmed while it was behind) means a full read again; so does a Redis outage. Near a
+schedule's due time the wait ends on this process's clock, not on the block's timeout
+(``controller.scheduler.wake``).
 
 Every write of a pass is fenced (``controller.fence``): a leader frozen past its lease wakes
 up and writes nothing.
@@ -35,12 +37,13 @@ from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 
 from .demand import Demand
+from .emptied import Emptied
 from .feed import Feed, Gap
 from .fence import Fence, Fenced
 from .lease import Lease
 from .leftovers import Leftovers
 from .reconciler import PassStats, Reconciler
-from .scheduler import Scheduler
+from .scheduler import Scheduler, wake
 from .tally import Tally
 
 LEASE_POLL = 0.05  # s between two looks at whether the lease thread won the lease
@@ -77,6 +80,7 @@ class Controller:
         self.leftovers = Leftovers(
             self.r, self.keys, self.scripts, self.fence, self.log, self.tally, self.lease.held
         )
+        self.emptied = Emptied(self.r, self.keys, self.log, self.tally)
         self.demand = Demand(
             self.r,
             self.keys,
@@ -111,6 +115,7 @@ class Controller:
                 if policy is None:  # first: refuse an evicting Redis, then take part
                     policy = self._policy()
                     self.lease.start()
+                self._say_emptied()
                 if self._lead():
                     self._one_pass()
                 self._stats()
@@ -142,6 +147,15 @@ class Controller:
         allow, interval = self.settings.allow_eviction, self.settings.policy_check_interval
         return PolicyWatch(refuse_evicting(self.r, allow=allow, log=self.log), interval, self.log)
 
+    def _say_emptied(self, check: bool = False) -> None:
+        """If the lease went with Redis's data (``Lease.check_emptied``; ``check``: look now,
+        the state is about to be read afresh), say so and what it took."""
+        if check:
+            self.lease.check_emptied()
+        if self.lease.emptied.is_set():
+            self.emptied.lost()
+            self.lease.emptied.clear()
+
     def _lead(self) -> bool:
         """True while this controller leads with a mirror read under its current term."""
         token, term = self.lease.current()
@@ -165,24 +179,31 @@ class Controller:
         self.leftovers.reset()
 
     def _rebuild(self) -> None:
+        self._say_emptied(check=True)  # (a term starts, events vanished, Redis came back)
         self.feed.start()
         self._log_pass(self.reconciler.rebuild(), full=True)
+        self.emptied.read()
 
     def _one_pass(self) -> None:
         rec = self.reconciler
+        now = time.time()
         wait = min(
             self.settings.reconcile_interval,
-            self.scheduler.wait(time.time()),
+            self.scheduler.wait(now),
             self.demand.wait(),
             self.leftovers.wait(),
         )
-        block = 0 if rec.busy() else max(1, int(wait * 1000))
+        block, nap = (0, 0.0) if rec.busy() else wake(wait, self.scheduler.due_in(now))
+        if nap:
+            self._stop.wait(nap)  # a due time is near: on this clock, not on Redis' cron tick
         dirty = self.feed.read(block)
         if dirty.gap:
             raise Gap("qw:events was trimmed past the last event read")
         if dirty or rec.busy() or rec.due():
             self._log_pass(rec.step(dirty))
         self.scheduler.step(dirty.schedules)
+        if dirty.schedules:
+            self.emptied.read()
         self.leftovers.step(bool(dirty.ended))
         self.demand.step(rec.mirror)
 

@@ -21,14 +21,15 @@ from queueworks.logs import get_logger
 from queueworks.lost_workers import WINDOW, LostWorker, plan_lost_workers
 from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
-from queueworks.queue_handle import Queue, open_queue
+from queueworks.queue_handle import Job, Queue, open_queue
 from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running_of
-from queueworks.queue_settings import QueueOptions, check_queue_settings
-from queueworks.queues import RUNNING_SHOWN, UNSET
+from queueworks.queue_settings import DEFAULTS, QueueOptions, check_queue_settings
+from queueworks.queues import RUNNING_SHOWN, UNSET, job_ref
 from queueworks.records import BadRecord
 from queueworks.replication import NotReplicated
 from queueworks.runner import run
 from queueworks.scripts import Scripts
+from queueworks.settings import Settings
 from queueworks.submit import (
     SUBMIT_BATCH,
     SUBMIT_LEASE_MS,
@@ -82,6 +83,16 @@ class Client:
         cls, url: str, *, prefix: str = "qw", allow_eviction: bool = False, **connect_options: Any
     ) -> Client:
         return cls(connect(url, **connect_options), prefix=prefix, allow_eviction=allow_eviction)
+
+    @classmethod
+    def from_env(cls, **connect_options: Any) -> Client:
+        """A client made as the ``queueworks`` command makes one: the URL of
+        ``QUEUEWORKS_REDIS_URL`` (default ``redis://localhost:6379/0``), the prefix of
+        ``QUEUEWORKS_PREFIX`` (``qw``), and ``QUEUEWORKS_SSL_*`` and
+        ``QUEUEWORKS_ALLOW_EVICTION``, read at this call; ``connect_options`` as
+        ``from_url``'s."""
+        url, options = env_options(connect_options)
+        return cls.from_url(url, **options)
 
     def check_eviction(self) -> None:
         """Raise ``EvictingRedis`` if the server may evict keys (its ``maxmemory-policy``),
@@ -158,6 +169,12 @@ class Client:
         self.check_eviction()
         return open_queue(self, name, given, reopen)
 
+    def job(self, ref: str) -> Job:
+        """A handle to the job ``"QUEUE/JOB_ID"`` (no I/O: ``status()`` raises
+        ``LookupError`` for no such job); ``ValueError`` for a malformed reference."""
+        name, job_id = job_ref(ref)
+        return Queue(self, name, DEFAULTS, revives=False).job(job_id)
+
     def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""
         return self._run(plan_queues(self.keys))
@@ -200,6 +217,16 @@ class Client:
 
 
 # -- what Client and AsyncClient share: no I/O ----------------------------------------------
+
+
+def env_options(connect_options: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The URL and ``from_url`` options of ``from_env``: the variables the command reads
+    (``queueworks.settings.Settings``), then ``connect_options`` over them."""
+    s = Settings()
+    options: dict[str, Any] = {"prefix": s.prefix, "allow_eviction": s.allow_eviction}
+    options |= {"ssl_ca_certs": s.ssl_ca_certs, "ssl_certfile": s.ssl_certfile}
+    options |= {"ssl_keyfile": s.ssl_keyfile}
+    return s.redis_url, options | connect_options
 
 
 def client_log() -> Any:

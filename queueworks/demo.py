@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -66,14 +67,17 @@ def run_demo(*, n_workers: int, subtasks: int, embedded: bool, redis_url: str | 
     url = redis_url or Settings().redis_url
     server: RedisServer | None = None
     procs: list[subprocess.Popen[bytes]] = []
-    prefix = f"demo{os.getpid()}"
+    prefix = f"demo-{secrets.token_hex(6)}"  # a namespace of its own in a borrowed Redis
     try:
         if embedded or not _reachable(url):
             server = RedisServer(notify_keyspace_events="K$gx").start()
             url = server.url
             print(f"started an embedded Redis-compatible server: {server.binary} on {url}")
         else:
-            print(f"using Redis at {redact_url(url)}")
+            print(
+                f"using Redis at {redact_url(url)}: keys under prefix {prefix}, "
+                "deleted when the demo ends"
+            )
         env = {**os.environ, "QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": prefix}
         env["QUEUEWORKS_LOG_LEVEL"] = "warning"
         procs.append(_spawn(["controller"], env))
@@ -113,6 +117,20 @@ def run_demo(*, n_workers: int, subtasks: int, embedded: bool, redis_url: str | 
         _stop(procs)
         if server is not None:
             server.close()
+        else:
+            _forget(url, prefix)
+
+
+def _forget(url: str, prefix: str) -> None:
+    """Delete every key of the demo's prefix from a Redis it did not start (its processes
+    stopped first: nothing writes them again)."""
+    try:
+        r = connect(url)
+        for key in r.scan_iter(match=f"{prefix}:*", count=1000):
+            r.unlink(key)
+        r.close()
+    except (redis.RedisError, OSError) as exc:
+        print(f"demo: could not delete the keys under prefix {prefix}: {exc}")
 
 
 def _stop(procs: list[subprocess.Popen[bytes]]) -> None:

@@ -34,6 +34,10 @@ release those as usual; the dependents in other queues that died stay dead (requ
 from their dead letters).
 
 A dependency is named by a ref: ``Q/J`` for job ``J`` of queue ``Q``, ``T`` for task ``T``.
+The registration refuses (``ValueError``, the job taken back) a ref that names a job's stream
+entry instead of its id (its releases come under the id), and a cycle: the job itself, or a
+deferred job whose dependencies set holds the job (written with it, before any registration
+of it: of two jobs enqueued waiting for each other, neither is left waiting).
 """
 
 from __future__ import annotations
@@ -117,13 +121,20 @@ def dependencies(items: Iterable[Any]) -> list[Dependency]:
 def registered(me: str, deps: Sequence[Dependency], replies: Sequence[Any]) -> list[Any]:
     """What ``depend.lua`` replied for each of ``deps`` of the job ``me`` (``Q/J``): the
     ones with an outcome already, as ``(dependency, outcome, reason)``; ``ValueError`` for
-    an unknown dependency or a cycle."""
+    an unknown dependency, a stream entry named instead of its job, or a cycle."""
     outcomes = []
     for dep, (what, why) in zip(deps, replies, strict=True):
         if what == "unknown":
             raise ValueError(f"depends_on: no {describe(dep)} (never enqueued, or it expired)")
+        if what == "entry_of":
+            job = f"{dep.owner}/{why}"
+            raise ValueError(
+                f"depends_on: {dep.ref} is the stream entry of job {job}, not a job id;"
+                f" name the job: {job!r}"
+            )
         if what == "cycle":
-            raise ValueError(f"depends_on: a dependency cycle: {me} -> {dep.ref} -> {me}")
+            cycle = f"{me} -> {me}" if dep.ref == me else f"{me} -> {dep.ref} -> {me}"
+            raise ValueError(f"depends_on: a dependency cycle: {cycle}")
         if what in ("done", "dead"):
             outcomes.append((dep, what, died(dep.ref, why) if what == "dead" else ""))
     return outcomes

@@ -7,10 +7,12 @@ Each state is read through its own index or a bounded range, never a scan of Red
 state         read from
 ============  ======================================================================
 queued        the stream, after its group's last delivered entry (XRANGE with COUNT),
-              then the jobs waiting for a group slot (each group's wait list, by name);
-              total: the stream's length less its pending entries, plus the jobs the
+              then each aside stream (jobs set aside, by handler) likewise, then the
+              jobs waiting for a group slot (each group's wait list, by name); total:
+              each stream's length less its pending entries, plus the jobs the
               ``groups:waiting`` hash counts
-running       the group's pending list (XPENDING with COUNT), oldest read first
+running       the group's pending list (XPENDING with COUNT), oldest read first, then each
+              aside stream's likewise
 scheduled     the ``scheduled`` zset, by when each runs
 deferred      the ``deferred`` zset, by when each was enqueued
 done          the ``done`` list (``settle_jobs.lua`` keeps the newest ``DONE_KEPT``),
@@ -25,10 +27,12 @@ pipeline of HGETALLs), or its entry for a job to run now that has none yet.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from queueworks.aside_jobs import aside_handlers, plan_aside_counts
 from queueworks.connection import text
 from queueworks.flow import group_counts, wait_item
 from queueworks.job_options import JobOptions
@@ -53,6 +57,7 @@ from queueworks.jobrecords import (
     JOB_REASON,
     JOB_RESULT,
     JOB_STATE,
+    JOB_TRACE,
     decode_dead_letter,
     entry_job,
     has_state,
@@ -139,31 +144,55 @@ def _by_record(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[JobStatus]]:
 
 
 def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
-    """The jobs on the stream no member has read, then those waiting for a group slot
-    (each group's wait list in turn, by the group's name)."""
+    """The jobs on the stream no member has read, then those set aside that no member has
+    read (each handler's aside stream in turn, by the handler's path), then those waiting
+    for a group slot (each group's wait list in turn, by the group's name)."""
     trip = Trip(errors=True)
     trip.xlen(qk.stream)
     trip.xpending(qk.stream, qk.group)
     trip.xinfo_groups(qk.stream)
     trip.hgetall(qk.groups_waiting)
-    length, pending, groups, waiting = yield trip
+    trip.smembers(qk.aside)
+    length, pending, groups, waiting, aside_set = yield trip
     on_stream = max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
+    aside = yield from plan_aside_counts(qk, aside_set)
     counts = group_counts(_reply(waiting, {}))
-    total = on_stream + sum(counts.values())
+    total = on_stream + sum(aside.waiting.values()) + sum(counts.values())
     jobs: list[JobStatus] = []
     if offset < on_stream:
-        jobs = yield from _unread(qk, _reply(groups, []), limit, offset)
+        jobs = yield from _unread(qk, qk.stream, _reply(groups, []), limit, offset)
     skip, need = max(0, offset - on_stream), limit - max(0, on_stream - offset)
+    for handler, n in sorted(aside.waiting.items()):
+        if need <= 0:
+            break
+        if skip >= n:
+            skip -= n
+            continue
+        take = min(n - skip, need)
+        jobs += yield from _set_aside(qk, handler, take, skip)
+        skip, need = 0, need - take
     if need > 0 and counts:
         jobs += yield from _waiting(qk, sorted(counts), skip, need)
     return total, jobs
 
 
-def _unread(qk: TaskKeys, groups: Sequence[Any], limit: int, offset: int) -> Plan[list[JobStatus]]:
-    """A page of the stream's entries after its group's last delivered one."""
+def _set_aside(qk: TaskKeys, handler: str, limit: int, offset: int) -> Plan[list[JobStatus]]:
+    """A page of the jobs set aside on ``handler``'s stream that no member has read."""
+    stream = qk.aside_stream(handler)
+    trip = Trip(errors=True)
+    trip.xinfo_groups(stream)
+    groups = _reply((yield trip)[0], [])
+    return (yield from _unread(qk, stream, groups, limit, offset))
+
+
+def _unread(
+    qk: TaskKeys, stream: str, groups: Sequence[Any], limit: int, offset: int
+) -> Plan[list[JobStatus]]:
+    """A page of ``stream``'s entries (the queue's, or an aside stream) after its group's
+    last delivered one."""
     last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
     trip = Trip(errors=True)
-    trip.xrange(qk.stream, f"({text(last)}", "+", count=offset + limit)
+    trip.xrange(stream, f"({text(last)}", "+", count=offset + limit)
     entries = [
         (job, fields)
         for eid, fields in _reply((yield trip)[0], [])[offset:]
@@ -207,19 +236,33 @@ def _waiting(qk: TaskKeys, groups: Sequence[str], skip: int, need: int) -> Plan[
 
 
 def _running(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    """The jobs members hold on the queue's stream, then on each aside stream (jobs set
+    aside that a member that may run them took), by handler: each oldest read first."""
     trip = Trip(errors=True)
     trip.xpending(qk.stream, qk.group)
     trip.xpending_range(qk.stream, qk.group, "-", "+", offset + limit)
-    summary, reply = yield trip
-    consumers = _reply(summary, {}).get("consumers") or []
-    total = sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
-    rows = running_rows(_reply(reply, []))[offset : offset + limit]
-    if not rows:
+    trip.smembers(qk.aside)
+    *pending, aside_set = yield trip
+    streams = [qk.stream, *(qk.aside_stream(h) for h in aside_handlers(aside_set))]
+    if len(streams) > 1:
+        trip = Trip(errors=True)
+        for stream in streams[1:]:
+            trip.xpending(stream, qk.group)
+            trip.xpending_range(stream, qk.group, "-", "+", offset + limit)
+        pending += yield trip
+    total, found = 0, []
+    for i, stream in enumerate(streams):
+        summary, reply = pending[2 * i : 2 * i + 2]
+        consumers = _reply(summary, {}).get("consumers") or []
+        total += sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+        found += [(stream, row) for row in running_rows(_reply(reply, []))]
+    page = found[offset : offset + limit]
+    if not page:
         return total, []
     trip = Trip(errors=True)
-    for row in rows:
-        trip.xrange(qk.stream, row["message_id"], row["message_id"], count=1)
-    held = running_entries(rows, (yield trip))
+    for stream, row in page:
+        trip.xrange(stream, row["message_id"], row["message_id"], count=1)
+    held = running_entries([row for _, row in page], (yield trip))
     records = yield from _records(qk, [entry.job_id for _, entry, _ in held])
     now = time.time()
     jobs = [
@@ -334,7 +377,19 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
         traceback=text(record[JOB_ERROR]) if record.get(JOB_ERROR) else None,
         entry=None if where is None else text(where),
         options=JobOptions.parse(options).given_only(),
+        trace_id=trace_id(options) or (text(record[JOB_TRACE]) if JOB_TRACE in record else None),
     )
+
+
+TRACEPARENT = re.compile(r'"tp":"00-([0-9a-f]{32})-')
+
+
+def trace_id(options: bytes | str | None) -> str | None:
+    """The trace id in a job's options (its producer's: ``queueworks.tracing``), if any."""
+    if not options:
+        return None
+    found = TRACEPARENT.search(text(options))
+    return found.group(1) if found else None
 
 
 def _waiting_payload(qk: TaskKeys, job_id: str, group: str) -> Plan[bytes | None]:

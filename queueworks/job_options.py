@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -32,14 +33,21 @@ def check_retry_backoff(value: Any) -> float:
     return check_number("retry_backoff", value, 1.0, MAX_BACKOFF)
 
 
+CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode's control characters (category Cc)
+
+
 def check_key(value: Any, what: str = "key") -> str:
     """A unique key (or a group's name: ``what``): a non-empty string of at most
-    ``MAX_KEY`` bytes, no control chars."""
+    ``MAX_KEY`` bytes of UTF-8, no control character (C0, DEL or C1: ``CONTROL``)."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
-    if len(value.encode()) > MAX_KEY:
-        raise ValueError(f"{what} is too long: {len(value.encode())} bytes (at most {MAX_KEY})")
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+    try:
+        size = len(value.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{what} {value!r} holds a lone surrogate (no UTF-8 text)") from None
+    if size > MAX_KEY:
+        raise ValueError(f"{what} is too long: {size} bytes (at most {MAX_KEY})")
+    if CONTROL.search(value):
         raise ValueError(f"{what} {value!r} holds a control character")
     return value
 

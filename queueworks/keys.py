@@ -106,6 +106,12 @@ key                                type          meaning
                                                  (added before it reads one, removed after it
                                                  left); taken whole by whoever finds W dead
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
+``qw:pools``                       zset          every worker pool (``worker --processes``), score =
+                                                 its supervisor's last write (s)
+``qw:pool:<P>``                    string + TTL  pool P's record as JSON: members, restarts
+                                                 (``queueworks.pools``); TTL a few intervals
+``qw:worker:<W>:stop``             list + TTL    jobs W is to stop ("QUEUE\tJOB_ID": cancelled while
+                                                 they ran), taken by its heartbeat; 60 s
 ``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``
 ``qw:autoscale:wanted``            string + TTL  the workers wanted per node selector (JSON,
                                                  ``queueworks.wanted``), written by the leader
@@ -421,6 +427,16 @@ class Keys:
 
     def assign(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}:assign"
+
+    def worker_stops(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}:stop"
+
+    @property
+    def pools(self) -> str:
+        return f"{self.prefix}:pools"
+
+    def pool(self, pool_id: str) -> str:
+        return f"{self.prefix}:pool:{pool_id}"
 
     @property
     def tasks(self) -> str:

@@ -103,7 +103,8 @@ def from_json(raw: str, what: str) -> Any:
 
 def to_json(value: Any, what: str) -> str:
     """``value`` as compact JSON; ``NotJSON`` naming ``what`` for what JSON cannot carry,
-    and for nesting deeper than ``MAX_DEPTH``."""
+    for nesting deeper than ``MAX_DEPTH``, and for text UTF-8 cannot carry (a lone
+    surrogate: Redis takes bytes)."""
     try:
         raw = _dumps(value)
     except RecursionError:
@@ -112,6 +113,15 @@ def to_json(value: Any, what: str) -> str:
         raise NotJSON(f"{what} is not JSON-serializable: {exc}") from None
     if too_deep(raw):
         raise NotJSON(_nested(what))
+    if not raw.isascii():  # (a flag read: ASCII text, the common case, costs nothing more)
+        try:
+            raw.encode()
+        except UnicodeEncodeError as exc:  # a lone surrogate ("\\ud800"): no UTF-8 for Redis
+            bad = exc.object[exc.start : exc.end]
+            raise NotJSON(
+                f"{what} is not valid text: it holds a lone surrogate {bad!r}, which UTF-8 "
+                "(and so Redis) cannot carry"
+            ) from None
     return raw
 
 

@@ -12,8 +12,9 @@ emits one event saying what it did.
 * **empty** cancels every job on the stream that no member has read, and every job waiting
   for a group slot (``cancel_job.lua``, one call per job, a batch a round trip): each is
   recorded cancelled, its unique key is freed and the jobs that wait for it die with it, as
-  ``job.cancel()`` does. Scheduled, deferred, running and set-aside jobs are left as they
-  are.
+  ``job.cancel()`` does; so are the jobs set aside (waiting alone on their handler's
+  aside stream for a member that may run them) that no member has read. Scheduled,
+  deferred and running jobs are left as they are.
 * **requeue-dead** puts every dead letter that was a job back on the stream
   (``requeue_job.lua``, oldest first); **delete-dead** drops them all (the jobs stay
   counted as dead).
@@ -28,6 +29,7 @@ from typing import Any
 
 from queueworks import events
 from queueworks import script_calls as calls
+from queueworks.aside_jobs import aside_handlers
 from queueworks.connection import text
 from queueworks.dependencies import plan_drain
 from queueworks.flow import Limits, plan_pump, wait_item
@@ -43,6 +45,17 @@ BATCH = 100  # entries a round trip goes through
 
 def _queue(keys: Keys, name: str) -> Plan[tuple[TaskKeys, StoredSpec, TaskState]]:
     """The queue's keys, spec and state; ``TaskNotFound`` for a name that is no queue."""
+    qk, _, spec, found = yield from _read(keys, name)
+    return qk, spec, found
+
+
+def queue_spec(keys: Keys, name: str) -> Plan[tuple[TaskKeys, bytes, StoredSpec]]:
+    """The queue's keys and spec, as stored and read; ``TaskNotFound`` if it is no queue."""
+    qk, raw, spec, _ = yield from _read(keys, name)
+    return qk, raw, spec
+
+
+def _read(keys: Keys, name: str) -> Plan[tuple[TaskKeys, bytes, StoredSpec, TaskState]]:
     qk = keys.task(check_task_id(name, "queue name"))
     trip = Trip()
     trip.hmget(qk.record, ["spec", "state"])
@@ -54,7 +67,7 @@ def _queue(keys: Keys, name: str) -> Plan[tuple[TaskKeys, StoredSpec, TaskState]
         raise TaskNotFound(f"queue {name}") from None
     if spec.mode != "queue":
         raise TaskNotFound(f"queue {name}")
-    return qk, spec, found
+    return qk, spec_raw, spec, found
 
 
 def _open(keys: Keys, name: str, doing: str) -> Plan[tuple[TaskKeys, StoredSpec]]:
@@ -85,16 +98,26 @@ Freed = list[tuple[str, str, float | None]]  # unique key, its job, its unique_f
 
 
 def plan_empty(keys: Keys, name: str) -> Plan[int]:
-    """Cancel every job of the queue's backlog (on its stream, read by no member, and
-    waiting for a group slot): how many."""
+    """Cancel every job of the queue's backlog (read by no member: on its stream, set
+    aside, and waiting for a group slot): how many."""
     qk, spec = yield from _open(keys, name, "be emptied")
     ttl = int(spec.result_ttl)
     freed: Freed = []
-    emptied, grouped = yield from _empty_stream(qk, ttl, freed)
+    emptied, grouped, _ = yield from _empty_stream(qk, ttl, freed)
+    trip = Trip()
+    trip.smembers(qk.aside)
+    handlers_gone = False  # the last job of a handler set aside went: its handler too
+    for handler in aside_handlers((yield trip)[0]):
+        n, more, last = yield from _empty_stream(qk, ttl, freed, handler)
+        emptied, handlers_gone = emptied + n, handlers_gone or last
+        for group, ids in more.items():
+            grouped.setdefault(group, []).extend(ids)
     emptied += yield from _empty_waiting(qk, ttl, freed)
     trip = Trip()
     for key, job_id, unique_for in freed:
         trip.call(calls.release_unique(qk, key, job_id, unique_for))
+    if handlers_gone:
+        events.emit(trip, keys, "handlers", task=name)
     events.emit(trip, keys, "emptied", task=name, jobs=emptied)
     yield trip
     limit = Limits.of(spec).group or 0
@@ -106,49 +129,61 @@ def plan_empty(keys: Keys, name: str) -> Plan[int]:
 
 
 def _cancel(
-    qk: TaskKeys, ids: list[str], ttl: int, freed: Freed
-) -> Plan[list[tuple[str, str | None]]]:
-    """Cancel ``ids`` (one trip): those cancelled, each with its group (None: none); their
-    unique keys go to ``freed``."""
+    qk: TaskKeys, ids: list[str], ttl: int, freed: Freed, aside: str = ""
+) -> Plan[list[tuple[str, str | None, bool]]]:
+    """Cancel ``ids`` (one trip; ``aside``: the handler whose aside stream they are on):
+    those cancelled, each with its group (None: none) and whether it was the last of its
+    handler set aside; their unique keys go to ``freed``."""
     trip, now = Trip(), time.time()
     for job_id in ids:
-        trip.call(calls.cancel_job(qk, job_id, now, ttl))
-    cancelled: list[tuple[str, str | None]] = []
-    for job_id, (found, options) in zip(ids, (yield trip), strict=True):
+        trip.call(calls.cancel_job(qk, job_id, now, ttl, aside=aside))
+    cancelled: list[tuple[str, str | None, bool]] = []
+    for job_id, (found, options, _) in zip(ids, (yield trip), strict=True):
         if found in (1, CANCELLED_LAST):
             if options is not None and options.key is not None:
                 freed.append((options.key, job_id, options.unique_for))
-            cancelled.append((job_id, options.group if options is not None else None))
+            group = options.group if options is not None else None
+            cancelled.append((job_id, group, found == CANCELLED_LAST))
     return cancelled
 
 
-def _empty_stream(qk: TaskKeys, ttl: int, freed: Freed) -> Plan[tuple[int, dict[str, list[str]]]]:
-    """Cancel the stream's jobs no member has read: how many, and by group the jobs whose
-    slot goes back (one the pump handed on holds its group's)."""
+def _empty_stream(
+    qk: TaskKeys, ttl: int, freed: Freed, aside: str = ""
+) -> Plan[tuple[int, dict[str, list[str]], bool]]:
+    """Cancel the jobs no member has read of the stream (the queue's, or the aside
+    stream of handler ``aside``): how many, by group the jobs whose slot goes back (one
+    the pump handed on holds its group's), and whether the last set aside of ``aside``
+    went (its stream and handler with it)."""
+    stream = qk.aside_stream(aside) if aside else qk.stream
     trip = Trip(errors=True)
-    trip.xrevrange(qk.stream, "+", "-", count=1)
-    trip.xinfo_groups(qk.stream)
+    trip.xrevrange(stream, "+", "-", count=1)
+    trip.xinfo_groups(stream)
     newest, groups = yield trip
     end = None if isinstance(newest, Exception) else _newest(newest)
     grouped: dict[str, list[str]] = {}  # group -> emptied jobs of it (a slot they held goes)
     if end is None or isinstance(groups, Exception):
-        return 0, grouped
+        return 0, grouped, False
     last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
-    cursor, emptied = f"({text(last)}", 0
-    while True:
-        trip = Trip()
-        trip.xrange(qk.stream, cursor, end, count=BATCH)
-        entries = (yield trip)[0]
+    cursor, emptied, gone = f"({text(last)}", 0, False
+    while not gone:
+        trip = Trip(errors=True)  # (an aside stream goes with its last job)
+        trip.xrange(stream, cursor, end, count=BATCH)
+        entries = _entries((yield trip)[0])
         if not entries:
             break
         cursor = f"({text(entries[-1][0])}"
         ids = [j.job_id for eid, f in entries if (j := entry_job(text(eid), f)) is not None]
-        cancelled = yield from _cancel(qk, ids, ttl, freed)
+        cancelled = yield from _cancel(qk, ids, ttl, freed, aside)
         emptied += len(cancelled)
-        for job_id, group in cancelled:
+        for job_id, group, went in cancelled:
+            gone = gone or went
             if group is not None:
                 grouped.setdefault(group, []).append(job_id)
-    return emptied, grouped
+    return emptied, grouped, gone
+
+
+def _entries(reply: Any) -> list[Any]:
+    return [] if isinstance(reply, Exception) or not reply else list(reply)
 
 
 def _empty_waiting(qk: TaskKeys, ttl: int, freed: Freed) -> Plan[int]:

@@ -13,13 +13,15 @@ import redis
 
 from queueworks import events
 from queueworks import script_calls as calls
-from queueworks.connection import text
+from queueworks.aside_jobs import plan_aside_counts
+from queueworks.connection import UNAVAILABLE, text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
 from queueworks.flow import plan_pump
 from queueworks.job_keys import plan_job_keys
+from queueworks.job_stops import ask_stop
 from queueworks.jobrecords import JOB_STATE, RESULT_FIELDS, job_status
 from queueworks.keys import Keys, check_task_id
-from queueworks.models import JobState, JobStatus, QueueStatus
+from queueworks.models import JobState, JobStatus, QueueStatus, StoredSpec
 from queueworks.plans import Plan, Sleep, Trip, alone
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.queues import (
@@ -27,7 +29,10 @@ from queueworks.queues import (
     CANCELLED_LAST,
     FIRST_PAUSE,
     LAST_PAUSE,
+    OUTAGE_FIRST_PAUSE,
+    OUTAGE_LAST_PAUSE,
     JobFailed,
+    NotFinished,
     cancelled,
     check_created,
     enqueued,
@@ -36,6 +41,7 @@ from queueworks.queues import (
     new_queue,
     not_finished,
     opened_settings,
+    outage_pause,
     queue_created,
     queue_reads,
     queue_reopened,
@@ -49,11 +55,13 @@ from queueworks.queues import (
     running_rows,
     status_reads,
     tell_handlers,
+    timed_out,
     xadd_now,
 )
 from queueworks.replication import NO_WAIT, Replicas, barrier
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import TaskNotFound, plan_status
+from queueworks.tracing import hooks
 from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone
 
 
@@ -125,7 +133,9 @@ def plan_queue_status(ref: QueueRef) -> Plan[QueueStatus]:
         task = yield from plan_status(ref.keys, ref.qk)
     trip = Trip(errors=True)
     queue_reads(trip, ref.qk)
-    return queue_status(task, (yield trip), time.time())
+    replies = yield trip
+    aside = yield from plan_aside_counts(ref.qk, replies[-1])
+    return queue_status(task, replies, time.time(), aside)
 
 
 def plan_queues(keys: Keys) -> Plan[list[QueueStatus]]:
@@ -196,12 +206,19 @@ def plan_write(
     return [job_id for reply in replies for job_id in enqueued(ref.name, reply)], acked
 
 
+def linked(options: str) -> str:
+    """A deferred job's options: while tracing, its consumer links to its producer's span
+    (it runs once its dependencies are done, not as a child of the enqueue)."""
+    producer = hooks.producer
+    return options if producer is None else producer.as_link(options)
+
+
 def plan_defer(ref: QueueRef, job: NewJob, deps: Sequence[Dependency]) -> Plan[str]:
     """Enqueue ``job`` (to run now) deferred until ``deps`` are done
     (``queueworks.dependencies``): its record and dependency set first (``defer_job``),
     then its registration at each dependency; its id. ``ValueError`` (and nothing of the
     job left) for an unknown dependency or a cycle."""
-    job = job._replace(id=new_job_id(), at=None)
+    job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
     refs = [dep.ref for dep in deps]
     new = [job.handler] if job.handler not in ref.known else []
     trip = Trip()
@@ -231,6 +248,13 @@ def plan_resend(
 
 
 FINISHED = frozenset(s.value.encode() for s in JobState if s.finished)
+# what a status read once a result's timeout passed may meet: the timeout is said without it
+UNREADABLE: tuple[type[Exception], ...] = (
+    *UNAVAILABLE,
+    redis.ResponseError,
+    LookupError,
+    ValueError,
+)
 
 
 def plan_job_status(ref: QueueRef, job_id: str) -> Plan[JobStatus]:
@@ -310,39 +334,72 @@ def plan_job_result(ref: QueueRef, job_id: str, timeout: float | None) -> Plan[A
     ``TimeoutError`` after ``timeout`` s. On a queue with ``wait_replicas``, an outcome
     counts once its settle is on that many replicas (``plan_outcome_replicated``). The
     first look reads the job's record alone (a settled job's result: one command, one
-    round trip); the next ones read its entry before its record (``result_reads``)."""
+    round trip); the next ones read its entry before its record (``result_reads``).
+    While Redis cannot be reached it looks again, from ``OUTAGE_FIRST_PAUSE`` to
+    ``OUTAGE_LAST_PAUSE`` apart, until ``timeout``, then raises what the last look met."""
     deadline = None if timeout is None else time.monotonic() + timeout
     pause, checked, first = FIRST_PAUSE, time.monotonic(), True
+    outage = OUTAGE_FIRST_PAUSE
     while True:
-        check = time.monotonic() - checked >= QUEUE_CHECK_SECONDS
+        check = not first and time.monotonic() - checked >= QUEUE_CHECK_SECONDS
         trip = Trip()
         if first:
             trip.hmget(ref.qk.job(job_id), RESULT_FIELDS)
         else:
             result_reads(trip, ref.qk, job_id, check)
-        replies = yield trip
-        if first and replies[0][0] is None:  # no outcome yet: look again, entry first
-            first = False
-            continue
-        first = False
         failed: JobFailed | None = None
         try:
-            done = finished(ref.name, job_id, replies, check)
-        except QueueGone:
-            yield from plan_revive(ref)  # its entry runs once its group is there again
-            done = None
-        except JobFailed as exc:
-            failed, done = exc, None
-        if (done is not None or failed is not None) and (yield from plan_outcome_replicated(ref)):
-            if failed is not None:
-                raise failed
-            return done[0] if done is not None else None
+            replies = yield trip
+            if first and replies[0][0] is None:  # no outcome yet: look again, entry first
+                first = False
+                continue
+            first = False
+            try:
+                done = finished(ref.name, job_id, replies, check)
+            except QueueGone:
+                yield from plan_revive(ref)  # its entry runs once its group is there again
+                done = None
+            except JobFailed as exc:
+                failed, done = exc, None
+            settled = done is not None or failed is not None
+            if settled and (yield from plan_outcome_replicated(ref)):
+                if failed is not None:
+                    raise failed
+                return done[0] if done is not None else None
+        except UNAVAILABLE as exc:  # Redis is away: look again until the timeout, as workers do
+            yield Sleep(outage_pause(exc, deadline, outage))
+            outage = min(OUTAGE_LAST_PAUSE, outage * 2)
+            continue
+        outage = OUTAGE_FIRST_PAUSE
         if deadline is not None and time.monotonic() >= deadline:
-            raise not_finished(job_id, replies, timeout)
+            said = not_finished(job_id, replies, timeout)
+            raise (yield from plan_unfinished(ref, job_id, timeout, said))
         if check:
             checked = time.monotonic()
         yield Sleep(pause)
         pause = min(LAST_PAUSE, pause * 1.5)
+
+
+def plan_unfinished(
+    ref: QueueRef, job_id: str, timeout: float | None, fallback: NotFinished
+) -> Plan[NotFinished]:
+    """The ``TimeoutError`` of a result not there after ``timeout`` s: the job's status
+    read once more (its state, ``running`` for a job a member holds, and why it waits);
+    ``fallback`` (what the last look said) where the status cannot be read. Reads only:
+    a queue that is gone is not made again here."""
+    trip = Trip(errors=True)
+    status_reads(trip, ref.qk, job_id)
+    try:
+        raw, pending, where = read_status(ref.qk, job_id, (yield trip))
+        if where:
+            stream, entry = where
+            trip = Trip()
+            trip.xpending_range(stream, ref.qk.group, entry, entry, 1)
+            pending = (yield trip)[0]
+        status = job_status(ref.name, job_id, raw, pending, time.time())
+    except UNREADABLE:
+        return fallback
+    return timed_out(status, timeout)
 
 
 def plan_outcome_replicated(ref: QueueRef) -> Plan[bool]:
@@ -360,33 +417,61 @@ def plan_outcome_replicated(ref: QueueRef) -> Plan[bool]:
 
 
 def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
-    """Cancel the job if it has not started; False if it has started or finished."""
-    now, ttl = time.time(), int(ref.settings.result_ttl)
+    """Cancel the job, stopping it if it runs (its worker is told: ``job_stops``); False
+    if it had finished."""
+    settings = ref.settings
+    if not ref.revives:  # a handle from a name alone: the queue's own settings
+        settings = yield from plan_settings_of(ref)
+    now, ttl = time.time(), int(settings.result_ttl)
+    call = calls.cancel_job(ref.qk, job_id, now, ttl, running=True)
     try:
-        found, options = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+        found, options, member = (yield alone(call))[0]
     except redis.ResponseError as exc:
         if not no_group(exc):
             raise
         yield from plan_revive(ref)
-        found, options = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+        found, options, member = (yield alone(call))[0]
     for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
         if not isinstance(found, str):
             break
-        call = calls.cancel_job(ref.qk, job_id, now, ttl, aside=found)
-        found, options = (yield alone(call))[0]
+        call = calls.cancel_job(ref.qk, job_id, now, ttl, aside=found, running=True)
+        found, options, member = (yield alone(call))[0]
     trip = Trip()
     if found == CANCELLED_LAST:
         events.emit(trip, ref.keys, "handlers", task=ref.name)
+    if member is not None:  # it ran: its worker stops it (``workers.stopping``)
+        ask_stop(trip, ref.keys, member, ref.name, job_id)
     if options is not None and options.key is not None:  # it held a unique key: free it
         trip.call(calls.release_unique(ref.qk, options.key, job_id, options.unique_for))
     if len(trip):
         yield trip
-    if options is not None and options.group is not None and found in (1, CANCELLED_LAST):
-        limit = ref.settings.group_limit or 0  # a slot it held on the stream goes on
+    if (
+        options is not None
+        and options.group is not None
+        and found in (1, CANCELLED_LAST, calls.STOPPED_RUNNING)
+    ):
+        limit = settings.group_limit or 0  # a slot it held on the stream goes on
         yield from plan_pump(ref.qk, limit, {options.group: 1}, back=[job_id])
-    if found in (1, CANCELLED_LAST):  # its dependents die with it: release them now
+    if found in (
+        1,
+        CANCELLED_LAST,
+        calls.STOPPED_RUNNING,
+    ):  # its dependents die with it: release them now
         yield from plan_drain(ref.keys, [ref.name])
     return cancelled(ref.name, job_id, found)
+
+
+def plan_settings_of(ref: QueueRef) -> Plan[QueueSettings]:
+    """The queue's settings as stored (the defaults if it has no record, or none that
+    reads as a queue's)."""
+    trip = Trip()
+    trip.hget(ref.qk.record, "spec")
+    raw = (yield trip)[0]
+    try:
+        stored = StoredSpec.model_validate_json(raw or b"")
+    except ValueError:
+        return DEFAULTS
+    return QueueSettings.of(stored) if stored.mode == "queue" else DEFAULTS
 
 
 UNIQUE_TRIES = 10  # enqueue_unique calls: each but the last found a holder that had moved on
@@ -398,13 +483,13 @@ def plan_unique(
     """Enqueue ``job`` holding unique ``key`` (``enqueue_unique.lua``), unless a job that
     holds it is live: the job holding it, whether this call made it, and how many replicas
     acknowledged (None: not asked). One round trip; another when the holder's record must
-    be read (a delayed or retried job that is back on the stream), or when the queue is
+    be read (a delayed, retried or deferred job: its record is the job), or when the queue is
     gone (made again, as ``plan_write`` does). With ``deps``, the job made is deferred until
     they are done, and registered at each (as ``plan_defer``)."""
     holder = ""
     refs = [dep.ref for dep in deps]
     if deps:
-        job = job._replace(id=new_job_id(), at=None)
+        job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
     for _ in range(UNIQUE_TRIES):
         trip = Trip()
         told = job.handler not in ref.known

@@ -25,9 +25,12 @@ from types import FunctionType
 from typing import Any
 
 from queueworks import events
+from queueworks.aside_jobs import NONE as NO_ASIDE
+from queueworks.aside_jobs import Aside, with_aside
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, dependencies
 from queueworks.flow import flow_reads, flow_status
+from queueworks.job_functions import Call, JobFunctionBase, function_path
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import (
     RESULT_FIELDS,
@@ -41,6 +44,7 @@ from queueworks.keys import PARKED, Keys, TaskKeys
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import (
     JobState,
+    JobStatus,
     QueueStatus,
     StoredSpec,
     TaskState,
@@ -50,6 +54,7 @@ from queueworks.models import (
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.records import QUEUE_PAUSED, Hash, new_task, queue_counts
 from queueworks.scripts import NewJob, job_ids
+from queueworks.tracing import hooks
 from queueworks.validate import run_at
 from queueworks.vanished import (
     QueueGone,
@@ -70,25 +75,55 @@ UNSET = Unset.UNSET  # "as the queue has it" (or the default, when it is created
 
 
 class JobFailed(Exception):
-    """The job is dead (or was cancelled): ``reason`` says why, ``traceback`` how."""
+    """The job is dead (or was cancelled): ``reason`` says why, ``traceback`` how. The
+    message is the reason and the traceback's last line (the last error's type and
+    message: ``job J: failed 3 times: KeyError: 'to'``), as ``queueworks`` prints it."""
 
     def __init__(self, job_id: str, reason: str, traceback: str = "") -> None:
-        super().__init__(f"job {job_id}: {reason}")
+        error = last_line(traceback)
+        said = f"{reason}: {error}" if error and error != reason else reason
+        super().__init__(f"job {job_id}: {said}")
         self.job_id, self.reason, self.traceback = job_id, reason, traceback
+        self.summary = said  # the message without the job's id
+
+
+def last_line(error: str) -> str:
+    """The last line of a traceback (its error's type and message), at most 300 characters."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+JOB_REF_ID = re.compile(r"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # as jobrecords.JOB_ID
+
+
+def job_ref(ref: str) -> tuple[str, str]:
+    """``"QUEUE/JOB_ID"`` as (queue name, job id), each checked: ``ValueError`` naming what
+    is wrong."""
+    if not isinstance(ref, str):
+        raise ValueError(f"job: {ref!r} is no 'QUEUE/JOB_ID'")
+    name, slash, job_id = ref.rpartition("/")
+    if not slash:
+        raise ValueError(f"job: {ref!r} is no 'QUEUE/JOB_ID' (the queue's name, a slash, the id)")
+    from queueworks.keys import check_task_id
+
+    check_task_id(name, "queue name")
+    if not JOB_REF_ID.match(job_id):
+        raise ValueError(f"job: {job_id!r} is no job id a queue gives (hex, or a stream entry id)")
+    return name, job_id
 
 
 def handler_path(handler: str | Callable[..., Any]) -> str:
     """``"module:function"`` for a path or a module-level function object."""
     if isinstance(handler, str):
         path = handler
+    elif isinstance(handler, JobFunctionBase):
+        name = handler.signature.name
+        raise ValueError(
+            f"{name} is a typed job function: enqueue {name}.call(...) (its arguments, "
+            "checked), not the function and a payload"
+        )
     else:
-        module, name = getattr(handler, "__module__", ""), getattr(handler, "__qualname__", "")
-        if not module or module == "__main__" or "." in name or "<" in name:
-            raise ValueError(
-                f"handler {handler!r}: a worker can only import a module-level function of an "
-                "importable module; give it as 'package.module:function'"
-            )
-        path = f"{module}:{name}"
+        return function_path(handler)
     parse_handler_path(path)
     return path
 
@@ -110,6 +145,15 @@ class HandlerPaths:
                     self._paths.clear()
                 self._paths[handler] = path
         return path
+
+
+def checked_call(call: Call[Any], payload: Any) -> str:
+    """A typed call's payload JSON; ``ValueError`` if a payload is given beside it."""
+    if payload is not None:
+        raise ValueError(
+            f"payload: a call of {call.signature.name} carries its arguments; give no payload"
+        )
+    return call.body
 
 
 def payload_json(payload: Any) -> str:
@@ -135,7 +179,9 @@ def batch_options(group: Any) -> str:
     """The options JSON of every job of an ``enqueue_many`` (checked: ``ValueError``
     naming a bad group; '' for none)."""
     options = JobOptions.given(group=group)
-    return "" if options is None else options.json()
+    given = "" if options is None else options.json()
+    producer = hooks.producer
+    return given if producer is None else producer.carry(given)
 
 
 def new_job(
@@ -144,12 +190,17 @@ def new_job(
     delay: float | None,
     at: datetime | float | None,
     options: JobOptions | None = None,
+    body: str | None = None,
 ) -> NewJob:
-    """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON, own
-    options (checked: ``JobOptions.given``), and when it runs, with a new id if that is
-    later; ``ValueError`` naming what is wrong."""
-    body = payload_json(payload)
+    """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON (``body``
+    if made already: a typed call's), own options (checked: ``JobOptions.given``), and when
+    it runs, with a new id if that is later; ``ValueError`` naming what is wrong."""
+    if body is None:
+        body = payload_json(payload)
     given = "" if options is None else options.json()
+    producer = hooks.producer
+    if producer is not None:  # tracing: the job carries the current span's context
+        given = producer.carry(given)
     if delay is None and at is None:
         return NewJob("", path, body, None, given)  # to run now: its id will be its entry's
     now = time.time()
@@ -196,21 +247,25 @@ def queue_reads(pipe: Any, qk: TaskKeys) -> None:
     pipe.zcard(qk.deferred)
     pipe.hget(qk.record, QUEUE_PAUSED)
     flow_reads(pipe, qk, "spec")
+    pipe.smembers(qk.aside)  # last: the handlers whose set-aside jobs to count
 
 
-def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueStatus:
-    """A queue's status from its task's and the replies of ``queue_reads`` (errors as
-    exceptions in them: a key of the wrong type counts nothing)."""
+def queue_status(
+    task: TaskStatus, replies: Sequence[Any], now: float, aside: Aside = NO_ASIDE
+) -> QueueStatus:
+    """A queue's status from its task's, the replies of ``queue_reads`` (errors as
+    exceptions in them: a key of the wrong type counts nothing) and its jobs set aside
+    (``queueworks.aside_jobs``: backlog and running, and the reason they wait)."""
     length, pending, scheduled, rate, deferred, paused = replies[:6]
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
-    flow = flow_status(replies[6:], now)
+    flow = flow_status(replies[6:10], now)
     return QueueStatus(
         name=task.id,
         state=task.state,
-        backlog=backlog + sum(flow["groups_waiting"].values()),
+        backlog=backlog + sum(flow["groups_waiting"].values()) + sum(aside.waiting.values()),
         scheduled=int(scheduled or 0) if not isinstance(scheduled, Exception) else 0,
-        running=running,
+        running=running + aside.running,
         deferred=int(deferred or 0) if not isinstance(deferred, Exception) else 0,
         done=task.done,
         dead=task.dead,
@@ -221,8 +276,9 @@ def queue_status(task: TaskStatus, replies: Sequence[Any], now: float) -> QueueS
         max_nodes=task.max_nodes,
         priority=task.priority,
         rates=rates,
-        reason=task.reason,
+        reason=with_aside(task.reason, aside.waiting),
         paused=paused == b"1",
+        set_aside=aside.waiting,
         **flow,
     )
 
@@ -350,9 +406,36 @@ def finished(
     return None
 
 
-def not_finished(job_id: str, replies: Sequence[Any], timeout: float | None) -> TimeoutError:
+class NotFinished(TimeoutError):
+    """A job's result was waited for ``timeout`` s: the message says the job's state (and
+    why it waits, where its status says), as the last look read it."""
+
+
+def not_finished(job_id: str, replies: Sequence[Any], timeout: float | None) -> NotFinished:
+    """From the last look's replies (``result_reads``): its record's state alone, which
+    says ``queued`` for a job to run now until it settles (``timed_out`` says more)."""
     state = text(replies[-1][0]) or JobState.QUEUED.value
-    return TimeoutError(f"job {job_id} not finished after {timeout} s ({state})")
+    return NotFinished(f"job {job_id} not finished after {timeout} s ({state})")
+
+
+def timed_out(status: JobStatus, timeout: float | None) -> NotFinished:
+    """``NotFinished`` from the job's status, read once the timeout passed: its state
+    (``running`` for a job a member holds) and the reason it waits, if it has one."""
+    why = f"{status.state.value}: {status.reason}" if status.reason else status.state.value
+    return NotFinished(f"job {status.id} not finished after {timeout} s ({why})")
+
+
+OUTAGE_FIRST_PAUSE, OUTAGE_LAST_PAUSE = 0.05, 1.0  # s between looks while Redis is away
+
+
+def outage_pause(error: Exception, deadline: float | None, pause: float) -> float:
+    """A look at a job's result met Redis away (``error``, one of ``UNAVAILABLE``): the
+    seconds to wait before the next (``pause``, not past ``deadline``, a monotonic time);
+    ``error`` raised once the deadline has passed."""
+    left = None if deadline is None else deadline - time.monotonic()
+    if left is not None and left <= 0:
+        raise error
+    return pause if left is None else min(pause, left)
 
 
 def cancelled(queue: str, job_id: str, found: int | str) -> bool:
@@ -379,8 +462,9 @@ def opened_settings(
     if differs:
         have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
         raise ValueError(
-            f"queue {name!r} exists with {have}; open it without those settings (its "
-            "node set can change: q.task.resize, q.task.set_priority)"
+            f"queue {name!r} exists with {have}; open it without those settings and "
+            "change them with q.configure(...) (its node set: q.task.resize, "
+            "q.task.set_priority)"
         )
     if TaskState(text(raw[1])).finished and not reopen:
         raise ValueError(

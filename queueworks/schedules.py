@@ -16,6 +16,7 @@ The fire script (``lua/fire_schedule.lua``, run fenced) writes it only if the qu
 copy still says that due time, and advances it, in one atomic step: a replayed or stale
 tick is a no-op.
 
+Due times that pass while a leader watches fire each, late if the leader was (``fire_times``).
 Missed ticks (no controller ran): one catch-up run, for the latest due time missed, then
 the next due time after now (``due_times``).
 """
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any, NamedTuple
 
 from croniter import CroniterError, croniter
@@ -43,13 +45,26 @@ class Definition(NamedTuple):
     payload: str  # JSON
     every: float | None
     cron: str | None
+    options: str = ""  # its jobs' own options JSON ('' = none): the trace context they link to
+
+
+_RANDOM = re.compile(r"R(\(\d+-\d+\))?(/\d+)?\Z", re.IGNORECASE)  # croniter's random field
 
 
 def check_cron(expr: Any) -> str:
     """A standard 5-field cron expression (minute hour day month weekday, or ``@hourly``
-    and the like), as croniter reads it; ``ValueError`` naming it otherwise."""
+    and the like), as croniter reads it; ``ValueError`` naming it otherwise. Fields are
+    separated by spaces, with none before or after, and none may draw its value at random
+    (croniter's ``R``: drawn again at every computation, so no due time would hold)."""
     if not isinstance(expr, str) or not expr.strip():
         raise ValueError(f"cron {expr!r} must be a cron expression such as '*/5 * * * *'")
+    if expr != expr.strip(" ") or not expr.isprintable():
+        raise ValueError(
+            f"cron {expr!r} must be fields separated by spaces, without control characters "
+            "or spaces around them"
+        )
+    if any(_RANDOM.match(part) for part in re.split(r"[ ,]+", expr)):
+        raise ValueError(f"cron {expr!r} must not draw a field at random (R)")
     fields = expr.split()
     if not expr.startswith("@") and len(fields) != 5:
         raise ValueError(
@@ -81,14 +96,19 @@ def check_schedule_name(name: Any) -> str:
 
 
 def encode(d: Definition) -> str:
-    return json.dumps({"h": d.handler, "p": d.payload, "every": d.every, "cron": d.cron})
+    fields = {"h": d.handler, "p": d.payload, "every": d.every, "cron": d.cron}
+    if d.options:
+        fields["o"] = d.options
+    return json.dumps(fields)
 
 
 def decode(raw: bytes | str) -> Definition:
     """A stored definition; ``ValueError`` if it is not one (written by hand)."""
     try:
         f = json.loads(raw)
-        d = Definition(str(f["h"]), str(f["p"]), f.get("every"), f.get("cron"))
+        d = Definition(
+            str(f["h"]), str(f["p"]), f.get("every"), f.get("cron"), str(f.get("o") or "")
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"not a schedule definition: {exc}") from None
     parse_handler_path(d.handler)
@@ -152,6 +172,32 @@ def due_times(d: Definition, due_ms: int, now_ms: int) -> tuple[int, int]:
     step = max(1, round(d.every * 1000))
     fire = due_ms + (now_ms - due_ms) // step * step
     return fire, fire + step
+
+
+def _after(d: Definition, due_ms: int) -> int:
+    """The due time that follows ``due_ms``."""
+    if d.cron is not None:
+        return _cron_next(d.cron, due_ms)
+    assert d.every is not None
+    return due_ms + max(1, round(d.every * 1000))
+
+
+def fire_times(
+    d: Definition, due_ms: int, now_ms: int, since_ms: int, limit: int
+) -> tuple[list[int], int]:
+    """For a schedule due at ``due_ms`` (<= ``now_ms``): the due times to fire now, in order,
+    and the next due time after them. ``since_ms``: since when the leader has watched the
+    schedules without a break. A due time from then on passed while it watched: each fires,
+    however late the leader is (at most ``limit`` now, the rest at the next pass). One before
+    it passed while no controller ran: ``due_times``' one catch-up run."""
+    if due_ms < since_ms:
+        fire, after = due_times(d, due_ms, now_ms)
+        return [fire], after
+    fires, after = [due_ms], _after(d, due_ms)
+    while after <= now_ms and len(fires) < limit:
+        fires.append(after)
+        after = _after(d, after)
+    return fires, after
 
 
 def as_schedule(

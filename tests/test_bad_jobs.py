@@ -116,8 +116,9 @@ def test_a_job_no_member_may_run_waits_alone_and_runs_once_a_worker_may(
     # (the jobs ran on the worker's own; the state is the controller's word, soon after)
     wait_for(lambda: q.status().state == TaskState.RUNNING, 15, "the queue running")
     status = q.status()
-    assert [n.worker for n in status.nodes] == ["narrow"] and not status.reason
-    assert (status.done, status.dead) == (40, 0)
+    assert [n.worker for n in status.nodes] == ["narrow"]
+    assert status.reason == set_aside_reason("queueworks.examples:double", 1)  # theirs alone
+    assert (status.done, status.dead, status.backlog) == (40, 0, 1)
     assert results_of([q.enqueue("tests.handlers:double", {"x": 7}) for _ in range(5)]) == [14] * 5
     with pytest.raises(TimeoutError, match="queued"):
         other.result(timeout=0.5)
@@ -156,7 +157,8 @@ def test_cancelling_a_job_nobody_may_run_leaves_no_trace(
     # (the state and the reason are the controller's word, soon after the member joined)
     wait_for(lambda: q.status().state == TaskState.RUNNING, 15, "the queue running")
     status = q.status()
-    assert [n.worker for n in status.nodes] == ["narrow"] and not status.reason
+    assert [n.worker for n in status.nodes] == ["narrow"]
+    assert status.reason == set_aside_reason("os:system", 2) and status.backlog == 2
 
     assert bad.cancel()
     assert bad.status().state == JobState.CANCELLED and bad.status().reason is None
@@ -182,6 +184,11 @@ def test_cancelling_a_job_nobody_may_run_leaves_no_trace(
     assert (status.done, status.dead, status.backlog, status.running) == (21, 0, 0, 0)
     assert not status.reason and [n.worker for n in status.nodes] == ["narrow"]
     assert joins_and_leaves(r, keys, "careful") == [("join", "narrow")]
+
+
+def set_aside_reason(handler: str, n: int) -> str:
+    """A queue's reason while ``n`` jobs of ``handler`` wait set aside (its only one)."""
+    return f"{n} job(s) of {handler!r} set aside, waiting for a member that may run their handler"
 
 
 def bad_reason(reason: str | None) -> None:

@@ -345,6 +345,22 @@ def test_every_option_says_what_it_does_its_default_and_variable() -> None:
     assert checked > 50, checked
 
 
+@pytest.mark.parametrize(
+    ("command", "says"),
+    [
+        ("worker", ["process subtasks and jobs", "the jobs of the queues it serves"]),
+        ("dead", ["a task's or a queue's dead letters", "of TASK (a task, or a queue)"]),
+    ],
+)
+def test_help_says_a_command_serves_queues_too(command: str, says: list[str]) -> None:
+    res = cli_in_process([command, "--help"], {})
+    top = cli_in_process(["--help"], {})
+    assert res.returncode == 0 and top.returncode == 0, (res.stderr, top.stderr)
+    text = " ".join((res.stdout + top.stdout).split())  # click wraps at its width
+    for piece in says:
+        assert piece in text, (piece, text)
+
+
 def test_top_level_help_lists_every_command_uncut() -> None:
     env = {**os.environ, "COLUMNS": "80"}
     res = subprocess.run(
@@ -443,6 +459,63 @@ def test_redis_command_on_a_port_in_use_is_one_line(closed_url: str) -> None:
         port = taken.getsockname()[1]
         res = cli(["redis", "--port", str(port)], closed_url)
     one_line_error(res, 1, f"port {port} on 127.0.0.1 is in use", "--port")
+
+
+def test_redis_command_on_a_port_of_another_redis_does_not_advise_it(closed_url: str) -> None:
+    """A Redis this command did not start is named as such, never offered for use."""
+    with RedisServer() as other:
+        res = cli(["redis", "--port", str(other.port)], closed_url)
+    err = one_line_error(res, 1, f"port {other.port} on 127.0.0.1 is in use", "--port")
+    assert "a Redis server this command did not start answers there" in err, err
+    assert "use it" not in err, err
+
+
+def test_redis_command_starts_again_at_once_on_its_port(tmp_path: Path) -> None:
+    """Stopped while a client was connected (the server closes that connection first, so
+    its port is in TIME_WAIT), it starts again on that port at once."""
+    port, data = free_port(), tmp_path / "data"
+    for round in range(2):
+        proc = _redis_command(port, data)
+        try:
+            wait_for(lambda p=proc: _answers(port) or p.poll() is not None, 20, "it answers")
+            assert proc.poll() is None, (round, proc.communicate())
+            held = redis.Redis(port=port)
+            held.ping()  # connected while the server stops
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=20)
+            held.close()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, (round, out, err)
+
+
+def test_redis_command_keeps_a_relative_dir_where_it_was_started(tmp_path: Path) -> None:
+    """``--dir .redis`` as docs/cli.md shows it: the folder the command starts in."""
+    port = free_port()
+    args = ["redis", "--port", str(port), "--dir", ".redis"]
+    env = {k: v for k, v in os.environ.items() if k not in PREFIX_ENV}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "queueworks", *args],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(lambda: _answers(port) or proc.poll() is not None, 20, "the server answers")
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, (out, err)
+    assert f"(data in {tmp_path / '.redis'})" in out, out
+    assert (tmp_path / ".redis" / "appendonlydir").is_dir()
 
 
 def test_enqueue_creates_its_queue_with_every_setting_given(

@@ -16,7 +16,7 @@ from queueworks.dependencies import MAX_DEPENDENCIES, plan_drain
 from queueworks.keys import Keys
 from queueworks.models import JobState
 from queueworks.queues import JobFailed
-from queueworks.runner import run
+from queueworks.runner import run, send_trip
 from tests.conftest import Cluster, wait_for
 
 DOUBLE = "tests.handlers:double"
@@ -82,8 +82,8 @@ def test_bad_dependencies_are_refused_and_leave_nothing(
 
 @pytest.mark.integration
 def test_a_cycle_is_refused(client: Client, r: redis.Redis, keys: Keys) -> None:
-    """A new job cannot be named before it exists; the one way to a cycle is a job naming
-    itself (as a unique key's existing job could): the registration refuses it."""
+    """A new job cannot be named before it exists: a job naming itself (as a unique key's
+    existing job could) is refused at its registration."""
     from queueworks.dependencies import Dependency, plan_register
     from queueworks.queue_plans import plan_defer
     from queueworks.queues import new_job
@@ -92,6 +92,71 @@ def test_a_cycle_is_refused(client: Client, r: redis.Redis, keys: Keys) -> None:
     job_id = run(r, client.scripts, plan_defer(q.ref, new_job(DOUBLE, {}, None, None), []))
     with pytest.raises(ValueError, match=f"cycle: deps-cycle/{job_id} -> deps-cycle/{job_id}"):
         run(r, client.scripts, plan_register(keys, q.keys, job_id, [Dependency(q.name, job_id)]))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("turns", ["a-first", "b-first", "in-turns"])
+def test_a_two_cycle_of_racing_clients_is_refused(
+    client: Client, r: redis.Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch, turns: str
+) -> None:
+    """Two clients that chose their jobs' ids enqueue a -> b and b -> a at once (each job
+    written before either registers), their round trips in any order: neither is left
+    deferred: a registration that finds the other job waiting for its own is refused as a
+    cycle, and one that finds the other taken back as no such job."""
+    from queueworks import queue_plans
+    from queueworks.dependencies import Dependency
+    from queueworks.queue_plans import plan_defer
+    from queueworks.queues import new_job
+
+    qa, qb = client.queue("deps-2cycle-a"), client.queue("deps-2cycle-b")
+    ids = iter(["aaaa", "bbbb"])
+    monkeypatch.setattr(queue_plans, "new_job_id", lambda: next(ids))
+    halves = [
+        plan_defer(qa.ref, new_job(DOUBLE, {"x": 1}, None, None), [Dependency(qb.name, "bbbb")]),
+        plan_defer(qb.ref, new_job(DOUBLE, {"x": 2}, None, None), [Dependency(qa.name, "aaaa")]),
+    ]
+    trips: list[Any] = [next(halves[0]), next(halves[1])]
+    order = {"a-first": [0] * 9 + [1] * 9, "b-first": [1] * 9 + [0] * 9, "in-turns": [0, 1] * 9}
+    ended: list[Any] = [None, None]
+    for i in [0, 1] + order[turns]:  # both written (state deferred), then the rest
+        if trips[i] is None:
+            continue
+        try:
+            trips[i] = halves[i].send(send_trip(r, client.scripts, trips[i]))
+        except StopIteration as stop:
+            trips[i], ended[i] = None, stop.value
+        except ValueError as exc:
+            trips[i], ended[i] = None, exc
+    assert trips == [None, None] and all(isinstance(e, ValueError) for e in ended), ended
+    a_b_a = "cycle: deps-2cycle-a/aaaa -> deps-2cycle-b/bbbb -> deps-2cycle-a/aaaa"
+    b_a_b = "cycle: deps-2cycle-b/bbbb -> deps-2cycle-a/aaaa -> deps-2cycle-b/bbbb"
+    gone = "no job"
+    expected = {"a-first": (a_b_a, gone), "b-first": (gone, b_a_b), "in-turns": (a_b_a, b_a_b)}
+    for said, want in zip(ended, expected[turns], strict=True):
+        assert want in str(said), said
+    assert qa.status().deferred == 0 and qb.status().deferred == 0
+    for q, job_id in ((qa, "aaaa"), (qb, "bbbb")):
+        with pytest.raises(LookupError):
+            q.job(job_id).status()
+        assert not r.exists(q.keys.deps(job_id))
+
+
+@pytest.mark.integration
+def test_an_entry_id_is_refused_naming_its_job(client: Client, r: redis.Redis, keys: Keys) -> None:
+    """A delayed (or retried, requeued) job that is back on the stream has an entry of its
+    own (``job.detail().entry``): naming it is refused with the job's id, never accepted to
+    wait for a release that comes under the job's id."""
+    q = client.queue("deps-entry")
+    tk = keys.task("deps-entry")
+    a = q.enqueue(DOUBLE, {"x": 1}, delay=3600)
+    assert client.scripts.promote_due(tk, [a.id]) == 1  # due: an entry naming it
+    entry = a.detail().entry
+    assert entry is not None and entry != a.id
+    with pytest.raises(ValueError, match=f"entry of job deps-entry/{a.id}"):
+        q.enqueue(DOUBLE, {"x": 2}, depends_on=[f"deps-entry/{entry}"])
+    assert q.status().deferred == 0 and not r.keys(tk.deps("*"))
+    b = q.enqueue(DOUBLE, {"x": 2}, depends_on=[f"deps-entry/{a.id}"])  # by its id: waits
+    assert state_of(b) == JobState.DEFERRED
 
 
 @pytest.mark.integration
@@ -188,6 +253,30 @@ def test_b_waits_for_a_then_runs(cluster: Cluster, client: Client, r: redis.Redi
     assert b.result(timeout=30) == 4
     assert ran(r, log) == [a.id, b.id]
     assert b.status().started_at >= a.status().finished_at  # type: ignore[operator]
+
+
+@pytest.mark.system
+def test_a_delayed_job_is_waited_for_by_its_id_not_its_entry(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """A delayed job that a worker runs has an entry other than its id: a dependent named
+    by the entry would wait for a release that comes under the id: it is refused, naming
+    the id; named by the id, it runs once the job is done."""
+    cluster.controller()
+    cluster.worker()
+    cluster.wait_workers(r, 1)
+    q = client.queue("deps-delayed")
+    log = f"{cluster.prefix}:log"
+    a = q.enqueue(LOGGED, {"x": 1, "log": log, "seconds": 1.0}, delay=0.2)
+    wait_for(lambda: state_of(a) == JobState.RUNNING, 30, "a to run")
+    entry = a.detail().entry
+    assert entry is not None and entry != a.id
+    with pytest.raises(ValueError, match=f"name the job: 'deps-delayed/{a.id}'"):
+        q.enqueue(LOGGED, {"x": 2, "log": log}, depends_on=[f"deps-delayed/{entry}"])
+    b = q.enqueue(LOGGED, {"x": 2, "log": log}, depends_on=[f"deps-delayed/{a.id}"])
+    assert state_of(b) == JobState.DEFERRED
+    assert b.result(timeout=30) == 4
+    assert ran(r, log) == [a.id, b.id]
 
 
 @pytest.mark.system

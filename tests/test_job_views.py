@@ -263,6 +263,11 @@ def test_the_dashboard_lists_jobs_shows_one_and_finds_it(
             "/queues/dash-jobs"
         )
         assert web.get("/search", params={"q": "<b>nothing"}).status_code == 404
+        named = web.get("/search", params={"q": f"dash-jobs/{jobs[2].id}"}, follow_redirects=False)
+        assert named.headers["location"] == f"/queues/dash-jobs/jobs/{jobs[2].id}"
+        for nothing in ("dash-jobs/anything", "dash-jobs/1-0", "dash-jobs/", "dash-jobs/a/b"):
+            got = web.get("/search", params={"q": nothing}, follow_redirects=False)
+            assert got.status_code == 404 and "location" not in got.headers, (nothing, got)
 
 
 @pytest.mark.integration
@@ -337,3 +342,59 @@ def test_the_queue_command(redis_url: str, prefix: str, client: Client) -> None:
     one_line_error(cli(["queue", "nope", "pause"], redis_url, prefix), 1, "no queue nope")
     assert "0 dead" in cli(["queue", "cli-q", "requeue-dead"], redis_url, prefix).stdout
     assert "0 dead letter" in cli(["queue", "cli-q", "delete-dead"], redis_url, prefix).stdout
+
+
+@pytest.mark.integration
+def test_a_queue_summary_bounds_its_dead_letters_payloads(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """Five dead jobs of 1 MB payloads: ``GET /api/queues/{name}`` (and its page) say how
+    big each payload is and show its start; the job's own page has it in full."""
+    from tests.test_dashboard import make_app
+
+    q = client.queue("dash-big")
+    tk = keys.task("dash-big")
+    blob = "x" * 1_000_000
+    jobs = [q.enqueue(H, {"blob": blob, "i": i}) for i in range(5)]
+    settle(client, tk, [read_one(r, tk) for _ in jobs], dead=True)
+    with make_app(client) as web:
+        got = web.get("/api/queues/dash-big")
+        assert got.status_code == 200 and len(got.content) < 100_000, len(got.content)
+        letters = got.json()["dead_letters"]
+        assert len(letters) == 5
+        for letter in letters:
+            assert letter["payload_bytes"] == len('{"blob":"",}') + len(blob) + len('"i":0')
+            assert letter["payload"].startswith('{"blob":"xxx') and len(letter["payload"]) == 2000
+            assert letter["payload_cut"] is True
+        page = web.get("/queues/dash-big")
+        assert len(page.content) < 200_000 and "bytes: the job's page has it all" in page.text
+        full = web.get(f"/api/queues/dash-big/jobs/{jobs[0].id}").json()
+        assert json.loads(full["payload"])["blob"] == blob
+
+
+@pytest.mark.integration
+def test_dead_jobs_whose_letters_are_gone_are_counted_apart(
+    client: Client, r: redis.Redis, keys: Keys, redis_url: str, prefix: str
+) -> None:
+    """The dead-letter stream keeps the newest letters only: jobs counted dead beyond what
+    it keeps are shown as such, and requeue-all says it could not reach them."""
+    from tests.test_dashboard import make_app, post
+
+    q = client.queue("dash-cap")
+    tk = keys.task("dash-cap")
+    jobs = [q.enqueue(H, {"x": i}) for i in range(3)]
+    settle(client, tk, [read_one(r, tk) for _ in jobs], dead=True)
+    r.xtrim(tk.dead, maxlen=1, approximate=False)  # as the stream's cap trims the oldest
+    with make_app(client) as web:
+        body = web.get("/api/queues/dash-cap").json()
+        assert (body["queue"]["dead"], body["dead_letters_total"]) == (3, 1)
+        assert body["dead_without_letter"] == 2
+        assert "2 dead job(s) have no dead letter kept" in web.get("/queues/dash-cap").text
+        got = post(web, "/api/queues/dash-cap/dead/requeue-all").json()
+        assert (got["requeued"], got["dead_without_letter"]) == (1, 2), got
+        assert "2 job(s) counted dead have no dead letter kept" in got["message"], got
+    from tests.test_cli import cli
+
+    said = cli(["queue", "dash-cap", "requeue-dead"], redis_url, prefix)
+    assert said.returncode == 0, said.stderr
+    assert "0 dead job(s) requeued; 2 job(s) counted dead have no dead letter" in said.stdout

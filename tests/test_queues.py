@@ -226,7 +226,11 @@ def test_a_job_whose_handler_the_worker_may_not_run_waits_alone_not_dead(
     assert results_of([q.enqueue("tests.handlers:double", {"x": 5})]) == [10]
     status = q.status()
     assert [n.worker for n in status.nodes] == ["narrow"] and status.dead == 0
-    assert not status.reason
+    assert status.reason == (  # theirs alone: the queue itself waits for nothing
+        "5 job(s) of 'queueworks.examples:double' set aside, waiting for a member that may "
+        "run their handler"
+    )
+    assert status.backlog == 5 and status.set_aside == {"queueworks.examples:double": 5}
     assert r.xlen(keys.task("picky").dead) == 0
     cluster.worker("wide", allow=("tests.handlers", "queueworks.examples"))
     assert results_of(other) == [2 * i for i in range(5)]

@@ -98,11 +98,12 @@ def processes(logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
                     proc.wait()
 
 
-def test_readme_first_handler_runs(tmp_path: Path) -> None:
+def test_readme_first_handler_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """'Your first handler' as a newcomer follows it, in a new folder: myjobs.py as the
     README shows it; its commands started there as written (the server on a free port
-    instead of 6379, the others told its URL), the worker twice; then its Python example
-    and its shell examples, run there. Every Python example of the README is in it."""
+    instead of 6379, the others told its URL), the worker pool of two; then its Python example
+    and its shell examples, run there, unedited, with the same variables as the commands.
+    Every Python example of the README is in it."""
     text = section(README, "Your first handler")
     module, example = python_blocks(text)
     assert python_blocks() == [module, example], "a README example outside the section"
@@ -116,9 +117,9 @@ def test_readme_first_handler_runs(tmp_path: Path) -> None:
     env |= {"QUEUEWORKS_REDIS_URL": url, "PYTHONPATH": str(ROOT)}
     starts, shell = bash_blocks(text)
     lines = starts.strip().splitlines()
-    assert [shlex.split(line, comments=True)[-3:] for line in lines[1:]] == [
-        ["queueworks", "controller"],
-        ["worker", "--allow", "myjobs"],
+    assert [shlex.split(line, comments=True)[1:] for line in lines[1:]] == [
+        ["controller"],
+        ["worker", "--allow", "myjobs", "--processes", "2"],
     ], lines
     r = redis.Redis.from_url(url)
 
@@ -134,11 +135,15 @@ def test_readme_first_handler_runs(tmp_path: Path) -> None:
         start("redis", lines[0], "--port", str(port))
         wait_for(lambda: _pings(r), 20, "the README's Redis answers")
         start("controller", lines[1])
-        start("worker1", lines[2])
-        start("worker2", lines[2])  # "start a second one the same way"
+        start("workers", lines[2])  # a pool of two
         wait_for(lambda: r.zcard("qw:workers") >= 2, 30, "the README's two workers registered")
-        code = example.replace("redis://localhost:6379/0", url)
-        exec(compile(code, "README.md", "exec"), {"__name__": "readme"})
+        assert "Client.from_env()" in example and "redis://" not in example, example
+        for name, value in env.items():  # what the commands were given, as a shell would
+            if name.startswith("QUEUEWORKS_"):
+                monkeypatch.setenv(name, value)
+        monkeypatch.syspath_prepend(str(folder))  # Python started in that folder
+        monkeypatch.delitem(sys.modules, "myjobs", raising=False)
+        exec(compile(example, "README.md", "exec"), {"__name__": "readme"})
         enqueue, info = (line for line in shell.strip().splitlines())
         for line, expect in ((enqueue, r"\n49\n$"), (info, r"maths")):
             argv, proc_env = command(line, env)
@@ -168,6 +173,35 @@ def test_asyncio_docs_examples_run(redis_url: str, tmp_path: Path) -> None:
     page = (ROOT / "docs" / "asyncio.md").read_text()
     worker = ("--concurrency", "50")  # as the page says its workers run
     run_blocks(python_blocks(page), "docs/asyncio.md", redis_url, tmp_path, worker)
+
+
+def _allowed(handler: str, prefixes: list[str]) -> bool:
+    module = handler.split(":")[0]
+    return any(module == p or module.startswith(p.rstrip(".") + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("page", ["tasks.md", "queues.md", "asyncio.md"])
+def test_docs_start_workers_that_may_run_their_first_example(page: str) -> None:
+    """The worker a page tells the reader to start before its first example may run the
+    handlers that example gives (a job it may not run would wait for ever)."""
+    text = (ROOT / "docs" / page).read_text()
+    before, _, rest = text.partition("```python\n")
+    first = rest.split("```", 1)[0]
+    prefixes = re.findall(r"queueworks worker\s+--allow\s+([\w.]+)", before)
+    handlers = re.findall(r'"(\w+\.[\w.]+:\w+)"', first)  # a module path, not prose
+    assert prefixes and handlers, (page, prefixes, handlers)
+    assert all(_allowed(h, prefixes) for h in handlers), (page, prefixes, handlers)
+
+
+def test_fastapi_section_starts_workers_that_may_run_its_jobs() -> None:
+    text = (ROOT / "docs" / "asyncio.md").read_text()
+    found = re.search(r"^## A web service: FastAPI\n(.*?)(?=^## )", text, flags=re.M | re.S)
+    assert found, "docs/asyncio.md has its FastAPI section"
+    prefixes = re.findall(r"queueworks worker\s+--allow\s+([\w.]+)", found.group(1))
+    service = (ROOT / "examples" / "fastapi_service.py").read_text()
+    handlers = re.findall(r'enqueue\(\s*"([\w.]+:\w+)"', service)
+    assert prefixes and handlers, (prefixes, handlers)
+    assert all(_allowed(h, prefixes) for h in handlers), (prefixes, handlers)
 
 
 def test_readme_demo_command_runs() -> None:

@@ -8,8 +8,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import math
 import signal
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import partial
 from typing import Any
@@ -17,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 
-from queueworks import AsyncClient, Client, Schedule
+from queueworks import AsyncClient, Client, Queue, Schedule
 from queueworks import schedules as sched
 from queueworks.controller.fence import Fence, Fenced
 from queueworks.controller.scheduler import Scheduler
@@ -25,6 +27,7 @@ from queueworks.controller.tally import Tally
 from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.models import JobState
+from queueworks.redis_server import RedisServer
 from queueworks.scripts import Scripts
 from tests.conftest import Cluster, Proc, wait_for
 
@@ -92,6 +95,41 @@ def test_every_due_times_keep_their_phase_and_catch_up_once() -> None:
     assert sched.due_times(d, 10_500, 10_500) == (10_500, 11_000)
     assert sched.due_times(d, 10_500, 10_700) == (10_500, 11_000)
     assert sched.due_times(d, 10_500, 13_200) == (13_000, 13_500)  # 5 missed: one run
+
+
+@pytest.mark.unit
+def test_due_times_passed_while_watched_fire_each_and_before_it_once() -> None:
+    d = sched.definition(HANDLER, None, 0.5, None)
+    # watched since 10 s: a late pass fires every due time it passed, on the grid
+    assert sched.fire_times(d, 10_500, 10_500, 10_000, 100) == ([10_500], 11_000)
+    assert sched.fire_times(d, 10_500, 12_100, 10_000, 100) == (
+        [10_500, 11_000, 11_500, 12_000],
+        12_500,
+    )
+    assert sched.fire_times(d, 10_500, 12_100, 10_000, 2) == ([10_500, 11_000], 11_500)
+    # due before the leader watched (since 12 s): missed while no controller ran, one run
+    assert sched.fire_times(d, 10_500, 13_200, 12_000, 100) == ([13_000], 13_500)
+    hourly = sched.definition(HANDLER, None, None, "0 * * * *")
+    due = ms("2025-03-03T10:00:00")
+    assert sched.fire_times(hourly, due, due + 2 * 3_600_000 + 5, due, 100) == (
+        [due, due + 3_600_000, due + 2 * 3_600_000],
+        due + 3 * 3_600_000,
+    )
+
+
+@pytest.mark.unit
+def test_the_wait_for_a_due_time_ends_on_this_clock_not_on_a_block() -> None:
+    from queueworks.controller.scheduler import POLL, SLACK, wake
+
+    assert wake(1.0, math.inf) == (1000, 0.0)  # nothing due: block as long as the pass may
+    assert wake(1.0, 5.0) == (1000, 0.0)
+    block, nap = wake(1.0, 0.5)  # a block ends SLACK before the due time (Redis may be late)
+    assert abs(block - (0.5 - SLACK) * 1000) <= 1 and nap == 0
+    block, nap = wake(0.2, 0.2 + SLACK / 2)  # even if the pass would wait less long
+    assert abs(block - (0.2 - SLACK / 2) * 1000) <= 1 and nap == 0
+    assert wake(1.0, SLACK / 3) == (0, min(SLACK / 3, POLL))  # then on this clock
+    assert wake(1.0, 0.002) == (0, 0.002)
+    assert wake(1.0, 0.0) == (0, 0.0)  # due: fire now
 
 
 @pytest.mark.unit
@@ -177,6 +215,11 @@ def test_schedule_list_replace_unschedule(client: Client, r: redis.Redis, keys: 
         ("a/b", {"every": 1.0}, "schedule name 'a/b'"),
         ("ok", {"every": 0}, "every"),
         ("ok", {"cron": "nope"}, "cron 'nope'"),
+        ("ok", {"cron": "R * * * *"}, "cron 'R * * * *'"),  # croniter's random minute
+        ("ok", {"cron": "0 R(0-5) * * *"}, "cron '0 R(0-5) * * *'"),
+        ("ok", {"cron": "*/5 * * * *\n"}, "cron '*/5 * * * *\\n'"),
+        ("ok", {"cron": " 0 * * * *"}, "cron ' 0 * * * *'"),
+        ("ok", {"cron": "0\t* * * *"}, "cron '0\\t* * * *'"),
         ("ok", {}, "every=seconds or cron"),
     ],
 )
@@ -436,6 +479,81 @@ def test_exactly_one_job_per_due_time_across_leader_kills_and_a_freeze(
     assert max(gaps) * 0.3 < 20, gaps
 
 
+@pytest.fixture
+def quiet_cluster(tmp_path: Any, prefix: str) -> Iterator[tuple[Cluster, Client]]:
+    """A private Redis with its defaults (``hz 10``: a ``BLOCK`` timeout is noticed at the
+    server's next cron tick, up to 0.1 s late, while nobody else talks to it), a cluster of
+    processes on it and a client."""
+    with RedisServer() as server:
+        server.start()
+        cluster = Cluster(server.url, prefix, tmp_path)
+        client = Client.from_url(server.url, prefix=prefix)
+        try:
+            yield cluster, client
+        finally:
+            client.close()
+            cluster.close()
+
+
+def entries(client: Client, queue: str) -> list[tuple[int, float]]:
+    """Each job the queue's stream holds: (its due time in ms, ms from it to its ``XADD``)."""
+    out = []
+    for entry_id, fields in client.redis.xrange(client.keys.task(queue).stream):
+        due = float(fields[b"t"]) * 1000
+        out.append((round(due), int(entry_id.split(b"-")[0]) - due))
+    return out
+
+
+def watched(cluster: Cluster, client: Client) -> Queue:
+    """A queue "periodic", once a leader watches the schedules (its first pass has run: a
+    schedule written before that is one it did not watch, caught up once)."""
+    cluster.controller()
+    q = client.queue("periodic")
+    q.schedule("warm", HANDLER, {"x": 1}, every=0.01)
+    wait_for(lambda: entries(client, "periodic"), 60, "a leader firing")
+    assert q.unschedule("warm")
+    client.redis.xtrim(client.keys.task("periodic").stream, maxlen=0)  # (the key stays)
+    return q
+
+
+@pytest.mark.system
+def test_every_due_time_of_a_millisecond_schedule_fires_while_a_leader_runs(
+    quiet_cluster: tuple[Cluster, Client],
+) -> None:
+    """A leader that is late (a pass, a slow round trip) fires the due times it passed,
+    each with its own job: the one-run catch-up is only for times no controller watched."""
+    cluster, client = quiet_cluster
+    q = watched(cluster, client)
+    made = q.schedule("tick", HANDLER, {"x": 1}, every=0.001)
+    assert made.next_run is not None
+    time.sleep(3.0)
+    assert q.unschedule("tick")
+    stopped = time.time()
+    time.sleep(0.3)  # a fire under way lands
+    ticks = sorted(round(due - made.next_run * 1000) for due, _ in entries(client, "periodic"))
+    missed = sorted(set(range(max(ticks) + 1)) - set(ticks))
+    assert not missed, f"{len(missed)} of {max(ticks) + 1} due times missed: {missed[:20]}"
+    assert len(ticks) == len(set(ticks))
+    # and it kept up: the due times passed before the unschedule were nearly all fired
+    assert len(ticks) >= 0.5 * (stopped - made.next_run) * 1000, (len(ticks), stopped)
+
+
+@pytest.mark.system
+def test_a_due_job_is_enqueued_within_milliseconds_on_a_default_redis(
+    quiet_cluster: tuple[Cluster, Client],
+) -> None:
+    """The leader wakes for a due time on its own timer, not on the end of a ``BLOCK``
+    (which a quiet Redis notices up to 1/hz s late)."""
+    cluster, client = quiet_cluster
+    q = watched(cluster, client)
+    q.schedule("tick", HANDLER, {"x": 1}, every=0.1)
+    time.sleep(4.0)
+    q.unschedule("tick")
+    late = sorted(ms for _, ms in entries(client, "periodic"))
+    assert len(late) >= 20, late
+    assert late[len(late) // 2] < 20, late  # (on an unfixed leader: ~50 ms, the tick's half)
+
+
 # -- the CLI and the dashboard ----------------------------------------------------------------
 
 
@@ -472,6 +590,10 @@ def test_cli_schedule_list_info_unschedule(redis_url: str, prefix: str, client: 
     gone = cli(["unschedule", "mail", "digest"], redis_url, prefix)
     assert gone.returncode == 0 and [s.name for s in client.queue("mail").schedules()] == ["hourly"]
     one_line_error(cli(["unschedule", "mail", "digest"], redis_url, prefix), 1, "no schedule")
+    one_line_error(cli(["schedules", "nosuchqueue"], redis_url, prefix), 1, "no queue nosuchqueue")
+    empty = client.queue("quiet")  # a queue without schedules: listed as none, exit 0
+    listed = cli(["schedules", empty.name], redis_url, prefix)
+    assert listed.returncode == 0 and "0 schedule(s) of queue quiet" in listed.stdout, listed
 
 
 @pytest.mark.integration

@@ -189,6 +189,28 @@ def test_a_key_left_by_a_vanished_job_is_taken(client: Client, r: redis.Redis, k
 
 
 @pytest.mark.integration
+def test_a_delayed_job_whose_record_is_gone_holds_its_key_no_longer(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """Its id left in the scheduled zset proves nothing: the record is the job. The next
+    enqueue of the key takes it, and the id left behind is dropped when it comes due."""
+    q = client.queue("stale-delayed")
+    tk = keys.task("stale-delayed")
+    gone = q.enqueue(NOOP, {"x": 1}, key="k", delay=3600)
+    held = q.enqueue(NOOP, {"x": 2}, key="k")
+    assert (held.id, held.created) == (gone.id, False)  # while its record is there: held
+    r.delete(tk.job(gone.id))  # the record deleted; its id stays in the scheduled zset
+    with pytest.raises(LookupError):
+        gone.status()
+    taken = q.enqueue(NOOP, {"x": 3}, key="k")
+    assert taken.created and taken.id != gone.id
+    assert taken.status().state == JobState.QUEUED
+    assert r.get(tk.unique("k")) == taken.id.encode()
+    assert client.scripts.promote_due(tk, [gone.id]) == 0  # due: nothing to run
+    assert q.enqueue(NOOP, {"x": 4}, key="k").id == taken.id
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize("round_", range(4))
 def test_ten_clients_racing_on_one_key_make_one_job(
     redis_url: str, prefix: str, r: redis.Redis, keys: Keys, round_: int

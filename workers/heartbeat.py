@@ -24,6 +24,7 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.eviction import PolicyWatch
+from queueworks.job_stops import stops_of, take_stops
 from queueworks.keys import Keys
 from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
@@ -44,6 +45,10 @@ class NodeState:
     reported: int = 0  # of ``processed``, what the worker record has been told
     wake: threading.Event = field(default_factory=threading.Event)
     seats: dict[str, Seat] = field(default_factory=dict)  # task id -> our seat in its set
+    # a seat found fenced (its key): what this worker runs there is stopped (the worker's)
+    on_fenced: Callable[[str], None] = lambda key: None
+    # jobs cancelled while they ran here, (queue, job id): stopped (``queueworks.job_stops``)
+    on_cancelled: Callable[[list[tuple[str, str]]], None] = lambda jobs: None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def seat(self, task_id: str, *, queue: bool = False) -> Seat:
@@ -169,11 +174,15 @@ class Seat:
 
     def pruned(self) -> None:
         """We were declared dead in this node set (our member heartbeat is gone, or our
-        seat): stop, hand back and rejoin at the next safe point; what runs yields."""
+        seat): what we still run there is stopped first (``NodeState.on_fenced``), before
+        the run gets to settle anything; it hands back and rejoins at the next safe point."""
         self.fenced = True
-        self.suspend.set()
-        self.halt.set()
-        self.node.wake.set()
+        try:
+            self.node.on_fenced(self.key)
+        finally:
+            self.suspend.set()
+            self.halt.set()
+            self.node.wake.set()
 
     def observe_epoch(self, epoch: int) -> None:
         """A newer epoch than our role's means: suspend at the next safe point."""
@@ -256,6 +265,7 @@ class Heartbeat(threading.Thread):
         pipe.hincrby(k.worker(s.worker_id), "processed", delta)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
+        take_stops(pipe, k, s.worker_id)
         queues = [seat for seat in s.members() if seat.queue]
         if queues:  # gone: a finder took it, having found us dead (``workers.lost``)
             pipe.exists(k.worker_queues(s.worker_id))
@@ -275,13 +285,15 @@ class Heartbeat(threading.Thread):
             # We were dropped from the pool (declared lost while paused): register again
             # rather than let the heartbeat recreate half a record.
             self._on_forgotten()
-        assign, drain = replies[4], replies[5]
+        assign, drain, stops = replies[4], replies[5], stops_of(replies[6])
+        if stops:
+            s.on_cancelled(stops)
         s.observe_assign(assign.decode() if assign else "")
         if drain and not s.stopping:  # an operator asked for a graceful leave
             self._log.info("draining")
             s.stopping = True
             s.suspend_all()
-        at = 6
+        at = 7
         if queues:
             if not replies[at]:
                 self._pruned_from_queues(queues)

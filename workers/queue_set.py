@@ -33,6 +33,7 @@ from queueworks.connection import text
 from queueworks.keys import GROUP
 from queueworks.records import queue_memberships
 from queueworks.signals import ColdStop
+from queueworks.vanished import gone_stream, stream_gone
 from queueworks.wire import StreamReads
 
 from .flow import RateGate
@@ -94,10 +95,13 @@ class QueueSet:
                     state.wake.wait(SCOUT_SECONDS)
                     state.wake.clear()
                     continue
-                if self.flight is not None:
-                    self.flight.turn()
-                else:
-                    self._round()
+                try:
+                    if self.flight is not None:
+                        self.flight.turn()
+                    else:
+                        self._round()
+                except ResponseError as exc:
+                    self._gone(exc)
         except ColdStop:  # what runs now has started: it stays ours, charged when reclaimed
             if self.flight is not None:
                 self.flight.interrupted()
@@ -256,9 +260,12 @@ class QueueSet:
             return None
 
     def _read_failed(self, error: Exception, members: list[Member]) -> None:
-        """A read over many queues failed: an aside stream was emptied and deleted
-        meanwhile (each queue reads its own stream alone until its next look); else the
-        error is raised."""
+        """A read over many queues failed. A queue's stream or group is gone (Redis lost
+        its keys): that queue's membership went with it (``TaskRun.gone``). An aside
+        stream was emptied and deleted meanwhile: each queue reads its own stream alone
+        until its next look. Else the error is raised."""
+        if self._gone(error, members, raises=False):
+            return
         if not isinstance(error, ResponseError) or not any(
             len(m.loop.aside.read) > 1 for m in members
         ):
@@ -266,6 +273,33 @@ class QueueSet:
         for m in members:
             if len(m.loop.aside.read) > 1:
                 m.loop.aside.lost(time.monotonic())
+
+    def _gone(
+        self, error: Exception, members: list[Member] | None = None, *, raises: bool = True
+    ) -> bool:
+        """Redis says a stream or its group is gone (``error``): the queues of ``members``
+        (default: all) whose own stream it is lost their membership with it
+        (``TaskRun.gone``: the next safe point rejoins, or leaves if the queue is gone).
+        Which: the one a ``NOGROUP`` names, or (a read that waited when its stream went
+        says not which) those whose stream no longer exists. True if any did; else the
+        error is raised (``raises``) or False."""
+        found: list[Member] = []
+        if stream_gone(error):
+            members = list(self.members.values()) if members is None else members
+            named = gone_stream(error)
+            if named is not None:
+                found = [m for m in members if m.run.tk.stream == named]
+            else:
+                pipe = self.r.pipeline(transaction=False)
+                for m in members:
+                    pipe.exists(m.run.tk.stream)
+                there = pipe.execute()
+                found = [m for m, n in zip(members, there, strict=True) if not n]
+        for m in found:
+            m.run.gone()
+        if not found and raises:
+            raise error
+        return bool(found)
 
     # -- running ----------------------------------------------------------------------------
 

@@ -91,6 +91,8 @@ class Worker:
             watch=self._watch_task,
         )
         self.parts.aio.on_hung = self._loop_hung
+        self.state.on_fenced = self.parts.running.fenced
+        self.state.on_cancelled = self.parts.running.cancelled
         scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)
         self.queue_set = QueueSet(self.parts, scout)
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
@@ -105,6 +107,13 @@ class Worker:
         """Warm stop: finish or abort the current step at a safe point, leave, exit."""
         self.state.stopping = True
         self.state.suspend_all()
+
+    def retire(self) -> None:
+        """Leave after what runs now (a pool member's limit, ``workers.retire``): unlike
+        ``stop`` nothing is cut short at a safe point; what was read and not started is
+        handed back, then the worker leaves and exits 0."""
+        self.state.stopping = True
+        self.state.wake.set()
 
     def _loop_hung(self) -> None:
         """The event loop stayed blocked past the hard limit (``workers.eventloop``): leave

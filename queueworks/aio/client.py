@@ -15,12 +15,12 @@ from typing import Any, TypeVar, Unpack
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from queueworks.aio.connection import AsyncConnection, connect_async
-from queueworks.aio.queue_handle import AsyncQueue, open_queue
+from queueworks.aio.queue_handle import AsyncJob, AsyncQueue, open_queue
 from queueworks.aio.results import ResultWatcher
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncTask
 from queueworks.aio.wire import AsyncLine
-from queueworks.client import client_log, given_settings
+from queueworks.client import client_log, env_options, given_settings
 from queueworks.client_plans import (
     plan_drain_worker,
     plan_task_count,
@@ -33,8 +33,8 @@ from queueworks.lost_workers import WINDOW, LostWorker, plan_lost_workers
 from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
 from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running_of
-from queueworks.queue_settings import QueueOptions
-from queueworks.queues import RUNNING_SHOWN
+from queueworks.queue_settings import DEFAULTS, QueueOptions
+from queueworks.queues import RUNNING_SHOWN, job_ref
 from queueworks.scripts import AsyncScripts
 from queueworks.submit import check_replicated, plan_submit, submit_task_id
 
@@ -66,6 +66,14 @@ class AsyncClient:
         return cls(
             connect_async(url, **connect_options), prefix=prefix, allow_eviction=allow_eviction
         )
+
+    @classmethod
+    def from_env(cls, **connect_options: Any) -> AsyncClient:
+        """``Client.from_env``: ``QUEUEWORKS_REDIS_URL`` (default
+        ``redis://localhost:6379/0``), ``QUEUEWORKS_PREFIX`` and the rest as the command
+        reads them, at this call."""
+        url, options = env_options(connect_options)
+        return cls.from_url(url, **options)
 
     async def check_eviction(self) -> None:
         """``Client.check_eviction``: once per client, at its first write."""
@@ -132,6 +140,11 @@ class AsyncClient:
         name = check_task_id(name, "queue name")
         await self.check_eviction()
         return await open_queue(self, name, given, reopen)
+
+    def job(self, ref: str) -> AsyncJob:
+        """A handle to the job ``"QUEUE/JOB_ID"``, as ``Client.job`` (no I/O)."""
+        name, job_id = job_ref(ref)
+        return AsyncQueue(self, name, DEFAULTS, revives=False).job(job_id)
 
     async def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""

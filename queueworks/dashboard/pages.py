@@ -14,6 +14,7 @@ from queueworks.dashboard.reader import TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
+from queueworks.job_functions import arguments_of
 from queueworks.job_lists import LISTED, WINDOW
 from queueworks.keys import check_task_id
 from queueworks.lost_workers import WINDOW as LOST_WINDOW
@@ -159,16 +160,21 @@ def job_page(request: Request) -> Response:
     name = request.path_params["name"]
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
-    return render(request, "job.html", d.context(request, "queues", j=job, q=q))
+    args = arguments_of(job.payload)  # a typed job function's, by name
+    trace_url = d.config.trace_url
+    ctx = d.context(request, "queues", j=job, q=q, args=args, trace_url=trace_url)
+    return render(request, "job.html", ctx)
 
 
 def search(request: Request) -> Response:
     """``/search?q=``: the page of the task, queue or job of that id (a job's: of the queue
-    that has it; ``QUEUE/JOB`` names both); 404 when nothing has it."""
+    that has it; ``QUEUE/JOB`` names both, and the queue must have that job); 404 when
+    nothing has it."""
     d = dash_of(request)
     wanted = request.query_params.get("q", "").strip()
     queue, _, job = wanted.rpartition("/")
     if queue and _NAME.match(queue) and d.queues.is_queue(queue):
+        d.queues.job(queue, job)  # TaskNotFound (404) where the job's page would be one
         return RedirectResponse(f"/queues/{segment(queue)}/jobs/{segment(job)}", status_code=303)
     if _NAME.match(wanted) and d.client.redis.exists(d.client.keys.task(wanted).record):
         return RedirectResponse(f"/tasks/{segment(wanted)}", status_code=303)
@@ -186,6 +192,7 @@ def workers_page(request: Request) -> Response:
         request,
         "workers",
         workers=workers,
+        pools=d.reader.pools(),
         lost=lost,
         lost_minutes=int(LOST_WINDOW // 60),
         counts=d.reader.worker_counts(workers, lost),

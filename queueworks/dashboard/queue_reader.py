@@ -14,6 +14,15 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from queueworks.aside_jobs import NONE as NO_ASIDE
+from queueworks.aside_jobs import (
+    READS,
+    Aside,
+    aside_counts,
+    aside_handlers,
+    aside_reads,
+    with_aside,
+)
 from queueworks.client import Client, TaskNotFound
 from queueworks.connection import Connection, redact_url, text
 from queueworks.dashboard.reader import (
@@ -61,9 +70,12 @@ from queueworks.runner import run
 from queueworks.schedule_plans import plan_schedules
 
 INF = float("inf")
-SUMMARY_READS = 12  # replies per queue of a summaries pipeline (the last 4: flow_reads)
+SUMMARY_READS = (
+    13  # replies per queue of a summaries pipeline (then 4 of flow_reads, the aside set)
+)
 RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
 _EMPTY = [None] * len(TASK_FIELDS)
+PAYLOAD_SHOWN = 2000  # characters of a dead letter's payload in a queue's summary and page
 
 
 def record_fields(name: str, raw: Sequence[Any]) -> tuple[dict[str, Any], list[str]]:
@@ -100,8 +112,12 @@ def _pending_count(reply: Any) -> int:
 
 
 def dead_letter(entry_id: bytes, raw: dict[bytes, bytes]) -> JobDeadLetter:
+    """A dead letter as a queue's page and summary show it: its payload cut to its first
+    ``PAYLOAD_SHOWN`` characters (50 letters of 1 MB payloads would be 50 MB), its size
+    given."""
     f = {k: v or None for k, v in decode_dead_letter(raw, errors="replace").items()}
     attempts = f[DEAD_ATTEMPTS]
+    payload = f[DEAD_PAYLOAD]
     return JobDeadLetter(
         id=entry_id.decode(errors="replace"),
         job=f[DEAD_JOB],
@@ -109,7 +125,9 @@ def dead_letter(entry_id: bytes, raw: dict[bytes, bytes]) -> JobDeadLetter:
         reason=f[DEAD_REASON] or "",
         error=redact_url(f[DEAD_ERROR] or ""),
         attempts=int(attempts) if attempts and attempts.isdigit() else None,
-        payload=f[DEAD_PAYLOAD],
+        payload=payload and payload[:PAYLOAD_SHOWN],
+        payload_bytes=len(raw.get(DEAD_PAYLOAD.encode()) or b"") if payload else None,
+        payload_cut=payload is not None and len(payload) > PAYLOAD_SHOWN,
         worker=f[DEAD_WORKER],
         ts=_number(f[DEAD_TS]),
     )
@@ -160,10 +178,12 @@ class QueueReader:
             pipe.zcard(tk.deferred)
             pipe.hget(tk.record, QUEUE_PAUSED)
             flow_reads(pipe, tk, "spec")
+            pipe.smembers(tk.aside)
         replies = pipe.execute(raise_on_error=False)
         now = time.time()
-        out = []
         n = SUMMARY_READS
+        asides = self._asides(names, [replies[n * (i + 1) - 1] for i in range(len(names))])
+        out = []
         for i, name in enumerate(names):
             record, members, length, pending, scheduled, rate = replies[n * i : n * i + 6]
             deferred, paused = replies[n * i + 6 : n * i + 8]
@@ -171,14 +191,35 @@ class QueueReader:
                 continue
             row = self._summary(name, record, members, length, pending, scheduled, rate, now)
             more = {"deferred": 0 if row.finished else _int(deferred), "paused": paused == b"1"}
-            flow = flow_status(replies[n * i + 8 : n * (i + 1)], now)
+            flow = flow_status(replies[n * i + 8 : n * (i + 1) - 1], now)
             more |= flow
-            waiting = sum(flow["groups_waiting"].values())  # off the stream: backlog too
+            aside = asides[i]
+            # off the stream: backlog too (waiting for a group slot, or set aside)
+            waiting = sum(flow["groups_waiting"].values()) + sum(aside.waiting.values())
             if row.finished:
                 more["left"] = row.left + waiting
             else:
                 more["backlog"] = row.backlog + waiting
+                more["running"] = row.running + aside.running
+                more["set_aside"] = aside.waiting
+                more["reason"] = with_aside(row.reason, aside.waiting)
             out.append(row.model_copy(update=more))
+        return out
+
+    def _asides(self, names: Sequence[str], sets: Sequence[Any]) -> list[Aside]:
+        """Each queue's jobs set aside, from its aside set as read: one pipeline for the
+        queues that name a handler there, none if no queue does."""
+        handlers = [aside_handlers(reply) for reply in sets]
+        if not any(handlers):
+            return [NO_ASIDE] * len(names)
+        pipe = self.r.pipeline(transaction=False)
+        for name, some in zip(names, handlers, strict=True):
+            aside_reads(pipe, self.keys.task(name), some)
+        replies = pipe.execute(raise_on_error=False)
+        out, at = [], 0
+        for some in handlers:
+            out.append(aside_counts(some, replies[at : at + READS * len(some)]))
+            at += READS * len(some)
         return out
 
     def _summary(
@@ -229,6 +270,12 @@ class QueueReader:
             raise TaskNotFound(f"queue {name}")
         return rows[0]
 
+    def dead_without_letter(self, name: str) -> int:
+        """How many of the queue's jobs counted dead have no dead letter kept (at least:
+        ``QueueDetail.dead_without_letter``)."""
+        dead = self.summary(name).dead
+        return max(0, dead - _int(self.r.xlen(self.keys.task(name).dead)))
+
     def latency(self, names: Sequence[str]) -> dict[str, tuple[list[tuple[float, int]], float]]:
         """Each queue's enqueue -> start histogram (cumulative buckets, sum), one pipeline."""
         pipe = self.r.pipeline(transaction=False)
@@ -268,6 +315,7 @@ class QueueReader:
             dead_letters=[dead_letter(i, raw) for i, raw in dead_shown],
             dead_letters_total=_int(dead_total),
             dead_letters_next=dead_next,
+            dead_without_letter=max(0, queue.dead - _int(dead_total)),
             schedules=self.schedules(name),
             running_jobs=self.client.running_jobs(name) if queue.running else [],
         )

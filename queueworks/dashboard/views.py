@@ -93,6 +93,9 @@ class TaskDetail(_View):
     dead_letters: list[DeadLetter]  # newest first, a page of them
     dead_letters_total: int
     dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
+    # jobs counted dead beyond the letters kept (the stream keeps the newest ones: at least
+    # this many dead jobs have no letter, and no requeue can reach them)
+    dead_without_letter: int = 0
     results: list[ResultSample]
     results_total: int
     rq_job: RqJob | None = None
@@ -145,7 +148,7 @@ class QueueSummary(_View):
 
     name: str
     state: TaskState
-    backlog: int  # not started: on the stream, or waiting for a group slot
+    backlog: int  # not started: on the stream, set aside, or waiting for a group slot
     scheduled: int  # delayed, not due yet
     running: int  # held by a member
     deferred: int = 0  # waiting for their dependencies
@@ -168,6 +171,7 @@ class QueueSummary(_View):
     limited: bool = False  # held back by its rate_limit now
     groups_running: dict[str, int] = {}  # slots held, by group
     groups_waiting: dict[str, int] = {}  # jobs waiting for a slot, by group
+    set_aside: dict[str, int] = {}  # jobs set aside (no member may run them), by handler
 
     @property
     def finished(self) -> bool:
@@ -183,9 +187,11 @@ class JobDeadLetter(_View):
     reason: str
     error: str
     attempts: int | None
-    payload: str | None
+    payload: str | None  # its first ``PAYLOAD_SHOWN`` characters: the job's page has it all
     worker: str | None
     ts: float | None
+    payload_bytes: int | None = None  # the size of the whole payload, in bytes (UTF-8)
+    payload_cut: bool = False  # ``payload`` is only its start
 
 
 class LatencyBucket(_View):
@@ -215,6 +221,9 @@ class QueueDetail(_View):
     dead_letters: list[JobDeadLetter]  # newest first, a page of them
     dead_letters_total: int
     dead_letters_next: str | None = None  # ``dead_before`` of the next (older) page
+    # jobs counted dead beyond the letters kept (the stream keeps the newest ones: at least
+    # this many dead jobs have no letter, and no requeue can reach them)
+    dead_without_letter: int = 0
     schedules: list[Schedule] = Field(default_factory=list)  # its periodic jobs, by name
     running_jobs: list[JobStatus] = []  # up to 20 running, oldest first, with progress
 

@@ -6,9 +6,10 @@
 -- left behind by a job that vanished (its record expired or flushed, its entry deleted)
 -- must not hold the key for ever, so a holder is checked: an index with a TTL holds it (the
 -- unique_for window after its job finished); else a job to run now holds it while its entry
--- is on the stream, any job while it is in the scheduled zset, and a job with a record
--- while the record's state is a waiting one. Only the last needs the holder's record,
--- which the caller cannot name before it knows the holder: the reply asks for it.
+-- is on the stream, and any other while its record's state is a waiting one (a delayed job's
+-- id in the scheduled zset proves nothing: its record may be gone, and with it the job).
+-- The last needs the holder's record, which the caller cannot name before it knows the
+-- holder: the reply asks for it.
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] the key's index
 -- KEYS[4] the holder's record, when ARGV[3] names the holder; then, last, the new job's
 --   record (a delayed job), or its record, dependencies set and the queue's deferred zset (a
@@ -35,9 +36,6 @@ if holder then
   local ms, seq = string.match(holder, '^(%d+)%-(%d+)$$')
   if ms and #ms <= 19 and #seq <= 19 and #redis.call('XRANGE', KEYS[1], holder, holder) > 0 then
     return {0, holder}  -- a job to run now, waiting or running
-  end
-  if redis.call('ZSCORE', KEYS[2], holder) then
-    return {0, holder}  -- waiting for its time
   end
   if ARGV[3] ~= holder then
     return {2, holder}
