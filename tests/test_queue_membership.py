@@ -146,3 +146,20 @@ def test_many_idle_queues_cost_a_bounded_number_of_commands(
     status = later.status()
     assert status.started_at is not None and status.run_at is not None
     assert status.started_at - status.run_at < 1.5, status.started_at - status.run_at
+
+
+@pytest.mark.system
+def test_a_member_settles_its_jobs_long_after_its_join(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """A queue's member keeps no heartbeat of its own in the queue, yet its settles are
+    fenced by its membership: one that joined more than a TTL ago still settles what it runs
+    (done, counted, acked), and is still a member."""
+    q = client.queue("long_member")
+    cluster.worker("w1", extra=TTL)
+    wait_for(lambda: members_of(client, "long_member") == ["w1"], 30, "joined")
+    time.sleep(2.5)  # past the TTL: the join's key in the queue has run out
+    jobs = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(3)]
+    assert [j.result(timeout=15) for j in jobs] == [0, 2, 4]
+    assert {j.status().worker for j in jobs} == {"w1"}
+    assert members_of(client, "long_member") == ["w1"]
