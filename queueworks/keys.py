@@ -12,7 +12,9 @@ key                                type          meaning
 ``qw:task:{T}:p:<k>``              stream        partition k of a partitioned task (same group)
 ``qw:task:{T}:members``            zset          member worker ids, score = join sequence (= epoch
                                                  at join); ascending order = rank
-``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task
+``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task (a queue's
+                                                 members keep none: the pool heartbeat is
+                                                 their liveness; the join's runs out)
 ``qw:task:{T}:epoch``              string (int)  generation: INCR on every membership change
 ``qw:task:{T}:confirm``            hash          worker -> last epoch it settled in (partition
                                                  barrier)
@@ -100,6 +102,9 @@ key                                type          meaning
 ``qw:worker:<W>``                  hash          host, pid, labels, queues, member_of, state,
                                                  task, rank, current (``records``)
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
+``qw:worker:<W>:queues``           set           the queues W joined and may hold jobs of
+                                                 (added before it reads one, removed after it
+                                                 left); taken whole by whoever finds W dead
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
 ``qw:pools``                       zset          every worker pool (``worker --processes``), score =
                                                  its supervisor's last write (s)
@@ -416,6 +421,9 @@ class Keys:
 
     def worker_heartbeat(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}:hb"
+
+    def worker_queues(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}:queues"
 
     def assign(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}:assign"

@@ -475,8 +475,9 @@ def settle_jobs(
     the aside stream of handler ``aside``; with a pipeline, the reply comes
     with it: ``(ok, dead, rejected, moved)`` (and a fifth element when fenced: nothing
     settled), or a ``NoScriptError`` to heal (a ``bare`` call: the queue's read carries it,
-    and it must not cost a SCRIPT EXISTS round trip each time). ``fence``: the caller's
-    membership key, which must exist for anything to be settled ('': no such check)."""
+    and it must not cost a SCRIPT EXISTS round trip each time). ``fence``: the queue's
+    members (``tk.members``), which must hold ``worker_id`` for anything to be settled ('':
+    no such check)."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
     keys = [*_settle_keys(tk, aside)]

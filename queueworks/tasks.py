@@ -189,8 +189,8 @@ def plan_change(keys: Keys, tk: TaskKeys, fields: dict[str, object]) -> Plan[Non
 def node_reads(pipe: Any, keys: Keys, tk: TaskKeys, members: Sequence[Any]) -> None:
     """Queue on ``pipe`` what ``node_infos`` reads of each member (``members``: the
     ZRANGE WITHSCORES of the task's members); a sync or an asyncio pipeline."""
-    for wid, _ in members:
-        pipe.get(tk.heartbeat(wid.decode()))
+    for wid, _ in members:  # the pool heartbeat: a queue's members keep no other
+        pipe.get(keys.worker_heartbeat(wid.decode()))
         pipe.hget(keys.worker(wid.decode()), "current")
 
 

@@ -115,27 +115,24 @@ def test_a_fenced_worker_whose_plain_handler_cannot_stop_exits(
 @pytest.mark.integration
 def test_a_pruned_member_settles_nothing_of_what_it_ran(r: redis.Redis, keys: Keys) -> None:
     """Its job ended as it resumed, before it learnt it was pruned: the settle (done, or a
-    retry that waits) finds its membership key gone and writes nothing; the member that
-    reclaimed the job settles it."""
+    retry that waits) finds it is no longer one of the queue's members and writes nothing;
+    the member that reclaimed the job settles it."""
     tk, scripts = keys.task("fz"), Scripts(r)
     (entry_id,) = _stream(r, tk, 1, options='{"group":"g"}')
     r.xreadgroup(GROUP, "w1", {tk.stream: ">"})
-    r.set(tk.heartbeat("w1"), "1")
+    r.zadd(tk.members, {"w1": 1, "w2": 2})
     assert _take(scripts, tk, r, entry_id, 1) == 1
     job = _Settled(decode_entry(entry_id, r.xrange(tk.stream, entry_id, entry_id)[0][1]))
-    r.delete(tk.heartbeat("w1"))  # pruned; w2 reclaims the job and runs it
+    r.zrem(tk.members, "w1")  # pruned; w2 reclaims the job and runs it
     r.xclaim(tk.stream, GROUP, "w2", 0, [entry_id])
-    now, fence = time.time(), tk.heartbeat("w1")
+    now, fence = time.time(), tk.members
     done = scripts.settle_jobs(tk, JobBatch(ok=[job]), "w1", now, 60, None, fence=fence)
     later = scripts.retry_later(tk, [(job, now + 60, "tb")], "w1", now, None, fence=fence)
     assert (list(done), list(later)) == ([0, 0, 0, 0, 1], [0, 0, 1])  # fenced: nothing
     assert r.xpending_range(tk.stream, GROUP, "-", "+", 10)[0]["consumer"] == b"w2"
     assert r.hget(tk.groups, "g") == b"1" and r.hget(tk.groups_held, entry_id) == b"g"
     assert not r.exists(tk.job(entry_id)) and r.zcard(tk.scheduled) == 0
-    r.set(tk.heartbeat("w2"), "1")
-    done = scripts.settle_jobs(
-        tk, JobBatch(ok=[job]), "w2", now, 60, None, fence=tk.heartbeat("w2")
-    )
+    done = scripts.settle_jobs(tk, JobBatch(ok=[job]), "w2", now, 60, None, fence=fence)
     assert list(done) == [1, 0, 0, 0]
     assert r.hget(tk.groups, "g") is None and r.xlen(tk.stream) == 0
 

@@ -60,9 +60,10 @@ class JobLedger(Attempts):
         self.use(self.spec)
         self.pump: Pump | None = None  # the hand-on after a settle: its reads on the pipeline
         self.rate = 0.0  # jobs/s the last settle carried, over the time since the one before
-        # our membership's key: a settle finds it gone if we were pruned (then it settles
-        # nothing: what we ran is run again by the member that reclaimed it)
-        self.fence = self.tk.heartbeat(self.me)
+        # the queue's members: a settle finds us gone from them if we were pruned (then it
+        # settles nothing: what we ran is run again by the member that reclaimed it). Not
+        # our heartbeat key in the queue: a queue's members keep none (``workers.lost``)
+        self.fence = self.tk.members
 
     def use(self, spec: StoredSpec) -> None:
         """The queue's settings from now on (``QueueLoop.reconfigure``)."""

@@ -16,6 +16,7 @@ from one loop (``workers.queue_set``): this loop's parts are its steps.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -39,6 +40,7 @@ from queueworks.vanished import gone_stream
 from .aside import Aside
 from .flow import GroupSlots, RateGate
 from .handlers import Handler, HandlerRefused, resolve
+from .heartbeat import Seat
 from .inflight import Call, is_async
 from .jobledger import JobLedger
 from .live_settings import LiveSettings
@@ -50,6 +52,10 @@ from .work import Leave, Work
 BLOCK_MS = 100  # a member waits this long on the stream per read, then looks around
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, this often
+# ... for each queue, with few queues; a worker serving many spreads them out, so what they
+# cost it per second stays level (``QueueLoop.spread``)
+CHECKS_PER_SECOND = 100
+DUTIES_PER_SECOND = 50
 SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
 BUSY_SETTLE_SECONDS = 0.01  # ... within this, under load: settles carrying BUSY_RATE jobs/s
 BUSY_RATE = 1000.0
@@ -76,7 +82,7 @@ class QueueLoop:
         self.slots = GroupSlots(run, limits.group) if limits.group is not None else None
         self.duties = LeaderDuties(run)
         self.live = LiveSettings(run)
-        self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
+        self.check_every = self.check_least = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
         self.paused = False  # the queue's paused flag, as the last check read it: no reads
         self.avg_seconds = 0.0
@@ -94,6 +100,24 @@ class QueueLoop:
         self.aside.hand_back()
 
     # -- reading --------------------------------------------------------------------------
+
+    def spread(self, queues: int) -> None:
+        """The worker serves ``queues`` queues: check this one's membership and do its
+        duties less often the more there are (at most ``CHECKS_PER_SECOND`` checks and
+        ``DUTIES_PER_SECOND`` duties a second over all of them). What must be seen sooner
+        comes another way: a new epoch by notification, a pause or a new setting through
+        the events (``Scout.touched``), a prune of this worker by its own heartbeat."""
+        self.check_every = max(self.check_least, queues / CHECKS_PER_SECOND)
+        self.duties.every = max(DUTY_SECONDS, queues / DUTIES_PER_SECOND)
+        # each queue's turn at a place of its own in the interval: queues joined together
+        # do not all come due in one round (their duties' round trips would stall it)
+        now = time.monotonic()
+        self.checked_at = min(self.checked_at, now - random.random() * self.check_every)
+        self.duties.duties_at = now - random.random() * self.duties.every
+
+    def touched(self) -> None:
+        """The queue was paused, resumed or changed: its next read checks it."""
+        self.checked_at = 0.0
 
     def check_due(self, now: float) -> bool:
         return now - self.checked_at >= self.check_every
@@ -186,7 +210,7 @@ class QueueLoop:
         s = run.state
         ran, started = 0, time.monotonic()
         self.batch_at = started
-        while run.held and not (s.suspend.is_set() or s.stopping or s.fenced):
+        while run.held and not halted(s):
             work = self.ledger.start(run.held.popleft())
             if work is not None:
                 if not self._run_one(work):
@@ -207,8 +231,7 @@ class QueueLoop:
     def run_fresh_one(self, work: Work) -> bool:
         """Run one entry just read (a worker serving many queues runs them in turn); False
         if this queue's batch stops here (it and what follows wait in ``held``)."""
-        s = self.run.state
-        if s.suspend.is_set() or s.stopping or s.fenced:
+        if halted(self.run.state):
             self.run.held.append(work)
             return False
         return self._run_one(work)
@@ -408,7 +431,7 @@ class QueueLoop:
             worker_id=run.me,
             log=run.log.bind(job_id=entry.job_id, queue=self.queue, attempt=work.attempt),
             allow=self.allow,
-            _suspend=run.state.suspend,
+            _suspend=run.state.halt,  # never a change of the queue's members
             _sink=self.progress,
             _named=entry.named,
         )
@@ -447,6 +470,13 @@ class QueueLoop:
         # (an aside stream's job: read only by members that may run it)
 
 
+def halted(seat: Seat) -> bool:
+    """Whether a queue's member starts no more jobs until its next safe point: the worker
+    stops, was given a task, or was pruned (it rejoins first). A new epoch is no reason: a
+    change of a queue's members never pauses a job (the re-rank waits for nothing)."""
+    return seat.halt.is_set() or seat.stopping or seat.fenced
+
+
 def settle_wait(now: float, last_flush: float, rate: float, waiting: int) -> float:
     """Seconds until the settle of ``waiting`` jobs that ran is due (<= 0: now), the last
     settle made at ``last_flush`` carrying ``rate`` jobs/s (``QueueLoop.settle_now``)."""
@@ -465,12 +495,17 @@ class LeaderDuties:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.duties_at = 0.0
+        self.every = DUTY_SECONDS  # how often (``QueueLoop.spread``)
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
         self.tasks_at = 0.0  # the leader's last look at tasks' outboxes (monotonic)
 
+    def poke(self) -> None:
+        """A delayed job was added (a notification, from another thread): look at once."""
+        self.duties_at = 0.0
+
     def tick(self) -> None:
         due = self.next_due is not None and time.time() >= self.next_due
-        if due or time.monotonic() - self.duties_at >= DUTY_SECONDS:
+        if due or time.monotonic() - self.duties_at >= self.every:
             self._duties()
 
     def block_ms(self) -> int:

@@ -205,7 +205,8 @@ class TaskRun:
         self.rerank(joined.roster, looked)  # it watches the membership from now on
         self.fresh = set()
         # The heartbeat checks our successor from now on; with one, at once (it may be dead).
-        if self.parts.heartbeat.follow(self.state, joined.roster):
+        # (A queue's members have no successor: the pool heartbeat is their liveness.)
+        if not self.state.queue and self.parts.heartbeat.follow(self.state, joined.roster):
             self.parts.heartbeat.poke()
         return True
 
@@ -338,7 +339,8 @@ class TaskRun:
         epoch, unless we are alone in a one-node task (nobody else can join); the others'
         heartbeats while there are others. Each re-rank says again."""
         alone = role.world_size == 1
-        self.parts.watch(self.tk.task_id, not (alone and self.spec.max_nodes == 1), not alone)
+        heartbeats = not alone and not self.state.queue  # (a queue's members keep none)
+        self.parts.watch(self.tk.task_id, not (alone and self.spec.max_nodes == 1), heartbeats)
 
     def _take_over(
         self,

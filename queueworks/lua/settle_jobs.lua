@@ -11,13 +11,13 @@
 -- it empty, it is deleted and its handler leaves the aside set.
 -- The ids of the jobs counted done go to the head of the queue's done index, in one LPUSH
 -- and one LTRIM per call (capped: jobrecords.DONE_KEPT): what the dashboard lists as done.
--- Fenced: a member that was pruned (its membership key gone: frozen or cut off past its TTL,
--- its jobs reclaimed by others) settles nothing, so a zombie never acks an entry another
--- member now runs, writes its result or gives back its group slot.
+-- Fenced: a member that was pruned (no longer in the queue's members: frozen or cut off past
+-- its TTL, its jobs reclaimed by others) settles nothing, so a zombie never acks an entry
+-- another member now runs, writes its result or gives back its group slot.
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
 -- KEYS[5] rate   KEYS[6] aside set   KEYS[7] done index
--- KEYS[8] the caller's membership key: nothing is settled unless it exists (KEYS[1] again:
---   no such check, for a caller that is no member)
+-- KEYS[8] the queue's members (zset): nothing is settled unless the caller (ARGV[3]) is one
+--   (KEYS[1] again: no such check, for a caller that is no member)
 -- KEYS[9..] the records of the ok jobs, then of the dead ones, in order, then the indexes of
 -- the unique keys released (n_unique below)
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
@@ -45,7 +45,7 @@
 --   waiters hash and outbox): a job whose entry was settled here gives back its slot
 -- returns {ok counted, dead counted, rejected counted, dependents moved to the outbox}, and
 --   a fifth element, 1, when fenced (nothing written)
-if KEYS[8] ~= KEYS[1] and redis.call('EXISTS', KEYS[8]) == 0 then
+if KEYS[8] ~= KEYS[1] and not redis.call('ZSCORE', KEYS[8], ARGV[3]) then
   return {0, 0, 0, 0, 1}
 end
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
