@@ -29,10 +29,14 @@ def test_the_wheel_alone_runs_a_job_with_its_core_dependencies(
 ) -> None:
     wheel = context_wheel(tmp_path)
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # a service's environment: the venv's programs, not this clone (no PYTHONPATH: with it,
+    # pip would take the clone's queueworks for installed and skip the wheel), its own
+    # folder; redis-server (if any) out of reach, so the server extra is looked for
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "QUEUEWORKS_"))}
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
     bin_dir = venv / "bin"
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "-q"]
-    done = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr
     listed = subprocess.run(
         [str(bin_dir / "python"), "-m", "pip", "list", "--format", "json"],
@@ -40,14 +44,12 @@ def test_the_wheel_alone_runs_a_job_with_its_core_dependencies(
         text=True,
         check=True,
         timeout=60,
+        env=env,
     )
     installed = {p["name"].lower() for p in json.loads(listed.stdout)}
     assert "queueworks" in installed
     assert not installed & EXTRAS_ONLY, installed & EXTRAS_ONLY
 
-    # a service's environment: the venv's programs, not this clone (no PYTHONPATH), its
-    # own folder; redis-server (if any) out of reach, so the server extra is looked for
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "QUEUEWORKS_"))}
     env |= {"PATH": str(bin_dir), "QUEUEWORKS_REDIS_URL": redis_url, "QUEUEWORKS_PREFIX": prefix}
     service = tmp_path / "service"
     service.mkdir()
