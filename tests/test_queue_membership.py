@@ -163,3 +163,24 @@ def test_a_member_settles_its_jobs_long_after_its_join(
     assert [j.result(timeout=15) for j in jobs] == [0, 2, 4]
     assert {j.status().worker for j in jobs} == {"w1"}
     assert members_of(client, "long_member") == ["w1"]
+
+
+@pytest.mark.system
+def test_a_worker_the_controller_dropped_before_another_started_leaves_its_queues(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """The controller finds a SIGKILLed worker dead first, drops it from the pool and notes
+    it in ``qw:workers:lost``, all before the next worker starts: that worker still prunes
+    it from the queue it joins (its first look reads every lost worker the stream keeps), so
+    the queue's delayed job runs instead of waiting on a dead leader."""
+    q = client.queue("orphaned")
+    cluster.controller()
+    victim = cluster.worker("victim", extra=TTL)
+    wait_for(lambda: members_of(client, "orphaned") == ["victim"], 30, "joined")
+    victim.kill()
+    wait_for(lambda: r.zscore(f"{prefix}:workers", "victim") is None, 30, "dropped")
+    assert r.xlen(f"{prefix}:workers:lost") >= 1
+    job = q.enqueue("tests.handlers:double", {"x": 4}, delay=0.5)
+    cluster.worker("survivor", extra=TTL)
+    wait_for(lambda: members_of(client, "orphaned") == ["survivor"], 15, "victim pruned")
+    assert job.result(timeout=15) == 8

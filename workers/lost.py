@@ -6,7 +6,9 @@ of its ticks the heartbeat asks, on its own pipeline, for the workers whose last
 than a TTL (``qw:workers`` by score, newest first: a few, whatever the number of queues or
 workers alive); a candidate whose heartbeat key no longer EXISTS (EXISTS expires it on the
 spot) is dead. So is a worker the controller found dead first and dropped from
-``qw:workers`` (its entry in ``qw:workers:lost``, read from where the last look stopped). Its
+``qw:workers`` (its entry in ``qw:workers:lost``, read from where the last look stopped; the
+first look reads every entry the capped stream keeps, so a worker dropped just before this one
+started, while still a member of a queue this one joins, is pruned too). Its
 queues are the set it recorded before it read any of their jobs
 (``qw:worker:<W>:queues``), taken whole in one MULTI (SMEMBERS + DEL): exactly one finder
 gets them. The finder prunes the dead worker from each of them (``depart.lua``: a new epoch),
@@ -26,6 +28,7 @@ from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import Connection, text
 from queueworks.keys import Keys
+from queueworks.lost_workers import KEPT as LOST_KEPT
 from queueworks.scripts import Queued, Scripts
 
 LOOK = 16  # candidates looked at per tick (the most recent first)
@@ -54,8 +57,8 @@ class LostWorkers:
             self.keys.workers, now - self.ttl + ahead, "-inf", start=0, num=LOOK, withscores=True
         )
         cursor = self.cursor
-        if cursor is None:  # (the first look: only what is lost from now on)
-            pipe.xrevrange(self.keys.workers_lost, count=1)
+        if cursor is None:  # the first look: every entry kept (dead ones not yet pruned)
+            pipe.xrange(self.keys.workers_lost, count=LOST_KEPT)
         else:
             pipe.xread({self.keys.workers_lost: cursor}, count=LOOK)
 
@@ -63,14 +66,14 @@ class LostWorkers:
             due: list[str] = []
             soon: float | None = None
             lost = replies[at + 1]
+            entries = lost if cursor is None else (lost[0][1] if lost else [])
             if cursor is None:
-                self.cursor = text(lost[0][0]) if lost else "0-0"
-            elif lost:
-                for entry_id, fields in lost[0][1]:
-                    self.cursor = text(entry_id)
-                    worker = text(fields.get(b"worker", b""))
-                    if worker and worker != self.me:
-                        due.append(worker)  # (the controller dropped it: found dead)
+                self.cursor = "0-0"
+            for entry_id, fields in entries:
+                self.cursor = text(entry_id)
+                worker = text(fields.get(b"worker", b""))
+                if worker and worker != self.me:
+                    due.append(worker)  # (the controller dropped it: found dead)
             for raw, beat in replies[at]:
                 worker = text(raw)
                 if worker == self.me:
