@@ -111,6 +111,7 @@ def test_result_looks_again_through_a_redis_outage(durable: RedisServer) -> None
 @pytest.mark.integration
 def test_async_result_looks_again_through_a_redis_outage(durable: RedisServer) -> None:
     """The asyncio client (its results are polled together, ``ResultWatcher``) alike."""
+    threads: list[threading.Thread] = []  # joined before the server is closed
     with Client.from_url(durable.url, prefix="outage") as other:
         job_id = other.queue("through").enqueue("tests.handlers:double", {"x": 1}).id
 
@@ -118,18 +119,22 @@ def test_async_result_looks_again_through_a_redis_outage(durable: RedisServer) -
             async with AsyncClient.from_url(durable.url, prefix="outage") as ac:
                 aq = await ac.queue("through")
                 start = time.monotonic()
-                outage_then(durable, 1.5, lambda: other.queue("through").job(job_id).cancel())
+                threads.append(
+                    outage_then(durable, 1.5, lambda: other.queue("through").job(job_id).cancel())
+                )
                 with pytest.raises(JobFailed, match="cancelled"):
                     await aq.job(job_id).result(timeout=30)
                 through = time.monotonic() - start
                 job = await aq.enqueue("tests.handlers:double", {"x": 2})
-                outage_then(durable, 3.0, lambda: None)
+                threads.append(outage_then(durable, 3.0, lambda: None))
                 start = time.monotonic()
                 with pytest.raises(RedisUnavailable):
                     await job.result(timeout=1.5)
                 return through, time.monotonic() - start
 
         through, until = asyncio.run(wait_through())
+        for thread in threads:
+            thread.join()
         assert through >= 1.4
         assert 1.4 <= until < 2.9
 
