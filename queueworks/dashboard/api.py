@@ -23,6 +23,7 @@ from queueworks.dashboard.views import (
     WorkerView,
 )
 from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
+from queueworks.models import JobState
 from queueworks.wanted import parse_selector
 from queueworks.wanted import read as read_wanted
 
@@ -112,7 +113,8 @@ def queue_job(request: Request) -> Response:
     """One job in full (``job.detail()``); 404 for a queue or job that is none."""
     d = dash_of(request)
     found = d.queues.job(request.path_params["name"], request.path_params["id"])
-    return json_response(request, found.model_dump(mode="json"))
+    lost = found.state == JobState.RUNNING and d.queues.worker_lost(found.worker)
+    return json_response(request, found.model_dump(mode="json") | {"worker_lost": lost})
 
 
 def queue_jobs(request: Request) -> Response:

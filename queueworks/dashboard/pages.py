@@ -159,7 +159,8 @@ def job_page(request: Request) -> Response:
     name = request.path_params["name"]
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
-    return render(request, "job.html", d.context(request, "queues", j=job, q=q))
+    lost = job.state == JobState.RUNNING and d.queues.worker_lost(job.worker)
+    return render(request, "job.html", d.context(request, "queues", j=job, q=q, worker_lost=lost))
 
 
 def search(request: Request) -> Response:

@@ -25,6 +25,7 @@ from queueworks.aside_jobs import (
 )
 from queueworks.client import Client, TaskNotFound
 from queueworks.connection import Connection, redact_url, text
+from queueworks.dashboard.health import queue_warnings
 from queueworks.dashboard.reader import (
     HISTORY_SHOWN,
     _loads,
@@ -170,7 +171,7 @@ class QueueReader:
         for name in names:
             tk = self.keys.task(name)
             pipe.hmget(tk.record, TASK_FIELDS)
-            pipe.zcard(tk.members)
+            pipe.zrange(tk.members, 0, -1)
             pipe.xlen(tk.stream)
             pipe.xpending(tk.stream, tk.group)
             pipe.zcard(tk.scheduled)
@@ -183,9 +184,12 @@ class QueueReader:
         now = time.time()
         n = SUMMARY_READS
         asides = self._asides(names, [replies[n * (i + 1) - 1] for i in range(len(names))])
+        members_of = [_ids(replies[n * i + 1]) for i in range(len(names))]
+        lost = self._lost({w for ids in members_of for w in ids})
         out = []
         for i, name in enumerate(names):
-            record, members, length, pending, scheduled, rate = replies[n * i : n * i + 6]
+            record, _, length, pending, scheduled, rate = replies[n * i : n * i + 6]
+            members = len(members_of[i])
             deferred, paused = replies[n * i + 6 : n * i + 8]
             if isinstance(record, Exception) or record[1] is None:
                 continue
@@ -203,8 +207,26 @@ class QueueReader:
                 more["running"] = row.running + aside.running
                 more["set_aside"] = aside.waiting
                 more["reason"] = with_aside(row.reason, aside.waiting)
-            out.append(row.model_copy(update=more))
+            row = row.model_copy(update=more)
+            gone = [w for w in members_of[i] if w in lost]
+            out.append(row.model_copy(update={"warnings": queue_warnings(row, gone)}))
         return out
+
+    def _lost(self, workers: set[str]) -> set[str]:
+        """Those of ``workers`` whose pool heartbeat is gone (lost: their jobs wait for a
+        reclaim), one pipeline; none read when there are none."""
+        if not workers:
+            return set()
+        ids = sorted(workers)
+        pipe = self.r.pipeline(transaction=False)
+        for wid in ids:
+            pipe.exists(self.keys.worker_heartbeat(wid))
+        replies = pipe.execute(raise_on_error=False)
+        return {w for w, alive in zip(ids, replies, strict=True) if alive == 0}
+
+    def worker_lost(self, worker: str | None) -> bool:
+        """Whether ``worker`` (a running job's) is lost: its pool heartbeat is gone."""
+        return worker is not None and worker in self._lost({worker})
 
     def _asides(self, names: Sequence[str], sets: Sequence[Any]) -> list[Aside]:
         """Each queue's jobs set aside, from its aside set as read: one pipeline for the
@@ -226,7 +248,7 @@ class QueueReader:
         self,
         name: str,
         record: Sequence[Any],
-        members: Any,
+        members: int,
         length: Any,
         pending: Any,
         scheduled: Any,
@@ -249,7 +271,7 @@ class QueueReader:
             done=fields["done"],
             dead=fields["dead"],
             rejected=fields["rejected"],
-            nodes=_int(members),
+            nodes=members,
             epoch=fields["epoch"],
             min_nodes=fields["min_nodes"],
             max_nodes=fields["max_nodes"],
@@ -376,6 +398,10 @@ def _history(entries: Any) -> list[HistoryEntry]:
     return out
 
 
+def _ids(reply: Any) -> list[str]:
+    return [text(m) for m in reply] if isinstance(reply, list) else []
+
+
 def _is_queue(spec: Any) -> bool:
     value = _loads(spec) if spec else None
     return isinstance(value, dict) and value.get("mode") == "queue"
@@ -397,4 +423,4 @@ def _shown(setting: Setting, value: Any) -> Any:
         return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
     if isinstance(value, int | float) and not isinstance(value, bool):
         return setting.kind(value)
-    return setting.kind(0)
+    return None if setting.optional else setting.kind(0)  # an optional one unset: none

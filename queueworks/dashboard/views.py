@@ -172,6 +172,7 @@ class QueueSummary(_View):
     groups_running: dict[str, int] = {}  # slots held, by group
     groups_waiting: dict[str, int] = {}  # jobs waiting for a slot, by group
     set_aside: dict[str, int] = {}  # jobs set aside (no member may run them), by handler
+    warnings: list[str] = []  # what is wrong, in sentences (``dashboard.health``)
 
     @property
     def finished(self) -> bool:
