@@ -18,7 +18,12 @@ deferred      the ``deferred`` zset, by when each was enqueued
 done          the ``done`` list (``settle_jobs.lua`` keeps the newest ``DONE_KEPT``),
               newest first
 dead          the dead-letter stream, newest first (entries that were no job left out)
+cancelled     the ``cancelled`` list (``cancel_job.lua`` keeps the newest ``DONE_KEPT``),
+              newest first
 ============  ======================================================================
+
+``plan_job_counts`` reads each state's ``total`` as its list does, in one or two round
+trips: a state's count and its list's total are one number.
 
 A stream is read from its start: on the three states read from one (queued, running, dead)
 ``offset + limit`` is at most ``WINDOW``. Each job listed is then read from its record (one
@@ -74,6 +79,7 @@ LISTED = (
     JobState.RUNNING,
     JobState.DONE,
     JobState.DEAD,
+    JobState.CANCELLED,
 )
 MAX_LIMIT = 1000  # jobs on one page at most
 WINDOW = 10_000  # offset + limit at most, on a state read from a stream's start
@@ -113,6 +119,7 @@ def plan_jobs(keys: Keys, name: str, state: str, limit: int = 20, offset: int = 
         JobState.DEFERRED: _deferred,
         JobState.DONE: _done,
         JobState.DEAD: _dead,
+        JobState.CANCELLED: _cancelled,
     }[listed]
     total, jobs = yield from read(qk, limit, offset)
     return JobPage(state=listed, total=total, offset=offset, limit=limit, jobs=jobs)
@@ -152,7 +159,7 @@ def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     trip.hgetall(qk.groups_waiting)
     trip.smembers(qk.aside)
     length, pending, groups, waiting, aside_set = yield trip
-    on_stream = max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
+    on_stream = _unread_count(length, pending)
     aside = yield from plan_aside_counts(qk, aside_set)
     counts = group_counts(_reply(waiting, {}))
     total = on_stream + sum(aside.waiting.values()) + sum(counts.values())
@@ -251,8 +258,7 @@ def _running(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     total, found = 0, []
     for i, stream in enumerate(streams):
         summary, reply = pending[2 * i : 2 * i + 2]
-        consumers = _reply(summary, {}).get("consumers") or []
-        total += sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+        total += _held(summary)
         found += [(stream, row) for row in running_rows(_reply(reply, []))]
     page = found[offset : offset + limit]
     if not page:
@@ -324,6 +330,68 @@ def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
         for i, f, raw in zip(ids, letters, records, strict=True)
     ]
     return int(total), jobs
+
+
+def _cancelled(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    trip = Trip()
+    trip.llen(qk.cancelled)
+    trip.lrange(qk.cancelled, offset, offset + limit - 1)
+    total, ids = yield trip
+    return int(total), (yield from _by_record(qk, [text(i) for i in ids]))
+
+
+def _unread_count(length: Any, pending: Any) -> int:
+    """A stream's entries no member has read: its length less its pending ones."""
+    return max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
+
+
+def _held(summary: Any) -> int:
+    """The entries members hold (run), from a stream's XPENDING summary: a parked
+    entry (``PARKED``) runs on no member."""
+    consumers = _reply(summary, {}).get("consumers") or []
+    return sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+
+
+def plan_job_counts(keys: Keys, name: str) -> Plan[dict[str, int]]:
+    """How many of queue ``name``'s jobs are in each state of ``LISTED``, each as its
+    list's ``total`` (``plan_jobs``) counts it: one round trip, two when jobs are set
+    aside."""
+    qk = keys.task(check_task_id(name, "queue name"))
+    trip = Trip(errors=True)
+    trip.xlen(qk.stream)
+    trip.xpending(qk.stream, qk.group)
+    trip.hgetall(qk.groups_waiting)
+    trip.smembers(qk.aside)
+    trip.zcard(qk.scheduled)
+    trip.zcard(qk.deferred)
+    trip.llen(qk.done)
+    trip.xlen(qk.dead)
+    trip.llen(qk.cancelled)
+    length, pending, waiting, aside_set, *sized = yield trip
+    handlers = aside_handlers(aside_set)
+    queued = _unread_count(length, pending) + sum(group_counts(_reply(waiting, {})).values())
+    running = _held(pending)
+    if handlers:
+        trip = Trip(errors=True)
+        for handler in handlers:
+            stream = qk.aside_stream(handler)
+            trip.xlen(stream)
+            trip.xpending(stream, qk.group)
+        replies = yield trip
+        for i in range(len(handlers)):
+            queued += _unread_count(replies[2 * i], replies[2 * i + 1])
+            running += _held(replies[2 * i + 1])
+    scheduled, deferred, done, dead, cancelled = (int(_reply(n, 0)) for n in sized)
+    counts = {
+        JobState.QUEUED: queued,
+        JobState.SCHEDULED: scheduled,
+        JobState.DEFERRED: deferred,
+        JobState.RUNNING: running,
+        JobState.DONE: done,
+        JobState.DEAD: dead,
+        JobState.CANCELLED: cancelled,
+    }
+    return {state.value: counts[state] for state in LISTED}
 
 
 def _from_letter(f: Mapping[str, str | None]) -> dict[bytes, bytes]:

@@ -57,6 +57,8 @@ key                                type          meaning
                                                  score = when they were enqueued
 ``qw:task:{Q}:done``               list          the ids of a queue's jobs done most recently,
                                                  newest first (capped: ``DONE_KEPT``)
+``qw:task:{Q}:cancelled``          list          the ids of a queue's jobs cancelled most
+                                                 recently, newest first (capped: ``DONE_KEPT``)
 ``qw:task:{T}:waiters``            hash          the jobs waiting for this one's outcome: a job
                                                  id (``*``: the task itself) -> its dependents
                                                  (``Q/J``, space-separated)
@@ -293,6 +295,11 @@ class TaskKeys:
         return f"{self._base}:done"
 
     @property
+    def cancelled(self) -> str:
+        """The newest cancelled jobs' ids (``cancel_job.lua``): the cancelled list's index."""
+        return f"{self._base}:cancelled"
+
+    @property
     def waiters(self) -> str:
         return f"{self._base}:waiters"
 
@@ -350,6 +357,7 @@ class TaskKeys:
             self.schedules_last,
             self.deferred,
             self.done,
+            self.cancelled,
             self.waiters,
             self.released,
         ]

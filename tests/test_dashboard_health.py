@@ -8,6 +8,7 @@ Real Redis, a real worker process SIGKILLed; the dashboard in-process (``make_ap
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -90,3 +91,86 @@ def test_a_member_on_a_lost_worker_is_a_warning_and_its_job_says_so(
     assert found["state"] == "running" and found["worker"] == "w-lost" and found["worker_lost"]
     page = web.get(f"/queues/{q.name}/jobs/{job.id}").text
     assert 'id="job-worker-lost"' in page
+
+
+def tabs(page: str) -> dict[str, int]:
+    """The queue page's state tabs: state -> the count it shows."""
+    nav = page[page.index('id="job-states"') : page.index("</nav>", page.index('id="job-states"'))]
+    found = re.findall(r'data-state="(\w+)"[^>]*>\w+ <span class="num">(\d+)</span>', nav)
+    return {s: int(n) for s, n in found}
+
+
+def every_job(web: httpx.Client, name: str, state: str) -> tuple[int, list[str]]:
+    """A state's list total and every job id of it, page after page."""
+    ids: list[str] = []
+    while True:
+        page = web.get(f"/api/queues/{name}/jobs?state={state}&limit=2&offset={len(ids)}")
+        assert page.status_code == 200, page.text
+        body = page.json()
+        ids += [j["id"] for j in body["jobs"]]
+        if not body["jobs"]:
+            return body["total"], ids
+
+
+def check_tabs_match_lists(web: httpx.Client, name: str) -> dict[str, int]:
+    counts = web.get(f"/api/queues/{name}").json()["jobs_by_state"]
+    assert tabs(web.get(f"/queues/{name}").text) == counts
+    for state, n in counts.items():
+        total, ids = every_job(web, name, state)
+        assert total == n == len(ids), (state, total, n, ids)
+    return dict(counts)
+
+
+@pytest.mark.system
+def test_every_tab_counts_what_its_list_holds_cancelled_included(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys, web: httpx.Client
+) -> None:
+    q = client.queue("tabs-h")
+    bad = q.enqueue("tests.handlers:always_fails", {})
+    cluster.worker("w-tabs")
+    assert q.enqueue("tests.handlers:double", {"x": 1}).result(timeout=60) == 2
+    wait_for(lambda: bad.status().state == JobState.DEAD, 60, "a dead job")
+    cluster.procs[0].terminate()
+    cluster.procs[0].p.wait(30)
+    waiting = [q.enqueue("tests.handlers:double", {"x": i}) for i in range(3)]
+    later = [q.enqueue("tests.handlers:double", {"x": i}, delay=600) for i in range(2)]
+    after = q.enqueue("tests.handlers:double", {"x": 5}, depends_on=[later[0]])
+    assert waiting[0].cancel() and later[1].cancel()
+
+    counts = check_tabs_match_lists(web, q.name)
+    assert counts == {
+        "queued": 2,
+        "scheduled": 1,
+        "deferred": 1,
+        "running": 0,
+        "done": 1,
+        "dead": 1,
+        "cancelled": 2,
+    }
+    row = web.get(f"/api/queues/{q.name}").json()["queue"]
+    assert row["cancelled"] == 2 and row["deferred"] == 1
+    _, ids = every_job(web, q.name, "cancelled")
+    assert ids == [later[1].id, waiting[0].id]  # newest first
+    assert after.status().state == JobState.DEFERRED
+
+    letter = web.get(f"/api/queues/{q.name}").json()["dead_letters"][0]
+    from tests.test_dashboard import post
+
+    assert post(web, f"/api/queues/{q.name}/dead/{letter['id']}/delete").status_code == 200
+    assert check_tabs_match_lists(web, q.name)["dead"] == 0  # no letter: none listed
+
+
+@pytest.mark.integration
+def test_a_cancelled_queue_tabs_count_its_left_jobs_and_the_page_opens_on_them(
+    client: Client, web: httpx.Client
+) -> None:
+    q = client.queue("left-h")
+    for i in range(3):
+        q.enqueue("tests.handlers:double", {"x": i}, delay=600)
+    page = web.get(f"/queues/{q.name}").text
+    assert 'data-state="scheduled" class="on"' in page  # where the jobs are, not queued
+    for i in range(4):
+        q.enqueue("tests.handlers:double", {"x": i})
+    client.task(q.name).cancel()
+    counts = check_tabs_match_lists(web, q.name)
+    assert counts["queued"] == 4 and counts["scheduled"] == 3

@@ -144,7 +144,9 @@ def queue_page(request: Request) -> Response:
         return RedirectResponse(f"/tasks/{name}", status_code=303)
     detail = d.queues.detail(name, dead_before(request.query_params.get("dead_before")))
     events = d.reader.events(15, task=name)
-    state = request.query_params.get("jobs", "queued")
+    counts = detail.jobs_by_state
+    where = next((s for s, n in counts.items() if n), JobState.QUEUED.value)  # the jobs' tab
+    state = request.query_params.get("jobs", where)
     state = state if state in LISTED else JobState.QUEUED.value
     offset = min(max(0, _int_param(request.query_params.get("jobs_offset"), 0)), WINDOW - JOBS)
     jobs = d.queues.jobs(name, state, JOBS, offset)

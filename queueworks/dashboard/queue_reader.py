@@ -43,7 +43,7 @@ from queueworks.dashboard.views import (
     QueueSummary,
 )
 from queueworks.flow import flow_reads, flow_status
-from queueworks.job_lists import plan_job_detail, plan_jobs
+from queueworks.job_lists import plan_job_counts, plan_job_detail, plan_jobs
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -72,7 +72,7 @@ from queueworks.schedule_plans import plan_schedules
 
 INF = float("inf")
 SUMMARY_READS = (
-    13  # replies per queue of a summaries pipeline (then 4 of flow_reads, the aside set)
+    14  # replies per queue of a summaries pipeline (then 4 of flow_reads, the aside set)
 )
 RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
 _EMPTY = [None] * len(TASK_FIELDS)
@@ -178,6 +178,7 @@ class QueueReader:
             pipe.hgetall(tk.rate)
             pipe.zcard(tk.deferred)
             pipe.hget(tk.record, QUEUE_PAUSED)
+            pipe.llen(tk.cancelled)
             flow_reads(pipe, tk, "spec")
             pipe.smembers(tk.aside)
         replies = pipe.execute(raise_on_error=False)
@@ -190,12 +191,13 @@ class QueueReader:
         for i, name in enumerate(names):
             record, _, length, pending, scheduled, rate = replies[n * i : n * i + 6]
             members = len(members_of[i])
-            deferred, paused = replies[n * i + 6 : n * i + 8]
+            deferred, paused, cancelled = replies[n * i + 6 : n * i + 9]
             if isinstance(record, Exception) or record[1] is None:
                 continue
             row = self._summary(name, record, members, length, pending, scheduled, rate, now)
             more = {"deferred": 0 if row.finished else _int(deferred), "paused": paused == b"1"}
-            flow = flow_status(replies[n * i + 8 : n * (i + 1) - 1], now)
+            more["cancelled"] = _int(cancelled)
+            flow = flow_status(replies[n * i + 9 : n * (i + 1) - 1], now)
             more |= flow
             aside = asides[i]
             # off the stream: backlog too (waiting for a group slot, or set aside)
@@ -340,7 +342,12 @@ class QueueReader:
             dead_without_letter=max(0, queue.dead - _int(dead_total)),
             schedules=self.schedules(name),
             running_jobs=self.client.running_jobs(name) if queue.running else [],
+            jobs_by_state=self.job_counts(name),
         )
+
+    def job_counts(self, name: str) -> dict[str, int]:
+        """How many jobs each state's list has (``plan_job_counts``): the tabs' counts."""
+        return run(self.r, self.client.scripts, plan_job_counts(self.keys, name))
 
     def jobs(self, name: str, state: str, limit: int, offset: int) -> JobPage:
         """A page of the queue's jobs in ``state`` (``queueworks.job_lists``)."""

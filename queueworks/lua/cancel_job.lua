@@ -17,6 +17,8 @@
 -- KEYS[6] the job's dependencies set   KEYS[7] deferred zset   KEYS[8] waiters hash
 -- KEYS[9] outbox (KEYS[6..9] optional: without them, no deferred job or dependents)
 -- KEYS[10] groups waiting hash (optional: without it, no count of a waiting job changes)
+-- KEYS[11] cancelled list (optional: the ids of the jobs cancelled most recently, newest
+--   first, capped at DONE_KEPT: what the dashboard lists as cancelled)
 -- ARGV[1] group   ARGV[2] job id   ARGV[3] now (s)   ARGV[4] result ttl (s)
 -- ARGV[5] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
 -- returns 1 if cancelled, 2 if cancelled and its handler left the handler set, 0 if it had
@@ -34,6 +36,10 @@ local function cancelled(code)
   redis.call('HSET', KEYS[3], '${JOB_STATE}', '${CANCELLED}', '${JOB_FINISHED}', ARGV[3])
   redis.call('HDEL', KEYS[3], '${JOB_PAYLOAD}', '${JOB_WHY}')
   redis.call('EXPIRE', KEYS[3], ARGV[4])
+  if #KEYS >= 11 then
+    redis.call('LPUSH', KEYS[11], ARGV[2])
+    redis.call('LTRIM', KEYS[11], 0, tonumber('${DONE_KEPT}') - 1)
+  end
   if #KEYS >= 9 and redis.call('EXISTS', KEYS[8]) == 1 then  -- its dependents die with it
     local waiting = redis.call('HGET', KEYS[8], ARGV[2])
     if waiting then
