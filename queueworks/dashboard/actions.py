@@ -1,7 +1,8 @@
 """Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain;
 and a queue's: requeue / delete a dead letter (``/queues/{name}/dead/{entry}/...``), all of
 them (``/queues/{name}/dead/requeue-all``, ``delete-all``), pause / resume / empty
-(``/queues/{name}/...``), run a scheduled job now (``/queues/{name}/jobs/{id}/run``). A
+(``/queues/{name}/...``), one job's: run a scheduled job now, cancel, requeue, delete
+(``/queues/{name}/jobs/{id}/...``: ``job_actions``). A
 queue's priority, bounds and cancel are its task's, ``/tasks/{name}/...``.
 
 Each action has two addresses: ``/api/...`` answers JSON (scripts, and the page's own
@@ -23,6 +24,7 @@ from starlette.responses import RedirectResponse, Response
 
 from queueworks.admin import AdminError
 from queueworks.client import TaskNotFound
+from queueworks.dashboard import job_actions
 from queueworks.dashboard.reader import ENTRY_ID
 from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, local_path, same_origin
 from queueworks.dashboard.state import Dashboard, dash_of
@@ -197,6 +199,18 @@ def delete_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> di
     return {"deleted": n, "message": f"{n} dead letter(s) of {name} deleted."}
 
 
+def cancel_one(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    return job_actions.cancel(d, _queue(d, params), params["job_id"])
+
+
+def requeue_one(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    return job_actions.requeue(d, _queue(d, params), params["job_id"])
+
+
+def delete_one(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    return job_actions.delete(d, _queue(d, params), params["job_id"])
+
+
 def run_now(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
     name, job = _queue(d, params), params["job_id"]
     if not _planned(d, plan_run_now(d.client.keys, name, job)):
@@ -207,7 +221,12 @@ def run_now(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[
 QUEUE_ACTIONS: dict[str, Action] = {"requeue": requeue_job, "delete": delete_job}
 WHOLE_QUEUE_ACTIONS: dict[str, Action] = {"pause": pause, "resume": resume, "empty": empty}
 DEAD_ACTIONS: dict[str, Action] = {"requeue-all": requeue_all, "delete-all": delete_all}
-JOB_ACTIONS: dict[str, Action] = {"run": run_now}
+JOB_ACTIONS: dict[str, Action] = {
+    "run": run_now,
+    "cancel": cancel_one,
+    "requeue": requeue_one,
+    "delete": delete_one,
+}
 
 ACTIONS: dict[str, Action] = {
     "cancel": cancel,
@@ -277,6 +296,8 @@ async def run_action(request: Request) -> Response:
         result = await run_in_threadpool(action, d, params, form)
     except (TaskNotFound, LookupError) as exc:
         return _error(request, 404, f"not found: {exc}")
+    except job_actions.Conflict as exc:
+        return _error(request, 409, str(exc))
     except (ActionError, AdminError, ValueError) as exc:
         return _error(request, 400, str(exc))
     if api:

@@ -120,7 +120,10 @@
       credentials: "same-origin"
     })
       .then(function (res) { return res.json().then(function (j) { return [res.ok, j]; }); })
-      .then(function (r) { show(r[0] ? r[1].message : "Failed: " + r[1].error, !r[0]); })
+      .then(function (r) {
+        show(r[0] ? r[1].message : "Failed: " + r[1].error, !r[0]);
+        if (r[0] && form.dataset.then) location.assign(form.dataset.then);  // the page is gone
+      })
       .catch(function (err) { show("Failed: " + err.message, true); })
       .finally(function () {
         if (document.activeElement && form.contains(document.activeElement)) document.activeElement.blur();
