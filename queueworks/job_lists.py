@@ -25,9 +25,13 @@ cancelled     the ``cancelled`` list (``cancel_job.lua`` keeps the newest ``DONE
 ``plan_job_counts`` reads each state's ``total`` as its list does, in one or two round
 trips: a state's count and its list's total are one number.
 
-A stream is read from its start: on the three states read from one (queued, running, dead)
-``offset + limit`` is at most ``WINDOW``. Each job listed is then read from its record (one
-pipeline of HGETALLs), or its entry for a job to run now that has none yet.
+A stream is read from its nearer end: a page past ``WINDOW`` on the states read from one
+(queued, dead) is read backwards from the other end, so the last page of a long list costs
+what the first does. Each job listed is then read from its record (one pipeline of
+HGETALLs), or its entry for a job to run now that has none yet.
+
+``plan_find_jobs`` pages through one state's list, ``SEARCHED`` jobs at most, and keeps
+the jobs whose id starts with a text, or whose handler or error has it.
 """
 
 from __future__ import annotations
@@ -82,7 +86,9 @@ LISTED = (
     JobState.CANCELLED,
 )
 MAX_LIMIT = 1000  # jobs on one page at most
-WINDOW = 10_000  # offset + limit at most, on a state read from a stream's start
+WINDOW = 10_000  # offset + limit beyond it: a stream is read from its other end
+SEARCHED = 10_000  # jobs of a state a text search looks through at most
+SEARCH_BATCH = 500  # jobs a text search reads a round trip
 DEAD_LOOKED = 200  # the newest dead letters a job page looks in for a dead job's payload
 WAIT_LOOKED = 1000  # the oldest jobs of a wait list a job page looks in for a waiting one's
 
@@ -101,9 +107,6 @@ def check_page(state: str, limit: int, offset: int) -> JobState:
         raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}, not {limit!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an integer of 0 or more, not {offset!r}")
-    streamed = listed in (JobState.QUEUED, JobState.RUNNING, JobState.DEAD)
-    if streamed and offset + limit > WINDOW:
-        raise ValueError(f"offset + limit must be at most {WINDOW} for {state} jobs")
     return listed
 
 
@@ -165,7 +168,7 @@ def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     total = on_stream + sum(aside.waiting.values()) + sum(counts.values())
     jobs: list[JobStatus] = []
     if offset < on_stream:
-        jobs = yield from _unread(qk, qk.stream, _reply(groups, []), limit, offset)
+        jobs = yield from _unread(qk, qk.stream, _reply(groups, []), limit, offset, on_stream)
     skip, need = max(0, offset - on_stream), limit - max(0, on_stream - offset)
     for handler, n in sorted(aside.waiting.items()):
         if need <= 0:
@@ -174,34 +177,41 @@ def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
             skip -= n
             continue
         take = min(n - skip, need)
-        jobs += yield from _set_aside(qk, handler, take, skip)
+        jobs += yield from _set_aside(qk, handler, take, skip, n)
         skip, need = 0, need - take
     if need > 0 and counts:
         jobs += yield from _waiting(qk, sorted(counts), skip, need)
     return total, jobs
 
 
-def _set_aside(qk: TaskKeys, handler: str, limit: int, offset: int) -> Plan[list[JobStatus]]:
+def _set_aside(
+    qk: TaskKeys, handler: str, limit: int, offset: int, unread: int
+) -> Plan[list[JobStatus]]:
     """A page of the jobs set aside on ``handler``'s stream that no member has read."""
     stream = qk.aside_stream(handler)
     trip = Trip(errors=True)
     trip.xinfo_groups(stream)
     groups = _reply((yield trip)[0], [])
-    return (yield from _unread(qk, stream, groups, limit, offset))
+    return (yield from _unread(qk, stream, groups, limit, offset, unread))
 
 
 def _unread(
-    qk: TaskKeys, stream: str, groups: Sequence[Any], limit: int, offset: int
+    qk: TaskKeys, stream: str, groups: Sequence[Any], limit: int, offset: int, unread: int
 ) -> Plan[list[JobStatus]]:
     """A page of ``stream``'s entries (the queue's, or an aside stream) after its group's
-    last delivered one."""
+    last delivered one (``unread`` of them): from its end when that is nearer."""
     last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
+    after = f"({text(last)}"
     trip = Trip(errors=True)
-    trip.xrange(stream, f"({text(last)}", "+", count=offset + limit)
+    backwards = offset + limit > WINDOW and unread - offset < offset + limit
+    if backwards:  # entries offset .. offset + limit are among the last unread - offset
+        trip.xrevrange(stream, "+", after, count=max(1, unread - offset))
+    else:
+        trip.xrange(stream, after, "+", count=offset + limit)
+    read = _reply((yield trip)[0], [])
+    read = read[::-1][:limit] if backwards else read[offset:]
     entries = [
-        (job, fields)
-        for eid, fields in _reply((yield trip)[0], [])[offset:]
-        if (job := entry_job(text(eid), fields)) is not None
+        (job, fields) for eid, fields in read if (job := entry_job(text(eid), fields)) is not None
     ]
     records = yield from _records(qk, [job.job_id for job, _ in entries])
     now = time.time()
@@ -318,9 +328,15 @@ def _done(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
 def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     trip = Trip()
     trip.xlen(qk.dead)
-    trip.xrevrange(qk.dead, "+", "-", count=offset + limit)
-    total, entries = yield trip
-    letters = [decode_dead_letter(raw, errors="replace") for _, raw in entries[offset:]]
+    total = int((yield trip)[0])
+    trip = Trip()
+    if offset + limit > WINDOW and total - offset < offset + limit:  # oldest: from the start
+        trip.xrange(qk.dead, "-", "+", count=max(1, total - offset))
+        entries = (yield trip)[0][::-1][:limit]
+    else:
+        trip.xrevrange(qk.dead, "+", "-", count=offset + limit)
+        entries = (yield trip)[0][offset:]
+    letters = [decode_dead_letter(raw, errors="replace") for _, raw in entries]
     letters = [f for f in letters if f[DEAD_JOB] and JOB_ID.match(str(f[DEAD_JOB]).encode())]
     ids = [str(f[DEAD_JOB]) for f in letters]
     records = yield from _records(qk, ids)
@@ -329,7 +345,7 @@ def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
         job_status(qk.task_id, i, raw if has_state(raw) else _from_letter(f), [], now)
         for i, f, raw in zip(ids, letters, records, strict=True)
     ]
-    return int(total), jobs
+    return total, jobs
 
 
 def _cancelled(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
@@ -350,6 +366,39 @@ def _held(summary: Any) -> int:
     entry (``PARKED``) runs on no member."""
     consumers = _reply(summary, {}).get("consumers") or []
     return sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+
+
+def matches(job: JobStatus, wanted: str) -> bool:
+    """Whether ``job``'s id starts with ``wanted``, or its handler or error (or last
+    error, or reason) has it (case aside)."""
+    if job.id.startswith(wanted):
+        return True
+    low = wanted.lower()
+    said = (job.handler, job.error, job.last_error, job.reason)
+    return any(low in s.lower() for s in said if s)
+
+
+def plan_find_jobs(
+    keys: Keys, name: str, state: str, wanted: str, limit: int = 20, offset: int = 0
+) -> Plan[tuple[JobPage, int, bool]]:
+    """The page of queue ``name``'s jobs in ``state`` that match ``wanted`` (``matches``):
+    ``limit`` of them after ``offset``, their ``total``; with how many jobs were looked
+    through and whether that was all of the state's (at most ``SEARCHED`` are)."""
+    listed = check_page(state, limit, offset)
+    if not wanted.strip() or len(wanted) > 200:
+        raise ValueError(f"q must be 1 to 200 characters, not {wanted[:40]!r}")
+    found: list[JobStatus] = []
+    seen, total = 0, 0
+    while seen < SEARCHED:
+        page = yield from plan_jobs(keys, name, listed.value, SEARCH_BATCH, seen)
+        found += [j for j in page.jobs if matches(j, wanted)]
+        seen += SEARCH_BATCH
+        total = page.total
+        if seen >= total:
+            break
+    jobs = found[offset : offset + limit]
+    page = JobPage(state=listed, total=len(found), offset=offset, limit=limit, jobs=jobs)
+    return page, min(seen, total), seen >= total
 
 
 def plan_job_counts(keys: Keys, name: str) -> Plan[dict[str, int]]:

@@ -118,13 +118,20 @@ def queue_job(request: Request) -> Response:
 
 
 def queue_jobs(request: Request) -> Response:
-    """A page of a queue's jobs in one state (``Queue.jobs``)."""
+    """A page of a queue's jobs in one state (``Queue.jobs``); with ``q``, those whose id
+    starts with it or whose handler or error has it (``plan_find_jobs``)."""
     d = dash_of(request)
     state = request.query_params.get("state", "queued")
     limit = _param(request, "limit", JOBS_SHOWN, 1, MAX_JOBS)
     offset = _param(request, "offset", 0, 0, 10**9)
-    page = d.queues.jobs(request.path_params["name"], state, limit, offset)
-    return json_response(request, page.model_dump(mode="json"))
+    wanted = request.query_params.get("q")
+    name = request.path_params["name"]
+    if wanted is None:
+        page = d.queues.jobs(name, state, limit, offset)
+        return json_response(request, page.model_dump(mode="json"))
+    found, searched, complete = d.queues.find_jobs(name, state, wanted, limit, offset)
+    body = found.model_dump(mode="json") | {"q": wanted, "searched": searched}
+    return json_response(request, body | {"complete": complete})
 
 
 def workers(request: Request) -> Response:

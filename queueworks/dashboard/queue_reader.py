@@ -43,7 +43,7 @@ from queueworks.dashboard.views import (
     QueueSummary,
 )
 from queueworks.flow import flow_reads, flow_status
-from queueworks.job_lists import plan_job_counts, plan_job_detail, plan_jobs
+from queueworks.job_lists import plan_find_jobs, plan_job_counts, plan_job_detail, plan_jobs
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -354,6 +354,16 @@ class QueueReader:
         if not self.is_queue(check_task_id(name)):
             raise TaskNotFound(f"queue {name}")
         return run(self.r, self.client.scripts, plan_jobs(self.keys, name, state, limit, offset))
+
+    def find_jobs(
+        self, name: str, state: str, wanted: str, limit: int, offset: int
+    ) -> tuple[JobPage, int, bool]:
+        """A page of the queue's jobs in ``state`` that match ``wanted`` (``plan_find_jobs``),
+        with how many were looked through and whether that was all."""
+        if not self.is_queue(check_task_id(name)):
+            raise TaskNotFound(f"queue {name}")
+        plan = plan_find_jobs(self.keys, name, state, wanted, limit, offset)
+        return run(self.r, self.client.scripts, plan)
 
     def job(self, name: str, job_id: str) -> JobDetail:
         """One job in full; ``TaskNotFound`` for no such queue or job."""
