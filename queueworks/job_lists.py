@@ -25,9 +25,8 @@ cancelled     the ``cancelled`` list (``cancel_job.lua`` keeps the newest ``DONE
 ``plan_job_counts`` reads each state's ``total`` as its list does, in one or two round
 trips: a state's count and its list's total are one number.
 
-A stream is read from its nearer end: a page past ``WINDOW`` on the states read from one
-(queued, dead) is read backwards from the other end, so the last page of a long list costs
-what the first does. Each job listed is then read from its record (one pipeline of
+A stream is read from the end nearer the page (queued, dead): the last page of a long
+list costs what the first does. Each job listed is then read from its record (one pipeline of
 HGETALLs), or its entry for a job to run now that has none yet.
 
 ``plan_find_jobs`` pages through one state's list, ``SEARCHED`` jobs at most, and keeps
@@ -86,7 +85,6 @@ LISTED = (
     JobState.CANCELLED,
 )
 MAX_LIMIT = 1000  # jobs on one page at most
-WINDOW = 10_000  # offset + limit beyond it: a stream is read from its other end
 SEARCHED = 10_000  # jobs of a state a text search looks through at most
 SEARCH_BATCH = 500  # jobs a text search reads a round trip
 DEAD_LOOKED = 200  # the newest dead letters a job page looks in for a dead job's payload
@@ -203,7 +201,7 @@ def _unread(
     last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
     after = f"({text(last)}"
     trip = Trip(errors=True)
-    backwards = offset + limit > WINDOW and unread - offset < offset + limit
+    backwards = unread - offset < offset + limit  # its end is nearer
     if backwards:  # entries offset .. offset + limit are among the last unread - offset
         trip.xrevrange(stream, "+", after, count=max(1, unread - offset))
     else:
@@ -330,7 +328,7 @@ def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     trip.xlen(qk.dead)
     total = int((yield trip)[0])
     trip = Trip()
-    if offset + limit > WINDOW and total - offset < offset + limit:  # oldest: from the start
+    if total - offset < offset + limit:  # the oldest are nearer: read from the start
         trip.xrange(qk.dead, "-", "+", count=max(1, total - offset))
         entries = (yield trip)[0][::-1][:limit]
     else:
