@@ -95,6 +95,11 @@ key                                type          meaning
                                                  ``schedules:due`` is checked when one fires)
 ``qw:deps:tasks``                  set           tasks and queues that jobs wait for (their
                                                  outboxes' backstop looks there)
+``qw:throughput:minutes``          hash          subtasks and jobs settled and dead per minute:
+                                                 minute (epoch s // 60) -> "settled dead",
+                                                 written once a minute by a dashboard that
+                                                 watched it whole (the last day kept;
+                                                 ``dashboard.history``)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:workers:lost``                stream        workers found dead (heartbeat gone), newest last:
                                                  when, host, pid, task, queues (capped ~50;
@@ -412,6 +417,11 @@ class Keys:
     @property
     def workers_lost(self) -> str:
         return f"{self.prefix}:workers:lost"
+
+    @property
+    def throughput_minutes(self) -> str:
+        """Settled and dead per minute (``dashboard.history``)."""
+        return f"{self.prefix}:throughput:minutes"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"

@@ -1,16 +1,19 @@
 """The JSON API (read side): ``/api/overview``, ``/api/tasks``, ``/api/tasks/{id}``,
 ``/api/queues``, ``/api/queues/{name}``, ``/api/queues/{name}/jobs``,
-``/api/queues/{name}/jobs/{id}``, ``/api/workers``, ``/api/events``, ``/api/autoscale``; and
+``/api/queues/{name}/jobs/{id}``, ``/api/workers``, ``/api/events``, ``/api/autoscale``,
+``/api/history``; and
 ``/metrics``.
 Documented in ``docs/dashboard.md``. Queues are listed apart, not among the tasks."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from queueworks.dashboard import history
 from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks, tasks_only
 from queueworks.dashboard.reader import BadQuery, dead_before, task_counts
 from queueworks.dashboard.state import dash_of
@@ -172,7 +175,21 @@ def overview(request: Request) -> Response:
         events=d.reader.events(25),
         queues=d.queues.summaries(names),
     )
-    return json_response(request, body.model_dump(mode="json"))
+    shown = minutes_json(history.read(d.client.redis, d.client.keys, time.time()))
+    return json_response(request, body.model_dump(mode="json") | {"history": shown})
+
+
+def minutes_json(minutes: list[history.Minute]) -> list[dict[str, Any]]:
+    return [m._asdict() for m in minutes]
+
+
+def throughput_history(request: Request) -> Response:
+    """``/api/history?minutes=``: subtasks and jobs settled and dead per minute, the last
+    ``minutes`` (60; at most a day) before this one, oldest first (``dashboard.history``)."""
+    d = dash_of(request)
+    count = _param(request, "minutes", 60, 1, history.KEPT)
+    shown = minutes_json(history.read(d.client.redis, d.client.keys, time.time(), count))
+    return json_response(request, {"minutes": shown})
 
 
 def autoscale(request: Request) -> Response:

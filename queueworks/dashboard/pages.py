@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from queueworks.client import TaskNotFound
+from queueworks.dashboard import history
 from queueworks.dashboard.reader import BadQuery, TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render, segment
@@ -50,6 +52,43 @@ def chart(series: list[tuple[float, float]], width: int = 600, height: int = 90)
     return {"bars": bars, "width": width, "height": height, "top": top, "last": series[-1][1]}
 
 
+def minute_bars(
+    minutes: list[history.Minute], width: int = 600, height: int = 90
+) -> dict[str, Any]:
+    """SVG bars of settled (and, over them, dead) per minute; a minute no dashboard
+    watched has no bar."""
+    top = _nice(float(max((m.settled or 0 for m in minutes), default=0)))
+    slot = width / max(1, len(minutes))
+    bars = []
+    for i, m in enumerate(minutes):
+        if m.settled is None:
+            continue
+        scale = 0.0 if top == 0 else (height - 4) / top
+        h, dh = m.settled * scale, (m.dead or 0) * scale
+        bars.append(
+            {
+                "x": round(i * slot + 1, 1),
+                "w": round(max(1.0, slot - 2), 1),
+                "y": round(height - h, 1),
+                "h": round(h, 1),
+                "dy": round(height - dh, 1),
+                "dh": round(dh, 1),
+                "title": f"{clock(m.at)[11:16]} UTC: {m.settled} settled, {m.dead} dead",
+            }
+        )
+    known = [m for m in minutes if m.settled is not None]
+    return {
+        "bars": bars,
+        "width": width,
+        "height": height,
+        "top": top,
+        "settled": sum(m.settled or 0 for m in known),
+        "dead": sum(m.dead or 0 for m in known),
+        "known": len(known),
+        "count": len(minutes),
+    }
+
+
 def _nice(value: float) -> float:
     if value <= 0:
         return 0.0
@@ -83,6 +122,7 @@ def overview(request: Request) -> Response:
         queues=d.queues.summaries(names),
         leader=d.reader.leader(),
         chart=chart(d.throughput.series()),
+        minutes=minute_bars(history.read(d.client.redis, d.client.keys, time.time())),
         window_min=int(d.throughput.window // 60),
         events=d.reader.events(25),
     )
