@@ -201,9 +201,11 @@ def _unread(
     last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
     after = f"({text(last)}"
     trip = Trip(errors=True)
+    if offset >= unread:
+        return []
     backwards = unread - offset < offset + limit  # its end is nearer
     if backwards:  # entries offset .. offset + limit are among the last unread - offset
-        trip.xrevrange(stream, "+", after, count=max(1, unread - offset))
+        trip.xrevrange(stream, "+", after, count=unread - offset)
     else:
         trip.xrange(stream, after, "+", count=offset + limit)
     read = _reply((yield trip)[0], [])
@@ -327,9 +329,11 @@ def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     trip = Trip()
     trip.xlen(qk.dead)
     total = int((yield trip)[0])
+    if offset >= total:
+        return total, []
     trip = Trip()
     if total - offset < offset + limit:  # the oldest are nearer: read from the start
-        trip.xrange(qk.dead, "-", "+", count=max(1, total - offset))
+        trip.xrange(qk.dead, "-", "+", count=total - offset)
         entries = (yield trip)[0][::-1][:limit]
     else:
         trip.xrevrange(qk.dead, "+", "-", count=offset + limit)

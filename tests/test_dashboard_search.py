@@ -55,6 +55,7 @@ def test_paging_reaches_every_job_past_ten_thousand(client: Client, web: httpx.C
     assert ids(web, base + "&offset=10020&limit=20") == [j.id for j in jobs[10_020:]]
     assert ids(web, base + "&offset=9990&limit=20") == [j.id for j in jobs[9_990:10_010]]
     assert ids(web, base + "&offset=0&limit=3") == [j.id for j in jobs[:3]]
+    assert ids(web, base + "&offset=10030&limit=20") == []
     page = web.get(f"/queues/{q.name}?jobs=queued&jobs_limit=50").text
     last = re.search(r'href="([^"]+)" data-page="last"', page)
     assert last and "jobs_offset=10000" in last.group(1) and "jobs_limit=50" in last.group(1)
@@ -100,6 +101,7 @@ def test_error_text_finds_dead_jobs_and_the_oldest_page_is_read_from_its_end(
     paged = [i for at in range(0, 4) for i in ids(web, base + f"&limit=1&offset={at}")]
     assert paged == newest_first
     assert ids(web, base + "&limit=3&offset=2") == newest_first[2:]
+    assert ids(web, base + "&limit=5&offset=4") == []  # past the end: none, not the oldest
 
 
 @pytest.mark.integration
