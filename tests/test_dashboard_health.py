@@ -8,6 +8,7 @@ Real Redis, a real worker process SIGKILLed; the dashboard in-process (``make_ap
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterator
 
@@ -158,6 +159,10 @@ def test_every_tab_counts_what_its_list_holds_cancelled_included(
 
     assert post(web, f"/api/queues/{q.name}/dead/{letter['id']}/delete").status_code == 200
     assert check_tabs_match_lists(web, q.name)["dead"] == 0  # no letter: none listed
+    kept = web.get(f"/api/queues/{q.name}/jobs/{bad.id}").json()  # its record keeps it all
+    assert kept["state"] == "dead" and kept["payload"] == "{}"
+    cancelled = web.get(f"/api/queues/{q.name}/jobs/{waiting[0].id}").json()
+    assert json.loads(cancelled["payload"]) == {"x": 0}
 
 
 @pytest.mark.integration

@@ -7,6 +7,7 @@ Real Redis, a real worker process; the dashboard in-process (``make_app``).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -54,6 +55,9 @@ def test_a_job_not_started_is_cancelled_from_its_page_and_row(
         got = post(web, f"/api/queues/{q.name}/jobs/{job.id}/cancel")
         assert got.status_code == 200 and got.json()["cancelled"] is True, got.text
         assert job.status().state == JobState.CANCELLED
+    for job, x in ((now, 1), (later, 2), (after, 3)):  # a cancelled job keeps its payload
+        payload = web.get(f"/api/queues/{q.name}/jobs/{job.id}").json()["payload"]
+        assert payload is not None and json.loads(payload) == {"x": x}, job.id
     again = post(web, f"/api/queues/{q.name}/jobs/{now.id}/cancel")
     assert again.status_code == 409 and "cancelled" in again.json()["error"]
     assert buttons(web.get(f"/queues/{q.name}/jobs/{now.id}").text, q.name, now.id) == {"delete"}
@@ -99,6 +103,8 @@ def test_a_dead_job_is_requeued_or_deleted_and_a_running_one_is_a_409(
     assert got.status_code == 200 and got.json()["job"] == dead.id, got.text
     assert dead.result(timeout=60) == 8
 
+    kept = web.get(f"/api/queues/{q.name}/jobs/{gone.id}").json()
+    assert kept["payload"] is not None and json.loads(kept["payload"]) == {}
     assert post(web, f"/api/queues/{q.name}/jobs/{gone.id}/delete").status_code == 200
     assert web.get(f"/api/queues/{q.name}/jobs/{gone.id}").status_code == 404
     letters = web.get(f"/api/queues/{q.name}").json()["dead_letters"]

@@ -34,7 +34,7 @@ local options  -- the job's own options ('o'), if it has any
 
 local function cancelled(code)
   redis.call('HSET', KEYS[3], '${JOB_STATE}', '${CANCELLED}', '${JOB_FINISHED}', ARGV[3])
-  redis.call('HDEL', KEYS[3], '${JOB_PAYLOAD}', '${JOB_WHY}')
+  redis.call('HDEL', KEYS[3], '${JOB_WHY}')  -- its payload stays while the record lives
   redis.call('EXPIRE', KEYS[3], ARGV[4])
   if #KEYS >= 11 then
     redis.call('LPUSH', KEYS[11], ARGV[2])
@@ -55,11 +55,11 @@ local function cancelled(code)
   return code
 end
 
-local function entry_options(entry)  -- 'o' of an entry of KEYS[1]
+local function entry_field(entry, field)  -- a field of an entry of KEYS[1]
   local found = redis.call('XRANGE', KEYS[1], entry, entry)
   local flat = #found > 0 and found[1][2] or {}
   for i = 1, #flat, 2 do
-    if flat[i] == '${ENTRY_OPTIONS}' then
+    if flat[i] == field then
       return flat[i + 1]
     end
   end
@@ -104,6 +104,8 @@ if not state then  -- waiting on the stream with no record, finished and expired
       redis.call('HSET', KEYS[3], '${JOB_HANDLER}', flat[i + 1])
     elseif flat[i] == '${ENTRY_ENQUEUED}' then
       redis.call('HSET', KEYS[3], '${JOB_ENQUEUED}', flat[i + 1])
+    elseif flat[i] == '${ENTRY_PAYLOAD}' then
+      redis.call('HSET', KEYS[3], '${JOB_PAYLOAD}', flat[i + 1])
     elseif flat[i] == '${ENTRY_OPTIONS}' then
       options = flat[i + 1]
     end
@@ -119,7 +121,11 @@ elseif state == '${QUEUED}' then
   if not unread(entry) then
     return 0  -- a member has it
   end
-  options = options or entry_options(entry)  -- a job to run now set aside: its entry's
+  options = options or entry_field(entry, '${ENTRY_OPTIONS}')  -- a job to run now set aside
+  local payload = entry_field(entry, '${ENTRY_PAYLOAD}')  -- kept while the record lives
+  if payload then
+    redis.call('HSET', KEYS[3], '${JOB_PAYLOAD}', payload)
+  end
   redis.call('XDEL', KEYS[1], entry)
   if aside ~= '' and redis.call('XLEN', KEYS[1]) == 0 then  -- the last of its handler's
     redis.call('DEL', KEYS[1])
