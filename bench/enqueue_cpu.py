@@ -4,7 +4,9 @@ bare-RESP ``XADD``, in one process pinned to one core with its redis-server.
     python -m bench.enqueue_cpu                 # 20,000 calls each, 5 rounds (~15 s)
 
 Each round runs, in turn (the order reversed every other round), ``--n`` calls of: the sync
-``q.enqueue(noop, i)``; ``await q.enqueue(noop, i)`` one at a time (``AsyncClient``);
+``q.enqueue(noop, i)``; the same of a typed job function, ``q.enqueue(typed_noop.call(i))``
+(one ``int`` argument, checked and encoded by the call); ``await q.enqueue(noop, i)`` and
+``await q.enqueue(typed_noop.call(i))`` one at a time (``AsyncClient``);
 redis-py's ``r.xadd`` of the same fields; and an ``XADD`` written in RESP by hand on a bare
 socket (``bench.resp_floor``), each call returning before the next. No workers: the jobs
 stay queued. The figure is the process's CPU time per call (``time.process_time``),
@@ -25,6 +27,7 @@ from urllib.parse import urlsplit
 
 from bench.resp_floor import xadd_head
 from queueworks import AsyncClient, Client
+from queueworks.examples import typed_noop
 from queueworks.redis_server import RedisServer
 
 NOOP = "queueworks.examples:noop"
@@ -38,15 +41,20 @@ def per_call(n: int, call: Callable[[int], object]) -> float:
     return (time.process_time() - t0) / n * 1e6
 
 
-def async_per_call(url: str, n: int) -> float:
+def async_per_call(url: str, n: int, typed: bool = False) -> float:
     async def go() -> float:
         client = AsyncClient.from_url(url, prefix="qwa")
         try:
             q = await client.queue("cpu")
             await q.enqueue(NOOP, 0)  # the queue learns the handler
+            await q.enqueue(typed_noop.call(0))
             t0 = time.process_time()
-            for i in range(n):
-                await q.enqueue(NOOP, i)
+            if typed:
+                for i in range(n):
+                    await q.enqueue(typed_noop.call(i))
+            else:
+                for i in range(n):
+                    await q.enqueue(NOOP, i)
             return (time.process_time() - t0) / n * 1e6
         finally:
             await client.close()
@@ -77,11 +85,16 @@ def main() -> None:
         subprocess.run(["taskset", "-pc", "0", str(server.pid)], capture_output=True)
         client = Client.from_url(server.url, prefix="qw")
         q = client.queue("cpu")
-        q.enqueue(NOOP, 0)  # the queue learns the handler
+        q.enqueue(NOOP, 0)  # the queue learns the handlers
+        q.enqueue(typed_noop.call(0))
         fields = {"h": NOOP, "p": "0"}
         ways: dict[str, Callable[[], float]] = {
             "`q.enqueue`": lambda: per_call(args.n, lambda i: q.enqueue(NOOP, i)),
+            "`q.enqueue`, typed (`fn.call(i)`)": lambda: per_call(
+                args.n, lambda i: q.enqueue(typed_noop.call(i))
+            ),
             "`await q.enqueue` (asyncio)": lambda: async_per_call(server.url, args.n),
+            "`await q.enqueue`, typed": lambda: async_per_call(server.url, args.n, True),
             "redis-py `xadd`": lambda: per_call(
                 args.n, lambda i: client.redis.xadd("plain", fields)
             ),

@@ -2,6 +2,8 @@
 
     python -m bench.job_cpu                               # 20,000 jobs, 5 rounds (~1 min)
     python -m bench.job_cpu --against REV --jobs 5000 --rounds 3
+    python -m bench.job_cpu --typed                       # and a typed no-op job (@job)
+    python -m bench.job_cpu --otel                        # and with tracing on, beside it
 
 Each round runs every system in turn (their order reversed every other round), each on a
 fresh private redis-server: 2 workers (``queueworks worker``) and 1 producer that calls
@@ -12,6 +14,13 @@ process is pinned to one core (``taskset -c 0``), so the time a job takes is the
 costs: the producer's, redis-server's and the workers' CPU time (from ``/proc``) over the
 run, divided by the jobs. The figures are the medians over rounds, and each ratio the
 median of the per-round ratios. ``REV``'s code is checked out with ``git archive``.
+``--typed`` adds *queueworks typed*: the producer calls ``q.enqueue(typed_noop.call(i))``,
+a typed job function of one ``int`` argument (``queueworks.examples``), in the same rounds.
+
+``--otel`` adds *queueworks+otel*: this tree with tracing on (the ``otel`` extra): the
+producer instrumented (``QueueworksInstrumentor``, the SDK with a batch span processor and
+the OTLP/HTTP exporter), the workers started with ``--otel``; both export to a receiver in
+this process (not pinned, not counted) that reads each request and answers 200.
 """
 
 from __future__ import annotations
@@ -34,24 +43,39 @@ from queueworks.redis_server import RedisServer
 CORE = "0"
 ALLOW = "queueworks.examples"
 PRODUCER = r"""
-import sys, time
+import os, sys, time
 from queueworks import Client
+if os.environ.get("BENCH_OTEL"):  # the producer traced: the SDK, a batch processor, OTLP
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from queueworks.otel import QueueworksInstrumentor
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    QueueworksInstrumentor().instrument(tracer_provider=provider)
 client = Client.from_url(sys.argv[1], prefix="qw")
 q = client.queue("cpu")
-n, members = int(sys.argv[2]), int(sys.argv[3])
+n, members, typed = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "typed"
 deadline = time.time() + 30
 while len(q.status().nodes) < members and time.time() < deadline:  # the workers are in
     time.sleep(0.05)
 print("go", flush=True)
 sys.stdin.readline()
 t0 = time.process_time()
-for i in range(n):
-    q.enqueue("queueworks.examples:noop", i)
+if typed:
+    from queueworks.examples import typed_noop
+    for i in range(n):
+        q.enqueue(typed_noop.call(i))
+else:
+    for i in range(n):
+        q.enqueue("queueworks.examples:noop", i)
 spent = time.process_time() - t0
 deadline = time.time() + 120
 while q.status().done < n and time.time() < deadline:
     time.sleep(0.01)
 print("done", spent, q.status().done, flush=True)
+if os.environ.get("BENCH_OTEL"):
+    provider.shutdown()
 """
 
 
@@ -77,10 +101,40 @@ def checkout(rev: str) -> Path:
 
 
 FLOOR = "floor"
+TYPED = "queueworks typed"
+OTEL = "queueworks+otel"
 
 
-def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> list[Any]:
-    """``n`` worker processes of ``tree``'s queueworks (None: the floor's consumers)."""
+class Sink:
+    """An OTLP/HTTP receiver that reads each request and answers 200 (``--otel``)."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers["Content-Length"]))
+                self.send_response(200)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        return {"BENCH_OTEL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": self.url}
+
+
+def spawn_workers(
+    tree: Path | None, url: str, n: int, env: dict[str, str], otel: bool = False
+) -> list[Any]:
+    """``n`` worker processes of ``tree``'s queueworks (None: the floor's consumers);
+    ``otel``: started with ``--otel``."""
     if tree is None:
         argvs = [
             [sys.executable, "-m", "bench.resp_floor", "consume", url, f"c{i}"] for i in range(n)
@@ -88,6 +142,7 @@ def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> l
         cwd, env = ROOT, {**env, "PYTHONPATH": str(ROOT)}
     else:
         argv = [sys.executable, "-m", "queueworks", "worker", "--allow", ALLOW]
+        argv += ["--otel"] if otel else []
         argvs, cwd = [argv] * n, tree
         env = {**env, "QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": "qw"}
     return [
@@ -98,10 +153,15 @@ def spawn_workers(tree: Path | None, url: str, n: int, env: dict[str, str]) -> l
     ]
 
 
-def one_run(tree: Path | None, jobs: int, workers: int) -> dict[str, float]:
+def one_run(
+    tree: Path | None, jobs: int, workers: int, typed: bool = False, sink: Sink | None = None
+) -> dict[str, float]:
     """µs of CPU per job of producer, redis-server and workers, for ``tree``'s code (None:
-    the floor)."""
+    the floor); ``typed``: of a typed job function's jobs; with tracing on, exported to
+    ``sink``, if given."""
     env = {**os.environ, "PYTHONPATH": str(tree or ROOT), "QUEUEWORKS_LOG_LEVEL": "warning"}
+    if sink is not None:
+        env.update(sink.env())
     with RedisServer() as server:
         pid = server.pid  # redis-server's
         subprocess.run(["taskset", "-pc", CORE, str(pid)], check=True, capture_output=True)
@@ -109,7 +169,8 @@ def one_run(tree: Path | None, jobs: int, workers: int) -> dict[str, float]:
         if tree is None:
             argv = [sys.executable, "-m", "bench.resp_floor", "produce", url, str(jobs)]
         else:
-            argv = [sys.executable, "-c", PRODUCER, url, str(jobs), str(workers)]
+            kind = "typed" if typed else "plain"
+            argv = [sys.executable, "-c", PRODUCER, url, str(jobs), str(workers), kind]
         producer = subprocess.Popen(
             pinned(argv),
             env=env,
@@ -118,7 +179,7 @@ def one_run(tree: Path | None, jobs: int, workers: int) -> dict[str, float]:
             stdout=subprocess.PIPE,
             text=True,
         )
-        procs = spawn_workers(tree, url, workers, env)
+        procs = spawn_workers(tree, url, workers, env, otel=sink is not None)
         try:
             assert producer.stdout is not None and producer.stdin is not None
             if producer.stdout.readline().strip() != "go":
@@ -159,27 +220,35 @@ def table(runs: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -> st
     for name, rows in runs.items():
         cells = [f"{statistics.median(r[p] for r in rows):.1f}" for p in PARTS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    floor = runs[FLOOR]
     for name, rows in runs.items():
         if name != FLOOR:
-            ratios = [
-                f"{statistics.median(a[p] / b[p] for a, b in zip(rows, floor, strict=True)):.2f}x"
-                for p in PARTS
-            ]
-            lines.append(f"| {name} ÷ floor | " + " | ".join(ratios) + " |")
+            lines.append(ratio_row(f"{name} ÷ floor", rows, runs[FLOOR]))
+    if TYPED in runs:
+        lines.append(ratio_row(f"{TYPED} ÷ queueworks", runs[TYPED], runs["queueworks"]))
     return "\n".join(lines)
+
+
+def ratio_row(title: str, rows: list[dict[str, float]], base: list[dict[str, float]]) -> str:
+    """The median of the per-round ratios of ``rows`` to ``base``, part by part."""
+    ratios = [
+        f"{statistics.median(a[p] / b[p] for a, b in zip(rows, base, strict=True)):.2f}x"
+        for p in PARTS
+    ]
+    return f"| {title} | " + " | ".join(ratios) + " |"
 
 
 def measure(
     trees: dict[str, Path | None], jobs: int, rounds: int, workers: int
 ) -> dict[str, list[dict[str, float]]]:
-    """``rounds`` runs of each system (None: the floor), their order reversed every other
-    round: µs of CPU per job of each part, per run."""
+    """``rounds`` runs of each system (None: the floor; ``OTEL``: this tree traced), their
+    order reversed every other round: µs of CPU per job of each part, per run."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    sink = Sink() if OTEL in trees else None
     for k in range(rounds):
         order = list(trees) if k % 2 == 0 else list(reversed(trees))
         for name in order:
-            runs[name].append(one_run(trees[name], jobs, workers))
+            traced = sink if name == OTEL else None
+            runs[name].append(one_run(trees[name], jobs, workers, name == TYPED, traced))
             print(f"round {k + 1} {name}: {runs[name][-1]}", file=sys.stderr)
     return runs
 
@@ -190,10 +259,16 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--typed", action="store_true", help="and a typed no-op job (@job)")
+    parser.add_argument("--otel", action="store_true", help="this tree traced, beside it")
     args = parser.parse_args()
     trees: dict[str, Path | None] = {"queueworks": ROOT, FLOOR: None}
+    if args.typed:
+        trees[TYPED] = ROOT
     if args.against:
         trees[args.against] = checkout(args.against)
+    if args.otel:
+        trees[OTEL] = ROOT
     runs = measure(trees, args.jobs, args.rounds, args.workers)
     print(table(runs, args.jobs, args.rounds))
 

@@ -6,7 +6,9 @@ its delayed jobs already due; each task that holds nodes, its settled counts. A 
 holds none needs no read (it wants its ``min_nodes``). The rate one worker finishes items
 at is measured here, from the settled counts of the last ``WINDOW`` s, and kept while a
 task or queue has no workers (so a backlog after an idle spell asks for what it needs at
-once). With no active task or queue, a pass reads nothing.
+once). With no active task or queue, a pass reads nothing. A pass reads at most
+``READS_PER_PASS`` of them, in turn, and counts the others as last read: with many queues
+its cost stays level, and each is read again every ``n / READS_PER_PASS`` passes.
 
 The result goes to ``qw:autoscale:wanted`` through the fence (``controller.fence``: only
 while this controller leads), when it changes and at least every ``REFRESH`` s, with an
@@ -33,6 +35,7 @@ from .wanted import Need, wanted
 REFRESH = 5.0  # s: the value is written again at least this often
 TTL = 30.0  # s: its expiry (a value no leader refreshes goes away)
 WINDOW = 10.0  # s of settled counts a rate is measured over
+READS_PER_PASS = 200  # tasks and queues read per pass, at most (the others: as last read)
 Sample = tuple[float, int]  # (monotonic s, items settled)
 
 
@@ -57,6 +60,8 @@ class Demand:
         self.written: tuple[float, dict[str, int]] | None = None  # when, what
         self.samples: dict[str, deque[Sample]] = {}
         self.per_worker: dict[str, float] = {}  # the last rate measured, per task or queue
+        self.counts: dict[str, tuple[int | None, int | None]] = {}  # as last read
+        self.turn = 0  # where the next pass's reads start (with more than READS_PER_PASS)
 
     def reset(self) -> None:
         """A new term: write again at the next pass (rates measured so far stay true)."""
@@ -90,6 +95,11 @@ class Demand:
 
     def _needs(self, rows: list[TaskRow], mirror: Mirror, now: float) -> list[Need]:
         read = [row for row in rows if row.queue or mirror.nodes.get(row.id)]
+        readable = {row.id for row in read}
+        if len(read) > READS_PER_PASS:
+            start = self.turn % len(read)
+            read = (read[start:] + read[:start])[:READS_PER_PASS]
+            self.turn = start + READS_PER_PASS
         pipe = self.r.pipeline(transaction=False)
         for row in read:
             tk = self.keys.task(row.id)
@@ -98,13 +108,16 @@ class Demand:
                 pipe.xlen(tk.stream)
                 pipe.zcount(tk.scheduled, "-inf", time.time())
         replies = iter(self.tally.run(pipe) if read else [])
-        counts = {row.id: _work(row, replies) for row in read}
+        fresh = {row.id: _work(row, replies) for row in read}
+        self.counts.update(fresh)
         self._forget(set(mirror.tasks))
         needs = []
         for row in rows:
-            settled, work = counts.get(row.id, (None, None))
+            settled, work = (None, None)
+            if row.id in readable:  # (a task without nodes needs no read)
+                settled, work = self.counts.get(row.id, (None, None))
             nodes = len((mirror.members if row.queue else mirror.nodes).get(row.id, ()))
-            if settled is not None:
+            if settled is not None and row.id in fresh:
                 self._measure(row.id, settled, nodes, now)
             needs.append(
                 Need(
@@ -132,6 +145,8 @@ class Demand:
             self.per_worker[tid] = (settled - first) / (now - first_at) / nodes
 
     def _forget(self, active: set[str]) -> None:
+        for tid in [t for t in self.counts if t not in active]:
+            del self.counts[tid]
         for tid in [t for t in self.samples if t not in active]:
             del self.samples[tid]
         for tid in [t for t in self.per_worker if t not in active]:

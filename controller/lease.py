@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from queueworks import events
-from queueworks.connection import UNAVAILABLE, Connection
+from queueworks.connection import UNAVAILABLE, Connection, text
 from queueworks.keys import Keys
 from queueworks.scripts import Scripts
 
@@ -43,6 +43,9 @@ class Lease(threading.Thread):
         self._until = 0.0  # monotonic: held() is true before this
         self._halt = threading.Event()
         self.won = threading.Event()  # set while this process holds the lease
+        # set when the lease went with Redis's data (``check_emptied``); the controller clears it
+        self.emptied = threading.Event()
+        self._emptied_seen = False
         self._lock = threading.Lock()
 
     def held(self) -> bool:
@@ -75,6 +78,7 @@ class Lease(threading.Thread):
                 self._until = started + self.ttl * (1 - MARGIN)
                 return
             self.log.warning("lease_lost", term=self.term)
+            self.check_emptied()
             self.won.clear()
             return
         term, token = self.scripts.lease_acquire(
@@ -84,9 +88,34 @@ class Lease(threading.Thread):
             with self._lock:
                 self.token, self.term = token, term
                 self._until = started + self.ttl * (1 - MARGIN)
+                self._emptied_seen = False
             self.won.set()
             self.log.info("leadership", leader=True, term=term)
             events.emit(self.r, self.keys, "leader", controller=self.holder, term=term)
+
+    def check_emptied(self) -> None:
+        """The lease is gone from under us (the thread's renewal, or a fenced write found
+        it so): set ``emptied`` if it went with Redis's data (a restart without persistence,
+        a ``FLUSHALL``, a failover to an empty replica). Then the term counter, which only
+        ever counts up, is behind the term we held, or at it with another holder (it
+        counted up to our term a second time); a lease that expired, or that another
+        controller took over, leaves it at our term or past it."""
+        with self._lock:
+            token, held = self.token, self.term
+        if not held or self._emptied_seen:
+            return
+        self.tally.commands += 2
+        pipe = self.r.pipeline(transaction=False)
+        pipe.get(self.keys.leader_term)
+        pipe.get(self.keys.leader)
+        try:
+            counter, holder = pipe.execute()
+        except UNAVAILABLE:  # (the renewal after the outage looks again)
+            return
+        term = int(counter or 0)
+        if term < held or (term == held and holder is not None and text(holder) != token):
+            self._emptied_seen = True  # (said once per lease won)
+            self.emptied.set()
 
     def _release(self) -> None:
         if not self.won.is_set():

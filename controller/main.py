@@ -37,6 +37,7 @@ from queueworks.scripts import Scripts
 from queueworks.settings import Settings
 
 from .demand import Demand
+from .emptied import Emptied
 from .feed import Feed, Gap
 from .fence import Fence, Fenced
 from .lease import Lease
@@ -79,6 +80,7 @@ class Controller:
         self.leftovers = Leftovers(
             self.r, self.keys, self.scripts, self.fence, self.log, self.tally, self.lease.held
         )
+        self.emptied = Emptied(self.r, self.keys, self.log, self.tally)
         self.demand = Demand(
             self.r,
             self.keys,
@@ -113,6 +115,7 @@ class Controller:
                 if policy is None:  # first: refuse an evicting Redis, then take part
                     policy = self._policy()
                     self.lease.start()
+                self._say_emptied()
                 if self._lead():
                     self._one_pass()
                 self._stats()
@@ -144,6 +147,15 @@ class Controller:
         allow, interval = self.settings.allow_eviction, self.settings.policy_check_interval
         return PolicyWatch(refuse_evicting(self.r, allow=allow, log=self.log), interval, self.log)
 
+    def _say_emptied(self, check: bool = False) -> None:
+        """If the lease went with Redis's data (``Lease.check_emptied``; ``check``: look now,
+        the state is about to be read afresh), say so and what it took."""
+        if check:
+            self.lease.check_emptied()
+        if self.lease.emptied.is_set():
+            self.emptied.lost()
+            self.lease.emptied.clear()
+
     def _lead(self) -> bool:
         """True while this controller leads with a mirror read under its current term."""
         token, term = self.lease.current()
@@ -167,8 +179,10 @@ class Controller:
         self.leftovers.reset()
 
     def _rebuild(self) -> None:
+        self._say_emptied(check=True)  # (a term starts, events vanished, Redis came back)
         self.feed.start()
         self._log_pass(self.reconciler.rebuild(), full=True)
+        self.emptied.read()
 
     def _one_pass(self) -> None:
         rec = self.reconciler
@@ -188,6 +202,8 @@ class Controller:
         if dirty or rec.busy() or rec.due():
             self._log_pass(rec.step(dirty))
         self.scheduler.step(dirty.schedules)
+        if dirty.schedules:
+            self.emptied.read()
         self.leftovers.step(bool(dirty.ended))
         self.demand.step(rec.mirror)
 

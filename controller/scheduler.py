@@ -185,7 +185,7 @@ class Scheduler:
             job = sched.job_id(queue, name, fire_ms)
             keys = [qk.record, qk.stream, qk.schedules, qk.schedules_due, qk.schedules_last]
             keys.append(qk.job(job))
-            args = (name, check, after, job, repr(fire_ms / 1000), d.handler, d.payload)
+            args = (name, check, after, job, repr(fire_ms / 1000), d.handler, d.payload, d.options)
             last = batch.add("fire", keys, *args, unit=unit)
             check = after
         member = sched.member(queue, name)

@@ -7,8 +7,17 @@ workers that can grow, shrink, lose a node or give nodes away while the task run
 from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
 from queueworks.client import Client, SubmitError, Task, TaskNotFound
 from queueworks.connection import RedisUnavailable
-from queueworks.context import JobContext, SubtaskContext, Suspended, on_rebalance
+from queueworks.context import (
+    Cancelled,
+    Fenced,
+    JobContext,
+    Stopped,
+    SubtaskContext,
+    Suspended,
+    on_rebalance,
+)
 from queueworks.eviction import EvictingRedis
+from queueworks.job_functions import AsyncJobFunction, Call, JobFunction, job
 from queueworks.models import (
     JobState,
     JobStatus,
@@ -26,13 +35,18 @@ from queueworks.vanished import QueueNotFound
 __all__ = [
     "AsyncClient",
     "AsyncJob",
+    "AsyncJobFunction",
     "AsyncQueue",
     "AsyncTask",
+    "Call",
+    "Cancelled",
     "Client",
     "EvictingRedis",
+    "Fenced",
     "Job",
     "JobContext",
     "JobFailed",
+    "JobFunction",
     "JobState",
     "JobStatus",
     "Queue",
@@ -41,6 +55,7 @@ __all__ = [
     "RedisUnavailable",
     "Role",
     "Schedule",
+    "Stopped",
     "SubmitError",
     "SubtaskContext",
     "Suspended",
@@ -49,6 +64,7 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskStatus",
+    "job",
     "on_rebalance",
 ]
 __version__ = "0.1.0"

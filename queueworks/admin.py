@@ -140,6 +140,21 @@ class Admin:
         events.emit(r, keys, "requeued", task=queue, entry=entry_id, job=job)
         return RequeuedJob(queue, entry_id, job, new_entry)
 
+    def requeue_dead_job(self, queue: str, job_id: str) -> RequeuedJob:
+        """Requeue the dead job ``job_id`` of queue ``queue`` (its dead letter is looked for
+        from the newest, a page a round trip); ``AdminError`` if it has none kept."""
+        r, keys = self.client.redis, self.client.keys
+        tk = keys.task(check_task_id(queue))
+        end, wanted = "+", job_id.encode()
+        while True:
+            page: list[Any] = r.xrevrange(tk.dead, end, "-", count=LETTERS_PAGE) or []
+            for entry_id, fields in page:
+                if (fields or {}).get(DEAD_JOB.encode()) == wanted:
+                    return self.requeue_job(queue, text(entry_id))
+            if len(page) < LETTERS_PAGE:
+                raise AdminError(f"job {job_id} of queue {queue}: no dead letter of it is kept")
+            end = "(" + text(page[-1][0])
+
     def delete_dead(self, task_id: str, entry_id: str) -> bool:
         """Discard a dead-letter record (the subtask stays counted as dead)."""
         r, keys = self.client.redis, self.client.keys
@@ -148,6 +163,9 @@ class Admin:
         if removed:
             events.emit(r, keys, "dead_letter_deleted", task=task_id, entry=entry_id)
         return bool(removed)
+
+
+LETTERS_PAGE = 1000  # dead letters a round trip of ``requeue_dead_job`` reads
 
 
 def _is_queue(spec: Any) -> bool:

@@ -27,13 +27,16 @@ from queueworks.commands.dashboard_server import dashboard
 from queueworks.commands.dead import dead
 from queueworks.commands.devserver import redis_command
 from queueworks.commands.enqueue import enqueue
-from queueworks.commands.errors import BadInput, OneLineErrors
+from queueworks.commands.errors import BadInput, CliError, OneLineErrors
 from queueworks.commands.health import health
 from queueworks.commands.info import info
+from queueworks.commands.job import job
 from queueworks.commands.options import (
     ENV,
+    PROCESSES,
     allow_eviction,
     common,
+    given_options,
     key_values,
     option,
     queue_names,
@@ -43,7 +46,7 @@ from queueworks.commands.options import (
 from queueworks.commands.queue_actions import queue
 from queueworks.commands.schedules import schedule, schedules, unschedule
 from queueworks.commands.submit import submit
-from queueworks.signals import ColdStop, install_stop_signals
+from queueworks.signals import ColdStop, install_pass_on_signals, install_stop_signals
 
 
 @click.group(cls=OneLineErrors)
@@ -73,6 +76,7 @@ for command in (
     schedules,
     unschedule,
     queue,
+    job,
     info,
     dead,
     health,
@@ -81,6 +85,29 @@ for command in (
 ):
     main.add_command(command)
 main.add_command(redis_command)
+
+
+def otel_flag(f: Any) -> Any:
+    return option(
+        "--otel",
+        is_flag=True,
+        help="trace with OpenTelemetry (the otel extra), set up from the OTEL_* variables",
+    )(f)
+
+
+def start_tracing(service: str) -> None:
+    """--otel: the OpenTelemetry SDK set up from the ``OTEL_*`` variables, and this
+    process instrumented (``queueworks.otel.setup``)."""
+    try:
+        from queueworks.otel import setup
+    except ImportError as exc:
+        raise BadInput(
+            f"--otel needs the otel extra: pip install 'queueworks[otel]' ({exc})"
+        ) from None
+    try:
+        setup(service)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
 
 
 @main.command(short_help="Join the pool and process subtasks and jobs.")
@@ -96,6 +123,13 @@ main.add_command(redis_command)
     help="module prefix handlers may come from (repeat); none given: every handler refused",
 )
 @option("--label", multiple=True, help="k=v label, matched by a task's node_selector (repeat)")
+@option(
+    "--django",
+    "django_settings",
+    metavar="SETTINGS",
+    help="a Django project's settings module: Django is set up before handlers are "
+    "imported, and the project's tasks (Django's Tasks framework) run here",
+)
 @option(
     "--queues",
     envvar=ENV + "QUEUES",
@@ -131,15 +165,52 @@ main.add_command(redis_command)
 @option(
     "--id-file",
     type=click.Path(dir_okay=False),
-    help="write the worker id to this file (for `queueworks health --id-file`)",
+    help="write the worker id (with --processes: the pool's id) to this file (for "
+    "`queueworks health --id-file`)",
+)
+@option(
+    "--processes",
+    type=PROCESSES,
+    default="1",
+    envvar=ENV + "PROCESSES",
+    show_envvar=True,
+    show_default=True,
+    help="worker processes to run, each a worker of its own, kept running by a small "
+    "supervisor (a member that exits or is killed is started again); `auto`: one per CPU "
+    "this process may use",
+)
+@option(
+    "--max-jobs-per-child",
+    type=click.IntRange(min=1),
+    envvar=ENV + "MAX_JOBS_PER_CHILD",
+    show_envvar=True,
+    show_default="no limit",
+    help="a pool's member leaves gracefully after this many jobs (or subtasks) and a fresh "
+    "one starts (runs a pool even with --processes 1)",
+)
+@option(
+    "--max-memory-per-child",
+    type=click.IntRange(min=1),
+    metavar="MB",
+    envvar=ENV + "MAX_MEMORY_PER_CHILD",
+    show_envvar=True,
+    show_default="no limit",
+    help="a pool's member whose resident memory passes this many MB after a job leaves "
+    "gracefully and a fresh one starts (runs a pool even with --processes 1)",
 )
 @allow_eviction
+@otel_flag
 def worker(
+    otel: bool,
     name: str | None,
     allow: tuple[str, ...],
     label: tuple[str, ...],
     queues: list[str] | None,
     id_file: str | None,
+    processes: int,
+    max_jobs_per_child: int | None,
+    max_memory_per_child: int | None,
+    django_settings: str | None,
     **flags: Any,
 ) -> None:
     """Join the pool and process subtasks of the tasks this worker is given, and the jobs
@@ -148,14 +219,33 @@ def worker(
     Handlers are imported from the folder it starts in too (as rq and celery workers do),
     under the --allow prefixes only. SIGTERM or SIGINT: warm stop (finish or abort the
     step, leave the node set, exit 0); a second signal, or the grace period running out,
-    interrupts the handler."""
+    interrupts the handler. With --processes N (or a per-child limit) the same goes for
+    every member: the supervisor passes the signal on and exits 0 once each has left."""
+    labels = key_values(label, "--label", "label")
+    limits = max_jobs_per_child is not None or max_memory_per_child is not None
+    from queueworks.workers.pool import POOL_MEMBER
+
+    pool_member = os.environ.get(POOL_MEMBER)  # set by a pool's supervisor on its members
+    if not pool_member and (processes > 1 or limits):
+        run_pool(name, processes, id_file, flags)
+        return
     from queueworks.workers.worker import Worker
 
+    if otel:
+        start_tracing("queueworks-worker")
     settings = settings_from_flags(**flags)
     here = os.getcwd()
     if here not in sys.path:  # `python -m` puts it there; the `queueworks` script does not
         sys.path.insert(0, here)
-    labels = key_values(label, "--label", "label")
+    if django_settings:
+        try:
+            from queueworks.contrib.django.worker import setup_django
+        except ImportError as exc:  # no Django (or, on Django 5.2, no django-tasks)
+            raise CliError(str(exc)) from None
+        try:
+            allow = setup_django(django_settings, allow)
+        except ValueError as exc:
+            raise BadInput(str(exc)) from None
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
     try:
@@ -165,6 +255,18 @@ def worker(
     if id_file:
         Path(id_file).write_text(w.id)
     install_stop_signals(w.stop, settings.grace_period)
+    if limits:
+        from queueworks.workers.retire import Retirement
+
+        retire = Retirement(
+            w.state,
+            w.watchdog,
+            w.retire,
+            w.log,
+            max_jobs=max_jobs_per_child,
+            max_memory_mb=max_memory_per_child,
+        )
+        retire.start()
     try:
         w.run()  # stopped before Redis answered: the connection error, as one line
     except ColdStop:
@@ -172,6 +274,31 @@ def worker(
     if w.exit_code:  # hung (its event loop): a thread of it may never end, so at once
         sys.stderr.flush()
         os._exit(w.exit_code)
+
+
+def run_pool(name: str | None, processes: int, id_file: str | None, flags: dict[str, Any]) -> None:
+    """``worker --processes N``: the supervisor (``workers.pool``). It imports no handler:
+    each member is a fresh ``queueworks worker`` with the options given here."""
+    from queueworks.connection import connect_settings
+    from queueworks.keys import Keys, check_worker_id
+    from queueworks.workers.pool import Pool
+    from queueworks.workers.worker import default_worker_id
+
+    ctx = click.get_current_context()
+    settings = settings_from_flags(**flags)
+    try:
+        pool_id = check_worker_id(name or default_worker_id())
+        check_worker_id(f"{pool_id}-{10**9}")  # its members' ids: <pool>-<n>
+        r = connect_settings(settings)
+    except ValueError as exc:
+        raise BadInput(str(exc)) from None
+    command = ["--debug"] if ctx.find_root().params.get("debug") else []
+    command += ["worker", *given_options(ctx, skip={"name", "id_file", "processes"})]
+    pool = Pool(pool_id, processes, command, r=r, keys=Keys(settings.prefix))
+    if id_file:
+        Path(id_file).write_text(pool.id)
+    install_pass_on_signals(lambda cold: pool.stop(cold=cold))
+    sys.exit(pool.run())
 
 
 @main.command(short_help="Give tasks node sets and keep them sized.")
@@ -201,12 +328,15 @@ def worker(
     type=float,
 )
 @allow_eviction
-def controller(**flags: Any) -> None:
+@otel_flag
+def controller(otel: bool, **flags: Any) -> None:
     """Give tasks their node sets and keep them sized.
 
     Run two or more: one holds the leader lease, the others stand by."""
     from queueworks.controller.main import Controller
 
+    if otel:
+        start_tracing("queueworks-controller")
     settings = settings_from_flags(**flags)
     try:
         c = Controller(settings)

@@ -21,10 +21,10 @@ from queueworks.logs import get_logger
 from queueworks.lost_workers import WINDOW, LostWorker, plan_lost_workers
 from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
-from queueworks.queue_handle import Queue, open_queue
+from queueworks.queue_handle import Job, Queue, open_queue
 from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running_of
-from queueworks.queue_settings import QueueOptions, check_queue_settings
-from queueworks.queues import RUNNING_SHOWN, UNSET
+from queueworks.queue_settings import DEFAULTS, QueueOptions, check_queue_settings
+from queueworks.queues import RUNNING_SHOWN, UNSET, job_ref
 from queueworks.records import BadRecord
 from queueworks.replication import NotReplicated
 from queueworks.runner import run
@@ -168,6 +168,12 @@ class Client:
         name = check_task_id(name, "queue name")
         self.check_eviction()
         return open_queue(self, name, given, reopen)
+
+    def job(self, ref: str) -> Job:
+        """A handle to the job ``"QUEUE/JOB_ID"`` (no I/O: ``status()`` raises
+        ``LookupError`` for no such job); ``ValueError`` for a malformed reference."""
+        name, job_id = job_ref(ref)
+        return Queue(self, name, DEFAULTS, revives=False).job(job_id)
 
     def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""

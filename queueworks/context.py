@@ -1,5 +1,5 @@
 """What a handler sees: ``SubtaskContext`` (a task's subtask), ``JobContext`` (a queue's job),
-and the ``Suspended`` signal for long steps."""
+the ``Suspended`` signal for long steps, and ``Stopped`` for a job its worker stopped."""
 
 from __future__ import annotations
 
@@ -15,6 +15,24 @@ from queueworks.models import Role
 class Suspended(Exception):
     """Raised by ``ctx.checkpoint()`` when the node set changed: the subtask goes back for
     redelivery without spending an attempt."""
+
+
+class Stopped(BaseException):
+    """Raised by ``ctx.checkpoint()`` in a job its worker has stopped while it ran: the job is
+    no longer this worker's to finish, and nothing its handler returns or raises from now on
+    is recorded. A ``BaseException``, so a handler's ``except Exception`` lets it through:
+    let it end the handler (clean up in ``finally``)."""
+
+
+class Fenced(Stopped):
+    """The job's worker was fenced: it stopped answering for longer than its heartbeat's TTL
+    (frozen, cut off), was pruned, and the job was given to another member, which runs it
+    again (same group slot)."""
+
+
+class Cancelled(Stopped):
+    """The job was cancelled while it ran (``job.cancel()``): it is recorded cancelled and
+    never runs again; let it end the handler."""
 
 
 class SafePoint:
@@ -111,11 +129,13 @@ class JobContext:
     role: Role
     worker_id: str
     log: Any
+    allow: tuple[str, ...] = ()  # the worker's --allow prefixes (a handler that imports more)
     _suspend: threading.Event = field(default_factory=threading.Event, repr=False)
     _sink: ProgressSink | None = field(default=None, repr=False)
     _named: bool = field(default=False, repr=False)  # its entry names it ('j')
     _reports: Any = field(default=None, repr=False)  # the sink's state of it, once it reported
     _over: bool = field(default=False, repr=False)  # the call ended: reports go nowhere
+    _stopped: Stopped | None = field(default=None, repr=False)  # why its worker stopped it
 
     def progress(self, fraction: float, message: str | None = None) -> None:
         """Report how far the job is: ``fraction`` from 0 to 1 and an optional ``message``
@@ -134,15 +154,25 @@ class JobContext:
 
     @property
     def suspended(self) -> bool:
-        """True once the node set changed (or the worker is stopping): stop at a safe point."""
-        return self._suspend.is_set()
+        """True once the job should stop at a safe point (``checkpoint`` raises then)."""
+        return self._stopped is not None or self._suspend.is_set()
 
     def checkpoint(self) -> SafePoint:
-        """Raise ``Suspended`` if the job should stop now (it runs again, same attempt);
-        ``await ctx.checkpoint()`` in an ``async def`` handler."""
+        """Raise ``Stopped`` if the worker stopped the job (it is no longer this worker's),
+        ``Suspended`` if it should stop now (it runs again, same attempt); ``await
+        ctx.checkpoint()`` in an ``async def`` handler."""
+        stopped = self._stopped
+        if stopped is not None:
+            raise stopped.with_traceback(None)
         if self._suspend.is_set():
             raise Suspended()
         return _GO_ON
+
+    def stop(self, reason: Stopped) -> None:
+        """The worker's word: the job is stopped for ``reason`` (raised by the next
+        ``checkpoint``); its progress reports go nowhere from now on."""
+        self._stopped = reason
+        self._over = True
 
 
 def call_ended(ctx: JobContext) -> None:

@@ -126,7 +126,7 @@ def registered(me: str, deps: Sequence[Dependency], replies: Sequence[Any]) -> l
     for dep, (what, why) in zip(deps, replies, strict=True):
         if what == "unknown":
             raise ValueError(f"depends_on: no {describe(dep)} (never enqueued, or it expired)")
-        if what == "entry":
+        if what == "entry_of":
             job = f"{dep.owner}/{why}"
             raise ValueError(
                 f"depends_on: {dep.ref} is the stream entry of job {job}, not a job id;"

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from queueworks.context import JobContext, SubtaskContext
+from queueworks.job_functions import job
 
 
 def double(payload: dict[str, Any]) -> int:
@@ -20,6 +21,25 @@ def double(payload: dict[str, Any]) -> int:
 
 def noop(payload: Any) -> None:
     return None
+
+
+@job
+def typed_noop(n: int) -> None:
+    """A typed no-op job of one ``int`` argument (``bench.job_cpu --typed``)."""
+
+
+@job
+def add(a: int, b: int, *, note: str = "") -> int:
+    """A typed job function: ``q.enqueue(add.call(2, 3)).result()`` is 5."""
+    return a + b
+
+
+@job
+async def add_later(a: int, b: int, *, ctx: JobContext | None = None) -> int:
+    """``add`` as an ``async def`` (on a worker's event loop), which shows its context:
+    ``a + b``, plus ``1000 * ctx.attempt`` when a worker runs it."""
+    await asyncio.sleep(0)
+    return a + b if ctx is None else a + b + 1000 * ctx.attempt
 
 
 def digest(payload: dict[str, Any], ctx: SubtaskContext) -> dict[str, Any]:

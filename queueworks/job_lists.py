@@ -35,6 +35,7 @@ the jobs whose id starts with a text, or whose handler or error has it.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -64,6 +65,7 @@ from queueworks.jobrecords import (
     JOB_REASON,
     JOB_RESULT,
     JOB_STATE,
+    JOB_TRACE,
     decode_dead_letter,
     entry_job,
     has_state,
@@ -494,7 +496,19 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
         traceback=text(record[JOB_ERROR]) if record.get(JOB_ERROR) else None,
         entry=None if where is None else text(where),
         options=JobOptions.parse(options).given_only(),
+        trace_id=trace_id(options) or (text(record[JOB_TRACE]) if JOB_TRACE in record else None),
     )
+
+
+TRACEPARENT = re.compile(r'"tp":"00-([0-9a-f]{32})-')
+
+
+def trace_id(options: bytes | str | None) -> str | None:
+    """The trace id in a job's options (its producer's: ``queueworks.tracing``), if any."""
+    if not options:
+        return None
+    found = TRACEPARENT.search(text(options))
+    return found.group(1) if found else None
 
 
 def _waiting_payload(qk: TaskKeys, job_id: str, group: str) -> Plan[bytes | None]:

@@ -136,6 +136,7 @@ JOB_ERROR = "err"
 JOB_ASIDE = "aside"
 JOB_WHY = "why"
 JOB_OPTIONS = "o"
+JOB_TRACE = "tr"  # while tracing, the trace id of its last run (written after its settle)
 JOB_PROGRESS = "pg"
 JOB_PROGRESS_MESSAGE = "pm"
 JOB_DEPS = "deps"
@@ -169,6 +170,8 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     ``pm``      the message of that report (absent: none)
     ``deps``    a deferred job's: how many dependencies it was enqueued with (the ones still
                 awaited are the set ``TaskKeys.deps``)
+    ``tr``      while tracing, the trace id of the run that settled it (written by the worker
+                right after the settle; ``queueworks.otel``)
     ==========  ================================================================================
 
     A job to run now has no record until it settles or is cancelled: its entry is all of

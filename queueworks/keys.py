@@ -12,7 +12,9 @@ key                                type          meaning
 ``qw:task:{T}:p:<k>``              stream        partition k of a partitioned task (same group)
 ``qw:task:{T}:members``            zset          member worker ids, score = join sequence (= epoch
                                                  at join); ascending order = rank
-``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task
+``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task (a queue's
+                                                 members keep none: the pool heartbeat is
+                                                 their liveness; the join's runs out)
 ``qw:task:{T}:epoch``              string (int)  generation: INCR on every membership change
 ``qw:task:{T}:confirm``            hash          worker -> last epoch it settled in (partition
                                                  barrier)
@@ -107,7 +109,16 @@ key                                type          meaning
 ``qw:worker:<W>``                  hash          host, pid, labels, queues, member_of, state,
                                                  task, rank, current (``records``)
 ``qw:worker:<W>:hb``               string + TTL  pool heartbeat of W
+``qw:worker:<W>:queues``           set           the queues W joined and may hold jobs of
+                                                 (added before it reads one, removed after it
+                                                 left); taken whole by whoever finds W dead
 ``qw:worker:<W>:assign``           string        task id the controller gave W ("" = idle)
+``qw:pools``                       zset          every worker pool (``worker --processes``), score =
+                                                 its supervisor's last write (s)
+``qw:pool:<P>``                    string + TTL  pool P's record as JSON: members, restarts
+                                                 (``queueworks.pools``); TTL a few intervals
+``qw:worker:<W>:stop``             list + TTL    jobs W is to stop ("QUEUE\tJOB_ID": cancelled while
+                                                 they ran), taken by its heartbeat; 60 s
 ``qw:controller:leader``           string + TTL  controller leader lease: ``<controller id>#<term>``
 ``qw:autoscale:wanted``            string + TTL  the workers wanted per node selector (JSON,
                                                  ``queueworks.wanted``), written by the leader
@@ -429,8 +440,21 @@ class Keys:
     def worker_heartbeat(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}:hb"
 
+    def worker_queues(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}:queues"
+
     def assign(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}:assign"
+
+    def worker_stops(self, worker_id: str) -> str:
+        return f"{self.prefix}:worker:{worker_id}:stop"
+
+    @property
+    def pools(self) -> str:
+        return f"{self.prefix}:pools"
+
+    def pool(self, pool_id: str) -> str:
+        return f"{self.prefix}:pool:{pool_id}"
 
     @property
     def tasks(self) -> str:

@@ -10,6 +10,8 @@ from typing import Any
 
 import structlog
 
+from queueworks.tracing import hooks
+
 _SECRET_URL = re.compile(r"([a-z+]+://[^:/@\s]*:)[^@/\s]+@")
 
 
@@ -21,15 +23,30 @@ def _redact(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[
     return event
 
 
-def configure(level: str = "info", fmt: str = "json") -> None:
+def default_format() -> str:
+    """``console`` when stderr is a terminal, else ``json`` (a file, a pipe, a collector)."""
+    try:
+        return "console" if sys.stderr.isatty() else "json"
+    except (AttributeError, ValueError):  # no stderr, or a closed one
+        return "json"
+
+
+def configure(level: str = "info", fmt: str | None = None) -> None:
+    """Log lines of ``level`` and above to stderr, as ``fmt`` (None: ``default_format``).
+    While tracing (``queueworks.tracing``) a line written under a span has its
+    ``trace_id`` and ``span_id``."""
+    if fmt is None:
+        fmt = default_format()
     renderer: Any = (
         structlog.processors.JSONRenderer()
         if fmt == "json"
         else structlog.dev.ConsoleRenderer(colors=False)
     )
+    traced = [] if hooks.log_fields is None else [hooks.log_fields]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            *traced,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,

@@ -12,7 +12,7 @@ import re
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -26,6 +26,9 @@ from pydantic import (
 )
 
 from queueworks.job_options import MAX_BACKOFF, MAX_RETRY_DELAY
+
+if TYPE_CHECKING:
+    from queueworks.job_functions import JobFunctionBase
 from queueworks.retry_policy import (
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_DELAY,
@@ -122,10 +125,18 @@ class TaskSpec(_Model):
     retry_backoff: float = Field(default=DEFAULT_RETRY_BACKOFF, ge=1, le=MAX_BACKOFF)
     retry_max_delay: float = Field(default=DEFAULT_RETRY_MAX_DELAY, ge=0, le=MAX_RETRY_DELAY)
 
-    @field_validator("handler")
+    if TYPE_CHECKING:  # handler: a path, or a typed job function (@job); the rest as declared
+
+        def __init__(
+            self, *, handler: str | JobFunctionBase[..., Any] = "", **fields: Any
+        ) -> None: ...
+
+    @field_validator("handler", mode="before")
     @classmethod
-    def _handler_path(cls, v: str) -> str:
-        if v:
+    def _handler_path(cls, v: Any) -> Any:
+        if not isinstance(v, str) and hasattr(v, "signature"):  # a typed job function
+            v = v.path  # subtasks: its calls (fn.call(...))
+        if isinstance(v, str) and v:
             parse_handler_path(v)
         return v
 
@@ -310,6 +321,7 @@ class DeadLetter(_Model):
     attempts: int
     payload: str | None
     worker: str | None
+    job: str | None = None  # a queue's: the dead job's id
 
 
 class JobState(StrEnum):
@@ -356,6 +368,7 @@ class JobDetail(JobStatus):
     traceback: str | None = None  # a dead job's (or the last failed attempt's) traceback
     entry: str | None = None  # its stream entry, while it has one
     options: dict[str, Any] = Field(default_factory=dict)  # its own: retry schedule, unique key
+    trace_id: str | None = None  # its trace's id, when it was enqueued or run while tracing
 
 
 class JobPage(_Model):

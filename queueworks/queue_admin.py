@@ -45,6 +45,17 @@ BATCH = 100  # entries a round trip goes through
 
 def _queue(keys: Keys, name: str) -> Plan[tuple[TaskKeys, StoredSpec, TaskState]]:
     """The queue's keys, spec and state; ``TaskNotFound`` for a name that is no queue."""
+    qk, _, spec, found = yield from _read(keys, name)
+    return qk, spec, found
+
+
+def queue_spec(keys: Keys, name: str) -> Plan[tuple[TaskKeys, bytes, StoredSpec]]:
+    """The queue's keys and spec, as stored and read; ``TaskNotFound`` if it is no queue."""
+    qk, raw, spec, _ = yield from _read(keys, name)
+    return qk, raw, spec
+
+
+def _read(keys: Keys, name: str) -> Plan[tuple[TaskKeys, bytes, StoredSpec, TaskState]]:
     qk = keys.task(check_task_id(name, "queue name"))
     trip = Trip()
     trip.hmget(qk.record, ["spec", "state"])
@@ -56,7 +67,7 @@ def _queue(keys: Keys, name: str) -> Plan[tuple[TaskKeys, StoredSpec, TaskState]
         raise TaskNotFound(f"queue {name}") from None
     if spec.mode != "queue":
         raise TaskNotFound(f"queue {name}")
-    return qk, spec, found
+    return qk, spec_raw, spec, found
 
 
 def _open(keys: Keys, name: str, doing: str) -> Plan[tuple[TaskKeys, StoredSpec]]:
@@ -127,7 +138,7 @@ def _cancel(
     for job_id in ids:
         trip.call(calls.cancel_job(qk, job_id, now, ttl, aside=aside))
     cancelled: list[tuple[str, str | None, bool]] = []
-    for job_id, (found, options) in zip(ids, (yield trip), strict=True):
+    for job_id, (found, options, _) in zip(ids, (yield trip), strict=True):
         if found in (1, CANCELLED_LAST):
             if options is not None and options.key is not None:
                 freed.append((options.key, job_id, options.unique_for))

@@ -8,15 +8,19 @@ run now sends its ``XADD`` (``xadd_now``) itself, the hottest call of the client
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any, Generic, Unpack
+
+from typing_extensions import TypeVar
 
 from queueworks import script_calls as calls
 from queueworks.connection import one_command, text
+from queueworks.job_functions import Call
 from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
 from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
@@ -28,6 +32,7 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
+from queueworks.queue_configure import plan_configure
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -43,13 +48,14 @@ from queueworks.queue_plans import (
     plan_unique,
     plan_write,
 )
-from queueworks.queue_settings import QueueSettings, queue_wait
+from queueworks.queue_settings import LiveOptions, QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     RUNNING_SHOWN,
     HandlerPaths,
     batch_options,
+    checked_call,
     deferred_on,
     enqueued,
     new_job,
@@ -62,9 +68,11 @@ from queueworks.runner import run, send_trip
 from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import Backend, Task
+from queueworks.tracing import hooks
 from queueworks.wire import XaddBytes
 
 T = TypeVar("T")
+R = TypeVar("R", default=Any)
 
 
 class Queue:
@@ -101,7 +109,7 @@ class Queue:
 
     def enqueue(
         self,
-        handler: str | Callable[..., Any],
+        handler: str | Callable[..., Any] | Call[R],
         payload: Any = None,
         *,
         delay: float | None = None,
@@ -115,9 +123,11 @@ class Queue:
         unique_for: float | None = None,
         group: str | None = None,
         depends_on: Iterable[Any] | None = None,
-    ) -> Job:
+    ) -> Job[R]:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
-        ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
+        ``payload`` (JSON); or a typed job function's call (``fn.call(...)``), no payload:
+        its ``Job[R]``'s ``result()`` is of the function's return type.
+        ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
         schedule, instead of the queue's settings of the same names. ``key``: a unique
         key; while a job holding it is live (or finished less than ``unique_for`` s ago),
@@ -138,48 +148,56 @@ class Queue:
             unique_for=unique_for,
             group=group,
         )
+        if isinstance(handler, Call):
+            path, body, typed = handler.path, checked_call(handler, payload), handler
+        else:
+            path, body, typed = self._path(handler), None, None
         plain = options is None and delay is None and at is None and depends_on is None
-        if plain and wait_replicas is None and wait_timeout is None:
-            now_job = self._enqueue_now(handler, payload)
+        if plain and wait_replicas is None and wait_timeout is None and hooks.producer is None:
+            now_job = self._enqueue_now(path, payload, body, typed)
             if now_job is not None:
                 return now_job
-        job = new_job(self._path(handler), payload, delay, at, options)
+        job = new_job(path, payload, delay, at, options, body)
         deps = [] if depends_on is None else deferred_on(depends_on, delay, at)
         if deps and (options is None or options.key is None):
-            return Job(self, self._run(plan_defer(self.ref, job, deps)))
+            return Job(self, self._run(plan_defer(self.ref, job, deps)), typed=typed)
         if options is not None and options.key is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             plan = plan_unique(self.ref, job, options.key, wait, deps)
             job_id, made, acked = self._run(plan)
-            return self._replicated([Job(self, job_id, made)], acked, wait)[0]
+            return self._replicated([Job(self, job_id, made, typed)], acked, wait)[0]
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             if wait.replicas:
                 ids, acked = self._run(plan_write(self.ref, [[job]], wait))
-                return self._replicated([Job(self, ids[0])], acked, wait)[0]
-        return self._send(job)
+                return self._replicated([Job(self, ids[0], typed=typed)], acked, wait)[0]
+        return self._send(job, typed)
 
-    def _send(self, job: NewJob) -> Job:
+    def _send(self, job: NewJob, typed: Call[R] | None = None) -> Job[R]:
         """``job`` enqueued without waiting for replicas: by ``_xadd`` if it runs now and
         its handler is known (nothing is written if the stream is gone), else by script."""
         if job.at is None and job.handler in self.ref.known:
             reply = self._xadd(job)
             if reply is not None:
-                return Job(self, text(reply))
-        return Job(self, self._run(plan_send(self.ref, [[job]]))[0])
+                return Job(self, text(reply), typed=typed)
+        return Job(self, self._run(plan_send(self.ref, [[job]]))[0], typed=typed)
 
-    def _enqueue_now(self, handler: str | Callable[..., Any], payload: Any) -> Job | None:
+    def _enqueue_now(
+        self, path: str, payload: Any, body: str | None, typed: Call[R] | None
+    ) -> Job[R] | None:
         """A job of no options to run now on the client's line, the shortest path of the
         commonest enqueue (``enqueue``'s own, as ``_xadd``); None where that path does not
-        apply (no line, replicas to wait for, a handler the queue does not know yet)."""
-        path, line = self._path(handler), self.client.line
+        apply (no line, replicas to wait for, a handler the queue does not know yet).
+        ``body``: the payload's JSON if made already (a typed call's)."""
+        line = self.client.line
         if line is None or self.settings.wait_replicas or path not in self.ref.known:
             return None
-        body = payload_json(payload)
+        if body is None:
+            body = payload_json(payload)
         reply = line.call(self._xadd_bytes.now(path, body, time.time()))
         if reply is None:  # the stream is gone (nothing written): made again by the script
             reply = self._run(plan_send(self.ref, [[NewJob("", path, body, None, "")]]))[0]
-        return Job(self, text(reply))
+        return Job(self, text(reply), typed=typed)
 
     def _xadd(self, job: NewJob) -> Any:
         """``xadd_now``'s XADD of ``job``: on the client's line (``queueworks.wire``), its
@@ -189,7 +207,7 @@ class Queue:
             return one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
         return line.call(self._xadd_bytes(job, time.time()))
 
-    def _replicated(self, jobs: list[Job], acked: int | None, wait: Replicas) -> list[Job]:
+    def _replicated(self, jobs: list[Job[R]], acked: int | None, wait: Replicas) -> list[Job[R]]:
         error = jobs_not_replicated(self.name, jobs, acked, wait)
         if error is not None:
             raise error
@@ -197,13 +215,14 @@ class Queue:
 
     def enqueue_many(
         self,
-        jobs: Iterable[tuple[str | Callable[..., Any], Any]],
+        jobs: Iterable[tuple[str | Callable[..., Any], Any]] | Iterable[Call[R]],
         *,
         group: str | None = None,
         wait_replicas: int | None = None,
         wait_timeout: float | None = None,
-    ) -> list[Job]:
-        """Add many ``(handler, payload)`` jobs, in batches, pipelined; the next batch is
+    ) -> list[Job[R]]:
+        """Add many ``(handler, payload)`` jobs, or typed calls (``fn.call(...)``; their
+        handles typed), in batches, pipelined; the next batch is
         built while Redis runs the one before. A bad job raises ``ValueError`` there: the
         batches sent before it are enqueued, the rest are not. ``group``: every job's, as
         for ``enqueue`` (checked before any is sent). ``wait_replicas`` as for
@@ -216,18 +235,25 @@ class Queue:
         batch, queued = EnqueueBatch(self.keys), 0
         told: set[str] = set()  # handlers the trips tell the queue about
         ids = Replies(self.name, lambda gone: self._run(plan_resend(ref, gone, told, wait)))
+        typed: list[Call[R] | None] = []  # each job's call, if typed (decodes its result)
         try:
-            for handler, payload in jobs:
+            for one in jobs:
                 if queued >= ENQUEUE_PIPELINE:  # sent once more follows: the last trip waits
                     ids.read(sender.wait())
                     sender.send(partial(send_trip, r, scripts, trip))
                     ids.sent()
                     trip, queued = Trip(), 0
-                path = self._path(handler)
+                if isinstance(one, Call):
+                    path, body = one.path, one.body
+                    typed.append(one)
+                else:
+                    handler, payload = one
+                    path, body = self._path(handler), payload_json(payload)
+                    typed.append(None)
                 if path not in ref.known and path not in told:
                     tell_handlers(trip, ref.keys, self.keys, [path])
                     told.add(path)
-                batch.add(path, payload_json(payload), options)
+                batch.add(path, body, options)
                 if len(batch) >= ENQUEUE_BATCH:
                     ids.add(trip.call(calls.enqueue_batch(batch, time.time())), batch)
                     batch, queued = EnqueueBatch(self.keys), queued + 1
@@ -240,7 +266,9 @@ class Queue:
             ref.known |= told
         finally:
             sender.close()
-        return self._replicated([Job(self, job_id) for job_id in ids.ids], ids.acked, wait)
+        made = zip(ids.ids, typed, strict=True)
+        handles = [Job(self, job_id, typed=call) for job_id, call in made]
+        return self._replicated(handles, ids.acked, wait)
 
     def _revive(self) -> None:
         """The queue is gone (or its stream): made again with this handle's settings."""
@@ -256,7 +284,7 @@ class Queue:
     def schedule(
         self,
         name: str,
-        handler: str | Callable[..., Any],
+        handler: str | Callable[..., Any] | Call[Any],
         payload: Any = None,
         *,
         every: float | None = None,
@@ -265,8 +293,13 @@ class Queue:
         """Enqueue ``handler(payload)`` on this queue every ``every`` s (the first run
         ``every`` s from now) or at each time of the cron expression ``cron`` (5 fields,
         UTC): one job per due time, enqueued by the controller that leads. A schedule of
-        the same name is replaced. ``ValueError`` naming what is wrong."""
-        plan = plan_schedule(self.ref, name, self._path(handler), payload, every, cron)
+        the same name is replaced. ``ValueError`` naming what is wrong. ``handler`` may be a
+        typed call (``fn.call(...)``, no payload): each job is that call."""
+        if isinstance(handler, Call):
+            path, payload = handler.path, json.loads(checked_call(handler, payload))
+        else:
+            path = self._path(handler)
+        plan = plan_schedule(self.ref, name, path, payload, every, cron)
         return self._run(plan)
 
     def schedules(self) -> list[Schedule]:
@@ -288,6 +321,17 @@ class Queue:
         dead): ``limit`` (at most 1,000) after ``offset``, and how many there are
         (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
         return self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
+
+    def configure(self, **settings: Unpack[LiveOptions]) -> QueueSettings:
+        """Change the queue's live settings (any of ``job_timeout``, ``max_attempts``,
+        ``result_ttl``, ``retry_delay``, ``retry_backoff``, ``retry_max_delay``,
+        ``rate_limit``, ``group_limit``, ``wait_replicas``, ``wait_timeout``), checked as
+        ``Client.queue`` checks them (``ValueError`` naming a bad one): every member starts
+        its next jobs with them within a second; a running job keeps the ones it started
+        with. The queue's settings now."""
+        self.settings = self._run(plan_configure(self.client.keys, self.name, settings))
+        self.ref.settings = self.settings
+        return self.settings
 
     def pause(self) -> bool:
         """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""
@@ -384,12 +428,16 @@ class Replies:
         self.acked = acked if self.acked is None else min(self.acked, acked)
 
 
-class Job:
+class Job(Generic[R]):
     """A handle to one job of a queue. ``created``: whether the enqueue that returned it made
-    it (False: it found it holding its unique key)."""
+    it (False: it found it holding its unique key). ``Job[R]``: a typed job function's
+    (``typed``: its call), whose ``result()`` is an ``R``."""
 
-    def __init__(self, queue: Queue, job_id: str, created: bool = True) -> None:
+    def __init__(
+        self, queue: Queue, job_id: str, created: bool = True, typed: Call[R] | None = None
+    ) -> None:
         self.queue, self.id, self.created = queue, job_id, created
+        self.typed = typed
 
     @property
     def key(self) -> str:
@@ -405,13 +453,18 @@ class Job:
         """Its status with its payload (while kept), result and traceback."""
         return self.queue._run(plan_job_detail(self.queue.client.keys, self.queue.name, self.id))
 
-    def result(self, timeout: float | None = None) -> Any:
-        """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
-        ``TimeoutError`` after ``timeout`` s."""
-        return self.queue._run(plan_job_result(self.queue.ref, self.id, timeout))
+    def result(self, timeout: float | None = None) -> R:
+        """The job's result once it is done (a typed job's as its function's return
+        annotation says); ``JobFailed`` if it is dead or cancelled; ``TimeoutError`` after
+        ``timeout`` s."""
+        value = self.queue._run(plan_job_result(self.queue.ref, self.id, timeout))
+        return value if self.typed is None else self.typed.decode(value)
 
     def cancel(self) -> bool:
-        """Cancel the job if it has not started; False if it has started or finished."""
+        """Cancel the job: one not started never runs; a running one is stopped (an ``async
+        def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
+        checks finishes, its outcome dropped) and never run again. Whether the job will not
+        run (again): False if it had finished."""
         return self.queue._run(plan_job_cancel(self.queue.ref, self.id))
 
 

@@ -18,9 +18,10 @@ from queueworks.connection import UNAVAILABLE, text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
 from queueworks.flow import plan_pump
 from queueworks.job_keys import plan_job_keys
+from queueworks.job_stops import ask_stop
 from queueworks.jobrecords import JOB_STATE, RESULT_FIELDS, job_status
 from queueworks.keys import Keys, check_task_id
-from queueworks.models import JobState, JobStatus, QueueStatus
+from queueworks.models import JobState, JobStatus, QueueStatus, StoredSpec
 from queueworks.plans import Plan, Sleep, Trip, alone
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.queues import (
@@ -60,6 +61,7 @@ from queueworks.queues import (
 from queueworks.replication import NO_WAIT, Replicas, barrier
 from queueworks.script_calls import EnqueueBatch, NewJob
 from queueworks.tasks import TaskNotFound, plan_status
+from queueworks.tracing import hooks
 from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone
 
 
@@ -204,12 +206,19 @@ def plan_write(
     return [job_id for reply in replies for job_id in enqueued(ref.name, reply)], acked
 
 
+def linked(options: str) -> str:
+    """A deferred job's options: while tracing, its consumer links to its producer's span
+    (it runs once its dependencies are done, not as a child of the enqueue)."""
+    producer = hooks.producer
+    return options if producer is None else producer.as_link(options)
+
+
 def plan_defer(ref: QueueRef, job: NewJob, deps: Sequence[Dependency]) -> Plan[str]:
     """Enqueue ``job`` (to run now) deferred until ``deps`` are done
     (``queueworks.dependencies``): its record and dependency set first (``defer_job``),
     then its registration at each dependency; its id. ``ValueError`` (and nothing of the
     job left) for an unknown dependency or a cycle."""
-    job = job._replace(id=new_job_id(), at=None)
+    job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
     refs = [dep.ref for dep in deps]
     new = [job.handler] if job.handler not in ref.known else []
     trip = Trip()
@@ -408,33 +417,61 @@ def plan_outcome_replicated(ref: QueueRef) -> Plan[bool]:
 
 
 def plan_job_cancel(ref: QueueRef, job_id: str) -> Plan[bool]:
-    """Cancel the job if it has not started; False if it has started or finished."""
-    now, ttl = time.time(), int(ref.settings.result_ttl)
+    """Cancel the job, stopping it if it runs (its worker is told: ``job_stops``); False
+    if it had finished."""
+    settings = ref.settings
+    if not ref.revives:  # a handle from a name alone: the queue's own settings
+        settings = yield from plan_settings_of(ref)
+    now, ttl = time.time(), int(settings.result_ttl)
+    call = calls.cancel_job(ref.qk, job_id, now, ttl, running=True)
     try:
-        found, options = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+        found, options, member = (yield alone(call))[0]
     except redis.ResponseError as exc:
         if not no_group(exc):
             raise
         yield from plan_revive(ref)
-        found, options = (yield alone(calls.cancel_job(ref.qk, job_id, now, ttl)))[0]
+        found, options, member = (yield alone(call))[0]
     for _ in range(CANCEL_TRIES):  # set aside: it waits on its handler's stream
         if not isinstance(found, str):
             break
-        call = calls.cancel_job(ref.qk, job_id, now, ttl, aside=found)
-        found, options = (yield alone(call))[0]
+        call = calls.cancel_job(ref.qk, job_id, now, ttl, aside=found, running=True)
+        found, options, member = (yield alone(call))[0]
     trip = Trip()
     if found == CANCELLED_LAST:
         events.emit(trip, ref.keys, "handlers", task=ref.name)
+    if member is not None:  # it ran: its worker stops it (``workers.stopping``)
+        ask_stop(trip, ref.keys, member, ref.name, job_id)
     if options is not None and options.key is not None:  # it held a unique key: free it
         trip.call(calls.release_unique(ref.qk, options.key, job_id, options.unique_for))
     if len(trip):
         yield trip
-    if options is not None and options.group is not None and found in (1, CANCELLED_LAST):
-        limit = ref.settings.group_limit or 0  # a slot it held on the stream goes on
+    if (
+        options is not None
+        and options.group is not None
+        and found in (1, CANCELLED_LAST, calls.STOPPED_RUNNING)
+    ):
+        limit = settings.group_limit or 0  # a slot it held on the stream goes on
         yield from plan_pump(ref.qk, limit, {options.group: 1}, back=[job_id])
-    if found in (1, CANCELLED_LAST):  # its dependents die with it: release them now
+    if found in (
+        1,
+        CANCELLED_LAST,
+        calls.STOPPED_RUNNING,
+    ):  # its dependents die with it: release them now
         yield from plan_drain(ref.keys, [ref.name])
     return cancelled(ref.name, job_id, found)
+
+
+def plan_settings_of(ref: QueueRef) -> Plan[QueueSettings]:
+    """The queue's settings as stored (the defaults if it has no record, or none that
+    reads as a queue's)."""
+    trip = Trip()
+    trip.hget(ref.qk.record, "spec")
+    raw = (yield trip)[0]
+    try:
+        stored = StoredSpec.model_validate_json(raw or b"")
+    except ValueError:
+        return DEFAULTS
+    return QueueSettings.of(stored) if stored.mode == "queue" else DEFAULTS
 
 
 UNIQUE_TRIES = 10  # enqueue_unique calls: each but the last found a holder that had moved on
@@ -452,7 +489,7 @@ def plan_unique(
     holder = ""
     refs = [dep.ref for dep in deps]
     if deps:
-        job = job._replace(id=new_job_id(), at=None)
+        job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
     for _ in range(UNIQUE_TRIES):
         trip = Trip()
         told = job.handler not in ref.known

@@ -6,12 +6,16 @@ it). Everything else is derived from it: the defaults (``DEFAULTS``), the check 
 caller gives ``Client.queue`` (``check_queue_settings``), the ``TaskSpec`` a queue is
 stored as and back (``QueueSettings.spec`` / ``.of``), the ``queueworks enqueue`` options
 (``queueworks.commands.options.queue_setting_options``) and what the dashboard reads and
-takes from a form. ``QueueOptions``, the keyword arguments of ``Client.queue`` and
-``AsyncClient.queue``, must name the same fields (a unit test holds them together).
+takes from a form; and the ones a live queue can change (``Setting.live``: ``LIVE``,
+``check_live_settings``, the options of ``queueworks queue QUEUE set`` and the dashboard's
+settings form). ``QueueOptions``, the keyword arguments of ``Client.queue`` and
+``AsyncClient.queue``, must name the same fields, and ``LiveOptions``, those of
+``Queue.configure``, the live ones (unit tests hold them together).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, TypedDict
@@ -47,7 +51,8 @@ class Setting:
     ``low`` itself excluded), None allowed if ``optional``; where the queue's spec keeps it
     (``stored``: a ``TaskSpec`` field, or a dotted path into it), only when it is not the
     default if ``sparse`` (a setting added later: the specs of queues that do not use it
-    stay as they were); the help text."""
+    stay as they were); whether ``Queue.configure`` may change it on a live queue
+    (``live``); the help text."""
 
     kind: type
     help: str
@@ -57,6 +62,7 @@ class Setting:
     optional: bool = False
     stored: str = ""
     sparse: bool = False
+    live: bool = False
     name: str = ""
     default: Any = None
 
@@ -142,7 +148,9 @@ class QueueSettings:
     )
     max_attempts: int = field(
         default=3,
-        metadata=about(int, "runs of a failing job before it is dead", low=1, high=MAX_ATTEMPTS),
+        metadata=about(
+            int, "runs of a failing job before it is dead", low=1, high=MAX_ATTEMPTS, live=True
+        ),
     )
     job_timeout: float = field(
         default=60.0,
@@ -152,6 +160,7 @@ class QueueSettings:
             high=MAX_TIMEOUT,
             above_low=True,
             stored="subtask_timeout",
+            live=True,
         ),
     )
     result_ttl: float = field(
@@ -161,6 +170,7 @@ class QueueSettings:
             "seconds a finished job's result (or error) is kept",
             high=MAX_TTL,
             above_low=True,
+            live=True,
         ),
     )
     node_selector: dict[str, str] = field(
@@ -175,6 +185,7 @@ class QueueSettings:
             high=MAX_WAIT_REPLICAS,
             stored="options.queue.wait_replicas",
             sparse=True,
+            live=True,
         ),
     )
     wait_timeout: float = field(
@@ -186,6 +197,7 @@ class QueueSettings:
             above_low=True,
             stored="options.queue.wait_timeout",
             sparse=True,
+            live=True,
         ),
     )
 
@@ -196,6 +208,7 @@ class QueueSettings:
             "seconds before a failed job's 2nd attempt (0: at once), grown by retry_backoff",
             high=MAX_RETRY_DELAY,
             sparse=True,
+            live=True,
         ),
     )
     retry_backoff: float = field(
@@ -206,6 +219,7 @@ class QueueSettings:
             low=1.0,
             high=MAX_BACKOFF,
             sparse=True,
+            live=True,
         ),
     )
     retry_max_delay: float = field(
@@ -215,6 +229,7 @@ class QueueSettings:
             "seconds a retry waits at most (before jitter)",
             high=MAX_RETRY_DELAY,
             sparse=True,
+            live=True,
         ),
     )
 
@@ -229,6 +244,7 @@ class QueueSettings:
             optional=True,
             stored="options.queue.rate_limit",
             sparse=True,
+            live=True,
         ),
     )
     group_limit: int | None = field(
@@ -241,6 +257,7 @@ class QueueSettings:
             optional=True,
             stored="options.queue.group_limit",
             sparse=True,
+            live=True,
         ),
     )
 
@@ -290,6 +307,21 @@ class QueueOptions(TypedDict, total=False):
     group_limit: int | None
 
 
+class LiveOptions(TypedDict, total=False):
+    """The keyword arguments ``Queue.configure`` takes: the settings marked ``live``."""
+
+    max_attempts: int
+    job_timeout: float
+    result_ttl: float
+    wait_replicas: int
+    wait_timeout: float
+    retry_delay: float
+    retry_backoff: float
+    retry_max_delay: float
+    rate_limit: float | None
+    group_limit: int | None
+
+
 DEFAULTS = QueueSettings()
 SETTINGS: dict[str, Setting] = {  # by name, in the order they are declared
     f.name: replace(f.metadata[SETTING], name=f.name, default=getattr(DEFAULTS, f.name))
@@ -330,3 +362,36 @@ def queue_wait(settings: QueueSettings, replicas: int | None, timeout: float | N
         settings.wait_timeout if timeout is None else timeout,
         "enqueue",
     )
+
+
+LIVE = tuple(name for name, s in SETTINGS.items() if s.live)  # what ``configure`` changes
+
+
+def check_live_settings(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The settings a caller gave ``Queue.configure``, checked as ``Client.queue`` checks
+    them (``ValueError`` naming the setting); a ``TypeError`` for a name that is no setting
+    a live queue can change (its node set's: ``q.task.resize``, ``q.task.set_priority``)."""
+    for name in given:
+        if name not in LIVE:
+            why = "its node set's (q.task.resize, q.task.set_priority)"
+            raise TypeError(
+                f"configure() got an unexpected keyword argument {name!r}"
+                + (f": it is {why}" if name in SETTINGS else "")
+            )
+    return {name: SETTINGS[name].check(given[name]) for name in LIVE if name in given}
+
+
+def configured_spec(stored: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored queue's spec (read as a dict) with ``changes`` (checked) written where each
+    setting is kept; the rest as it was."""
+    spec: dict[str, Any] = json.loads(json.dumps(stored))  # a deep copy
+    for name, value in changes.items():
+        *outer, last = SETTINGS[name].path
+        place = spec
+        for part in outer:
+            inner = place.get(part)
+            if not isinstance(inner, dict):
+                inner = place[part] = {}
+            place = inner
+        place[last] = value
+    return spec

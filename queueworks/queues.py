@@ -30,6 +30,7 @@ from queueworks.aside_jobs import Aside, with_aside
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, dependencies
 from queueworks.flow import flow_reads, flow_status
+from queueworks.job_functions import Call, JobFunctionBase, function_path
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import (
     RESULT_FIELDS,
@@ -53,6 +54,7 @@ from queueworks.models import (
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.records import QUEUE_PAUSED, Hash, new_task, queue_counts
 from queueworks.scripts import NewJob, job_ids
+from queueworks.tracing import hooks
 from queueworks.validate import run_at
 from queueworks.vanished import (
     QueueGone,
@@ -91,18 +93,37 @@ def last_line(error: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+JOB_REF_ID = re.compile(r"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # as jobrecords.JOB_ID
+
+
+def job_ref(ref: str) -> tuple[str, str]:
+    """``"QUEUE/JOB_ID"`` as (queue name, job id), each checked: ``ValueError`` naming what
+    is wrong."""
+    if not isinstance(ref, str):
+        raise ValueError(f"job: {ref!r} is no 'QUEUE/JOB_ID'")
+    name, slash, job_id = ref.rpartition("/")
+    if not slash:
+        raise ValueError(f"job: {ref!r} is no 'QUEUE/JOB_ID' (the queue's name, a slash, the id)")
+    from queueworks.keys import check_task_id
+
+    check_task_id(name, "queue name")
+    if not JOB_REF_ID.match(job_id):
+        raise ValueError(f"job: {job_id!r} is no job id a queue gives (hex, or a stream entry id)")
+    return name, job_id
+
+
 def handler_path(handler: str | Callable[..., Any]) -> str:
     """``"module:function"`` for a path or a module-level function object."""
     if isinstance(handler, str):
         path = handler
+    elif isinstance(handler, JobFunctionBase):
+        name = handler.signature.name
+        raise ValueError(
+            f"{name} is a typed job function: enqueue {name}.call(...) (its arguments, "
+            "checked), not the function and a payload"
+        )
     else:
-        module, name = getattr(handler, "__module__", ""), getattr(handler, "__qualname__", "")
-        if not module or module == "__main__" or "." in name or "<" in name:
-            raise ValueError(
-                f"handler {handler!r}: a worker can only import a module-level function of an "
-                "importable module; give it as 'package.module:function'"
-            )
-        path = f"{module}:{name}"
+        return function_path(handler)
     parse_handler_path(path)
     return path
 
@@ -124,6 +145,15 @@ class HandlerPaths:
                     self._paths.clear()
                 self._paths[handler] = path
         return path
+
+
+def checked_call(call: Call[Any], payload: Any) -> str:
+    """A typed call's payload JSON; ``ValueError`` if a payload is given beside it."""
+    if payload is not None:
+        raise ValueError(
+            f"payload: a call of {call.signature.name} carries its arguments; give no payload"
+        )
+    return call.body
 
 
 def payload_json(payload: Any) -> str:
@@ -149,7 +179,9 @@ def batch_options(group: Any) -> str:
     """The options JSON of every job of an ``enqueue_many`` (checked: ``ValueError``
     naming a bad group; '' for none)."""
     options = JobOptions.given(group=group)
-    return "" if options is None else options.json()
+    given = "" if options is None else options.json()
+    producer = hooks.producer
+    return given if producer is None else producer.carry(given)
 
 
 def new_job(
@@ -158,12 +190,17 @@ def new_job(
     delay: float | None,
     at: datetime | float | None,
     options: JobOptions | None = None,
+    body: str | None = None,
 ) -> NewJob:
-    """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON, own
-    options (checked: ``JobOptions.given``), and when it runs, with a new id if that is
-    later; ``ValueError`` naming what is wrong."""
-    body = payload_json(payload)
+    """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON (``body``
+    if made already: a typed call's), own options (checked: ``JobOptions.given``), and when
+    it runs, with a new id if that is later; ``ValueError`` naming what is wrong."""
+    if body is None:
+        body = payload_json(payload)
     given = "" if options is None else options.json()
+    producer = hooks.producer
+    if producer is not None:  # tracing: the job carries the current span's context
+        given = producer.carry(given)
     if delay is None and at is None:
         return NewJob("", path, body, None, given)  # to run now: its id will be its entry's
     now = time.time()
@@ -425,8 +462,9 @@ def opened_settings(
     if differs:
         have = ", ".join(f"{k}={getattr(settings, k)!r}" for k in differs)
         raise ValueError(
-            f"queue {name!r} exists with {have}; open it without those settings (its "
-            "node set can change: q.task.resize, q.task.set_priority)"
+            f"queue {name!r} exists with {have}; open it without those settings and "
+            "change them with q.configure(...) (its node set: q.task.resize, "
+            "q.task.set_priority)"
         )
     if TaskState(text(raw[1])).finished and not reopen:
         raise ValueError(

@@ -24,6 +24,8 @@ Task record fields (all strings in Redis):
 ``reason``         why it waits without (enough) nodes, written by the controller (read back
                    as ``error`` once it failed: ``TaskStatus.reason`` says why, either way)
 ``rq_job``         the RQ job that submitted it (``queueworks.rq``), if any
+``trace``          while tracing, the submit's trace context: as a job's options carry it
+                   (``queueworks.tracing``); absent otherwise
 =================  ===========================================================================
 
 Worker hash fields: ``record`` (the ``WorkerRecord`` as JSON: what the worker was started
@@ -48,8 +50,10 @@ from queueworks.models import (
     WorkerState,
     describe_error,
 )
+from queueworks.tracing import hooks
 
 Hash = dict[EncodableT, EncodableT]  # fields to write with HSET
+TASK_TRACE = "trace"
 
 TASK_FIELDS = (
     "name",
@@ -84,6 +88,7 @@ LUA_NAMES = {
 
 
 QUEUE_PAUSED = "paused"  # a queue record's flag: its members read no new job while it is "1"
+QUEUE_SETTINGS = "settings"  # a queue record's settings version: bumped by each configure
 MEMBER_OF = "member_of"  # the worker hash field of the queues a worker is a member of
 _NAMES = TypeAdapter(list[str])
 
@@ -93,8 +98,9 @@ class BadRecord(ValueError):
 
 
 def new_task(spec: TaskSpec, total: int, now: float) -> Hash:
-    """The record ``submit`` writes for a new task."""
-    return {
+    """The record ``submit`` writes for a new task (with the current trace context while
+    tracing)."""
+    record: Hash = {
         "name": spec.name,
         "spec": spec.spec_json(),
         "state": TaskState.QUEUED.value,
@@ -110,6 +116,12 @@ def new_task(spec: TaskSpec, total: int, now: float) -> Hash:
         "partitions": spec.partitions,
         "created_at": repr(now),
     }
+    producer = hooks.producer
+    if producer is not None:
+        carried = producer.carry("")
+        if carried:
+            record[TASK_TRACE] = carried
+    return record
 
 
 def _str(raw: Any) -> str | None:

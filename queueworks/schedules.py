@@ -45,6 +45,7 @@ class Definition(NamedTuple):
     payload: str  # JSON
     every: float | None
     cron: str | None
+    options: str = ""  # its jobs' own options JSON ('' = none): the trace context they link to
 
 
 _RANDOM = re.compile(r"R(\(\d+-\d+\))?(/\d+)?\Z", re.IGNORECASE)  # croniter's random field
@@ -95,14 +96,19 @@ def check_schedule_name(name: Any) -> str:
 
 
 def encode(d: Definition) -> str:
-    return json.dumps({"h": d.handler, "p": d.payload, "every": d.every, "cron": d.cron})
+    fields = {"h": d.handler, "p": d.payload, "every": d.every, "cron": d.cron}
+    if d.options:
+        fields["o"] = d.options
+    return json.dumps(fields)
 
 
 def decode(raw: bytes | str) -> Definition:
     """A stored definition; ``ValueError`` if it is not one (written by hand)."""
     try:
         f = json.loads(raw)
-        d = Definition(str(f["h"]), str(f["p"]), f.get("every"), f.get("cron"))
+        d = Definition(
+            str(f["h"]), str(f["p"]), f.get("every"), f.get("cron"), str(f.get("o") or "")
+        )
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"not a schedule definition: {exc}") from None
     parse_handler_path(d.handler)

@@ -21,7 +21,7 @@ from queueworks.jobrecords import JobEntry
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES, JobState
-from queueworks.records import QUEUE_PAUSED
+from queueworks.records import QUEUE_PAUSED, QUEUE_SETTINGS
 
 T = TypeVar("T")
 
@@ -469,14 +469,19 @@ def settle_jobs(
     ttl: int,
     client: Any,
     aside: str = "",
+    fence: str = "",
 ) -> Call[Any]:
     """Settle a batch of jobs (see settle_jobs.lua) read from the queue's stream, or from
     the aside stream of handler ``aside``; with a pipeline, the reply comes
-    with it: ``(ok, dead, rejected)``, or a ``NoScriptError`` to heal (a ``bare`` call: the
-    queue's read carries it, and it must not cost a SCRIPT EXISTS round trip each time)."""
+    with it: ``(ok, dead, rejected, moved)`` (and a fifth element when fenced: nothing
+    settled), or a ``NoScriptError`` to heal (a ``bare`` call: the queue's read carries it,
+    and it must not cost a SCRIPT EXISTS round trip each time). ``fence``: the queue's
+    members (``tk.members``), which must hold ``worker_id`` for anything to be settled ('':
+    no such check)."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
     keys = [*_settle_keys(tk, aside)]
+    keys.append(fence or keys[0])
     prefix = tk.job_prefix
     held: list[JobEntry] = []  # jobs with options of their own: a unique key, maybe
     for job in batch.ok:
@@ -517,13 +522,15 @@ def retry_later(
     now: float,
     client: Any,
     aside: str = "",
+    fence: str = "",
 ) -> Call[Any]:
     """Settle failed attempts as retries that wait (retry_later.lua): each ``(job, retry
     at, traceback)`` leaves the stream (the queue's, or the aside stream of handler
-    ``aside``) for the scheduled zset. Replies ``(moved, rejected)``; on a pipeline as
-    ``settle_jobs`` (``bare``: the caller heals a ``NoScriptError`` reply)."""
+    ``aside``) for the scheduled zset. Replies ``(moved, rejected)`` (and a third element
+    when fenced: nothing moved); on a pipeline as ``settle_jobs`` (``bare``: the caller
+    heals a ``NoScriptError`` reply); ``fence`` as for ``settle_jobs``."""
     stream = tk.aside_stream(aside) if aside else tk.stream
-    keys = [stream, tk.scheduled, tk.record, tk.dead, tk.aside]
+    keys = [stream, tk.scheduled, tk.record, tk.dead, tk.aside, fence or stream]
     argv: list[Any] = [tk.group, repr(now), worker_id, aside]
     for job, run_at, error in later:
         e = job.entry
@@ -656,24 +663,40 @@ def release_job(
     return Call("release_job", keys, args, _released)
 
 
-def _cancel_reply(reply: Any) -> tuple[int | str, JobOptions | None]:
+STOPPED_RUNNING = 3  # cancel_job: a running job cancelled; its member is told to stop it
+
+
+class CancelReply(NamedTuple):
+    """What ``cancel_job`` replied: ``found`` (its code, or an aside handler), the job's own
+    options, and the member running it when it was stopped (``STOPPED_RUNNING``)."""
+
+    found: int | str
+    options: JobOptions | None
+    member: str | None = None
+
+
+def _cancel_reply(reply: Any) -> CancelReply:
     if isinstance(reply, list):
-        return int(reply[0]), JobOptions.parse(reply[1])
-    return (text(reply) if isinstance(reply, bytes | str) else int(reply)), None
+        member = text(reply[2]) if len(reply) > 2 else None
+        options = JobOptions.parse(reply[1]) if reply[1] else None
+        return CancelReply(int(reply[0]), options, member)
+    return CancelReply(text(reply) if isinstance(reply, bytes | str) else int(reply), None)
 
 
 def cancel_job(
-    tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = ""
-) -> Call[tuple[int | str, JobOptions | None]]:
+    tk: TaskKeys, job_id: str, now: float, ttl: int, aside: str = "", running: bool = False
+) -> Call[CancelReply]:
     """1 cancelled, 2 cancelled and its handler left the queue's handler set, 0 it had
     started or finished, -1 no such job; a string: the handler whose aside stream the job
     waits on ('' the queue's own), to call again with (``aside``). With it, the cancelled
-    job's own options (None: it has none), whose unique key is to release."""
+    job's own options (None: it has none), whose unique key is to release. With
+    ``running``, a job a member runs is cancelled too (``STOPPED_RUNNING``, naming it)."""
     stream = tk.aside_stream(aside) if aside else tk.stream
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
     keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released, tk.groups_waiting)
     keys.append(tk.cancelled)
-    return Call("cancel_job", keys, [tk.group, job_id, repr(now), ttl, aside], _cancel_reply)
+    args = [tk.group, job_id, repr(now), ttl, aside, "1" if running else ""]
+    return Call("cancel_job", keys, args, _cancel_reply)
 
 
 def _set_aside_reply(reply: Any) -> str | int:
@@ -701,6 +724,12 @@ def pause_queue(tk: TaskKeys, paused: bool) -> Call[int]:
     """Set (``paused``) or clear the queue's paused flag (pause_queue.lua): 1 changed, 0 it
     was so already, -1 no such queue record."""
     return Call("pause_queue", [tk.record], ["1" if paused else "", QUEUE_PAUSED], int)
+
+
+def configure_queue(tk: TaskKeys, read: bytes, spec: str) -> Call[int]:
+    """Write a queue's new ``spec`` if it is still the one ``read`` (configure_queue.lua):
+    the new settings version; 0 the spec changed meanwhile, -1 no such queue record."""
+    return Call("configure_queue", [tk.record], [read, spec, QUEUE_SETTINGS], int)
 
 
 def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[Any]:
@@ -795,6 +824,7 @@ NAMES = (
     "depend",
     "release_job",
     "pause_queue",
+    "configure_queue",
     "lease_acquire",
     "submit_small",
     "rate_read",

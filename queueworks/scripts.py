@@ -167,6 +167,7 @@ class _Functions:
     depend = _Bound(calls.depend)
     release_job = _Bound(calls.release_job)
     pause_queue = _Bound(calls.pause_queue)
+    configure_queue = _Bound(calls.configure_queue)
     submit_small = _Bound(calls.submit_small)
     lease_acquire = _Bound(calls.lease_acquire)
     fenced = _Bound(calls.fenced)

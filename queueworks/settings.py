@@ -34,7 +34,8 @@ class Settings(BaseSettings):
     allow_eviction: bool = False  # run on a Redis whose maxmemory-policy may evict keys
     policy_check_interval: float = Field(default=60.0, gt=0, le=DAY)  # s between two reads
     log_level: str = "info"
-    log_format: str = Field(default="json", pattern=r"^(json|console)$")
+    # None: console when stderr is a terminal, else json (queueworks.logs.default_format)
+    log_format: str | None = Field(default=None, pattern=r"^(json|console)$")
     ssl_ca_certs: str | None = None
     ssl_certfile: str | None = None
     ssl_keyfile: str | None = None

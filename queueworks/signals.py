@@ -40,3 +40,17 @@ def install_stop_signals(warm: Callable[[], None], grace: float) -> None:
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def install_pass_on_signals(stop: Callable[[bool], None]) -> None:
+    """A supervisor's: the first SIGTERM/SIGINT is ``stop(False)`` (warm), any later one
+    ``stop(True)`` (cold); nothing is raised: it waits for its children either way."""
+    signals = 0
+
+    def handler(signum: int, frame: Any) -> None:
+        nonlocal signals
+        signals += 1
+        stop(signals > 1)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)

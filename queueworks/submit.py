@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from queueworks import events
 from queueworks import script_calls as calls
+from queueworks.job_functions import Call
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.messages import NotJSON, partition_of, to_json
 from queueworks.models import TaskSpec
@@ -233,7 +234,7 @@ def subtask_message(partitions: int, index: int, payload: Any) -> Message:
     """Subtask ``index`` as ``(stream number, index, payload JSON, key)`` for
     ``scripts.enqueue``; ``SubmitError`` naming the subtask if it cannot be one."""
     try:
-        body = to_json(payload, f"subtasks[{index}]")
+        body = payload.body if isinstance(payload, Call) else to_json(payload, f"subtasks[{index}]")
     except NotJSON as exc:
         raise SubmitError(str(exc)) from None
     if not partitions:

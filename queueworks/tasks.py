@@ -15,6 +15,7 @@ from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
     DEAD_INDEX,
+    DEAD_JOB,
     DEAD_PAYLOAD,
     DEAD_REASON,
     DEAD_WORKER,
@@ -85,9 +86,15 @@ class Task:
         return self._run(plan_wait(self.client.keys, self.keys, timeout, poll))
 
     def results(self) -> Iterator[tuple[int, Any]]:
-        """``(index, result)`` for every subtask that succeeded, in no particular order."""
+        """``(index, result)`` for every subtask that succeeded, in no particular order;
+        ``TaskNotFound`` if there are none because the task is gone (it expired, or Redis
+        lost it)."""
+        none = True
         for index, value in self.client.redis.hscan_iter(self.keys.results, count=1000):
+            none = False
             yield int(text(index)), from_json(text(value), f"result {text(index)!r}")
+        if none and not self.client.redis.exists(self.keys.record):
+            raise TaskNotFound(self.id)
 
     def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
         return self._run(plan_dead_letters(self.keys, count))
@@ -182,8 +189,8 @@ def plan_change(keys: Keys, tk: TaskKeys, fields: dict[str, object]) -> Plan[Non
 def node_reads(pipe: Any, keys: Keys, tk: TaskKeys, members: Sequence[Any]) -> None:
     """Queue on ``pipe`` what ``node_infos`` reads of each member (``members``: the
     ZRANGE WITHSCORES of the task's members); a sync or an asyncio pipeline."""
-    for wid, _ in members:
-        pipe.get(tk.heartbeat(wid.decode()))
+    for wid, _ in members:  # the pool heartbeat: a queue's members keep no other
+        pipe.get(keys.worker_heartbeat(wid.decode()))
         pipe.hget(keys.worker(wid.decode()), "current")
 
 
@@ -223,6 +230,7 @@ def dead_letter(entry_id: bytes, raw: Mapping[bytes, bytes]) -> DeadLetter:
         attempts=int(f[DEAD_ATTEMPTS] or 0),
         payload=f[DEAD_PAYLOAD],
         worker=f[DEAD_WORKER],
+        job=f[DEAD_JOB],
     )
 
 

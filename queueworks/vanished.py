@@ -13,6 +13,7 @@ handle: ``QueueNotFound`` says so. No I/O here: ``Queue`` and ``AsyncQueue`` run
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import redis
@@ -40,6 +41,38 @@ class QueueGone(Exception):
 def no_group(reply: Any) -> bool:
     """Whether a reply (or an exception) is Redis saying the stream or its group is gone."""
     return isinstance(reply, redis.ResponseError) and "NOGROUP" in str(reply)
+
+
+def stream_gone(error: Exception) -> bool:
+    """Whether ``error`` is Redis saying a stream, or its consumer group, is gone: Redis lost
+    the keys, or they expired. ``NOGROUP`` (a read, a claim), "no such key" (``XINFO
+    CONSUMERS``), ``UNBLOCKED`` (a read that waited on it when it went). Nothing is pending
+    there; a member of it is a member no more."""
+    if not isinstance(error, redis.ResponseError):
+        return False
+    said = _said(error)
+    return said.startswith(("NOGROUP", "UNBLOCKED")) or said == "no such key"
+
+
+_GONE_KEY = re.compile(r"^NOGROUP No such key '([^']*)'")
+
+
+def gone_stream(error: Exception) -> str | None:
+    """The stream a ``NOGROUP`` error of a read or a claim names (it or its group is gone);
+    None for any other error."""
+    found = _GONE_KEY.match(_said(error)) if isinstance(error, redis.ResponseError) else None
+    return found.group(1) if found else None
+
+
+_PIPELINE = "of pipeline caused error: "
+
+
+def _said(error: Exception) -> str:
+    """What Redis said, without the words redis-py puts before an error a pipeline raised
+    ("Command # 3 (XREADGROUP ...) of pipeline caused error: ")."""
+    said = str(error)
+    at = said.find(_PIPELINE) if said.startswith("Command # ") else -1
+    return said[at + len(_PIPELINE) :] if at >= 0 else said
 
 
 def lost(name: str) -> QueueNotFound:

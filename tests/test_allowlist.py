@@ -206,6 +206,9 @@ FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__"}
 IMPORTERS = {  # the only places that import modules named by data, and why
     "workers/handlers.py",  # resolve(): behind the --allow prefixes
     "queueworks/rq.py",  # RQ jobs (subtasks_factory, on_stopped): RQ's own trust model
+    # a Django task's module: behind the worker's --allow, or the backend's allow (else the
+    # project's installed apps) where a result is read
+    "queueworks/contrib/django/results.py",
 }
 
 

@@ -44,7 +44,7 @@ ATTR_WORDS = (
     "charset name content lang rel href type src defer class id title method action value "
     "hidden role aria-label viewbox preserveaspectratio x y x1 y1 x2 y2 width height alt max "
     "min required disabled placeholder autocomplete autofocus colspan maxlength aria-pressed "
-    "aria-current selected target"
+    "aria-current selected target step"
 )
 TAGS, ATTRS = frozenset(TAG_WORDS.split()), frozenset(ATTR_WORDS.split())
 

@@ -1,5 +1,5 @@
-"""One job's actions on the dashboard: ``POST /api/queues/{q}/jobs/{id}/cancel`` (queued,
-delayed, deferred; 409 for a running or finished job), ``/requeue`` (dead), ``/delete``
+"""One job's actions on the dashboard: ``POST /api/queues/{q}/jobs/{id}/cancel`` (a job
+not finished: a running one is stopped; 409 for a finished job), ``/requeue`` (dead), ``/delete``
 (dead, done or cancelled), with their buttons on the job page and on each row.
 
 Real Redis, a real worker process; the dashboard in-process (``make_app``).
@@ -59,7 +59,7 @@ def test_a_job_not_started_is_cancelled_from_its_page_and_row(
         payload = web.get(f"/api/queues/{q.name}/jobs/{job.id}").json()["payload"]
         assert payload is not None and json.loads(payload) == {"x": x}, job.id
     again = post(web, f"/api/queues/{q.name}/jobs/{now.id}/cancel")
-    assert again.status_code == 409 and "cancelled" in again.json()["error"]
+    assert again.status_code == 409 and "had finished" in again.json()["error"]
     assert buttons(web.get(f"/queues/{q.name}/jobs/{now.id}").text, q.name, now.id) == {"delete"}
     assert post(web, f"/api/queues/{q.name}/jobs/nojob/cancel").status_code == 404
     assert post(web, f"/api/queues/{q.name}/jobs/{now.id}/delete").status_code == 200
@@ -71,7 +71,7 @@ def test_a_job_not_started_is_cancelled_from_its_page_and_row(
 
 
 @pytest.mark.system
-def test_a_dead_job_is_requeued_or_deleted_and_a_running_one_is_a_409(
+def test_a_dead_job_is_requeued_or_deleted_and_a_running_one_cancelled(
     cluster: Cluster, client: Client, r: redis.Redis, web: httpx.Client
 ) -> None:
     q = client.queue("act-dead", max_attempts=1)
@@ -92,10 +92,13 @@ def test_a_dead_job_is_requeued_or_deleted_and_a_running_one_is_a_409(
         "requeue",
         "delete",
     }
-    assert 'id="job-actions"' not in web.get(f"/queues/{q.name}/jobs/{busy.id}").text
-    running = post(web, f"/api/queues/{q.name}/jobs/{busy.id}/cancel")
-    assert running.status_code == 409 and "running" in running.json()["error"]
+    assert buttons(web.get(f"/queues/{q.name}/jobs/{busy.id}").text, q.name, busy.id) == {"cancel"}
     assert post(web, f"/api/queues/{q.name}/jobs/{busy.id}/delete").status_code == 409
+    running = post(web, f"/api/queues/{q.name}/jobs/{busy.id}/cancel")
+    assert running.status_code == 200 and running.json()["cancelled"] is True, running.text
+    wait_for(lambda: busy.status().state == JobState.CANCELLED, 10, "the running job cancelled")
+    listed = web.get(f"/api/queues/{q.name}/jobs?state=cancelled").json()
+    assert [j["id"] for j in listed["jobs"]] == [busy.id] and listed["total"] == 1
     assert post(web, f"/api/queues/{q.name}/jobs/{done.id}/requeue").status_code == 409
 
     r.set(gate, 1)

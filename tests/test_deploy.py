@@ -287,29 +287,28 @@ def _dockerignored(path: str, patterns: list[str]) -> bool:
     return ignored
 
 
-def test_dockerfile_builds_one_non_root_image_from_the_context(tmp_path: Path) -> None:
+def dockerfile_instructions() -> list[str]:
+    """The Dockerfile's instructions, one a line (continuations joined; no comments)."""
     text = (ROOT / "Dockerfile").read_text()
     lines = [ln.strip() for ln in text.replace("\\\n", " ").splitlines()]
-    instr = [ln for ln in lines if ln and not ln.startswith("#")]
-    froms = [ln.split()[1] for ln in instr if ln.upper().startswith("FROM ")]
-    assert froms and all(f.startswith("python:") and f.endswith("-slim") for f in froms), froms
-    users = [ln.split()[1] for ln in instr if ln.upper().startswith("USER ")]
-    assert users and users[-1].split(":")[0] not in ("0", "root"), users
-    assert any(re.search(r"pip install .*\$\{?spec", ln) for ln in instr)
-    assert "ARG EXTRAS" in text and "torch" in text
-    assert 'CMD ["queueworks"' in text  # the console script the compose commands call
+    return [ln for ln in lines if ln and not ln.startswith("#")]
 
-    patterns = [
+
+def dockerignore_patterns() -> list[str]:
+    return [
         ln.strip()
         for ln in (ROOT / ".dockerignore").read_text().splitlines()
         if ln.strip() and not ln.startswith("#")
     ]
-    assert _dockerignored(".git/config", patterns)
-    assert _dockerignored("tests/test_deploy.py", patterns)
-    assert _dockerignored("queueworks/__pycache__/cli.cpython-311.pyc", patterns)
-    # every COPY source exists and is in the build context; build the wheel from exactly that
+
+
+def context_wheel(tmp_path: Path) -> Path:
+    """The wheel built from exactly the Dockerfile's build context (every COPY source, less
+    what .dockerignore drops), as the image's ``pip install .`` builds it; checked on the way:
+    every COPY source exists and is in the context."""
+    patterns = dockerignore_patterns()
     ctx = tmp_path / "context"
-    for ln in instr:
+    for ln in dockerfile_instructions():
         if ln.upper().startswith("COPY ") and "--from=" not in ln:
             for src in ln.split()[1:-1]:
                 path = ROOT / src
@@ -331,9 +330,29 @@ def test_dockerfile_builds_one_non_root_image_from_the_context(tmp_path: Path) -
         check=False,
     )
     assert res.returncode == 0, res.stderr
+    (wheel,) = out.glob("queueworks-*.whl")
+    return wheel
+
+
+def test_dockerfile_builds_one_non_root_image_from_the_context(tmp_path: Path) -> None:
+    text = (ROOT / "Dockerfile").read_text()
+    instr = dockerfile_instructions()
+    froms = [ln.split()[1] for ln in instr if ln.upper().startswith("FROM ")]
+    assert froms and all(f.startswith("python:") and f.endswith("-slim") for f in froms), froms
+    users = [ln.split()[1] for ln in instr if ln.upper().startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("0", "root"), users
+    assert any(re.search(r"pip install .*\$\{?spec", ln) for ln in instr)
+    assert "ARG EXTRAS" in text and "torch" in text
+    assert 'CMD ["queueworks"' in text  # the console script the compose commands call
+
+    patterns = dockerignore_patterns()
+    assert _dockerignored(".git/config", patterns)
+    assert _dockerignored("tests/test_deploy.py", patterns)
+    assert _dockerignored("queueworks/__pycache__/cli.cpython-311.pyc", patterns)
+    # build the wheel from exactly the build context
     import zipfile
 
-    (wheel,) = out.glob("queueworks-*.whl")
+    wheel = context_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("queueworks/cli.py", "queueworks/lua/join.lua", "queueworks/examples.py"):
         assert needed in names, needed

@@ -111,7 +111,6 @@ def test_a_running_jobs_partial_record_reads_right_and_the_settle_keeps_its_prog
     assert (running.state, running.worker, running.handler) == (JobState.RUNNING, "member-m", NOOP)
     assert (running.progress, running.progress_message, running.attempts) == (0.25, "a quarter", 1)
     assert running.enqueued_at > 0
-    assert job.cancel() is False  # it started
     with pytest.raises(TimeoutError):
         job.result(timeout=0.05)
 

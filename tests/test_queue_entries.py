@@ -45,9 +45,6 @@ def test_a_job_to_run_now_is_its_entry_until_it_settles(
     r.xreadgroup(tk.group, "member-m", {tk.stream: ">"}, count=1)  # a member takes it
     running = job.status()
     assert (running.state, running.worker, running.attempts) == (JobState.RUNNING, "member-m", 1)
-    assert job.cancel() is False  # it started
-    assert not r.exists(tk.job(job.id))  # and the try wrote nothing
-
     other = q.enqueue(NOOP, {"x": 2})
     assert other.cancel() is True
     assert r.xlen(tk.stream) == 1  # its entry left the stream; the running one stays
@@ -58,6 +55,16 @@ def test_a_job_to_run_now_is_its_entry_until_it_settles(
     with pytest.raises(JobFailed, match="cancelled"):
         other.result(timeout=1)
     assert other.cancel() is False  # cancelled already
+
+    assert job.cancel() is True  # running: stopped, its entry gone (nobody runs it again)
+    assert r.xlen(tk.stream) == 0 and not r.xpending(tk.stream, tk.group)["pending"]
+    stopped = job.status()
+    assert (stopped.state, stopped.attempts, stopped.worker) == (
+        JobState.CANCELLED,
+        1,
+        "member-m",
+    )
+    assert r.lrange(keys.worker_stops("member-m"), 0, -1) == [f"entries\t{job.id}".encode()]
 
 
 @pytest.mark.parametrize("job_id", ["nope", "1-0", "0-1", "99999999999999999999-1", "1-0-0"])

@@ -132,3 +132,12 @@ def test_settings_are_checked_in_declared_order_and_unknown_ones_refused() -> No
         check_queue_settings({"min_node": 1})
     with pytest.raises(TypeError, match="unexpected keyword argument 'idle_after'"):
         check_queue_settings({"idle_after": 30.0})
+
+
+def test_configure_takes_the_live_settings_with_their_types() -> None:
+    from queueworks.queue_settings import LIVE, LiveOptions
+
+    assert set(LiveOptions.__annotations__) == set(LIVE)
+    hints = get_type_hints(QueueSettings)
+    assert get_type_hints(LiveOptions) == {name: hints[name] for name in LIVE}
+    assert "min_nodes" not in LIVE and "node_selector" not in LIVE

@@ -101,7 +101,7 @@ def processes(logs: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 def test_readme_first_handler_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """'Your first handler' as a newcomer follows it, in a new folder: myjobs.py as the
     README shows it; its commands started there as written (the server on a free port
-    instead of 6379, the others told its URL), the worker twice; then its Python example
+    instead of 6379, the others told its URL), the worker pool of two; then its Python example
     and its shell examples, run there, unedited, with the same variables as the commands.
     Every Python example of the README is in it."""
     text = section(README, "Your first handler")
@@ -117,9 +117,9 @@ def test_readme_first_handler_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     env |= {"QUEUEWORKS_REDIS_URL": url, "PYTHONPATH": str(ROOT)}
     starts, shell = bash_blocks(text)
     lines = starts.strip().splitlines()
-    assert [shlex.split(line, comments=True)[-3:] for line in lines[1:]] == [
-        ["queueworks", "controller"],
-        ["worker", "--allow", "myjobs"],
+    assert [shlex.split(line, comments=True)[1:] for line in lines[1:]] == [
+        ["controller"],
+        ["worker", "--allow", "myjobs", "--processes", "2"],
     ], lines
     r = redis.Redis.from_url(url)
 
@@ -135,13 +135,14 @@ def test_readme_first_handler_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         start("redis", lines[0], "--port", str(port))
         wait_for(lambda: _pings(r), 20, "the README's Redis answers")
         start("controller", lines[1])
-        start("worker1", lines[2])
-        start("worker2", lines[2])  # "start a second one the same way"
+        start("workers", lines[2])  # a pool of two
         wait_for(lambda: r.zcard("qw:workers") >= 2, 30, "the README's two workers registered")
         assert "Client.from_env()" in example and "redis://" not in example, example
         for name, value in env.items():  # what the commands were given, as a shell would
             if name.startswith("QUEUEWORKS_"):
                 monkeypatch.setenv(name, value)
+        monkeypatch.syspath_prepend(str(folder))  # Python started in that folder
+        monkeypatch.delitem(sys.modules, "myjobs", raising=False)
         exec(compile(example, "README.md", "exec"), {"__name__": "readme"})
         enqueue, info = (line for line in shell.strip().splitlines())
         for line, expect in ((enqueue, r"\n49\n$"), (info, r"maths")):

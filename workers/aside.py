@@ -110,7 +110,15 @@ class Aside:
         )
         if isinstance(moved, str):  # the controller reads the queue's handlers again
             events.emit(run.r, run.keys, "handlers", task=run.tk.task_id, aside=job.handler)
-            run.log.warning("job_set_aside", job=job.job_id, handler=job.handler, why=why)
+            run.log.warning(
+                "job_set_aside",
+                job=job.job_id,
+                job_id=job.job_id,
+                queue=run.tk.task_id,
+                attempt=work.attempt,
+                handler=job.handler,
+                why=why,
+            )
             self.looked_at = float("-inf")
         return moved
 

@@ -65,6 +65,9 @@ class Call:
     deadline: float = 0.0  # moves on while the loop is blocked by another call
     task: asyncio.Task[Any] | None = None
     sink: SimpleQueue[Call] | None = None  # where its outcome goes
+    # why whoever stopped it did (``workers.stopping``): it ends with this error, at once if
+    # it is a coroutine, and does not start if it has not yet
+    stop: BaseException | None = None
 
 
 @dataclass
@@ -128,6 +131,8 @@ class EventLoop:
         self.live[id(call)] = call
         if self.hung:  # (checked after: a hang settles only what it finds live)
             self._settle(call, None, LoopHung("the event loop is hung: handed back"))
+        if call.stop is not None:  # (checked after: ``stop`` settles only what it finds live)
+            self._settle(call, None, call.stop)
 
     def launch(self, calls: list[Call]) -> None:
         """Start the coroutines of ``calls`` (begun) on the loop."""
@@ -142,8 +147,11 @@ class EventLoop:
     ) -> Any:
         """``fn(*args)`` on the loop, waited for here (concurrency 1): its value, or its
         error raised (``TimedOut`` at its deadline). Interrupted here, it is cancelled."""
+        return self.run_call(Call(None, label, fn, args), timeout)
+
+    def run_call(self, call: Call, timeout: float) -> Any:
+        """``run`` for a call made already (a queue's job is its own call)."""
         sink: SimpleQueue[Call] = SimpleQueue()
-        call = Call(None, label, fn, args)
         self.begin(call, timeout, sink)
         self.launch([call])
         try:
@@ -154,6 +162,13 @@ class EventLoop:
         if done.error is not None:
             raise done.error
         return done.value
+
+    def stop_call(self, call: Call, error: BaseException) -> None:
+        """End ``call`` with ``error`` now (any thread): settled here, not by its coroutine,
+        which is cancelled; one not begun yet ends so as it begins, without running."""
+        call.stop = error
+        if self._settle(call, None, error):
+            self._abandon(call)
 
     # -- on the loop's thread ---------------------------------------------------------------
 

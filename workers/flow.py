@@ -122,7 +122,15 @@ class GroupSlots:
             entry.named,
         )
         if took == 0:
-            run.log.info("job_waits_for_group", job=entry.job_id, group=group, limit=self.limit)
+            run.log.info(
+                "job_waits_for_group",
+                job=entry.job_id,
+                job_id=entry.job_id,
+                queue=run.tk.task_id,
+                attempt=work.attempt,
+                group=group,
+                limit=self.limit,
+            )
         return took
 
 

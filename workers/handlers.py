@@ -4,7 +4,9 @@ The path is parsed strictly (no attribute chains, no dunders); the module must b
 the ``--allow`` prefixes or inside one (``myapp`` allows ``myapp`` and ``myapp.jobs``, not
 ``myapplication``); the object must be a plain Python function defined under an allowed
 prefix too (``from shutil import rmtree`` in ``myapp.jobs`` does not make ``rmtree`` a
-handler).
+handler). A typed job function (``@job``, ``queueworks.job_functions``) is checked as the
+function it decorates, and run through its signature: the payload's arguments decoded,
+the return value encoded, by their annotations.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from queueworks.allow import allowed
+from queueworks.job_functions import JobFunctionBase
 from queueworks.models import NOT_ALLOWED, UNUSABLE, parse_handler_path
 
 
@@ -53,7 +56,10 @@ def resolve(path: str, prefixes: Sequence[str]) -> Handler:
         raise HandlerRefused(
             f"handler {path!r}: cannot import {module_name!r}: {type(exc).__name__}: {exc}"
         ) from None
-    fn = getattr(module, attr, None)
+    found = fn = getattr(module, attr, None)
+    typed = fn.signature if isinstance(fn, JobFunctionBase) else None
+    if typed is not None:
+        fn = typed.fn  # checked as the function it decorates
     if fn is None:
         raise HandlerRefused(
             f"handler {path!r}: module {module_name!r} has no {attr!r}", imported=True
@@ -67,6 +73,10 @@ def resolve(path: str, prefixes: Sequence[str]) -> Handler:
             f"prefixes {list(prefixes)}",
             NOT_ALLOWED,
         )
+    if typed is not None:
+        hook = getattr(found, "on_rebalance", None)
+        run = typed.handler()
+        return Handler(path, run, typed.ctx is not None, hook if callable(hook) else None)
     params = [
         p
         for p in inspect.signature(fn).parameters.values()

@@ -1,5 +1,7 @@
 """The heartbeat: one pipelined round trip per tick that keeps the worker alive in the pool and
-in its node set, reads the task's epoch and the assignment, and checks one other member.
+in its task's node set, reads the task's epoch and the assignment, checks one other member,
+and looks for dead workers of the queues (``workers.lost``). A queue's seats cost the tick
+nothing: liveness in a queue is the worker's pool heartbeat, one per process.
 
 Every member checks only its successor in rank order (a ring), so finding a dead member
 costs O(members) per tick per task. The check reads how long the successor's heartbeat
@@ -22,9 +24,12 @@ from typing import Any
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection
 from queueworks.eviction import PolicyWatch
+from queueworks.job_stops import stops_of, take_stops
 from queueworks.keys import Keys
 from queueworks.membership import Roster, read_roster
 from queueworks.scripts import Scripts
+
+from .lost import LOOK_COMMANDS, LostWorkers
 
 
 @dataclass
@@ -40,6 +45,10 @@ class NodeState:
     reported: int = 0  # of ``processed``, what the worker record has been told
     wake: threading.Event = field(default_factory=threading.Event)
     seats: dict[str, Seat] = field(default_factory=dict)  # task id -> our seat in its set
+    # a seat found fenced (its key): what this worker runs there is stopped (the worker's)
+    on_fenced: Callable[[str], None] = lambda key: None
+    # jobs cancelled while they ran here, (queue, job id): stopped (``queueworks.job_stops``)
+    on_cancelled: Callable[[list[tuple[str, str]]], None] = lambda jobs: None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def seat(self, task_id: str, *, queue: bool = False) -> Seat:
@@ -62,8 +71,10 @@ class NodeState:
         return any(not seat.leaving for seat in self.members())
 
     def suspend_all(self) -> None:
+        """The worker stops: every seat suspends, and every job it runs is asked to yield."""
         for seat in list(self.seats.values()):
             seat.suspend.set()
+            seat.halt.set()
         self.wake.set()
 
     def forget(self) -> None:
@@ -111,7 +122,12 @@ class Seat:
         self.fenced = False  # our member heartbeat was gone: we were pruned
         self.leaving = False  # the member is leaving its node set (runtime writes)
         self.revoked = False  # a queue's seat told to leave (the worker has other work)
+        # a new epoch, a prune, a leave: act at the next safe point (a task's steps pause)
         self.suspend = threading.Event()
+        # the jobs this seat runs must yield (``ctx.suspended``): the worker stops, is given
+        # a task, or was pruned. A queue's jobs watch this one, never ``suspend``: a change
+        # of a queue's members pauses none of them (docs/queues.md)
+        self.halt = threading.Event()
 
     @property
     def worker_id(self) -> str:
@@ -153,7 +169,20 @@ class Seat:
         """Leave at the next safe point (a queue's seat: the worker has other work)."""
         self.revoked = True
         self.suspend.set()
+        self.halt.set()
         self.node.wake.set()
+
+    def pruned(self) -> None:
+        """We were declared dead in this node set (our member heartbeat is gone, or our
+        seat): what we still run there is stopped first (``NodeState.on_fenced``), before
+        the run gets to settle anything; it hands back and rejoins at the next safe point."""
+        self.fenced = True
+        try:
+            self.node.on_fenced(self.key)
+        finally:
+            self.suspend.set()
+            self.halt.set()
+            self.node.wake.set()
 
     def observe_epoch(self, epoch: int) -> None:
         """A newer epoch than our role's means: suspend at the next safe point."""
@@ -192,6 +221,7 @@ class Heartbeat(threading.Thread):
         self._check_at: float | None = None  # an extra tick when the successor's beat ends
         self.pruned = 0
         self.policy: PolicyWatch | None = None  # Redis's maxmemory-policy, read now and then
+        self.lost = LostWorkers(r, keys, scripts, state.worker_id, ttl=ttl, log=log)
 
     def stop(self) -> None:
         self._halt.set()
@@ -222,7 +252,8 @@ class Heartbeat(threading.Thread):
     def tick(self) -> None:
         s, k = self.state, self._keys
         now = time.time()
-        seats = [(seat, seat.key, seat.successor) for seat in s.members()]
+        # a queue's seat has no heartbeat, epoch or successor of its own to tick
+        seats = [(seat, seat.key, seat.successor) for seat in s.members() if not seat.queue]
         pipe = self._r.pipeline(transaction=False)
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
@@ -234,6 +265,11 @@ class Heartbeat(threading.Thread):
         pipe.hincrby(k.worker(s.worker_id), "processed", delta)
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
+        take_stops(pipe, k, s.worker_id)
+        queues = [seat for seat in s.members() if seat.queue]
+        if queues:  # gone: a finder took it, having found us dead (``workers.lost``)
+            pipe.exists(k.worker_queues(s.worker_id))
+        looked = self.lost.look_on(pipe, now, self.interval)
         for _, task_id, successor in seats:
             tk = k.task(task_id)
             pipe.set(tk.heartbeat(s.worker_id), repr(now), px=self.ttl_ms, xx=True)
@@ -249,13 +285,24 @@ class Heartbeat(threading.Thread):
             # We were dropped from the pool (declared lost while paused): register again
             # rather than let the heartbeat recreate half a record.
             self._on_forgotten()
-        assign, drain = replies[4], replies[5]
+        assign, drain, stops = replies[4], replies[5], stops_of(replies[6])
+        if stops:
+            s.on_cancelled(stops)
         s.observe_assign(assign.decode() if assign else "")
         if drain and not s.stopping:  # an operator asked for a graceful leave
             self._log.info("draining")
             s.stopping = True
             s.suspend_all()
-        at = 6
+        at = 7
+        if queues:
+            if not replies[at]:
+                self._pruned_from_queues(queues)
+            at += 1
+        dead, soon = looked(replies)
+        if soon is not None:  # look again the moment that worker's beat runs out
+            self._check_soon(soon - time.time())
+        self.lost.confirm(dead)
+        at += LOOK_COMMANDS
         for seat, task_id, successor in seats:
             mine, epoch_reply = replies[at], replies[at + 1]
             left_ms = int(replies[at + 2]) if successor is not None else None
@@ -274,20 +321,29 @@ class Heartbeat(threading.Thread):
         left_ms: int | None,
     ) -> None:
         if not mine:
-            seat.fenced = True
-            seat.suspend.set()
-            seat.wake.set()
+            seat.pruned()
         seat.observe_epoch(epoch)
         if successor is not None and left_ms is not None:
             if left_ms == -2 and self.prune(seat, successor):
                 return
             if 0 <= left_ms < self.interval * 1000:  # look again the moment it runs out
-                check_at = time.monotonic() + left_ms / 1000 + EXPIRY_SLACK
-                self._check_at = (
-                    check_at if self._check_at is None else min(self._check_at, check_at)
-                )
+                self._check_soon(left_ms / 1000)
         if seat.roster_at != epoch:
             self._follow(seat, task_id)
+
+    def _pruned_from_queues(self, seats: list[Seat]) -> None:
+        """Another worker found us dead (our heartbeat ran out: a pause, a partition) and
+        pruned us from every queue we had joined: each seat hands back and rejoins."""
+        pruned = [seat for seat in seats if seat.task_id is not None and not seat.leaving]
+        if pruned:
+            self._log.warning("pruned_from_queues", queues=len(pruned))
+        for seat in pruned:
+            seat.pruned()
+
+    def _check_soon(self, seconds: float) -> None:
+        """Tick again ``seconds`` from now (a heartbeat runs out then), if that is sooner."""
+        check_at = time.monotonic() + max(0.0, seconds) + EXPIRY_SLACK
+        self._check_at = check_at if self._check_at is None else min(self._check_at, check_at)
 
     def follow(self, seat: Seat, roster: Roster) -> bool:
         """The member's roster of its task (its join's): whom to check from now on,

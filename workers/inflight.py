@@ -122,6 +122,10 @@ class InFlight:
     def _thread(self) -> None:
         slot: Slot = self._watchdog.slot()
         while (call := self._work.get()) is not None:
+            if call.stop is not None:  # stopped before it started: it does not
+                call.error = call.stop
+                self._finished.put(call)
+                continue
             try:
                 call.value = self._watchdog.call_in(slot, call.label, call.fn, *call.args)
             except BaseException as exc:  # the handler's, for the member to record

@@ -23,12 +23,14 @@ from queueworks import events
 from queueworks.dependencies import plan_drain
 from queueworks.flow import Limits
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import entry_job, entry_payload
+from queueworks.jobrecords import JOB_TRACE, entry_job, entry_payload
 from queueworks.messages import safe_text
+from queueworks.models import StoredSpec
 from queueworks.records import LATENCY_BUCKETS
 from queueworks.retry_policy import RetryPolicy
 from queueworks.runner import run
 from queueworks.scripts import JobBatch
+from queueworks.tracing import hooks
 
 from .flow import Pump
 from .ledger import Attempts
@@ -55,12 +57,20 @@ class JobLedger(Attempts):
         self._aside_at = len(self.tk.aside_stream(""))  # an aside stream's name: its handler
         # on the pipeline, not yet settled: (handler of the aside stream or "", batch), when
         self.sent: tuple[list[tuple[str, JobBatch]], float] | None = None
-        self.ttl = int(self.spec.result_ttl)
-        spec = self.spec
-        self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
-        self.group_limit = Limits.of(spec).group
+        self.use(self.spec)
         self.pump: Pump | None = None  # the hand-on after a settle: its reads on the pipeline
         self.rate = 0.0  # jobs/s the last settle carried, over the time since the one before
+        # the queue's members: a settle finds us gone from them if we were pruned (then it
+        # settles nothing: what we ran is run again by the member that reclaimed it). Not
+        # our heartbeat key in the queue: a queue's members keep none (``workers.lost``)
+        self.fence = self.tk.members
+
+    def use(self, spec: StoredSpec) -> None:
+        """The queue's settings from now on (``QueueLoop.reconfigure``)."""
+        self.spec = spec
+        self.ttl = int(spec.result_ttl)
+        self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
+        self.group_limit = Limits.of(spec).group
 
     def _batch(self, stream: str) -> JobBatch:
         if stream == self.stream:
@@ -93,7 +103,15 @@ class JobLedger(Attempts):
         job.reason, job.outcome = reason, error[-8000:]
         work = job.work
         self._batch(work.stream).dead.append(job)
-        self.log.warning("job_dead", job=job.label, reason=reason, attempts=work.attempt)
+        self.log.warning(
+            "job_dead",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=self.tk.task_id,
+            attempt=work.attempt,
+            reason=reason,
+            attempts=work.attempt,
+        )
 
     def reject(self, work: Work, why: str) -> None:
         """An entry that is no job of this queue: settled apart, never counted as a job."""
@@ -115,12 +133,21 @@ class JobLedger(Attempts):
             self.log.info(
                 "job_retry_later",
                 job=job.label,
+                job_id=job.entry.job_id,
+                queue=self.tk.task_id,
                 attempt=work.attempt,
                 wait=round(wait, 3),
                 error=repr(exc),
             )
             return None
-        self.log.info("job_retry", job=job.label, attempt=work.attempt, error=repr(exc))
+        self.log.info(
+            "job_retry",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=self.tk.task_id,
+            attempt=work.attempt,
+            error=repr(exc),
+        )
         return self.retry(work)
 
     def exhausted(self, work: Work, why: str) -> None:
@@ -169,9 +196,19 @@ class JobLedger(Attempts):
         self.state.processed += len(batch)
         now = time.time()
         self.sent = ([("", batch)], now)
-        self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe)
+        fence = self.fence
+        self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe, fence=fence)
         if batch.later:
-            self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe)
+            self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe, fence=fence)
+        tracer = hooks.consumer
+        if tracer is not None:  # tracing: each settled job's record keeps its trace id
+            for job in (*batch.ok, *batch.dead):
+                if (
+                    getattr(job, "span", None) is not None
+                ):  # (the record's time to live stays bounded)
+                    record = self.tk.job(job.entry.job_id)
+                    pipe.hset(record, JOB_TRACE, tracer.trace_id(job))
+                    pipe.expire(record, self.ttl)
         if batch.dead or batch.rejected:
             self._dead_lettered(pipe, [batch])
         self._pump_into(pipe, [batch])
@@ -211,12 +248,17 @@ class JobLedger(Attempts):
         self.batch, self.asides = JobBatch(), {}
         now = time.time()
         self.sent = (sent, now)
+        fence = self.fence
         for aside, b in sent:
             self.state.processed += len(b)
-            self.scripts.settle_jobs(self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside)
+            self.scripts.settle_jobs(
+                self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside, fence=fence
+            )
         for aside, b in sent:
             if b.later:
-                self.scripts.retry_later(self.tk, b.later, self.me, now, client=pipe, aside=aside)
+                self.scripts.retry_later(
+                    self.tk, b.later, self.me, now, client=pipe, aside=aside, fence=fence
+                )
         if any(b.dead or b.rejected for _, b in sent):
             self._dead_lettered(pipe, [b for _, b in sent])
         self._pump_into(pipe, [b for _, b in sent])
@@ -248,22 +290,36 @@ class JobLedger(Attempts):
             replies = pump.replies(replies)
         moved = 0  # dependents the settles moved to the queue's outbox
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
+            laters = len(batches) + self._laters(batches)
             if isinstance(reply, NoScriptError) and i < len(batches):
                 aside, batch = batches[i]
                 reply = self.scripts.settle_jobs(
-                    self.tk, batch, self.me, now, self.ttl, client=None, aside=aside
+                    self.tk, batch, self.me, now, self.ttl, None, aside, self.fence
                 )
-            elif isinstance(reply, NoScriptError) and i < len(batches) + self._laters(batches):
+            elif isinstance(reply, NoScriptError) and i < laters:
                 aside, batch = [(a, b) for a, b in batches if b.later][i - len(batches)]
-                self.scripts.retry_later(self.tk, batch.later, self.me, now, None, aside)
+                reply = self.scripts.retry_later(
+                    self.tk, batch.later, self.me, now, None, aside, self.fence
+                )
             elif isinstance(reply, Exception):
                 raise reply
             if i < len(batches) and len(reply) > 3:
                 moved += int(reply[3])
+            if (i < len(batches) and len(reply) > 4) or (
+                len(batches) <= i < laters and len(reply) > 2
+            ):
+                self._fenced(batches, i)
         if pump is not None:  # after the settles (one run again included): slots are free
             pump.run(self.scripts, heads)
         if moved:  # jobs wait for these: release them now (the leader's backstop else)
             run(self.r, self.scripts, plan_drain(self.keys, [self.tk.task_id]))
+
+    def _fenced(self, batches: Sequence[tuple[str, JobBatch]], i: int) -> None:
+        """The settle (or retry) ``i`` of ``batches`` found us pruned and wrote nothing:
+        those jobs are no longer ours (the member that reclaimed them runs them again)."""
+        jobs = len(batches[i][1]) if i < len(batches) else 0
+        self.state.processed -= jobs
+        self.log.warning("settle_fenced", jobs=jobs)
 
     @staticmethod
     def _laters(batches: Sequence[tuple[str, JobBatch]]) -> int:

@@ -92,7 +92,8 @@ class Attempts:
             starts = work.attempt - 1
             why = (
                 f"started {starts} times without finishing (max_attempts="
-                f"{self.spec.max_attempts}): each time its worker died or hung"
+                f"{self.spec.max_attempts}): each time its worker died, or its handler "
+                "overran its time limit (the timeout and then the grace after it) and hung"
             )
             self.exhausted(Work(work.stream, work.entry_id, work.fields, starts), why)
             return None

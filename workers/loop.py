@@ -21,6 +21,7 @@ from .inflight import EventLoop
 from .ledger import Attempts
 from .membership import Membership
 from .reclaim import Reclaim
+from .stopping import Running
 from .watchdog import Watchdog
 from .work import Work
 
@@ -41,6 +42,7 @@ class Run(Protocol):
     allow: list[str]  # the worker's --allow prefixes
     concurrency: int  # items of the task in flight at once (--concurrency)
     aio: EventLoop  # the process's event loop for async def handlers
+    running: Running  # the queues' jobs running on this worker, and the way to stop one
     batch_size: int
     streams: list[str]  # every subtask stream of the task
     owned: list[str]  # the streams this member reads in its role
@@ -52,6 +54,10 @@ class Run(Protocol):
     def check(self) -> None:
         """The safe point: raise ``Leave`` (stopping, revoked, finished), rejoin when
         fenced, re-rank on a new epoch."""
+
+    def gone(self) -> None:
+        """The task's stream or its group is gone (Redis lost its keys): our membership
+        went with it; the next ``check`` rejoins, or leaves if the task is gone too."""
 
     def idle(self) -> None:
         """Nothing to do now: ``look_around``, then wait for a wake-up or a heartbeat."""

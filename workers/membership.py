@@ -78,9 +78,12 @@ class Membership:
         the consumer group if they lack it (see ``upgrade_groups``); ``most``: the node set's
         bound (``NodeSetFull`` is raised if it holds that many without us)."""
         self.state.suspend.clear()
+        self.state.halt.clear()
         self.state.fenced = False
         now, sent = time.time(), time.monotonic()
         pipe = self.r.pipeline(transaction=False)
+        if self.state.queue:  # recorded before we may hold a job of it (``workers.lost``)
+            pipe.sadd(self.keys.worker_queues(self.me), self.tk.task_id)
         upgrade_groups(pipe, streams, self.tk.group)
         read_before = before(pipe) if before is not None else None
         stream, count = read if read is not None else (None, 0)
@@ -114,7 +117,7 @@ class Membership:
         self._joined = None
         role = roster.role_of(self.me)
         if role is None:
-            self.state.fenced = True
+            self.state.pruned()
             return None
         self.state.role_epoch = roster.epoch
         self.checked_at = sent
@@ -212,7 +215,7 @@ class Membership:
         self.checked_at = time.monotonic() if sent is None else sent
         changed = score is None or int(epoch or 0) != self.role.epoch
         if score is None:
-            self.state.fenced = True
+            self.state.pruned()
         elif changed:
             self.state.observe_epoch(int(epoch or 0))
         return changed
@@ -232,7 +235,9 @@ class Membership:
             first(pipe)
         call = calls.depart(self.tk, self.me, time.time(), "leave", only_if_dead=False)
         departing = Queued(self.scripts, call, pipe)
-        if not self.state.queue:
+        if self.state.queue:  # (what we held is handed back: nothing of ours is left there)
+            pipe.srem(self.keys.worker_queues(self.me), self.tk.task_id)
+        else:
             pipe.hset(self.keys.worker(self.me), mapping=idle_worker())
         done = self.state.node.unreported()  # what this run settled, in the record now
         pipe.hincrby(self.keys.worker(self.me), "processed", done)

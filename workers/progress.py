@@ -81,7 +81,13 @@ class ProgressWriter:
         try:
             self.scripts.job_progress(self.tk, job.job_id, job.named, report, self.ttl)
         except RedisError as exc:
-            self.log.warning("progress_not_written", job=job.job_id, error=repr(exc))
+            self.log.warning(
+                "progress_not_written",
+                job=job.job_id,
+                job_id=job.job_id,
+                queue=self.tk.task_id,
+                error=repr(exc),
+            )
 
     def _wake_flusher(self) -> None:
         if self._flusher is None:

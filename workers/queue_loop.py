@@ -16,6 +16,7 @@ from one loop (``workers.queue_set``): this loop's parts are its steps.
 from __future__ import annotations
 
 import contextlib
+import random
 import time
 from collections.abc import Callable
 from typing import Any, cast
@@ -28,16 +29,21 @@ from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backsto
 from queueworks.flow import Limits
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.messages import NotJSON, from_json, to_json
-from queueworks.models import NOT_ALLOWED, parse_handler_path
-from queueworks.records import QUEUE_PAUSED
+from queueworks.models import NOT_ALLOWED, StoredSpec, parse_handler_path
+from queueworks.queue_settings import MAX_GROUP_LIMIT
+from queueworks.records import QUEUE_PAUSED, QUEUE_SETTINGS
 from queueworks.runner import run as run_plan
 from queueworks.signals import ColdStop
+from queueworks.tracing import hooks
+from queueworks.vanished import gone_stream
 
 from .aside import Aside
 from .flow import GroupSlots, RateGate
 from .handlers import Handler, HandlerRefused, resolve
+from .heartbeat import Seat
 from .inflight import Call, is_async
 from .jobledger import JobLedger
+from .live_settings import LiveSettings
 from .loop import Run
 from .progress import ProgressWriter
 from .running_job import RunningJob
@@ -46,6 +52,10 @@ from .work import Leave, Work
 BLOCK_MS = 100  # a member waits this long on the stream per read, then looks around
 CHECK_SECONDS = 0.05  # a read re-checks membership and epoch at least this often
 DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, this often
+# ... for each queue, with few queues; a worker serving many spreads them out, so what they
+# cost it per second stays level (``QueueLoop.spread``)
+CHECKS_PER_SECOND = 100
+DUTIES_PER_SECOND = 50
 SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
 BUSY_SETTLE_SECONDS = 0.01  # ... within this, under load: settles carrying BUSY_RATE jobs/s
 BUSY_RATE = 1000.0
@@ -59,9 +69,11 @@ _PAYLOAD_FIELD = f"field '{ENTRY_PAYLOAD}'"
 class QueueLoop:
     def __init__(self, run: Run) -> None:
         self.run = run
+        self.queue = run.tk.task_id
         self.ledger = JobLedger(run.r, run.scripts, run.tk, run.keys, run.spec, run.state, run.log)
         self.progress = ProgressWriter(run.scripts, run.tk, int(run.spec.result_ttl), run.log)
         self.handlers: dict[str, Handler | HandlerRefused] = {}
+        self.allow = tuple(run.allow)
         for path in sorted(text(h) for h in run.r.smembers(run.tk.handlers)):
             self._handler(path)  # imported once, before the first job
         self.aside = Aside(run, self._reads_aside)
@@ -69,7 +81,8 @@ class QueueLoop:
         self.gate = RateGate(run, limits.rate, self.aside) if limits.rate is not None else None
         self.slots = GroupSlots(run, limits.group) if limits.group is not None else None
         self.duties = LeaderDuties(run)
-        self.check_every = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
+        self.live = LiveSettings(run)
+        self.check_every = self.check_least = min(CHECK_SECONDS, run.membership.ttl_ms / 10_000)
         self.checked_at = 0.0
         self.paused = False  # the queue's paused flag, as the last check read it: no reads
         self.avg_seconds = 0.0
@@ -88,6 +101,24 @@ class QueueLoop:
 
     # -- reading --------------------------------------------------------------------------
 
+    def spread(self, queues: int) -> None:
+        """The worker serves ``queues`` queues: check this one's membership and do its
+        duties less often the more there are (at most ``CHECKS_PER_SECOND`` checks and
+        ``DUTIES_PER_SECOND`` duties a second over all of them). What must be seen sooner
+        comes another way: a new epoch by notification, a pause or a new setting through
+        the events (``Scout.touched``), a prune of this worker by its own heartbeat."""
+        self.check_every = max(self.check_least, queues / CHECKS_PER_SECOND)
+        self.duties.every = max(DUTY_SECONDS, queues / DUTIES_PER_SECOND)
+        # each queue's turn at a place of its own in the interval: queues joined together
+        # do not all come due in one round (their duties' round trips would stall it)
+        now = time.monotonic()
+        self.checked_at = min(self.checked_at, now - random.random() * self.check_every)
+        self.duties.duties_at = now - random.random() * self.duties.every
+
+    def touched(self) -> None:
+        """The queue was paused, resumed or changed: its next read checks it."""
+        self.checked_at = 0.0
+
     def check_due(self, now: float) -> bool:
         return now - self.checked_at >= self.check_every
 
@@ -105,29 +136,40 @@ class QueueLoop:
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
-            pipe.hget(run.tk.record, QUEUE_PAUSED)
+            pipe.hmget(run.tk.record, [QUEUE_PAUSED, QUEUE_SETTINGS])
         if look:
             self.aside.look_on(pipe)
 
         def looked(replies: list[Any]) -> None:
             self.ledger.settled(replies[start:base])
             if check:
-                member, epoch, paused = replies[base : base + 3]
+                member, epoch, flags = replies[base : base + 3]
                 for reply in (member, epoch):
                     if isinstance(reply, Exception):
                         raise reply
+                if not isinstance(flags, list):  # (a record that is no hash: none set)
+                    flags = [None, None]
                 # a change suspends us: what was read stays ours, run after the re-rank
                 self.checked_at = now
                 run.membership.fence(member, epoch)
-                self.paused = paused == b"1"
+                self.paused = flags[0] == b"1"
+                self.live.seen(flags[1])
+                spec = self.live.changed()  # before any job this read brings starts
+                if spec is not None:
+                    self.reconfigure(spec)
             if look:
                 self.aside.looked(replies[base + 3 if check else base], now)
 
         return looked
 
     def read_failed(self, error: Exception) -> None:
-        """A read that covered aside streams failed: one was emptied and deleted meanwhile
-        (read the queue's stream alone until the next look); else the error is raised."""
+        """A read failed: the queue's stream or group is gone (Redis lost its keys: the
+        membership went with it, ``TaskRun.gone``); or, a read that covered aside streams,
+        one was emptied and deleted meanwhile (read the queue's stream alone until the next
+        look); else the error is raised."""
+        if gone_stream(error) == self.run.tk.stream:  # (a cluster's reads never wait)
+            self.run.gone()
+            return
         if len(self.aside.read) > 1 and isinstance(error, ResponseError):
             self.aside.lost(time.monotonic())
             return
@@ -168,7 +210,7 @@ class QueueLoop:
         s = run.state
         ran, started = 0, time.monotonic()
         self.batch_at = started
-        while run.held and not (s.suspend.is_set() or s.stopping or s.fenced):
+        while run.held and not halted(s):
             work = self.ledger.start(run.held.popleft())
             if work is not None:
                 if not self._run_one(work):
@@ -189,8 +231,7 @@ class QueueLoop:
     def run_fresh_one(self, work: Work) -> bool:
         """Run one entry just read (a worker serving many queues runs them in turn); False
         if this queue's batch stops here (it and what follows wait in ``held``)."""
-        s = self.run.state
-        if s.suspend.is_set() or s.stopping or s.fenced:
+        if halted(self.run.state):
             self.run.held.append(work)
             return False
         return self._run_one(work)
@@ -220,10 +261,22 @@ class QueueLoop:
             with contextlib.suppress(ValueError):  # a time that is no number: no sample
                 ledger.latency(started - float(entry.enqueued))
         if not handler.takes_ctx:
-            return RunningJob(work, entry, handler.fn, (payload,), started)
-        ctx = self._context(entry, work)
-        job = RunningJob(work, entry, handler.fn, (payload, ctx), started)
-        job.ctx = ctx
+            job = RunningJob(work, entry, handler.fn, (payload,), started)
+        else:
+            ctx = self._context(entry, work)
+            job = RunningJob(work, entry, handler.fn, (payload, ctx), started)
+            job.ctx = ctx
+        tracer = hooks.consumer
+        if tracer is None:
+            self.run.log.info(
+                "job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt
+            )
+            return job
+        tracer.start(job, self.queue, self.run.me)
+        with tracer.attached(job):
+            self.run.log.info(
+                "job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt
+            )
         return job
 
     def _slot(self, work: Work, entry: JobEntry) -> bool:
@@ -249,9 +302,12 @@ class QueueLoop:
         if time.monotonic() > max(self.ledger.last_flush, self.batch_at) + FLUSH_SECONDS:
             self.ledger.flush()
         fn = job.fn
+        run.running.started(run.state, job)
         try:
+            if job.stop is not None:  # stopped before it started: it does not
+                return self._outcome(job, None, job.stop)
             if is_async(fn):
-                value = run.aio.run(job.label, fn, job.args, run.spec.subtask_timeout)
+                value = run.aio.run_call(job, run.spec.subtask_timeout)
             else:
                 value = run.watchdog.call(job.label, fn, *job.args)
         except ColdStop:
@@ -259,17 +315,50 @@ class QueueLoop:
             raise
         except BaseException as exc:  # SystemExit, KeyboardInterrupt...: the handler's own
             return self._outcome(job, None, exc)
+        finally:
+            run.running.ended(job)
         return self._outcome(job, value, None)
 
     def _outcome(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
-        """Record how a job's call ended; False if it waits again first in ``held``."""
+        """Record how a job's call ended; False if it waits again first in ``held``. A job
+        stopped while it ran (``workers.stopping``) is no longer ours: nothing of it is
+        recorded, whatever its call did. Its lines are written under its span while
+        tracing, which then ends."""
+        if job.span is None:
+            return self._ended(job, value, error)
+        tracer = hooks.consumer
+        assert tracer is not None
+        with tracer.attached(job):
+            again = self._ended(job, value, error)
+        if isinstance(error, Suspended):
+            fate = "suspended"
+        elif job.reason:
+            fate = "dead"
+        else:
+            fate = "retry" if error is not None else ""
+        tracer.end(job, error, fate)
+        return again
+
+    def _ended(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
         run, ledger = self.run, self.ledger
+        if job.stop is not None:
+            run.log.warning("stopped_job_dropped", job=job.label, reason=str(job.stop))
+            return True
         if job.ctx is not None:
             call_ended(job.ctx)  # its last progress report, before the settle
         if isinstance(error, Suspended):  # runs again after the re-rank, same attempt
             run.held.appendleft(job.work)
             return False
+        entry = job.entry
         if error is not None:
+            run.log.info(
+                "job_failed",
+                job_id=entry.job_id,
+                queue=self.queue,
+                attempt=job.attempt,
+                seconds=round(time.time() - job.started_at, 6),
+                error=repr(error),
+            )
             retry = ledger.failed(job, error)
             if retry is None:
                 return True
@@ -281,21 +370,54 @@ class QueueLoop:
             ledger.bury(job, "result is not JSON", str(exc))
             return True
         ledger.succeeded(job, body)
+        run.log.info(
+            "job_done",
+            job_id=entry.job_id,
+            queue=self.queue,
+            attempt=job.attempt,
+            seconds=round(time.time() - job.started_at, 6),
+        )
         return True
 
     # -- many in flight (--concurrency > 1): workers.queue_set.Flight ---------------------
 
     def call_for(self, work: Work) -> Call | None:
-        return self._decoded(work)  # the running job is its own call
+        job = self._decoded(work)  # the running job is its own call
+        if job is not None:
+            self.run.running.started(self.run.state, job)
+        return job
 
     def record(self, call: Call) -> None:
-        self._outcome(cast(RunningJob, call), call.value, call.error)
+        job = cast(RunningJob, call)
+        self.run.running.ended(job)
+        self._outcome(job, call.value, call.error)
 
     def tick(self) -> None:
         self.duties.tick()
         self.aside.tick()
         if self.slots is not None:
             self.slots.backstop()
+
+    def reconfigure(self, spec: StoredSpec) -> None:
+        """The queue's settings changed (``workers.live_settings``): the jobs started from
+        now on run with ``spec``'s (timeout, attempts, result TTL, retries, limits)."""
+        run = self.run
+        run.spec = spec
+        self.ledger.use(spec)
+        self.progress.ttl = int(spec.result_ttl)
+        limits = Limits.of(spec)
+        if limits.rate is None:
+            self.gate = None
+        elif self.gate is None:
+            self.gate = RateGate(run, limits.rate, self.aside)
+        else:
+            self.gate.rate = limits.rate
+        if limits.group is not None:
+            if self.slots is None:
+                self.slots = GroupSlots(run, limits.group)
+            self.slots.limit = limits.group
+        elif self.slots is not None:  # jobs may still wait for a slot: the pump hands them on
+            self.slots.limit = MAX_GROUP_LIMIT
 
     def _context(self, entry: JobEntry, work: Work) -> JobContext:
         run = self.run
@@ -307,8 +429,9 @@ class QueueLoop:
             attempt=work.attempt,
             role=role,
             worker_id=run.me,
-            log=run.log,
-            _suspend=run.state.suspend,
+            log=run.log.bind(job_id=entry.job_id, queue=self.queue, attempt=work.attempt),
+            allow=self.allow,
+            _suspend=run.state.halt,  # never a change of the queue's members
             _sink=self.progress,
             _named=entry.named,
         )
@@ -347,6 +470,13 @@ class QueueLoop:
         # (an aside stream's job: read only by members that may run it)
 
 
+def halted(seat: Seat) -> bool:
+    """Whether a queue's member starts no more jobs until its next safe point: the worker
+    stops, was given a task, or was pruned (it rejoins first). A new epoch is no reason: a
+    change of a queue's members never pauses a job (the re-rank waits for nothing)."""
+    return seat.halt.is_set() or seat.stopping or seat.fenced
+
+
 def settle_wait(now: float, last_flush: float, rate: float, waiting: int) -> float:
     """Seconds until the settle of ``waiting`` jobs that ran is due (<= 0: now), the last
     settle made at ``last_flush`` carrying ``rate`` jobs/s (``QueueLoop.settle_now``)."""
@@ -365,12 +495,17 @@ class LeaderDuties:
     def __init__(self, run: Run) -> None:
         self.run = run
         self.duties_at = 0.0
+        self.every = DUTY_SECONDS  # how often (``QueueLoop.spread``)
         self.next_due: float | None = None  # the leader's: when the next delayed job is due
         self.tasks_at = 0.0  # the leader's last look at tasks' outboxes (monotonic)
 
+    def poke(self) -> None:
+        """A delayed job was added (a notification, from another thread): look at once."""
+        self.duties_at = 0.0
+
     def tick(self) -> None:
         due = self.next_due is not None and time.time() >= self.next_due
-        if due or time.monotonic() - self.duties_at >= DUTY_SECONDS:
+        if due or time.monotonic() - self.duties_at >= self.every:
             self._duties()
 
     def block_ms(self) -> int:

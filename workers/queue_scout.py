@@ -2,12 +2,19 @@
 whose jobs' handlers its ``--allow`` prefixes cover (one of them is enough; a queue whose
 jobs name none yet, any), and, when it was started with ``--queues``, one of those.
 
-The scout reads the queue names (``qw:queues``) and each queue's state, spec and handlers in
-one pipeline; a spec never changes, so it is parsed once.
+What it costs does not grow with the number of queues while nothing changes: the scout reads
+every queue (the names in ``qw:queues``, each queue's state, spec and handlers, in one
+pipeline; a spec never changes, so it is parsed once) only at its first look, every
+``FULL_SECONDS`` as a backstop, and when the events stream was trimmed before it read it.
+Between those it reads the events that came since its last look (one ``XREAD``) and reads
+again only the queues they name: created, reopened, a new handler, cancelled or finished,
+paused, resumed or reconfigured. Those last three are also said to the worker's queue loop
+(``touched``), which then checks those queues at once.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +26,12 @@ from queueworks.keys import Keys
 from queueworks.models import ACTIVE_STATES, StoredSpec
 
 ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
+FULL_SECONDS = 30.0  # every queue is read again this often (a backstop for the events)
+EVENTS_COUNT = 1000  # events read per look, at most (more: a full read)
+# events that may change whether a worker serves a queue ...
+SCOUTED = frozenset({"submitted", "reopened", "handlers", "cancelled", "completed", "failed"})
+# ... and those that change how a member serves it (its next check reads them)
+TOUCHED = frozenset({"paused", "resumed", "changed", "emptied"})
 
 
 def may_serve(
@@ -48,12 +61,55 @@ class Scout:
         self.labels, self.allow = dict(labels), list(allow)
         self.only = frozenset(only) if only else None  # --queues
         self.specs: dict[str, StoredSpec | None] = {}  # parsed once (None: not a queue)
+        self.serves: set[str] = set()  # the queues we may serve, as last read
+        self.cursor: str | None = None  # the last event read (None: read everything next)
+        self.full_at = 0.0  # monotonic time of the last full read
+        self.touched: set[str] = set()  # queues paused, resumed or changed since last asked
 
     def eligible(self) -> list[str]:
         """The queues this worker may serve now, by name."""
+        if self.cursor is None or time.monotonic() - self.full_at >= FULL_SECONDS:
+            return self._full()
+        pipe = self.r.pipeline(transaction=False)
+        pipe.xread({self.keys.events: self.cursor}, count=EVENTS_COUNT)
+        pipe.xrange(self.keys.events, count=1)
+        reply, head = pipe.execute()
+        entries = reply[0][1] if reply else []
+        if len(entries) >= EVENTS_COUNT or _gapped(self.cursor, head):
+            return self._full()  # (events may have been missed)
+        names: set[str] = set()
+        for entry_id, fields in entries:
+            self.cursor = text(entry_id)
+            kind, task = text(fields.get(b"kind", b"")), fields.get(b"task")
+            if task is None or (self.only is not None and text(task) not in self.only):
+                continue
+            if kind in SCOUTED:
+                names.add(text(task))
+            elif kind in TOUCHED:
+                self.touched.add(text(task))
+        if names:
+            found = self._read(sorted(names))
+            self.serves = (self.serves - names) | set(found)
+        return sorted(self.serves)
+
+    def take_touched(self) -> set[str]:
+        """The queues paused, resumed or changed since the last call."""
+        touched, self.touched = self.touched, set()
+        return touched
+
+    def _full(self) -> list[str]:
+        """Read every queue (from the events that follow, only what they name)."""
+        self.full_at = time.monotonic()
+        last: Any = self.r.xrevrange(self.keys.events, count=1)
+        self.cursor = text(last[0][0]) if last else "0-0"
         names = sorted(text(n) for n in self.r.smembers(self.keys.queues))
         if self.only is not None:
             names = [n for n in names if n in self.only]
+        self.serves = set(self._read(names))
+        return sorted(self.serves)
+
+    def _read(self, names: list[str]) -> list[str]:
+        """Of ``names``, the queues this worker may serve now (their records read)."""
         if not names:
             return []
         pipe = self.r.pipeline(transaction=False)
@@ -89,3 +145,16 @@ class Scout:
         if raw is not None:
             self.specs[name] = spec
         return spec
+
+
+def _gapped(before: str, head: Any) -> bool:
+    """True if events after ``before`` may have been trimmed unread (the stream's first
+    entry is newer than it)."""
+    if before == "0-0" or not head:
+        return False
+    return _id(text(head[0][0])) > _id(before)
+
+
+def _id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)

@@ -33,11 +33,12 @@ from queueworks.connection import text
 from queueworks.keys import GROUP
 from queueworks.records import queue_memberships
 from queueworks.signals import ColdStop
+from queueworks.vanished import gone_stream, stream_gone
 from queueworks.wire import StreamReads
 
 from .flow import RateGate
 from .inflight import Call, InFlight
-from .queue_loop import QueueLoop
+from .queue_loop import QueueLoop, halted
 from .queue_scout import Scout
 from .runtime import TaskRun, WorkerParts
 from .work import Leave, Work
@@ -66,6 +67,10 @@ class QueueSet:
         self.parts, self.scout = parts, scout
         self.r, self.me, self.log = parts.r, parts.state.worker_id, parts.log
         self.members: dict[str, Member] = {}
+        # queues left while jobs of theirs still run here: read no more, closed once the
+        # last of those jobs is recorded (leaving one queue waits for nothing else)
+        self.leaving: dict[str, tuple[Member, str]] = {}
+        self.closing = False  # leaving every queue at once (the worker stops or has a task)
         self.turned_away: dict[str, float] = {}  # queue -> when it last did (monotonic)
         self.scouted_at = float("-inf")
         self.published: list[str] | None = None  # the memberships the worker record shows
@@ -90,21 +95,31 @@ class QueueSet:
                     state.wake.wait(SCOUT_SECONDS)
                     state.wake.clear()
                     continue
-                if self.flight is not None:
-                    self.flight.turn()
-                else:
-                    self._round()
+                try:
+                    if self.flight is not None:
+                        self.flight.turn()
+                    else:
+                        self._round()
+                except ResponseError as exc:
+                    self._gone(exc)
         except ColdStop:  # what runs now has started: it stays ours, charged when reclaimed
             if self.flight is not None:
                 self.flight.interrupted()
             raise
         finally:
+            reason = "stopping" if state.stopping else "revoked"
             if self.flight is not None:
+                self.flight.drain()  # the worker stops or is given a task: what runs ends
                 self.flight.close()
             if self.reads is not None:
                 self.reads.close()
-            for name in list(self.members):
-                self._close(name, "stopping" if state.stopping else "revoked")
+            self.closing = True  # (the record says so once, at the end, not once a queue)
+            try:
+                for name in list(self.members):
+                    self._close(name, reason)
+                self.closed_left()
+            finally:
+                self.closing = False
             self._publish()
         return "stopping" if state.stopping else "assigned"
 
@@ -154,16 +169,20 @@ class QueueSet:
         if n < COALESCE_JOBS and any(m.loop.busy() for m in self.members.values()):
             time.sleep(COALESCE_SECONDS)
 
-    def read(self, count: int | None = None, *, block: bool) -> tuple[Any, dict[str, Member]]:
+    def read(
+        self, count: int | None = None, *, block: bool, most_ms: int | None = None
+    ) -> tuple[Any, dict[str, Member]]:
         """One read over every queue's streams (``count`` each, or what each queue's jobs
-        call for; waiting if ``block``), carrying each queue's settle and checks when due:
-        the reply and which member each stream is of. A rate-limited queue is read through
-        its gate (``workers.flow``) on the same pipeline, when it is due."""
+        call for; waiting if ``block``, ``most_ms`` at most), carrying each queue's settle
+        and checks when due: the reply and which member each stream is of. A rate-limited
+        queue is read through its gate (``workers.flow``) on the same pipeline, when due."""
         now = time.monotonic()
         members = self._ordered()
         self.turn += 1
         plans = [(m, *m.loop.settle_now(now)) for m in members]
         wait = min(block_ms for _, _, block_ms in plans) if block else None
+        if wait is not None and most_ms is not None:
+            wait = min(wait, most_ms)
         count = count or min(m.loop.read_count() for m in members)
         streams: dict[Any, Any] = {}
         owner: dict[str, Member] = {}
@@ -241,9 +260,12 @@ class QueueSet:
             return None
 
     def _read_failed(self, error: Exception, members: list[Member]) -> None:
-        """A read over many queues failed: an aside stream was emptied and deleted
-        meanwhile (each queue reads its own stream alone until its next look); else the
-        error is raised."""
+        """A read over many queues failed. A queue's stream or group is gone (Redis lost
+        its keys): that queue's membership went with it (``TaskRun.gone``). An aside
+        stream was emptied and deleted meanwhile: each queue reads its own stream alone
+        until its next look. Else the error is raised."""
+        if self._gone(error, members, raises=False):
+            return
         if not isinstance(error, ResponseError) or not any(
             len(m.loop.aside.read) > 1 for m in members
         ):
@@ -251,6 +273,33 @@ class QueueSet:
         for m in members:
             if len(m.loop.aside.read) > 1:
                 m.loop.aside.lost(time.monotonic())
+
+    def _gone(
+        self, error: Exception, members: list[Member] | None = None, *, raises: bool = True
+    ) -> bool:
+        """Redis says a stream or its group is gone (``error``): the queues of ``members``
+        (default: all) whose own stream it is lost their membership with it
+        (``TaskRun.gone``: the next safe point rejoins, or leaves if the queue is gone).
+        Which: the one a ``NOGROUP`` names, or (a read that waited when its stream went
+        says not which) those whose stream no longer exists. True if any did; else the
+        error is raised (``raises``) or False."""
+        found: list[Member] = []
+        if stream_gone(error):
+            members = list(self.members.values()) if members is None else members
+            named = gone_stream(error)
+            if named is not None:
+                found = [m for m in members if m.run.tk.stream == named]
+            else:
+                pipe = self.r.pipeline(transaction=False)
+                for m in members:
+                    pipe.exists(m.run.tk.stream)
+                there = pipe.execute()
+                found = [m for m, n in zip(members, there, strict=True) if not n]
+        for m in found:
+            m.run.gone()
+        if not found and raises:
+            raise error
+        return bool(found)
 
     # -- running ----------------------------------------------------------------------------
 
@@ -289,6 +338,27 @@ class QueueSet:
             if n and name in self.members:
                 self.members[name].loop.ran_for(n, spent[name])
 
+    def on_scheduled(self, key: str, event: str) -> None:
+        """A keyspace notification of a queue's ``scheduled`` zset (the watcher's thread):
+        a delayed job or a retry was added, so that queue's leader looks for due jobs now,
+        however seldom its duties come round with many queues. After a reconnect (anything
+        may have been missed) every queue looks."""
+        if event == "resubscribed":
+            for member in list(self.members.values()):
+                member.loop.duties.poke()
+            return
+        if event != "zadd":
+            return
+        head, tail = self.parts.keys.task("\n").scheduled.split("\n")  # (around the name)
+        if key.startswith(head) and key.endswith(tail):
+            found = self.members.get(key[len(head) : len(key) - len(tail)])
+            if found is not None:
+                found.loop.duties.poke()
+
+    def scheduled_pattern(self) -> str:
+        """The keys ``on_scheduled`` is told about: every queue's ``scheduled`` zset."""
+        return self.parts.keys.task("*").scheduled
+
     # -- joining and leaving ----------------------------------------------------------------
 
     def _scout(self) -> None:
@@ -302,9 +372,14 @@ class QueueSet:
                 self._close(name, "revoked")
         now = time.monotonic()
         for name in wanted:
-            if name in self.members or now - self.turned_away.get(name, -1e9) < REJOIN_SECONDS:
+            if name in self.members or name in self.leaving:
+                continue
+            if now - self.turned_away.get(name, -1e9) < REJOIN_SECONDS:
                 continue
             self._open(name)
+        for name in self.scout.take_touched():
+            if name in self.members:
+                self.members[name].loop.touched()
         self._publish()
 
     def _open(self, name: str) -> None:
@@ -320,12 +395,27 @@ class QueueSet:
         self.turned_away.pop(name, None)
 
     def _close(self, name: str, reason: str) -> None:
-        member = self.members.get(name)
+        """Leave queue ``name``: at once, or, while jobs of its run here (a run never
+        leaves with its jobs still running), once they are recorded; the other queues'
+        jobs go on meanwhile."""
+        member = self.members.pop(name, None)
         if member is None:
             return
-        if self.flight is not None:
-            self.flight.drain()  # a run never leaves with its jobs still running
-        del self.members[name]
+        if self.flight is not None and self.flight.runs(member):
+            self.leaving[name] = (member, reason)
+            self._publish()
+            return
+        self._left(member, reason)
+
+    def closed_left(self) -> None:
+        """Close the queues left whose last job here has been recorded."""
+        for name, (member, reason) in list(self.leaving.items()):
+            if self.flight is None or not self.flight.runs(member):
+                del self.leaving[name]
+                self._left(member, reason)
+
+    def _left(self, member: Member, reason: str) -> None:
+        name = member.name
         member.run.use()
         try:
             member.run.close(member.loop, reason)
@@ -334,13 +424,16 @@ class QueueSet:
         self.log.info("queue_left", queue=name, reason=reason)
         if reason in ("finished", "revoked"):
             self.turned_away[name] = time.monotonic()
-        self._publish()
+        if not self.closing:
+            self._publish()
 
     def _publish(self) -> None:
         """The worker record shows the queues we are a member of (when that changes)."""
         names = sorted(self.members)
         if names == self.published:
             return
+        for member in self.members.values():
+            member.loop.spread(len(names))
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(self.parts.keys.worker(self.me), mapping=queue_memberships(names))
         events.emit(pipe, self.parts.keys, "memberships", worker=self.me, queues=",".join(names))
@@ -391,8 +484,9 @@ class Flight:
     """``--concurrency N`` over all of a worker's queues: up to N jobs in flight at once,
     whichever queues they are of (``workers.concurrent`` does the same for one run). Jobs
     start round robin over the queues that hold some; before any queue's membership
-    change is acted on, the member waits for what is in flight (a re-rank never hands back
-    a job that runs here)."""
+    change is acted on, nothing waits: a queue's re-rank hands back nothing, so what runs
+    goes on. Only the worker's own end in a queue waits for what is in flight there: it
+    stops, is given a task, or was pruned (it hands back what it holds, then rejoins)."""
 
     def __init__(self, queues: QueueSet, flight: InFlight) -> None:
         self.queues, self.flight = queues, flight
@@ -401,7 +495,7 @@ class Flight:
     def turn(self) -> None:
         queues, flight = self.queues, self.flight
         if flight.running and (
-            queues.parts.state.stopping or any(map(_changing, queues.members.values()))
+            queues.parts.state.stopping or any(map(_halted, queues.members.values()))
         ):
             self.drain()
         for member in queues._ordered():
@@ -409,15 +503,21 @@ class Flight:
         self._record(flight.collect(0))
         self._start_held()
         held = sum(len(m.run.held) for m in queues.members.values())
+        waited = False
         if flight.free and held < flight.free and queues.members:
-            read, owner = queues.read(flight.free, block=not flight.running and not held)
+            # blocked on the streams even while calls run (up to WAIT_SECONDS: a call that
+            # ends meanwhile is recorded that much later), so a free slot takes a job as
+            # soon as it comes, not at the next poll: fair among the members of a queue
+            waited = not held
+            most = int(WAIT_SECONDS * 1000) if flight.running else None
+            read, owner = queues.read(flight.free, block=not held, most_ms=most)
             for raw_stream, entries in read or ():
                 of = owner.get(text(raw_stream))
                 if of is not None and of.name in queues.members:
                     of.run.held.extend(of.loop.aside.works([[raw_stream, entries]]))
             self._start_held()
         if flight.running:
-            self._record(flight.collect(WAIT_SECONDS))
+            self._record(flight.collect(0 if waited else WAIT_SECONDS))
         for member in queues.members.values():
             if time.monotonic() > member.loop.ledger.last_flush + FLUSH_SECONDS:
                 member.loop.ledger.flush()
@@ -444,6 +544,12 @@ class Flight:
         for call in calls:
             member = self.owners.pop(id(call))
             member.loop.record(call)
+        if calls and self.queues.leaving:
+            self.queues.closed_left()
+
+    def runs(self, member: Member) -> bool:
+        """Whether a job of ``member``'s queue is in flight here."""
+        return any(owner is member for owner in self.owners.values())
 
     def drain(self) -> None:
         """Start nothing more; wait for everything in flight and record it."""
@@ -463,7 +569,7 @@ class Flight:
         self.flight.close()
 
 
-def _changing(member: Member) -> bool:
-    """The queue's membership is about to change (or its run to end): drain first."""
-    s = member.run.state
-    return s.suspend.is_set() or s.stopping or s.fenced or member.loop.ledger.ended
+def _halted(member: Member) -> bool:
+    """The worker ends its membership of this queue for a reason that ends what it runs
+    (``queue_loop.halted``): drain first. A new epoch is none."""
+    return halted(member.run.state)

@@ -20,10 +20,13 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
+from redis.exceptions import ResponseError
+
 from queueworks.connection import Connection, text
 from queueworks.jobrecords import starts_before
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.scripts import Claimed, Scripts
+from queueworks.vanished import stream_gone
 
 from .work import Gone, Work
 
@@ -38,8 +41,14 @@ class Reclaim:
         self.r, self.scripts, self.tk, self.me = r, scripts, tk, worker_id
 
     def consumers(self, stream: str) -> Consumers:
-        """The group's consumers of ``stream`` and how many entries each has pending."""
-        return _consumers(self.r.xinfo_consumers(stream, self.tk.group))
+        """The group's consumers of ``stream`` and how many entries each has pending (none
+        if the stream or its group is gone)."""
+        try:
+            return _consumers(self.r.xinfo_consumers(stream, self.tk.group))
+        except ResponseError as exc:
+            if not stream_gone(exc):
+                raise
+            return {}
 
     def consumers_on(
         self, pipe: Any, streams: Sequence[str], into: dict[str, Consumers]
@@ -55,7 +64,9 @@ class Reclaim:
             for k, stream in enumerate(streams):
                 reply = replies[at + k]
                 if isinstance(reply, Exception):
-                    raise reply
+                    if not stream_gone(reply):
+                        raise reply
+                    reply = []
                 into[stream] = _consumers(reply)
 
         return read
@@ -86,13 +97,19 @@ class Reclaim:
         return works, gone
 
     def adopt_own(self, stream: str) -> list[Work]:
-        """Entries still pending on our own consumer (read, never settled): charged."""
+        """Entries still pending on our own consumer (read, never settled): charged. None
+        if the stream or its group is gone."""
         out: list[Work] = []
         start = "-"
         while True:
-            pending: Any = self.r.xpending_range(
-                stream, self.tk.group, start, "+", RECLAIM_BATCH, consumername=self.me
-            )
+            try:
+                pending: Any = self.r.xpending_range(
+                    stream, self.tk.group, start, "+", RECLAIM_BATCH, consumername=self.me
+                )
+            except ResponseError as exc:
+                if not stream_gone(exc):
+                    raise
+                return out
             if not pending:
                 return out
             pipe = self.r.pipeline(transaction=False)

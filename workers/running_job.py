@@ -26,9 +26,9 @@ class RunningJob(Call):
     """``entry``: which job, as its entry says; ``started_at``: when it started (s since
     the epoch; its record's ``st``); ``outcome``: its result JSON (done) or its error
     (dead); ``reason``: why it died; ``ctx``: the context its handler was given (None if
-    it takes none)."""
+    it takes none); ``span``: its ``process`` span while tracing (``queueworks.tracing``)."""
 
-    __slots__ = ("ctx", "entry", "outcome", "reason", "started_at")
+    __slots__ = ("ctx", "entry", "outcome", "reason", "span", "started_at")
 
     def __init__(
         self,
@@ -42,6 +42,7 @@ class RunningJob(Call):
         self.entry, self.started_at = entry, started_at
         self.outcome = self.reason = ""
         self.ctx: JobContext | None = None
+        self.span: Any = None
 
     @classmethod
     def unrun(cls, work: Work, entry: JobEntry, started_at: float) -> RunningJob:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+from redis.exceptions import ResponseError
 
 from queueworks import events
 from queueworks.connection import UNAVAILABLE, Connection, text
@@ -26,6 +27,7 @@ from queueworks.membership import Roster
 from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_error
 from queueworks.script_calls import NodeSetFull
 from queueworks.scripts import Scripts
+from queueworks.vanished import stream_gone
 
 from .handlers import Handler, HandlerRefused, resolve
 from .heartbeat import Heartbeat, NodeState, Seat
@@ -35,6 +37,7 @@ from .loop import ModeLoop, ReadsAtJoin
 from .membership import Membership
 from .modes import MODES
 from .reclaim import Consumers, Reclaim
+from .stopping import Running
 from .watchdog import Watchdog
 from .work import Leave, Work, in_stream_order
 
@@ -58,6 +61,11 @@ class WorkerParts:
     # its members' heartbeats, each if asked (the worker's watcher)
     watch: Callable[[str | None, bool, bool], None] = lambda task_id, epoch, heartbeats: None
     aio: EventLoop = field(default_factory=EventLoop)  # the process's loop for async handlers
+    running: Running = field(init=False)  # the queues' jobs running here, and their stop
+
+    def __post_init__(self) -> None:
+        running = Running(self.r, self.state.worker_id, self.aio, self.watchdog, self.log)
+        object.__setattr__(self, "running", running)
 
 
 class TaskRun:
@@ -69,6 +77,7 @@ class TaskRun:
         self.state: Seat = parts.state.seat(task_id, queue=queue)
         self.watchdog, self.batch_size = parts.watchdog, parts.batch_size
         self.allow, self.concurrency, self.aio = parts.allow, parts.concurrency, parts.aio
+        self.running = parts.running
         self.tk = parts.keys.task(task_id)
         self.me = parts.state.worker_id
         self.log = parts.log.bind(task_id=task_id)
@@ -83,7 +92,8 @@ class TaskRun:
 
     def run(self) -> str:
         """Work on the task until the run ends; returns why ("finished", "revoked",
-        "stopping", "missing", "refused")."""
+        "stopping", "missing", "refused"). A task whose stream went while it ran (Redis
+        lost its keys) is "missing": the run leaves what is left of its membership."""
         try:
             opened = self.open()
             if isinstance(opened, str):
@@ -93,6 +103,11 @@ class TaskRun:
                 opened.serve()
             except Leave as why:
                 reason = str(why)
+            except ResponseError as exc:
+                if not stream_gone(exc):
+                    raise
+                self.gone()
+                reason = "missing"
             finally:
                 self.close(opened, reason)
             return reason
@@ -130,6 +145,10 @@ class TaskRun:
                 return "finished"
         except NodeSetFull:
             return "full"
+        except ResponseError as exc:  # its record is there, its stream gone: no task to run
+            if not stream_gone(exc):
+                raise
+            return "missing"
         return loop
 
     def use(self) -> None:
@@ -186,7 +205,8 @@ class TaskRun:
         self.rerank(joined.roster, looked)  # it watches the membership from now on
         self.fresh = set()
         # The heartbeat checks our successor from now on; with one, at once (it may be dead).
-        if self.parts.heartbeat.follow(self.state, joined.roster):
+        # (A queue's members have no successor: the pool heartbeat is their liveness.)
+        if not self.state.queue and self.parts.heartbeat.follow(self.state, joined.roster):
             self.parts.heartbeat.poke()
         return True
 
@@ -223,6 +243,16 @@ class TaskRun:
                 raise Leave("finished")
         if s.suspend.is_set():
             self.rerank()
+
+    def gone(self) -> None:
+        """The task's stream or its group is gone (Redis lost its keys: a restart without
+        persistence, a ``FLUSHALL``, a failover to an empty replica): our membership went
+        with it. Fenced: the next safe point rejoins, if the task is there again (a queue a
+        client's handle made again), else the run ends."""
+        if not self.state.fenced:
+            self.log.warning("membership_gone", reason="the task's stream or group is gone")
+        self.state.fenced = True
+        self.state.suspend.set()
 
     def idle(self) -> None:
         self.look_around()
@@ -309,7 +339,8 @@ class TaskRun:
         epoch, unless we are alone in a one-node task (nobody else can join); the others'
         heartbeats while there are others. Each re-rank says again."""
         alone = role.world_size == 1
-        self.parts.watch(self.tk.task_id, not (alone and self.spec.max_nodes == 1), not alone)
+        heartbeats = not alone and not self.state.queue  # (a queue's members keep none)
+        self.parts.watch(self.tk.task_id, not (alone and self.spec.max_nodes == 1), heartbeats)
 
     def _take_over(
         self,

@@ -11,9 +11,11 @@ from typing import Any
 from queueworks.connection import text
 from queueworks.context import SubtaskContext, Suspended
 from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
+from queueworks.records import TASK_TRACE
 from queueworks.retry_policy import RetryPolicy
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of
 from queueworks.signals import ColdStop
+from queueworks.tracing import hooks
 
 from .concurrent import Concurrently
 from .inflight import Call, InFlight, is_async
@@ -44,6 +46,7 @@ class SubtaskLoop:
         spec = run.spec
         self.retries = RetryPolicy(spec.retry_delay, spec.retry_backoff, spec.retry_max_delay)
         self.waiting = WaitingRetries(run)
+        self.trace: str | None = None  # the task's trace context, while tracing
 
     def serve(self) -> None:
         run = self.run
@@ -183,6 +186,22 @@ class SubtaskLoop:
         self._ran(ran, started)
 
     def _run_entries(self, stream: str, entries: Entries, attempt: int) -> int:
+        """``_run_each``; while tracing, in one ``process`` span (``messaging.batch.
+        message_count``: the entries run), a child of the submit's ``send`` span."""
+        tracer = hooks.consumer
+        if tracer is None:
+            return self._run_each(stream, entries, attempt)
+        if self.trace is None:  # the task's trace context, read once
+            self.trace = text(self.run.r.hget(self.run.tk.record, TASK_TRACE) or b"")
+        run = self.run
+        fn = tracer.subtask_fn(self.handler.fn, run.spec.name)  # None: no span per subtask
+        with tracer.batch(run.spec.name, self.trace, len(entries), run.me) as span:
+            span.set_attribute("queueworks.task.id", run.tk.task_id)
+            ran = self._run_each(stream, entries, attempt, fn)
+            span.set_attribute("messaging.batch.message_count", ran)
+        return ran
+
+    def _run_each(self, stream: str, entries: Entries, attempt: int, traced: Any = None) -> int:
         """Run entries of one stream in order and record each outcome for the next settle,
         until done or a safe point says stop. Returns how many were consumed; the rest (a
         suspended one first) is the caller's to keep, in order. A failure that will be
@@ -196,7 +215,7 @@ class SubtaskLoop:
         suspended = s.suspend.is_set
         monotonic = time.monotonic
         call = run.watchdog.call if not is_async(self.handler.fn) else self._await
-        fn, takes_ctx = self.handler.fn, self.handler.takes_ctx
+        fn, takes_ctx = traced or self.handler.fn, self.handler.takes_ctx
         ok = ledger.succeeded(stream)
         flush_at = ledger.last_flush + FLUSH_SECONDS
         for i, (raw_id, fields) in enumerate(entries):

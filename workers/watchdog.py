@@ -11,6 +11,9 @@ one. Its heartbeat stops, the others prune it and reclaim what it held; each sta
 reclaimed entry is charged, so a handler that hangs every time is dead-lettered after
 ``max_attempts`` starts.
 
+A call its worker stopped (``workers.stopping``: the job is no longer ours) that still runs
+past the time it was given to end exits the process the same way.
+
 Arming is one attribute write and disarming another, plus a look at the lock: the watchdog
 thread checks a few times a second and costs the hot path nothing else.
 """
@@ -25,7 +28,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-EXIT_HUNG = 70  # EX_SOFTWARE: a handler ignored its timeout; restart the worker
+EXIT_HUNG = 70  # EX_SOFTWARE: a handler ignored its timeout (or its stop); restart the worker
+STOPPED_WATCH = 0.02  # s between two looks while a stopped call is awaited
 _ident, _now = threading.get_ident, time.monotonic  # looked up once: called per subtask
 
 
@@ -67,7 +71,16 @@ class Watchdog(threading.Thread):
         self._main = Slot()
         self._slots = [self._main]
         self.timeouts = 0
+        self._stops: dict[int | str, float] = {}  # stopped calls' index -> their deadline
+        self.calls = 0  # handler calls ended, in every slot
+        self.call_limit: int | None = None  # then ``on_limit`` (``limit_calls``)
+        self.on_limit: Callable[[], None] = _nothing
         self.use(timeout, log, grace=grace)
+
+    def limit_calls(self, n: int, then: Callable[[], None]) -> None:
+        """Call ``then`` as the ``n``-th handler call ends (a pool member's job limit:
+        ``workers.retire``), on the thread that made it, before it may start another."""
+        self.call_limit, self.on_limit = n, then
 
     def use(self, timeout: float, log: Any, *, grace: float | None = None) -> None:
         """The limits (and the logger) for the calls that follow: one task's."""
@@ -102,6 +115,9 @@ class Watchdog(threading.Thread):
                 slot.job = None
                 if job is slot.fired or self._lock.locked():
                     self._clear(slot, job)
+                self.calls += 1
+                if self.call_limit is not None and self.calls >= self.call_limit:
+                    self.on_limit()
         except SubtaskTimeout:  # it may have landed inside the ``finally``: disarm again
             slot.job = None
             self._clear(slot, job)
@@ -115,6 +131,15 @@ class Watchdog(threading.Thread):
                 return job[2]
         return None
 
+    def stopped(self, index: int | str, within: float) -> None:
+        """The call of ``index`` (running now, or about to) was stopped: if it still runs
+        ``within`` s from now, the process exits (``EXIT_HUNG``), as for a call past its
+        hard limit. ``stop_ended`` once it has ended."""
+        self._stops[index] = time.monotonic() + within
+
+    def stop_ended(self, index: int | str) -> None:
+        self._stops.pop(index, None)
+
     def _clear(self, slot: Slot, job: Job) -> None:
         with self._lock:
             if job is slot.fired:
@@ -127,11 +152,26 @@ class Watchdog(threading.Thread):
         while not self._halt.wait(self._interval()):
             for slot in self._slots:
                 self._watch(slot)
+                if self._stops:
+                    self._watch_stopped(slot)
 
     def _interval(self) -> float:
-        """How often to look: a quarter of the shortest limit in force (0.25 s at most)."""
+        """How often to look: a quarter of the shortest limit in force (0.25 s at most;
+        ``STOPPED_WATCH`` while a stopped call is awaited)."""
         running = [job[3] for slot in self._slots if (job := slot.job) is not None]
-        return min(0.25, self.timeout / 4, *(t / 4 for t in running))
+        most = STOPPED_WATCH if self._stops else 0.25
+        return min(most, self.timeout / 4, *(t / 4 for t in running))
+
+    def _watch_stopped(self, slot: Slot) -> None:
+        """A stopped call still running past its deadline: the process exits."""
+        job = slot.job
+        deadline = self._stops.get(job[2]) if job is not None else None
+        if job is None or deadline is None or time.monotonic() < deadline or slot.job is not job:
+            return
+        self._log.error("stopped_job_still_running", job=job[2], exit_code=EXIT_HUNG)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(EXIT_HUNG)
 
     def _watch(self, slot: Slot) -> None:
         job = slot.job
@@ -153,6 +193,10 @@ class Watchdog(threading.Thread):
             sys.stderr.flush()
             sys.stdout.flush()
             os._exit(EXIT_HUNG)
+
+
+def _nothing() -> None:
+    return None
 
 
 def grace_for(timeout: float) -> float:

@@ -39,6 +39,9 @@ from queueworks.topology import SlotMap, node_client, read_slot_map
 
 # K: keyspace channel; $: string commands (SET/INCR); g: generic (DEL, EXPIRE); x: expired.
 NEEDED_FLAGS = "K$gx"
+# z: sorted sets (a delayed job added to a queue's ``scheduled``: its leader looks at once).
+# Enabled where the server lets us; without it a queue's duties come round as they do.
+OPTIONAL_FLAGS = "z"
 TOPOLOGY_INTERVAL = 2.0  # s between slot-map reads in a cluster (and at once on a drop)
 MIN_RECHECK = 0.5  # s at least between two slot-map reads
 
@@ -51,9 +54,13 @@ def enable_notifications(r: redis.Redis, log: Any) -> bool:
         current = r.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
         flags = current.decode() if isinstance(current, bytes) else str(current)
         has_all = "A" in flags
-        missing = [f for f in NEEDED_FLAGS if f not in flags and not (has_all and f in "$gx")]
+        missing = [f for f in NEEDED_FLAGS if f not in flags and not (has_all and f in "$gxz")]
+        optional = [f for f in OPTIONAL_FLAGS if f not in flags and not has_all]
         if missing:
-            r.config_set("notify-keyspace-events", flags + "".join(missing))
+            r.config_set("notify-keyspace-events", flags + "".join(missing + optional))
+        elif optional:
+            with contextlib.suppress(redis.ResponseError):
+                r.config_set("notify-keyspace-events", flags + "".join(optional))
         return True
     except redis.ResponseError as exc:
         log.warning(

@@ -91,6 +91,8 @@ class Worker:
             watch=self._watch_task,
         )
         self.parts.aio.on_hung = self._loop_hung
+        self.state.on_fenced = self.parts.running.fenced
+        self.state.on_cancelled = self.parts.running.cancelled
         scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)
         self.queue_set = QueueSet(self.parts, scout)
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
@@ -105,6 +107,13 @@ class Worker:
         """Warm stop: finish or abort the current step at a safe point, leave, exit."""
         self.state.stopping = True
         self.state.suspend_all()
+
+    def retire(self) -> None:
+        """Leave after what runs now (a pool member's limit, ``workers.retire``): unlike
+        ``stop`` nothing is cut short at a safe point; what was read and not started is
+        handed back, then the worker leaves and exits 0."""
+        self.state.stopping = True
+        self.state.wake.set()
 
     def _loop_hung(self) -> None:
         """The event loop stayed blocked past the hard limit (``workers.eventloop``): leave
@@ -216,30 +225,37 @@ class Worker:
         (a member joins or leaves), and its members' heartbeats (one ran out: prune it)."""
         if task_id is None:
             self._wanted.clear()
-        else:
-            tk = self.keys.task(task_id)
-            mine: set[tuple[str, bool]] = set()
-            if epoch:
-                mine.add((tk.epoch, False))
-            if heartbeats:
-                mine.add((tk.heartbeat_prefix + "*", True))
-            if mine:
-                self._wanted[task_id] = mine
-            else:
-                self._wanted.pop(task_id, None)
-        want: set[tuple[str, bool]] = set().union(*self._wanted.values())
-        for key, pattern in self._watched - want:
+            self._rewatch(self._watched, set())
+            return
+        tk = self.keys.task(task_id)
+        mine: set[tuple[str, bool]] = set()
+        if epoch:
+            mine.add((tk.epoch, False))
+        if heartbeats:
+            mine.add((tk.heartbeat_prefix + "*", True))
+        # (each task's keys are its own: only this one's change, whatever else is watched;
+        # a worker serving many queues re-ranks them one at a time)
+        old = self._wanted.pop(task_id, set())
+        if mine:
+            self._wanted[task_id] = mine
+        self._rewatch(old, mine)
+
+    def _rewatch(self, old: set[tuple[str, bool]], new: set[tuple[str, bool]]) -> None:
+        for key, pattern in old - new:
             self.watcher.unwatch(key, pattern=pattern)
-        for key, pattern in want - self._watched:
+        for key, pattern in new - old:
             callback = self._on_member_heartbeat if pattern else self._on_epoch
             self.watcher.watch(key, callback, pattern=pattern)
-        self._watched = want
+        self._watched = (self._watched - old) | new
 
     # -- the loop -------------------------------------------------------------------------
 
     def _serve(self) -> None:
         backoff = 0.05
         ended = False  # a run just ended: the controller moves us on; wait for the word
+        if not self.queue_set.cluster:  # (a pattern has no slot: a cluster's leaders poll)
+            pattern = self.queue_set.scheduled_pattern()
+            self.watcher.watch(pattern, self.queue_set.on_scheduled, pattern=True)
         while not self.state.stopping:
             try:
                 if ended:  # (often already here: it came while we were leaving)

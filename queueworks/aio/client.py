@@ -15,7 +15,7 @@ from typing import Any, TypeVar, Unpack
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 
 from queueworks.aio.connection import AsyncConnection, connect_async
-from queueworks.aio.queue_handle import AsyncQueue, open_queue
+from queueworks.aio.queue_handle import AsyncJob, AsyncQueue, open_queue
 from queueworks.aio.results import ResultWatcher
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncTask
@@ -33,8 +33,8 @@ from queueworks.lost_workers import WINDOW, LostWorker, plan_lost_workers
 from queueworks.models import JobStatus, QueueStatus, TaskSpec, TaskStatus, WorkerRecord
 from queueworks.plans import Plan
 from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running_of
-from queueworks.queue_settings import QueueOptions
-from queueworks.queues import RUNNING_SHOWN
+from queueworks.queue_settings import DEFAULTS, QueueOptions
+from queueworks.queues import RUNNING_SHOWN, job_ref
 from queueworks.scripts import AsyncScripts
 from queueworks.submit import check_replicated, plan_submit, submit_task_id
 
@@ -140,6 +140,11 @@ class AsyncClient:
         name = check_task_id(name, "queue name")
         await self.check_eviction()
         return await open_queue(self, name, given, reopen)
+
+    def job(self, ref: str) -> AsyncJob:
+        """A handle to the job ``"QUEUE/JOB_ID"``, as ``Client.job`` (no I/O)."""
+        name, job_id = job_ref(ref)
+        return AsyncQueue(self, name, DEFAULTS, revives=False).job(job_id)
 
     async def queues(self) -> list[QueueStatus]:
         """Every queue that still exists, by name."""

@@ -11,6 +11,7 @@ and a connection or two, not a thousand. Each job is still written once.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import (
     AsyncIterable,
@@ -21,11 +22,14 @@ from collections.abc import (
     Sequence,
 )
 from datetime import datetime
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, Unpack
+
+from typing_extensions import TypeVar
 
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
 from queueworks.connection import UNAVAILABLE, text
+from queueworks.job_functions import Call
 from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
 from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
@@ -37,6 +41,7 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
+from queueworks.queue_configure import plan_configure
 from queueworks.queue_plans import (
     QueueRef,
     plan_defer,
@@ -51,7 +56,7 @@ from queueworks.queue_plans import (
     plan_unique,
     plan_write,
 )
-from queueworks.queue_settings import QueueSettings, queue_wait
+from queueworks.queue_settings import LiveOptions, QueueSettings, queue_wait
 from queueworks.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
@@ -60,6 +65,7 @@ from queueworks.queues import (
     RUNNING_SHOWN,
     HandlerPaths,
     NotFinished,
+    checked_call,
     deferred_on,
     new_job,
     outage_pause,
@@ -71,6 +77,7 @@ from queueworks.vanished import QueueGone
 from queueworks.wire import XaddBytes
 
 T = TypeVar("T")
+R = TypeVar("R", default=Any)
 Jobs = (
     Iterable[tuple[str | Callable[..., Any], Any]]
     | AsyncIterable[tuple[str | Callable[..., Any], Any]]
@@ -111,7 +118,7 @@ class AsyncQueue:
 
     async def enqueue(
         self,
-        handler: str | Callable[..., Any],
+        handler: str | Callable[..., Any] | Call[R],
         payload: Any = None,
         *,
         delay: float | None = None,
@@ -125,9 +132,11 @@ class AsyncQueue:
         unique_for: float | None = None,
         group: str | None = None,
         depends_on: Iterable[Any] | None = None,
-    ) -> AsyncJob:
+    ) -> AsyncJob[R]:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
-        ``payload`` (JSON). ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
+        ``payload`` (JSON); or a typed job function's call (``fn.call(...)``), no payload:
+        its ``AsyncJob[R]``'s ``result()`` is of the function's return type.
+        ``delay`` (s) or ``at`` (a datetime or Unix time): not before.
         ``retry_delay``, ``retry_backoff``, ``retry_max_delay``: this job's own retry
         schedule, instead of the queue's settings of the same names. ``key``: a unique
         key; while a job holding it is live (or finished less than ``unique_for`` s ago),
@@ -148,15 +157,19 @@ class AsyncQueue:
             unique_for=unique_for,
             group=group,
         )
-        job = new_job(self._path(handler), payload, delay, at, options)
+        if isinstance(handler, Call):
+            typed: Call[R] | None = handler
+            job = new_job(handler.path, None, delay, at, options, checked_call(handler, payload))
+        else:
+            typed, job = None, new_job(self._path(handler), payload, delay, at, options)
         deps = [] if depends_on is None else deferred_on(depends_on, delay, at)
         if deps and (options is None or options.key is None):
-            return AsyncJob(self, await self._run(plan_defer(self.ref, job, deps)))
+            return AsyncJob(self, await self._run(plan_defer(self.ref, job, deps)), typed=typed)
         if options is not None and options.key is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
             plan = plan_unique(self.ref, job, options.key, wait, deps)
             job_id, made, acked = await self._run(plan)
-            handle = AsyncJob(self, job_id, made)
+            handle = AsyncJob(self, job_id, made, typed)
             error = jobs_not_replicated(self.name, [handle], acked, wait)
             if error is not None:
                 raise error
@@ -164,32 +177,44 @@ class AsyncQueue:
         wait = NO_WAIT
         if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
             wait = queue_wait(self.settings, wait_replicas, wait_timeout)
-        return AsyncJob(self, await self._writer.write(job, wait))
+        return AsyncJob(self, await self._writer.write(job, wait), typed=typed)
 
     async def enqueue_many(
         self,
-        jobs: Jobs,
+        jobs: Jobs | Iterable[Call[R]] | AsyncIterable[Call[R]],
         *,
         group: str | None = None,
         wait_replicas: int | None = None,
         wait_timeout: float | None = None,
-    ) -> list[AsyncJob]:
-        """Add many ``(handler, payload)`` jobs (an iterable or an async iterable), in
-        batches, pipelined. ``group`` and ``wait_replicas`` as for ``Queue.enqueue_many``:
+    ) -> list[AsyncJob[R]]:
+        """Add many ``(handler, payload)`` jobs, or typed calls (``fn.call(...)``; their
+        handles typed), from an iterable or an async iterable, in batches, pipelined.
+        ``group`` and ``wait_replicas`` as for ``Queue.enqueue_many``:
         every job's group; one WAIT, after the last batch."""
         options = JobOptions.given(group=group)
         wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         ids: list[str] = []
         batches: list[list[NewJob]] = [[]]
-        async for handler, payload in each(jobs):
+        typed: list[Call[R] | None] = []  # each job's call, if typed (decodes its result)
+        one: Any
+        async for one in each(jobs):
             if len(batches[-1]) >= ENQUEUE_BATCH:
                 if len(batches) >= ENQUEUE_PIPELINE:  # sent once more follows
                     ids += await self._run(plan_send(self.ref, batches))
                     batches = []
                 batches.append([])
-            batches[-1].append(new_job(self._path(handler), payload, None, None, options))
+            if isinstance(one, Call):
+                typed.append(one)
+                batches[-1].append(new_job(one.path, None, None, None, options, one.body))
+            else:
+                handler, payload = one
+                typed.append(None)
+                batches[-1].append(new_job(self._path(handler), payload, None, None, options))
         last, acked = await self._run(plan_write(self.ref, batches, wait))
-        handles = [AsyncJob(self, job_id) for job_id in ids + last]
+        handles = [
+            AsyncJob(self, job_id, typed=call)
+            for job_id, call in zip(ids + last, typed, strict=True)
+        ]
         error = jobs_not_replicated(self.name, handles, acked, wait)
         if error is not None:
             raise error
@@ -230,7 +255,7 @@ class AsyncQueue:
     async def schedule(
         self,
         name: str,
-        handler: str | Callable[..., Any],
+        handler: str | Callable[..., Any] | Call[Any],
         payload: Any = None,
         *,
         every: float | None = None,
@@ -239,8 +264,13 @@ class AsyncQueue:
         """Enqueue ``handler(payload)`` on this queue every ``every`` s (the first run
         ``every`` s from now) or at each time of the cron expression ``cron`` (5 fields,
         UTC): one job per due time, enqueued by the controller that leads. A schedule of
-        the same name is replaced. ``ValueError`` naming what is wrong."""
-        plan = plan_schedule(self.ref, name, self._path(handler), payload, every, cron)
+        the same name is replaced. ``ValueError`` naming what is wrong. ``handler`` may be a
+        typed call (``fn.call(...)``, no payload): each job is that call."""
+        if isinstance(handler, Call):
+            path, payload = handler.path, json.loads(checked_call(handler, payload))
+        else:
+            path = self._path(handler)
+        plan = plan_schedule(self.ref, name, path, payload, every, cron)
         return await self._run(plan)
 
     async def schedules(self) -> list[Schedule]:
@@ -262,6 +292,12 @@ class AsyncQueue:
         dead): ``limit`` (at most 1,000) after ``offset``, and how many there are
         (``queueworks.job_lists``). ``ValueError`` naming a bad state, limit or offset."""
         return await self._run(plan_jobs(self.client.keys, self.name, state, limit, offset))
+
+    async def configure(self, **settings: Unpack[LiveOptions]) -> QueueSettings:
+        """As ``Queue.configure``: change the queue's live settings; its settings now."""
+        self.settings = await self._run(plan_configure(self.client.keys, self.name, settings))
+        self.ref.settings = self.settings
+        return self.settings
 
     async def pause(self) -> bool:
         """Its members stop reading new jobs (jobs keep arriving); False if it was paused."""
@@ -387,12 +423,15 @@ class JobWriter:
                     done.set_result(outcome)
 
 
-class AsyncJob:
+class AsyncJob(Generic[R]):
     """A handle to one job of a queue: ``await job.result(timeout)``. ``created``: whether
-    the enqueue that returned it made it (False: it found it holding its unique key)."""
+    the enqueue that returned it made it (False: it found it holding its unique key).
+    ``AsyncJob[R]``: a typed job function's (``typed``: its call), whose result is an ``R``."""
 
-    def __init__(self, queue: AsyncQueue, job_id: str, created: bool = True) -> None:
-        self.queue, self.id = queue, job_id
+    def __init__(
+        self, queue: AsyncQueue, job_id: str, created: bool = True, typed: Call[R] | None = None
+    ) -> None:
+        self.queue, self.id, self.typed = queue, job_id, typed
         self.created = created  # False: an enqueue with a unique key found it, live
         self.key = queue.keys.job(job_id)
 
@@ -407,8 +446,9 @@ class AsyncJob:
         keys = self.queue.client.keys
         return await self.queue._run(plan_job_detail(keys, self.queue.name, self.id))
 
-    async def result(self, timeout: float | None = None) -> Any:
-        """The job's result once it is done; ``JobFailed`` if it is dead or cancelled;
+    async def result(self, timeout: float | None = None) -> R:
+        """The job's result once it is done (a typed job's as its function's return
+        annotation says); ``JobFailed`` if it is dead or cancelled;
         ``TimeoutError`` after ``timeout`` s. Polled as ``Job.result`` polls, together with
         the client's other calls (``ResultWatcher``)."""
         watcher = self.queue.client.results
@@ -418,7 +458,8 @@ class AsyncJob:
         left, outage = timeout, OUTAGE_FIRST_PAUSE
         while True:
             try:
-                return await watcher.result(self.queue.name, self.queue.keys, self.id, left, wait)
+                value = await watcher.result(self.queue.name, self.queue.keys, self.id, left, wait)
+                return value if self.typed is None else self.typed.decode(value)
             except QueueGone:
                 await self.queue._revive()  # its entry runs once its group is there again
             except NotFinished as exc:  # said again from its status (running, why it waits)
@@ -430,7 +471,10 @@ class AsyncJob:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
 
     async def cancel(self) -> bool:
-        """Cancel the job if it has not started; False if it has started or finished."""
+        """Cancel the job: one not started never runs; a running one is stopped (an ``async
+        def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
+        checks finishes, its outcome dropped) and never run again. Whether the job will not
+        run (again): False if it had finished."""
         return await self.queue._run(plan_job_cancel(self.queue.ref, self.id))
 
 

@@ -16,6 +16,7 @@ from queueworks.models import DeadLetter, NodeInfo, TaskStatus
 from queueworks.plans import Plan
 from queueworks.scripts import AsyncScripts
 from queueworks.tasks import (
+    TaskNotFound,
     plan_cancel,
     plan_change,
     plan_dead_letters,
@@ -79,9 +80,15 @@ class AsyncTask:
         return await self._run(plan_wait(self.client.keys, self.keys, timeout, poll))
 
     async def results(self) -> AsyncIterator[tuple[int, Any]]:
-        """``(index, result)`` for every subtask that succeeded, in no particular order."""
+        """``(index, result)`` for every subtask that succeeded, in no particular order;
+        ``TaskNotFound`` if there are none because the task is gone (it expired, or Redis
+        lost it)."""
+        none = True
         async for index, value in self.client.redis.hscan_iter(self.keys.results, count=1000):
+            none = False
             yield int(text(index)), from_json(text(value), f"result {text(index)!r}")
+        if none and not await self.client.redis.exists(self.keys.record):
+            raise TaskNotFound(self.id)
 
     async def dead_letters(self, count: int = 1000) -> list[DeadLetter]:
         return await self._run(plan_dead_letters(self.keys, count))

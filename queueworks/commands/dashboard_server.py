@@ -52,12 +52,22 @@ from queueworks.commands.options import ENV, common, option, seconds, settings_f
     "variable); bound beyond loopback, the only names served",
     show_default="loopback names only when bound to loopback, else any",
 )
+@option(
+    "--trace-url",
+    envvar=ENV + "DASHBOARD_TRACE_URL",
+    show_envvar=True,
+    metavar="URL",
+    help="a job's trace in your tracing UI, {trace_id} replaced: a job page links its trace "
+    "there (e.g. 'https://tracing.example/trace/{trace_id}')",
+    show_default="none: the trace id alone",
+)
 def dashboard(
     host: str,
     port: int,
     token: str | None,
     refresh: float,
     allowed_hosts: tuple[str, ...],
+    trace_url: str | None,
     **flags: Any,
 ) -> None:
     """Web dashboard, JSON API and /metrics (default http://127.0.0.1:9181)."""
@@ -80,6 +90,7 @@ def dashboard(
             ssl_ca_certs=settings.ssl_ca_certs,
             host=host,
             allowed_hosts=allowed_hosts,
+            trace_url=trace_url or None,
         )
     except (BindRefused, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -17,6 +17,7 @@ import click
 
 from queueworks.admin import Admin
 from queueworks.client import Client, Task
+from queueworks.commands.errors import BadInput
 from queueworks.commands.info import ControllerWatch
 from queueworks.commands.options import (
     client_for,
@@ -28,6 +29,7 @@ from queueworks.commands.options import (
 from queueworks.models import DeadLetter, TaskState, TaskStatus
 from queueworks.queues import last_line
 
+ALL = "*"  # --requeue without a job id: every listed dead letter
 FIRST_REASONS = 3  # distinct reasons that `submit --wait` prints
 SAMPLE = 200  # dead letters read to find them
 
@@ -61,10 +63,12 @@ def render(
     head += f", {len(letters)} dead letter(s) shown"
     if not letters:
         return head
-    rows = [("index", "attempts", "reason", "last error line")]
+    rows = [("job" if queue else "index", "attempts", "reason", "last error line")]
     for d in letters:
         index = "-" if d.index is None else str(d.index)
-        rows.append((index, str(d.attempts), d.reason, last_line(d.error)))
+        rows.append(
+            (d.job or "-" if queue else index, str(d.attempts), d.reason, last_line(d.error))
+        )
     widths = [max(len(row[c]) for row in rows) for c in range(3)]
     lines = [head]
     for row in rows:
@@ -154,29 +158,43 @@ def requeue_all(client: Client, task_id: str, letters: list[DeadLetter]) -> str:
 )
 @option(
     "--requeue",
-    is_flag=True,
-    help="put the listed dead letters back on the task's stream (reopens a completed task)",
+    is_flag=False,
+    flag_value=ALL,
+    default=None,
+    metavar="[JOB_ID]",
+    help="put the listed dead letters back on the task's stream (reopens a completed task); "
+    "with a queue's JOB_ID, that dead job only",
+    show_default="none",
 )
 def dead(
     task_id: str,
     as_json: bool,
     indexes: tuple[int, ...],
     limit: int,
-    requeue: bool,
+    requeue: str | None,
     **flags: Any,
 ) -> None:
     """List the dead letters of TASK (a task, or a queue): index, attempts, reason, last
     error line.
 
+    A queue's dead letters show each dead job's id (for `queueworks job QUEUE/JOB_ID`).
+
     With --requeue, each listed one goes back on the task's stream with its index and
     payload (a queue's job runs again) and the dead count goes down (a completed task
-    becomes active again)."""
+    becomes active again); --requeue JOB_ID requeues that dead job of a queue only."""
     settings = settings_from_flags(**flags)
     client = client_for(settings)
+    if requeue not in (None, ALL):
+        assert requeue is not None
+        if not client.redis.sismember(client.keys.queues, task_id):
+            raise BadInput(f"--requeue {requeue}: {task_id} is no queue (give --requeue alone)")
+        got = Admin(client).requeue_dead_job(task_id, requeue)
+        click.echo(f"requeued dead job {got.job} of queue {task_id}")
+        return
     task = client.task(task_id)
     status = task.status(with_nodes=False)  # TaskNotFound: one line
     letters = [d for d in task.dead_letters(count=limit) if not indexes or d.index in indexes]
     queue = bool(client.redis.sismember(client.keys.queues, task_id))
     click.echo(render(status, letters, as_json=as_json, queue=queue))
-    if requeue:
+    if requeue == ALL:
         click.echo(requeue_all(client, task_id, letters), err=as_json)

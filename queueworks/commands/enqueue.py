@@ -86,6 +86,22 @@ def wait_for_job(
     help="the job's payload, as JSON (given to the handler)",
 )
 @option(
+    "--args",
+    "args",
+    default=None,
+    metavar="JSON",
+    help="a typed job function's (@job) arguments by position, as a JSON array",
+    show_default="none",
+)
+@option(
+    "--kwargs",
+    "kwargs",
+    default=None,
+    metavar="JSON",
+    help="a typed job function's (@job) arguments by name, as a JSON object",
+    show_default="none",
+)
+@option(
     "--delay",
     type=seconds(0, MAX_TTL),
     help="run it this many seconds from now, not before",
@@ -144,6 +160,8 @@ def enqueue(
     queue: str,
     handler: str,
     payload: str,
+    args: str | None,
+    kwargs: str | None,
     delay: float | None,
     key: str | None,
     unique_for: float | None,
@@ -162,7 +180,9 @@ def enqueue(
     --wait: print the job's result as JSON and exit 0, or say why it died (or was
     cancelled) on stderr and exit 3. With --key, a job holding that key that is not finished
     (or finished less than --unique-for ago) is not enqueued again: its id is printed (and
-    --wait waits for it), and stderr says so. --group: see --group-limit."""
+    --wait waits for it), and stderr says so. --group: see --group-limit. A typed job
+    function (@job) takes --args and --kwargs instead of --json: its worker checks them
+    against the function's signature."""
     from queueworks.messages import NotJSON, from_json
     from queueworks.models import parse_handler_path
 
@@ -173,6 +193,8 @@ def enqueue(
     try:
         parse_handler_path(handler)
         value = from_json(payload, "--json")
+        if args is not None or kwargs is not None:
+            value = typed_payload(value, args, kwargs)
     except (ValueError, NotJSON) as exc:
         raise BadInput(str(exc)) from None
     client = client_for(settings)
@@ -192,6 +214,22 @@ def enqueue(
         click.echo(f"job {job.id} holds key {key!r}: no job enqueued", err=True)
     if wait:
         _wait(q, job.id, timeout)
+
+
+def typed_payload(payload: Any, args: str | None, kwargs: str | None) -> dict[str, Any]:
+    """The payload of a typed job function's call: ``{"args": [...], "kwargs": {...}}``
+    (``queueworks.job_functions``); ``ValueError`` naming a wrong option."""
+    from queueworks.messages import from_json
+
+    if payload is not None:
+        raise ValueError("--json: give either --json or --args/--kwargs (a typed call)")
+    by_position = [] if args is None else from_json(args, "--args")
+    by_name = {} if kwargs is None else from_json(kwargs, "--kwargs")
+    if not isinstance(by_position, list):
+        raise ValueError(f"--args must be a JSON array, not {args}")
+    if not isinstance(by_name, dict):
+        raise ValueError(f"--kwargs must be a JSON object, not {kwargs}")
+    return {"args": by_position, "kwargs": by_name}
 
 
 def _wait(q: Any, job_id: str, timeout: float | None) -> None:

@@ -22,6 +22,7 @@ from queueworks.admin import AdminError
 from queueworks.client import BadRecord, SubmitError, TaskNotFound
 from queueworks.connection import UNAVAILABLE, RedisUnavailable
 from queueworks.eviction import EvictingRedis
+from queueworks.redis_server import NoServerBinary
 from queueworks.vanished import QueueNotFound
 
 EXIT_ERROR = 1
@@ -95,7 +96,7 @@ def explain(exc: Exception, meta: dict[str, object]) -> CliError | None:
         return BadInput(f"invalid {what}: {validation_text(exc)}")
     if isinstance(exc, SubmitError):
         return BadInput(f"cannot submit: {exc}")
-    if isinstance(exc, AdminError | BadRecord | EvictingRedis):
+    if isinstance(exc, AdminError | BadRecord | EvictingRedis | NoServerBinary):
         return CliError(str(exc))
     if isinstance(exc, redis.RedisError):
         return CliError(f"Redis at {url} answered: {exc}")

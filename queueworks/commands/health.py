@@ -1,7 +1,8 @@
 """``queueworks health``: a health check for a container or a supervisor.
 
-Exit 0 when Redis answers (and, if asked, the worker's heartbeat is alive or some
-controller holds the leader lease); else non-zero, the reason on stderr.
+Exit 0 when Redis answers (and, if asked, the worker's heartbeat is alive — for a pool
+(``worker --processes``): its supervisor's record is fresh and a member's heartbeat is
+alive — or some controller holds the leader lease); else non-zero, the reason on stderr.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from queueworks.commands.options import common, option, settings_from_flags
 @option(
     "--id-file",
     type=click.Path(dir_okay=False),
-    help="also check the heartbeat of the worker whose id is in this file",
+    help="also check the heartbeat of the worker (or the pool: a member's) whose id is in "
+    "this file",
 )
 @option(
     "--controller",
@@ -47,8 +49,8 @@ def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
         r.ping()
         if id_file:
             wid = Path(id_file).read_text().strip()
-            if not r.exists(keys.worker_heartbeat(wid)):
-                click.echo(f"unhealthy: worker {wid} has no heartbeat", err=True)
+            if not r.exists(keys.worker_heartbeat(wid)) and (why := _no_heartbeat(r, keys, wid)):
+                click.echo(f"unhealthy: {why}", err=True)
                 sys.exit(2)
         if is_controller and not r.exists(keys.leader):
             click.echo("unhealthy: no controller holds the leader lease", err=True)
@@ -60,3 +62,16 @@ def health(id_file: str | None, is_controller: bool, **flags: Any) -> None:
         click.echo(f"unhealthy: {error.message if error else type(exc).__name__}", err=True)
         sys.exit(1)
     click.echo("ok")
+
+
+def _no_heartbeat(r: Any, keys: Any, wid: str) -> str | None:
+    """Why ``wid`` (no worker with a heartbeat) is unhealthy; None if it is a pool that
+    is alive: its supervisor's record is there and one of its members has a heartbeat."""
+    from queueworks.pools import read_pool
+
+    pool = read_pool(r, keys, wid)
+    if pool is None:
+        return f"worker {wid} has no heartbeat"
+    if any(r.exists(keys.worker_heartbeat(m)) for m in pool.members):
+        return None
+    return f"pool {wid} has no member with a heartbeat ({len(pool.members)} started)"

@@ -17,6 +17,7 @@ from queueworks.client import Client
 from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
 from queueworks.lost_workers import WINDOW, LostWorker
 from queueworks.models import JobStatus, NodeInfo, QueueStatus, Schedule, TaskState, WorkerRecord
+from queueworks.pools import PoolRecord, read_pools
 from queueworks.tasks import Backend
 from queueworks.wanted import Wanted
 from queueworks.wanted import read as read_wanted
@@ -178,6 +179,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
     tasks.sort(key=lambda t: t.created_at)
     total = client.task_count()
     workers, lost = client.workers(), client.lost_workers()
+    pools = read_pools(client.redis, client.keys)
     running = controller_running(client)
     jobs = {q.name: client.running_jobs(q.name) for q in queues if q.running}
     wanted = read_wanted(client.redis, client.keys)  # what `autoscale` runs
@@ -192,6 +194,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
                 "schedules": _dumped({n: found for n, found in schedules.items() if found}),
                 "running_jobs": _dumped(jobs),
                 "workers": [w.model_dump(mode="json") for w in workers],
+                "pools": [p.model_dump(mode="json") for p in pools],
                 "lost_workers": [w.model_dump(mode="json") for w in lost],
                 "wanted_workers": wanted.model_dump(mode="json") if wanted else None,
             },
@@ -215,7 +218,7 @@ def render(client: Client, *, as_json: bool = False, limit: int = 100, offset: i
         lines += _why(t.state, t.reason)
         lines += _nodes(nodes)
     lines += _queues(queues, schedules, jobs, now)
-    lines += _workers(workers, now) + _lost(lost, now)
+    lines += _workers(workers, now) + _pools(pools) + _lost(lost, now)
     lines.append(wanted_line(wanted, now))
     return "\n".join(lines)
 
@@ -231,6 +234,23 @@ def _workers(workers: Sequence[WorkerRecord], now: float) -> list[str]:
             f"  {w.id:<32} {w.state.value:<8} task={w.task or '-'} rank={rank}"
             f" processed={w.processed} labels={labels} queues={serves}"
             f" member_of={','.join(w.member_of) or '-'} heartbeat {beat}"
+        )
+    return lines
+
+
+def _pools(pools: Sequence[PoolRecord]) -> list[str]:
+    """The worker pools (``worker --processes``): their members are among the workers."""
+    if not pools:
+        return []
+    lines = [f"{len(pools)} pool(s)"]
+    for p in pools:
+        waits = (
+            f" starting again in {p.backoff:.0f}s (members fail at start-up)" if p.backoff else ""
+        )
+        lines.append(
+            f"  {p.id:<32} {len(p.members)}/{p.processes} members host={p.host} pid={p.pid}"
+            f" restarts={p.restarts} (retired={p.retired} failed={p.failed})"
+            f" members={','.join(p.members) or '-'}{waits}"
         )
     return lines
 

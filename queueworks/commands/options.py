@@ -52,6 +52,23 @@ def seconds(low: float = 0.0, high: float | None = None, *, above: bool = False)
     return Finite(min=low, max=high, min_open=above)
 
 
+class Processes(click.ParamType[int]):
+    """``--processes``: a count of at least 1, or ``auto`` (the CPUs this process may use)."""
+
+    name = "N|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, int):
+            return value
+        if str(value).strip().lower() == "auto":
+            from queueworks.workers.pool import cpus
+
+            return cpus()
+        return click.IntRange(1, MAX_PROCESSES).convert(value, param, ctx)
+
+
+MAX_PROCESSES = 1024
+PROCESSES = Processes()
 NODES = click.IntRange(1, MAX_NODES)
 PRIORITY = click.IntRange(-MAX_PRIORITY, MAX_PRIORITY)
 ATTEMPTS = click.IntRange(1, MAX_ATTEMPTS)
@@ -99,7 +116,8 @@ def common(f: Any) -> Any:
             setting(
                 "--log-format",
                 "log_format",
-                "log lines as JSON events or for a console",
+                "log lines as JSON events or for a console (default: console when stderr "
+                "is a terminal, else json)",
                 type=click.Choice(["json", "console"]),
             ),
         ]
@@ -137,6 +155,31 @@ def settings_from_flags(**flags: Any) -> Settings:
     ctx.meta[META_PREFIX] = settings.prefix
     configure(settings.log_level, settings.log_format)
     return settings
+
+
+def given_options(ctx: click.Context, *, skip: set[str]) -> list[str]:
+    """The options given on this command's line, as arguments again (those its
+    environment variables set travel with the environment): what a supervisor passes on."""
+    from click.core import ParameterSource
+
+    args: list[str] = []
+    for param in ctx.command.params:
+        name = param.name
+        if name is None or name in skip or not isinstance(param, click.Option):
+            continue
+        if ctx.get_parameter_source(name) is not ParameterSource.COMMANDLINE:
+            continue
+        value, flag = ctx.params[name], param.opts[0]
+        if param.is_flag:
+            args += [flag] if value else []
+        elif param.multiple:
+            for item in value:
+                args += [flag, str(item)]
+        elif isinstance(value, list):  # a comma-separated list, split by its callback
+            args += [flag, ",".join(value)]
+        else:
+            args += [flag, str(value)]
+    return args
 
 
 def client_for(settings: Settings) -> Client:
@@ -184,6 +227,33 @@ def key_values(items: tuple[str, ...], flag: str, what: str) -> dict[str, str]:
             raise click.BadParameter(f"{what} {item!r} must be key=value", param_hint=flag)
         labels[key] = value
     return labels
+
+
+NO_LIMIT = "none"  # ``queue QUEUE set --rate-limit none``: the setting's "no limit" (None)
+CLEARED: Any = object()  # what a live setting option gives for NO_LIMIT
+
+
+def live_setting_options(f: Any) -> Any:
+    """An option for every setting ``Queue.configure`` changes (``Setting.live``), for
+    ``queueworks queue QUEUE set``: its flag, type and help from the declaration; not given:
+    None. One that may be "no limit" takes ``none`` too (``CLEARED``)."""
+    for s in reversed([s for s in SETTINGS.values() if s.live]):
+        kind = setting_type(s)
+        help = f"set: {s.help}" + (f" ({NO_LIMIT!r}: no limit)" if s.optional else "")
+        f = option(s.flag, s.name, type=_OrNone(kind) if s.optional else kind, help=help)(f)
+    return f
+
+
+class _OrNone(click.ParamType[Any]):
+    """A setting's type, or ``none`` (``CLEARED``)."""
+
+    def __init__(self, inner: click.ParamType[Any]) -> None:
+        self.inner, self.name = inner, f"{inner.name}|none"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str) and value.strip().lower() == NO_LIMIT:
+            return CLEARED
+        return self.inner.convert(value, param, ctx)
 
 
 def setting_type(s: Setting) -> click.ParamType[Any]:

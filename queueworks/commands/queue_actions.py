@@ -12,14 +12,17 @@ import click
 
 from queueworks.commands.errors import BadInput, CliError
 from queueworks.commands.options import (
+    CLEARED,
     client_for,
     common,
+    live_setting_options,
     option,
     settings_from_flags,
     task_id_param,
 )
+from queueworks.queue_settings import LIVE
 
-ACTIONS = ("jobs", "pause", "resume", "empty", "requeue-dead", "delete-dead", "run")
+ACTIONS = ("jobs", "pause", "resume", "empty", "requeue-dead", "delete-dead", "run", "set")
 
 
 def _line(job: Any, now: float) -> str:
@@ -27,6 +30,20 @@ def _line(job: Any, now: float) -> str:
     if job.progress is not None:
         extra = f"{100 * job.progress:.0f}% {job.progress_message or ''}".strip()
     return f"{job.id}  {job.state.value}  {job.handler}  attempts={job.attempts}  {extra}".rstrip()
+
+
+def _set(q: Any, given: dict[str, Any]) -> str:
+    """``set``: the live settings given (``none``: no limit), and the queue's after."""
+    changes = {k: None if v is CLEARED else v for k, v in given.items() if v is not None}
+    if not changes:
+        raise BadInput("set needs a setting to change: " + ", ".join(_flag(k) for k in LIVE))
+    now = q.configure(**changes)
+    shown = ", ".join(f"{k}={getattr(now, k)!r}" for k in changes)
+    return f"queue {q.name}: {shown} (its workers start their next jobs with them)"
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _do(q: Any, action: str, job_id: str | None, page: tuple[str, int, int], as_json: bool) -> str:
@@ -66,6 +83,7 @@ def _do(q: Any, action: str, job_id: str | None, page: tuple[str, int, int], as_
 @option("--limit", type=int, default=20, show_default=True, help="jobs: how many (at most 1000)")
 @option("--offset", type=int, default=0, show_default=True, help="jobs: how many to skip")
 @option("--json", "as_json", is_flag=True, default=False, help="jobs: print the page as JSON")
+@live_setting_options
 def queue(
     queue: str,
     action: str,
@@ -81,15 +99,23 @@ def queue(
     jobs; jobs keep arriving) and `resume`; `empty` cancels its backlog (the jobs not
     started: on its stream, set aside, waiting for a group slot); `requeue-dead` runs every
     dead job again; `delete-dead` drops every dead letter (the jobs stay counted as dead);
-    `run JOB_ID` runs a scheduled job now."""
+    `run JOB_ID` runs a scheduled job now; `set --OPTION VALUE ...` changes its live
+    settings (its workers start their next jobs with them within a second; running jobs
+    keep theirs)."""
     from queueworks.queue_handle import Queue
     from queueworks.queue_settings import DEFAULTS
     from queueworks.tasks import TaskNotFound
 
+    given = {name: flags.pop(name) for name in LIVE}
+    if action != "set" and any(v is not None for v in given.values()):
+        raise BadInput("a setting option is for `set` only")
     client = client_for(settings_from_flags(**flags))
     q = Queue(client, queue, DEFAULTS, revives=False)
     try:
-        click.echo(_do(q, action, job_id, (state, limit, offset), as_json))
+        if action == "set":
+            click.echo(_set(q, given))
+        else:
+            click.echo(_do(q, action, job_id, (state, limit, offset), as_json))
     except TaskNotFound:
         raise CliError(f"no queue {queue}") from None
     except ValueError as exc:

@@ -1,8 +1,8 @@
 """Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain;
 and a queue's: requeue / delete a dead letter (``/queues/{name}/dead/{entry}/...``), all of
-them (``/queues/{name}/dead/requeue-all``, ``delete-all``), pause / resume / empty
-(``/queues/{name}/...``), one job's: run a scheduled job now, cancel, requeue, delete
-(``/queues/{name}/jobs/{id}/...``: ``job_actions``). A
+them (``/queues/{name}/dead/requeue-all``, ``delete-all``), pause / resume / empty and its
+live settings (``/queues/{name}/...``), one job's: run a scheduled job now, cancel (a running
+one is stopped), requeue, delete (``/queues/{name}/jobs/{id}/...``: ``job_actions``). A
 queue's priority, bounds and cancel are its task's, ``/tasks/{name}/...``.
 
 Each action has two addresses: ``/api/...`` answers JSON (scripts, and the page's own
@@ -38,7 +38,8 @@ from queueworks.queue_admin import (
     plan_requeue_dead,
     plan_run_now,
 )
-from queueworks.queue_settings import SETTINGS
+from queueworks.queue_configure import plan_configure
+from queueworks.queue_settings import LIVE, SETTINGS
 from queueworks.runner import run
 
 T = TypeVar("T")
@@ -218,8 +219,27 @@ def run_now(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[
     return {"job": job, "message": f"Job {job} is on the queue's stream: it runs next."}
 
 
+def settings(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    """The queue's live settings from its form (``Queue.configure``); those not in the
+    form stay as they are ("" for one that may be no limit: no limit)."""
+    name = _queue(d, params)
+    given = {k: _setting(form, k) for k in LIVE if k in form}
+    if not given:
+        raise ActionError("no setting given: " + ", ".join(LIVE))
+    now = _planned(d, plan_configure(d.client.keys, name, given))
+    return {
+        "settings": {k: getattr(now, k) for k in LIVE},
+        "message": f"Settings of {name} saved: its workers start their next jobs with them.",
+    }
+
+
 QUEUE_ACTIONS: dict[str, Action] = {"requeue": requeue_job, "delete": delete_job}
-WHOLE_QUEUE_ACTIONS: dict[str, Action] = {"pause": pause, "resume": resume, "empty": empty}
+WHOLE_QUEUE_ACTIONS: dict[str, Action] = {
+    "pause": pause,
+    "resume": resume,
+    "empty": empty,
+    "settings": settings,
+}
 DEAD_ACTIONS: dict[str, Action] = {"requeue-all": requeue_all, "delete-all": delete_all}
 JOB_ACTIONS: dict[str, Action] = {
     "run": run_now,

@@ -147,6 +147,7 @@ def workers(request: Request) -> Response:
             "count": len(rows),
             "by_state": d.reader.worker_counts(rows, lost),
             "workers": [worker_json(w) for w in rows],
+            "pools": [p.model_dump(mode="json") for p in d.reader.pools()],
             "lost": [w.model_dump(mode="json") for w in lost],
         },
     )

@@ -1,8 +1,8 @@
 """One job's actions on the dashboard (``POST /queues/{q}/jobs/{id}/ACTION``, and under
-``/api``): ``cancel`` a job not started (queued, delayed, deferred), ``requeue`` a dead one
-(its dead letter, found by the job's id), ``delete`` a finished one (dead, done or
-cancelled: its record, its place in its state's list and its dead letters go; it stays
-counted). A job in a state the action does not take is a ``Conflict`` (409) saying so.
+``/api``): ``cancel`` a job not finished (as ``job.cancel()``: a running one is stopped),
+``requeue`` a dead one (its dead letter, found by the job's id), ``delete`` a finished one
+(dead, done or cancelled: its record, its place in its state's list and its dead letters
+go; it stays counted). A job in a state the action does not take is a ``Conflict`` (409) saying so.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from queueworks.dashboard.state import Dashboard
 from queueworks.jobrecords import DEAD_JOB, JOB_STATE
 from queueworks.models import JobDetail, JobState
 
-NOT_STARTED = (JobState.QUEUED, JobState.SCHEDULED, JobState.DEFERRED)
 FINISHED = (JobState.DEAD, JobState.DONE, JobState.CANCELLED)
 LETTERS_READ = 1000  # dead letters read a round trip, looking for a job's
 
@@ -30,16 +29,13 @@ def _job(d: Dashboard, name: str, job_id: str) -> JobDetail:
 
 
 def cancel(d: Dashboard, name: str, job_id: str) -> dict[str, Any]:
+    """Cancel job ``job_id`` as ``job.cancel()`` does: one not started never runs, a running
+    one is stopped (its worker told to stop the call). A finished job is a ``Conflict``."""
     job = _job(d, name, job_id)
-    if job.state == JobState.RUNNING:
-        raise Conflict(
-            f"job {job_id} is running on {job.worker or 'a worker'}: a running job cannot be "
-            "cancelled from here; it finishes, or fails at its job_timeout"
-        )
-    if job.state not in NOT_STARTED:
-        raise Conflict(f"job {job_id} is {job.state.value}: only a job not started is cancelled")
+    if job.state.finished:
+        raise Conflict(f"job {job_id} is {job.state.value}: it had finished, nothing to cancel")
     if not d.client.queue(name).job(job_id).cancel():
-        raise Conflict(f"job {job_id} started or finished meanwhile: it was not cancelled")
+        raise Conflict(f"job {job_id} had finished meanwhile: it was not cancelled")
     return {"job": job_id, "cancelled": True, "message": f"Job {job_id} cancelled."}
 
 

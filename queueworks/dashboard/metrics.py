@@ -26,6 +26,7 @@ from typing import Any
 from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.dashboard.reader import Reader, history_entry, task_counts
 from queueworks.dashboard.views import QueueSummary, TaskSummary, WorkerView
+from queueworks.pools import PoolRecord
 from queueworks.wanted import Wanted
 from queueworks.wanted import read as read_wanted
 
@@ -154,6 +155,7 @@ class Metrics:
         for t in tasks:
             out.append(f'queueworks_task_epoch{{task="{_label(t.id)}"}} {t.epoch}')
         out += worker_lines(workers, self.reader.worker_counts(workers, self.reader.lost_workers()))
+        out += pool_lines(self.reader.pools())
         fam("queueworks_controller_leader", "gauge", "1 when a controller holds the lease.")
         out.append(f"queueworks_controller_leader {1 if self.reader.leader() else 0}")
         fam("queueworks_rebalances_total", "counter", "Rebalances recorded by rank-0 members.")
@@ -189,6 +191,28 @@ def worker_lines(workers: Sequence[WorkerView], counts: dict[str, int]) -> list[
                 out.append(
                     f'queueworks_worker_member{{worker="{_label(w.id)}",queue="{_label(q)}"}} 1'
                 )
+    return out
+
+
+def pool_lines(pools: Sequence[PoolRecord]) -> list[str]:
+    """Each worker pool (``worker --processes``): members running and wanted, restarts."""
+    out: list[str] = []
+    fam = _Family(out)
+    fam("queueworks_pool_members", "gauge", "Members a worker pool runs now.")
+    for p in pools:
+        out.append(f'queueworks_pool_members{{pool="{_label(p.id)}"}} {len(p.members)}')
+    fam("queueworks_pool_processes", "gauge", "Members a worker pool keeps running (--processes).")
+    for p in pools:
+        out.append(f'queueworks_pool_processes{{pool="{_label(p.id)}"}} {p.processes}')
+    fam(
+        "queueworks_pool_restarts_total",
+        "counter",
+        "Members a worker pool started again, by why the one before ended (retired: a "
+        "per-child limit; failed: it crashed, hung or was killed).",
+    )
+    for p in pools:
+        for why, n in (("retired", p.retired), ("failed", p.failed)):
+            out.append(f'queueworks_pool_restarts_total{{pool="{_label(p.id)}",why="{why}"}} {n}')
     return out
 
 

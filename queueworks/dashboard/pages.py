@@ -16,6 +16,7 @@ from queueworks.dashboard.reader import BadQuery, TaskRef, dead_before, task_cou
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
+from queueworks.job_functions import arguments_of
 from queueworks.job_lists import LISTED
 from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
 from queueworks.keys import check_task_id
@@ -222,7 +223,10 @@ def job_page(request: Request) -> Response:
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
     lost = job.state == JobState.RUNNING and d.queues.worker_lost(job.worker)
-    return render(request, "job.html", d.context(request, "queues", j=job, q=q, worker_lost=lost))
+    args = arguments_of(job.payload)  # a typed job function's, by name
+    trace_url = d.config.trace_url
+    ctx = d.context(request, "queues", j=job, q=q, args=args, trace_url=trace_url, worker_lost=lost)
+    return render(request, "job.html", ctx)
 
 
 def search(request: Request) -> Response:
@@ -277,6 +281,7 @@ def workers_page(request: Request) -> Response:
         request,
         "workers",
         workers=workers,
+        pools=d.reader.pools(),
         lost=lost,
         lost_minutes=int(LOST_WINDOW // 60),
         counts=d.reader.worker_counts(workers, lost),

@@ -34,6 +34,7 @@ from queueworks.keys import GROUP, check_task_id
 from queueworks.lost_workers import LostWorker
 from queueworks.messages import NotJSON, from_json
 from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
+from queueworks.pools import PoolRecord, read_pools
 from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_record
 from queueworks.tasks import dead_letter
 from queueworks.validate import NAME_PATTERN
@@ -392,6 +393,10 @@ class Reader:
             e.model_copy(update={"task_name": names.get(e.task)}) if e.task in names else e
             for e in events
         ]
+
+    def pools(self) -> list[PoolRecord]:
+        """The worker pools (``worker --processes``); their members are among ``workers``."""
+        return read_pools(self.r, self.keys)
 
     def lost_workers(self) -> list[LostWorker]:
         """Workers found dead in the last 10 minutes (``Client.lost_workers``)."""

@@ -36,6 +36,18 @@ class DashboardConfig(BaseModel):
     page_size: int = Field(default=100, ge=1, le=1000)
     host: str = "127.0.0.1"  # the address it is bound to: loopback serves loopback names only
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones
+    trace_url: str | None = None  # a job's trace in a tracing UI: "{trace_id}" is replaced
+
+    @field_validator("trace_url")
+    @classmethod
+    def _trace_url(cls, url: str | None) -> str | None:
+        if url is not None and (
+            "{trace_id}" not in url or not url.startswith(("http://", "https://"))
+        ):
+            raise ValueError(
+                f"--trace-url must be an http(s) URL holding {{trace_id}}, not {url!r}"
+            )
+        return url
 
     @field_validator("allowed_hosts")
     @classmethod

@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
 from queueworks.dashboard.views import QueueDetail
+from queueworks.queue_settings import LIVE, SETTINGS
 
 
 def age(ts: float | None, now: float | None = None) -> str:
@@ -123,6 +124,7 @@ def templates() -> Jinja2Templates:
         duration=duration,
     )
     env.globals.update(with_query=with_query, quantile_text=quantile_text, took=took)
+    env.globals.update(live_settings=[SETTINGS[name] for name in LIVE])
     return Jinja2Templates(env=env)
 
 

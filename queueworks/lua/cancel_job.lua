@@ -1,5 +1,7 @@
 -- Cancel a queue's job if it has not started: a delayed one leaves the scheduled zset, a
--- queued one its stream (only if no member has read it yet: then it is running). A job
+-- queued one its stream (only if no member has read it yet: then it is running, and is
+-- stopped only when ARGV[6] asks, below). Every job cancelled goes to the head of the
+-- cancelled list (KEYS[11], when given). A job
 -- enqueued to run now has no record while it waits (its id is its entry's): cancelling it
 -- writes one. A job set aside (set_aside.lua) waits on its handler's aside stream: called
 -- with another stream, the reply names that handler, to call again with its stream. The
@@ -20,17 +22,41 @@
 -- KEYS[11] cancelled list (optional: the ids of the jobs cancelled most recently, newest
 --   first, capped at DONE_KEPT: what the dashboard lists as cancelled)
 -- ARGV[1] group   ARGV[2] job id   ARGV[3] now (s)   ARGV[4] result ttl (s)
+-- A running job (a member has read its entry) is left as it is, unless ARGV[6] is '1': then
+-- its entry is acked and deleted at once (nobody reclaims or retries it; the settle of its
+-- member finds it acked and writes nothing) and it is recorded cancelled with the attempts
+-- it had; the caller tells that member to stop its call (its worker's stop list).
 -- ARGV[5] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
+-- ARGV[6] '1' to stop the job if it runs ('' = leave a running job be)
 -- returns 1 if cancelled, 2 if cancelled and its handler left the handler set, 0 if it had
 --   started or finished, -1 if there is no such job, or the handler whose aside stream the
 --   job waits on (a string; '' = the queue's own) when KEYS[1] is not where it waits
 --   A cancelled job with options of its own ('o': a unique key, say) replies {1 or 2, its
 --   options JSON}: the caller releases its key (release_unique.lua)
+--   A running job stopped replies {3, its options JSON or '', the member that runs it}
+local holder  -- a running job's pending row: {entry, member, idle ms, deliveries}
+
 local function unread(entry)
-  return #redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1) == 0
+  holder = redis.call('XPENDING', KEYS[1], ARGV[1], entry, entry, 1)[1]
+  return holder == nil
 end
 
 local options  -- the job's own options ('o'), if it has any
+
+local function stopped()  -- a running job cancelled (its entry, read: ``holder``)
+  local starts = 0  -- the attempts it had before this entry (a retry that waited)
+  local found = redis.call('XRANGE', KEYS[1], holder[1], holder[1])
+  local flat = #found > 0 and found[1][2] or {}
+  for i = 1, #flat, 2 do
+    if flat[i] == '${ENTRY_STARTS}' then
+      starts = tonumber(flat[i + 1]) or 0
+    end
+  end
+  redis.call('XACK', KEYS[1], ARGV[1], holder[1])
+  redis.call('XDEL', KEYS[1], holder[1])
+  redis.call('HSET', KEYS[3], '${JOB_ATTEMPTS}', starts + holder[4], '${JOB_WORKER}', holder[2])
+  return holder[2]
+end
 
 local function cancelled(code)
   redis.call('HSET', KEYS[3], '${JOB_STATE}', '${CANCELLED}', '${JOB_FINISHED}', ARGV[3])
@@ -94,8 +120,12 @@ if not state then  -- waiting on the stream with no record, finished and expired
   if #found == 0 then
     return -1
   end
+  local member
   if not unread(ARGV[2]) then
-    return 0  -- a member has it
+    if ARGV[6] ~= '1' then
+      return 0  -- a member has it
+    end
+    member = stopped()
   end
   redis.call('XDEL', KEYS[1], ARGV[2])
   local flat = found[1][2]
@@ -110,6 +140,10 @@ if not state then  -- waiting on the stream with no record, finished and expired
       options = flat[i + 1]
     end
   end
+  if member then
+    cancelled(3)
+    return {3, options or '', member}
+  end
   return cancelled(1)
 end
 if state == '${SCHEDULED}' then
@@ -118,7 +152,9 @@ elseif state == '${DEFERRED}' and #KEYS >= 9 then
   redis.call('DEL', KEYS[6])
   redis.call('ZREM', KEYS[7], ARGV[2])
 elseif state == '${QUEUED}' then
-  if not unread(entry) then
+  local member
+  local running = not unread(entry)
+  if running and ARGV[6] ~= '1' then
     return 0  -- a member has it
   end
   options = options or entry_field(entry, '${ENTRY_OPTIONS}')  -- a job to run now set aside
@@ -126,7 +162,18 @@ elseif state == '${QUEUED}' then
   if payload then
     redis.call('HSET', KEYS[3], '${JOB_PAYLOAD}', payload)
   end
+  if running then
+    member = stopped()
+  end
   redis.call('XDEL', KEYS[1], entry)
+  if member then
+    if aside ~= '' and redis.call('XLEN', KEYS[1]) == 0 then  -- the last of its handler's
+      redis.call('DEL', KEYS[1])
+      redis.call('SREM', KEYS[4], aside)
+    end
+    cancelled(3)
+    return {3, options or '', member}
+  end
   if aside ~= '' and redis.call('XLEN', KEYS[1]) == 0 then  -- the last of its handler's
     redis.call('DEL', KEYS[1])
     redis.call('SREM', KEYS[4], aside)

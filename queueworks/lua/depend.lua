@@ -8,7 +8,7 @@
 -- and the dependent is in another queue: bury_waiters.lua); none -> 'unknown'. A task (ARGV[1]
 -- = ''): completed -> 'done'; failed, cancelled -> 'dead'; active -> 'wait'.
 -- An entry that names its job (a delayed, retried or requeued job back on the stream: its
--- 'j') is not that job's id, under which its outcome releases: 'entry', with the job's id.
+-- 'j') is not that job's id, under which its outcome releases: 'entry_of', with the job's id.
 -- A cycle is refused ('cycle'): the dependent itself, or a deferred job that waits for the
 -- dependent (its dependencies set, written with it before any registration of it, holds the
 -- dependent's ref): of two jobs written waiting for each other, whichever registers first
@@ -18,7 +18,7 @@
 -- KEYS[5] the dependency job's dependencies set (a task: its record again)
 -- ARGV[1] the dependency job's id ('' = the task itself)   ARGV[2] the dependent (``Q/J``)
 -- ARGV[3] the active task states, comma-separated   ARGV[4] the dependency's own ref
--- returns {'wait'} | {'done'} | {'dead', reason} | {'unknown'} | {'cycle'} | {'entry', job id}
+-- returns {'wait'} | {'done'} | {'dead', reason} | {'unknown'} | {'cycle'} | {'entry_of', job id}
 if ARGV[2] == ARGV[4] then
   return {'cycle'}
 end
@@ -72,7 +72,7 @@ end
 local fields = entry[1][2]
 for i = 1, #fields, 2 do
   if fields[i] == '${ENTRY_JOB}' then
-    return {'entry', fields[i + 1]}
+    return {'entry_of', fields[i + 1]}
   end
 end
 return wait_job()  -- a job to run now: its entry is all of it until it settles

@@ -16,7 +16,7 @@
 --   | zrem_if k member score (only if its score is that)
 --   | zadd_nx k score member | hset_x k field value (only if k exists) | xadd k maxlen f v ...
 --   | state k state now error (set_state.lua) | expire_finished k... ttl_ms (expire_finished.lua)
---   | fire k1..k6 name due next job t handler payload (fire_schedule.lua)
+--   | fire k1..k6 name due next job t handler payload options (fire_schedule.lua)
 -- returns {1, reply of op 1, ..., reply of op n} (1 done, 0 not: skipped, missing, no change),
 --   or {0} when fenced: nothing was written
 if ARGV[1] == 'lease' then
@@ -69,7 +69,7 @@ local ops = {
   state = function(k, a) return set_state(k, {a[1], a[2], a[3], ARGV[3]}) end,
   expire_finished = function(k, a) return expire_finished(k, {a[1], ARGV[3]}) end,
   fire = function(k, a)
-    return fire_schedule(k, {a[1], a[2], a[3], a[4], a[5], a[6], a[7], ARGV[3]})
+    return fire_schedule(k, {a[1], a[2], a[3], a[4], a[5], a[6], a[7], ARGV[3], a[8] or ''})
   end,
 }
 local replies = {1}

@@ -8,6 +8,7 @@
 -- ARGV[1] schedule name   ARGV[2] the due time (ms) the caller read in the index
 -- ARGV[3] next due time (ms)   ARGV[4] job id   ARGV[5] the due time it fires (s), as 't'
 -- ARGV[6] handler   ARGV[7] payload JSON   ARGV[8] the active states, comma-separated
+-- ARGV[9] the job's own options JSON ('' = none: no 'o' field; the schedule's trace context)
 -- returns 1 if it advanced the schedule (its job enqueued; or, the queue finished or the
 --   job already there, none), 0 if it did nothing: no such schedule, or not due then (the
 --   index was stale: a replayed or older tick). A schedule whose queue is gone is removed.
@@ -28,8 +29,14 @@ if not string.find(',' .. ARGV[8] .. ',', ',' .. state .. ',', 1, true)
     or redis.call('EXISTS', KEYS[2]) == 0 or redis.call('EXISTS', KEYS[6]) == 1 then
   return 1
 end
-local eid = redis.call('XADD', KEYS[2], '*', '${ENTRY_JOB}', ARGV[4], '${ENTRY_HANDLER}', ARGV[6],
-  '${ENTRY_PAYLOAD}', ARGV[7], '${ENTRY_ENQUEUED}', ARGV[5])
+local eid
+if (ARGV[9] or '') == '' then
+  eid = redis.call('XADD', KEYS[2], '*', '${ENTRY_JOB}', ARGV[4], '${ENTRY_HANDLER}', ARGV[6],
+    '${ENTRY_PAYLOAD}', ARGV[7], '${ENTRY_ENQUEUED}', ARGV[5])
+else
+  eid = redis.call('XADD', KEYS[2], '*', '${ENTRY_JOB}', ARGV[4], '${ENTRY_HANDLER}', ARGV[6],
+    '${ENTRY_PAYLOAD}', ARGV[7], '${ENTRY_ENQUEUED}', ARGV[5], '${ENTRY_OPTIONS}', ARGV[9])
+end
 redis.call('HSET', KEYS[6], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', ARGV[6],
   '${JOB_ENQUEUED}', ARGV[5], '${JOB_ENTRY}', eid)
 redis.call('HSET', KEYS[5], name, ARGV[5] .. ' ' .. ARGV[4])

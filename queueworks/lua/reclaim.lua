@@ -9,7 +9,8 @@
 -- ARGV[6] min idle (ms)   ARGV[7] "1": refuse when `from` is still a member
 -- ARGV[8] entry ids to leave pending where they are, space-separated ("" = none)
 -- returns {claimed, gone}: claimed = {{id, {field, value, ...}, deliveries}, ...},
---   gone = {{id, deliveries}, ...}
+--   gone = {{id, deliveries}, ...}; both empty when the stream or its group is gone (Redis
+--   lost its keys: nothing is pending there, nothing to claim)
 local from = ARGV[3]
 local keep = {}
 for id in string.gmatch(ARGV[8], '%S+') do
@@ -29,7 +30,13 @@ args[#args + 1] = ARGV[4]
 if from ~= '' then
   args[#args + 1] = from
 end
-local pending = redis.call(unpack(args))
+local pending = redis.pcall(unpack(args))
+if pending.err then
+  if string.sub(pending.err, 1, 7) == 'NOGROUP' then
+    return {{}, {}}
+  end
+  return redis.error_reply(pending.err)
+end
 local claimed, gone = {}, {}
 for _, p in ipairs(pending) do
   local id, owner, deliveries = p[1], p[2], p[4]

@@ -11,19 +11,25 @@
 -- a job with no record is no job of this queue: rejected, as settle_jobs.lua does.
 -- The stream may be a handler's aside stream: once this leaves it empty, it is deleted
 -- and its handler leaves the aside set (the retry comes back on the queue's own stream).
+-- Fenced as settle_jobs.lua is: a member that was pruned moves nothing.
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] queue record   KEYS[4] dead-letter stream
--- KEYS[5] aside set   KEYS[6..] the jobs' records, in order
+-- KEYS[5] aside set   KEYS[6] the queue's members (zset): nothing is done unless the caller
+-- (ARGV[3]) is one (KEYS[1] again: no such check)   KEYS[7..] the jobs' records, in order
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id
 -- ARGV[4] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
 -- then per job 11: entry id, job id, '1' if the entry names its job ('' if not), handler,
 --   payload JSON, enqueued at, started at, attempts, retry at (s), traceback, options JSON
 --   ('' = none)
--- returns {jobs moved to the scheduled zset, entries rejected}
+-- returns {jobs moved to the scheduled zset, entries rejected}, and a third element, 1, when
+--   fenced (nothing written)
 local call = redis.call
+if KEYS[6] ~= KEYS[1] and not call('ZSCORE', KEYS[6], ARGV[3]) then
+  return {0, 0, 1}
+end
 local now, worker = ARGV[2], ARGV[3]
 local moved, rejected, acked = 0, 0, {}
 local ttl = call('PTTL', KEYS[3])  -- > 0: the queue finished (it expires), the records too
-local key = 6
+local key = 7
 for at = 5, #ARGV, 11 do
   local entry, job_id, named = ARGV[at], ARGV[at + 1], ARGV[at + 2]
   if call('XACK', KEYS[1], ARGV[1], entry) == 1 then

@@ -14,10 +14,15 @@
 -- A dead job's record keeps its payload (as given) for as long as the record lives (result
 -- ttl), beside its dead letter's; a done job's is not kept (the hot path: see
 -- docs/dashboard.md).
+-- Fenced: a member that was pruned (no longer in the queue's members: frozen or cut off past
+-- its TTL, its jobs reclaimed by others) settles nothing, so a zombie never acks an entry
+-- another member now runs, writes its result or gives back its group slot.
 -- KEYS[1] stream   KEYS[2] queue record   KEYS[3] dead-letter stream   KEYS[4] latency
--- KEYS[5] rate   KEYS[6] aside set   KEYS[7] done index   KEYS[8..] the records of the ok
--- jobs, then of the dead ones, in order, then the indexes of the unique keys released
--- (n_unique below)
+-- KEYS[5] rate   KEYS[6] aside set   KEYS[7] done index
+-- KEYS[8] the queue's members (zset): nothing is settled unless the caller (ARGV[3]) is one
+--   (KEYS[1] again: no such check, for a caller that is no member)
+-- KEYS[9..] the records of the ok jobs, then of the dead ones, in order, then the indexes of
+-- the unique keys released (n_unique below)
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
 -- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
 -- ARGV[9] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
@@ -41,13 +46,17 @@
 --   then n_group pairs of the settled jobs that have a group: entry id, job id; with the
 --   queue's groups hash and held hash as KEYS after the unique keys' indexes (before the
 --   waiters hash and outbox): a job whose entry was settled here gives back its slot
--- returns {ok counted, dead counted, rejected counted, dependents moved to the outbox}
+-- returns {ok counted, dead counted, rejected counted, dependents moved to the outbox}, and
+--   a fifth element, 1, when fenced (nothing written)
+if KEYS[8] ~= KEYS[1] and not redis.call('ZSCORE', KEYS[8], ARGV[3]) then
+  return {0, 0, 0, 0, 1}
+end
 local n_ok, n_dead = tonumber(ARGV[5]), tonumber(ARGV[6])
 local n_rej, n_buckets = tonumber(ARGV[7]), tonumber(ARGV[8])
 local now, worker, ttl = ARGV[2], ARGV[3], ARGV[4]
 local call = redis.call
 local ok, dead, rejected = 0, 0, 0
-local at, key = 10, 8
+local at, key = 10, 9
 local done_ids = {}  -- the jobs counted done: to the done index, at the end
 local acked = {}  -- entries this call acked: deleted together, at the end
 local outcomes = nil  -- with the dependents block and waiters: {job id, 'done'/'dead', why}
