@@ -18,11 +18,19 @@ deferred      the ``deferred`` zset, by when each was enqueued
 done          the ``done`` list (``settle_jobs.lua`` keeps the newest ``DONE_KEPT``),
               newest first
 dead          the dead-letter stream, newest first (entries that were no job left out)
+cancelled     the ``cancelled`` list (``cancel_job.lua`` keeps the newest ``DONE_KEPT``),
+              newest first
 ============  ======================================================================
 
-A stream is read from its start: on the three states read from one (queued, running, dead)
-``offset + limit`` is at most ``WINDOW``. Each job listed is then read from its record (one
-pipeline of HGETALLs), or its entry for a job to run now that has none yet.
+``plan_job_counts`` reads each state's ``total`` as its list does, in one or two round
+trips: a state's count and its list's total are one number.
+
+A stream is read from the end nearer the page (queued, dead): the last page of a long
+list costs what the first does. Each job listed is then read from its record (one pipeline of
+HGETALLs), or its entry for a job to run now that has none yet.
+
+``plan_find_jobs`` pages through one state's list, ``SEARCHED`` jobs at most, and keeps
+the jobs whose id starts with a text, or whose handler or error has it.
 """
 
 from __future__ import annotations
@@ -76,9 +84,11 @@ LISTED = (
     JobState.RUNNING,
     JobState.DONE,
     JobState.DEAD,
+    JobState.CANCELLED,
 )
 MAX_LIMIT = 1000  # jobs on one page at most
-WINDOW = 10_000  # offset + limit at most, on a state read from a stream's start
+SEARCHED = 10_000  # jobs of a state a text search looks through at most
+SEARCH_BATCH = 500  # jobs a text search reads a round trip
 DEAD_LOOKED = 200  # the newest dead letters a job page looks in for a dead job's payload
 WAIT_LOOKED = 1000  # the oldest jobs of a wait list a job page looks in for a waiting one's
 
@@ -97,9 +107,6 @@ def check_page(state: str, limit: int, offset: int) -> JobState:
         raise ValueError(f"limit must be an integer from 1 to {MAX_LIMIT}, not {limit!r}")
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ValueError(f"offset must be an integer of 0 or more, not {offset!r}")
-    streamed = listed in (JobState.QUEUED, JobState.RUNNING, JobState.DEAD)
-    if streamed and offset + limit > WINDOW:
-        raise ValueError(f"offset + limit must be at most {WINDOW} for {state} jobs")
     return listed
 
 
@@ -115,6 +122,7 @@ def plan_jobs(keys: Keys, name: str, state: str, limit: int = 20, offset: int = 
         JobState.DEFERRED: _deferred,
         JobState.DONE: _done,
         JobState.DEAD: _dead,
+        JobState.CANCELLED: _cancelled,
     }[listed]
     total, jobs = yield from read(qk, limit, offset)
     return JobPage(state=listed, total=total, offset=offset, limit=limit, jobs=jobs)
@@ -154,13 +162,13 @@ def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     trip.hgetall(qk.groups_waiting)
     trip.smembers(qk.aside)
     length, pending, groups, waiting, aside_set = yield trip
-    on_stream = max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
+    on_stream = _unread_count(length, pending)
     aside = yield from plan_aside_counts(qk, aside_set)
     counts = group_counts(_reply(waiting, {}))
     total = on_stream + sum(aside.waiting.values()) + sum(counts.values())
     jobs: list[JobStatus] = []
     if offset < on_stream:
-        jobs = yield from _unread(qk, qk.stream, _reply(groups, []), limit, offset)
+        jobs = yield from _unread(qk, qk.stream, _reply(groups, []), limit, offset, on_stream)
     skip, need = max(0, offset - on_stream), limit - max(0, on_stream - offset)
     for handler, n in sorted(aside.waiting.items()):
         if need <= 0:
@@ -169,34 +177,43 @@ def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
             skip -= n
             continue
         take = min(n - skip, need)
-        jobs += yield from _set_aside(qk, handler, take, skip)
+        jobs += yield from _set_aside(qk, handler, take, skip, n)
         skip, need = 0, need - take
     if need > 0 and counts:
         jobs += yield from _waiting(qk, sorted(counts), skip, need)
     return total, jobs
 
 
-def _set_aside(qk: TaskKeys, handler: str, limit: int, offset: int) -> Plan[list[JobStatus]]:
+def _set_aside(
+    qk: TaskKeys, handler: str, limit: int, offset: int, unread: int
+) -> Plan[list[JobStatus]]:
     """A page of the jobs set aside on ``handler``'s stream that no member has read."""
     stream = qk.aside_stream(handler)
     trip = Trip(errors=True)
     trip.xinfo_groups(stream)
     groups = _reply((yield trip)[0], [])
-    return (yield from _unread(qk, stream, groups, limit, offset))
+    return (yield from _unread(qk, stream, groups, limit, offset, unread))
 
 
 def _unread(
-    qk: TaskKeys, stream: str, groups: Sequence[Any], limit: int, offset: int
+    qk: TaskKeys, stream: str, groups: Sequence[Any], limit: int, offset: int, unread: int
 ) -> Plan[list[JobStatus]]:
     """A page of ``stream``'s entries (the queue's, or an aside stream) after its group's
-    last delivered one."""
+    last delivered one (``unread`` of them): from its end when that is nearer."""
     last = next((g["last-delivered-id"] for g in groups if text(g["name"]) == qk.group), b"0-0")
+    after = f"({text(last)}"
     trip = Trip(errors=True)
-    trip.xrange(stream, f"({text(last)}", "+", count=offset + limit)
+    if offset >= unread:
+        return []
+    backwards = unread - offset < offset + limit  # its end is nearer
+    if backwards:  # entries offset .. offset + limit are among the last unread - offset
+        trip.xrevrange(stream, "+", after, count=unread - offset)
+    else:
+        trip.xrange(stream, after, "+", count=offset + limit)
+    read = _reply((yield trip)[0], [])
+    read = read[::-1][:limit] if backwards else read[offset:]
     entries = [
-        (job, fields)
-        for eid, fields in _reply((yield trip)[0], [])[offset:]
-        if (job := entry_job(text(eid), fields)) is not None
+        (job, fields) for eid, fields in read if (job := entry_job(text(eid), fields)) is not None
     ]
     records = yield from _records(qk, [job.job_id for job, _ in entries])
     now = time.time()
@@ -253,8 +270,7 @@ def _running(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     total, found = 0, []
     for i, stream in enumerate(streams):
         summary, reply = pending[2 * i : 2 * i + 2]
-        consumers = _reply(summary, {}).get("consumers") or []
-        total += sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+        total += _held(summary)
         found += [(stream, row) for row in running_rows(_reply(reply, []))]
     page = found[offset : offset + limit]
     if not page:
@@ -314,9 +330,17 @@ def _done(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
 def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     trip = Trip()
     trip.xlen(qk.dead)
-    trip.xrevrange(qk.dead, "+", "-", count=offset + limit)
-    total, entries = yield trip
-    letters = [decode_dead_letter(raw, errors="replace") for _, raw in entries[offset:]]
+    total = int((yield trip)[0])
+    if offset >= total:
+        return total, []
+    trip = Trip()
+    if total - offset < offset + limit:  # the oldest are nearer: read from the start
+        trip.xrange(qk.dead, "-", "+", count=total - offset)
+        entries = (yield trip)[0][::-1][:limit]
+    else:
+        trip.xrevrange(qk.dead, "+", "-", count=offset + limit)
+        entries = (yield trip)[0][offset:]
+    letters = [decode_dead_letter(raw, errors="replace") for _, raw in entries]
     letters = [f for f in letters if f[DEAD_JOB] and JOB_ID.match(str(f[DEAD_JOB]).encode())]
     ids = [str(f[DEAD_JOB]) for f in letters]
     records = yield from _records(qk, ids)
@@ -325,7 +349,102 @@ def _dead(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
         job_status(qk.task_id, i, raw if has_state(raw) else _from_letter(f), [], now)
         for i, f, raw in zip(ids, letters, records, strict=True)
     ]
-    return int(total), jobs
+    return total, jobs
+
+
+def _cancelled(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
+    trip = Trip()
+    trip.llen(qk.cancelled)
+    trip.lrange(qk.cancelled, offset, offset + limit - 1)
+    total, ids = yield trip
+    return int(total), (yield from _by_record(qk, [text(i) for i in ids]))
+
+
+def _unread_count(length: Any, pending: Any) -> int:
+    """A stream's entries no member has read: its length less its pending ones."""
+    return max(0, int(_reply(length, 0)) - int(_reply(pending, {}).get("pending") or 0))
+
+
+def _held(summary: Any) -> int:
+    """The entries members hold (run), from a stream's XPENDING summary: a parked
+    entry (``PARKED``) runs on no member."""
+    consumers = _reply(summary, {}).get("consumers") or []
+    return sum(int(c["pending"]) for c in consumers if text(c["name"]) != PARKED)
+
+
+def matches(job: JobStatus, wanted: str) -> bool:
+    """Whether ``job``'s id starts with ``wanted``, or its handler or error (or last
+    error, or reason) has it (case aside)."""
+    if job.id.startswith(wanted):
+        return True
+    low = wanted.lower()
+    said = (job.handler, job.error, job.last_error, job.reason)
+    return any(low in s.lower() for s in said if s)
+
+
+def plan_find_jobs(
+    keys: Keys, name: str, state: str, wanted: str, limit: int = 20, offset: int = 0
+) -> Plan[tuple[JobPage, int, bool]]:
+    """The page of queue ``name``'s jobs in ``state`` that match ``wanted`` (``matches``):
+    ``limit`` of them after ``offset``, their ``total``; with how many jobs were looked
+    through and whether that was all of the state's (at most ``SEARCHED`` are)."""
+    listed = check_page(state, limit, offset)
+    if not wanted.strip() or len(wanted) > 200:
+        raise ValueError(f"q must be 1 to 200 characters, not {wanted[:40]!r}")
+    found: list[JobStatus] = []
+    seen, total = 0, 0
+    while seen < SEARCHED:
+        page = yield from plan_jobs(keys, name, listed.value, SEARCH_BATCH, seen)
+        found += [j for j in page.jobs if matches(j, wanted)]
+        seen += SEARCH_BATCH
+        total = page.total
+        if seen >= total:
+            break
+    jobs = found[offset : offset + limit]
+    page = JobPage(state=listed, total=len(found), offset=offset, limit=limit, jobs=jobs)
+    return page, min(seen, total), seen >= total
+
+
+def plan_job_counts(keys: Keys, name: str) -> Plan[dict[str, int]]:
+    """How many of queue ``name``'s jobs are in each state of ``LISTED``, each as its
+    list's ``total`` (``plan_jobs``) counts it: one round trip, two when jobs are set
+    aside."""
+    qk = keys.task(check_task_id(name, "queue name"))
+    trip = Trip(errors=True)
+    trip.xlen(qk.stream)
+    trip.xpending(qk.stream, qk.group)
+    trip.hgetall(qk.groups_waiting)
+    trip.smembers(qk.aside)
+    trip.zcard(qk.scheduled)
+    trip.zcard(qk.deferred)
+    trip.llen(qk.done)
+    trip.xlen(qk.dead)
+    trip.llen(qk.cancelled)
+    length, pending, waiting, aside_set, *sized = yield trip
+    handlers = aside_handlers(aside_set)
+    queued = _unread_count(length, pending) + sum(group_counts(_reply(waiting, {})).values())
+    running = _held(pending)
+    if handlers:
+        trip = Trip(errors=True)
+        for handler in handlers:
+            stream = qk.aside_stream(handler)
+            trip.xlen(stream)
+            trip.xpending(stream, qk.group)
+        replies = yield trip
+        for i in range(len(handlers)):
+            queued += _unread_count(replies[2 * i], replies[2 * i + 1])
+            running += _held(replies[2 * i + 1])
+    scheduled, deferred, done, dead, cancelled = (int(_reply(n, 0)) for n in sized)
+    counts = {
+        JobState.QUEUED: queued,
+        JobState.SCHEDULED: scheduled,
+        JobState.DEFERRED: deferred,
+        JobState.RUNNING: running,
+        JobState.DONE: done,
+        JobState.DEAD: dead,
+        JobState.CANCELLED: cancelled,
+    }
+    return {state.value: counts[state] for state in LISTED}
 
 
 def _from_letter(f: Mapping[str, str | None]) -> dict[bytes, bytes]:

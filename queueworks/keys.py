@@ -59,6 +59,8 @@ key                                type          meaning
                                                  score = when they were enqueued
 ``qw:task:{Q}:done``               list          the ids of a queue's jobs done most recently,
                                                  newest first (capped: ``DONE_KEPT``)
+``qw:task:{Q}:cancelled``          list          the ids of a queue's jobs cancelled most
+                                                 recently, newest first (capped: ``DONE_KEPT``)
 ``qw:task:{T}:waiters``            hash          the jobs waiting for this one's outcome: a job
                                                  id (``*``: the task itself) -> its dependents
                                                  (``Q/J``, space-separated)
@@ -95,6 +97,11 @@ key                                type          meaning
                                                  ``schedules:due`` is checked when one fires)
 ``qw:deps:tasks``                  set           tasks and queues that jobs wait for (their
                                                  outboxes' backstop looks there)
+``qw:throughput:minutes``          hash          subtasks and jobs settled and dead per minute:
+                                                 minute (epoch s // 60) -> "settled dead",
+                                                 written once a minute by a dashboard that
+                                                 watched it whole (the last day kept;
+                                                 ``dashboard.history``)
 ``qw:workers``                     zset          every known worker, score = last heartbeat (s)
 ``qw:workers:lost``                stream        workers found dead (heartbeat gone), newest last:
                                                  when, host, pid, task, queues (capped ~50;
@@ -304,6 +311,11 @@ class TaskKeys:
         return f"{self._base}:done"
 
     @property
+    def cancelled(self) -> str:
+        """The newest cancelled jobs' ids (``cancel_job.lua``): the cancelled list's index."""
+        return f"{self._base}:cancelled"
+
+    @property
     def waiters(self) -> str:
         return f"{self._base}:waiters"
 
@@ -361,6 +373,7 @@ class TaskKeys:
             self.schedules_last,
             self.deferred,
             self.done,
+            self.cancelled,
             self.waiters,
             self.released,
         ]
@@ -415,6 +428,11 @@ class Keys:
     @property
     def workers_lost(self) -> str:
         return f"{self.prefix}:workers:lost"
+
+    @property
+    def throughput_minutes(self) -> str:
+        """Settled and dead per minute (``dashboard.history``)."""
+        return f"{self.prefix}:throughput:minutes"
 
     def worker(self, worker_id: str) -> str:
         return f"{self.prefix}:worker:{worker_id}"

@@ -694,6 +694,7 @@ def cancel_job(
     stream = tk.aside_stream(aside) if aside else tk.stream
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
     keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released, tk.groups_waiting)
+    keys.append(tk.cancelled)
     args = [tk.group, job_id, repr(now), ttl, aside, "1" if running else ""]
     return Call("cancel_job", keys, args, _cancel_reply)
 

@@ -38,13 +38,13 @@ ATTACK = (
 TAG_WORDS = (
     "html head meta title link script body header a img nav span form input button div main "
     "section h1 h2 small ul li b p svg line rect table thead tbody tr th td code progress "
-    "details summary pre label br"
+    "details summary pre label br select option"
 )
 ATTR_WORDS = (
     "charset name content lang rel href type src defer class id title method action value "
     "hidden role aria-label viewbox preserveaspectratio x y x1 y1 x2 y2 width height alt max "
     "min required disabled placeholder autocomplete autofocus colspan maxlength aria-pressed "
-    "aria-current step"
+    "aria-current selected target step"
 )
 TAGS, ATTRS = frozenset(TAG_WORDS.split()), frozenset(ATTR_WORDS.split())
 

@@ -3,6 +3,7 @@ CSRF-checked like every other form. Real Redis, the real app over HTTP."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import httpx
@@ -68,6 +69,10 @@ def test_the_job_page_cancels_a_running_job(
     assert got.status_code == 200 and got.json()["cancelled"] is True
     assert job.status().state == JobState.CANCELLED
     assert r.lrange(keys.worker_stops("member-m"), 0, -1) == [f"dash-cancel\t{job.id}".encode()]
+    listed = web.get("/api/queues/dash-cancel/jobs?state=cancelled").json()  # the cancelled list
+    assert [j["id"] for j in listed["jobs"]] == [job.id] and listed["total"] == 1
+    kept = web.get(f"/api/queues/dash-cancel/jobs/{job.id}").json()["payload"]
+    assert kept is not None and json.loads(kept) == {"x": 1}  # kept while its record lives
     assert "/cancel" not in web.get(f"/queues/dash-cancel/jobs/{job.id}").text  # finished
     again = post(web, f"/api/queues/dash-cancel/jobs/{job.id}/cancel")
-    assert again.status_code == 400 and "had finished" in again.json()["error"]
+    assert again.status_code == 409 and "had finished" in again.json()["error"]

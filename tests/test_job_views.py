@@ -18,7 +18,6 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.job_lists import WINDOW
 from queueworks.jobrecords import DONE_KEPT, decode_entry
 from queueworks.keys import Keys, TaskKeys
 from queueworks.models import JobState
@@ -90,16 +89,14 @@ def test_every_state_is_listed_from_its_index_a_page_at_a_time(
 def test_a_bad_page_is_a_value_error_naming_it(client: Client) -> None:
     q = client.queue("views-bad")
     for kwargs, named in [
-        ({"state": "cancelled"}, "state"),
         ({"state": "nope"}, "state"),
         ({"limit": 0}, "limit"),
         ({"limit": 1001}, "limit"),
         ({"offset": -1}, "offset"),
-        ({"limit": 1000, "offset": WINDOW}, r"offset \+ limit"),
     ]:
         with pytest.raises(ValueError, match=named):
             q.jobs(**kwargs)
-    assert q.jobs("scheduled", limit=1000, offset=WINDOW).total == 0  # a zset pages anywhere
+    assert q.jobs("scheduled", limit=1000, offset=10_000).total == 0  # a zset pages anywhere
 
 
 @pytest.mark.integration

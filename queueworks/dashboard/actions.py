@@ -1,8 +1,8 @@
 """Operator actions (POST): cancel, priority, resize, requeue / delete a dead letter, drain;
 and a queue's: requeue / delete a dead letter (``/queues/{name}/dead/{entry}/...``), all of
 them (``/queues/{name}/dead/requeue-all``, ``delete-all``), pause / resume / empty and its
-live settings (``/queues/{name}/...``), run a scheduled job now or cancel a job (running
-ones are stopped: ``/queues/{name}/jobs/{id}/run``, ``.../cancel``). A
+live settings (``/queues/{name}/...``), one job's: run a scheduled job now, cancel (a running
+one is stopped), requeue, delete (``/queues/{name}/jobs/{id}/...``: ``job_actions``). A
 queue's priority, bounds and cancel are its task's, ``/tasks/{name}/...``.
 
 Each action has two addresses: ``/api/...`` answers JSON (scripts, and the page's own
@@ -24,6 +24,7 @@ from starlette.responses import RedirectResponse, Response
 
 from queueworks.admin import AdminError
 from queueworks.client import TaskNotFound
+from queueworks.dashboard import job_actions
 from queueworks.dashboard.reader import ENTRY_ID
 from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, local_path, same_origin
 from queueworks.dashboard.state import Dashboard, dash_of
@@ -199,6 +200,18 @@ def delete_all(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> di
     return {"deleted": n, "message": f"{n} dead letter(s) of {name} deleted."}
 
 
+def cancel_one(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    return job_actions.cancel(d, _queue(d, params), params["job_id"])
+
+
+def requeue_one(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    return job_actions.requeue(d, _queue(d, params), params["job_id"])
+
+
+def delete_one(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
+    return job_actions.delete(d, _queue(d, params), params["job_id"])
+
+
 def run_now(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
     name, job = _queue(d, params), params["job_id"]
     if not _planned(d, plan_run_now(d.client.keys, name, job)):
@@ -220,13 +233,6 @@ def settings(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict
     }
 
 
-def cancel_job(d: Dashboard, params: dict[str, str], form: dict[str, Any]) -> dict[str, Any]:
-    name, job = _queue(d, params), params["job_id"]
-    if not d.client.job(f"{name}/{job}").cancel():
-        raise ActionError(f"job {job} of {name} had finished: nothing to cancel")
-    return {"job": job, "cancelled": True, "message": f"Job {job} cancelled."}
-
-
 QUEUE_ACTIONS: dict[str, Action] = {"requeue": requeue_job, "delete": delete_job}
 WHOLE_QUEUE_ACTIONS: dict[str, Action] = {
     "pause": pause,
@@ -235,7 +241,12 @@ WHOLE_QUEUE_ACTIONS: dict[str, Action] = {
     "settings": settings,
 }
 DEAD_ACTIONS: dict[str, Action] = {"requeue-all": requeue_all, "delete-all": delete_all}
-JOB_ACTIONS: dict[str, Action] = {"run": run_now, "cancel": cancel_job}
+JOB_ACTIONS: dict[str, Action] = {
+    "run": run_now,
+    "cancel": cancel_one,
+    "requeue": requeue_one,
+    "delete": delete_one,
+}
 
 ACTIONS: dict[str, Action] = {
     "cancel": cancel,
@@ -305,6 +316,8 @@ async def run_action(request: Request) -> Response:
         result = await run_in_threadpool(action, d, params, form)
     except (TaskNotFound, LookupError) as exc:
         return _error(request, 404, f"not found: {exc}")
+    except job_actions.Conflict as exc:
+        return _error(request, 409, str(exc))
     except (ActionError, AdminError, ValueError) as exc:
         return _error(request, 400, str(exc))
     if api:

@@ -1,16 +1,19 @@
 """The JSON API (read side): ``/api/overview``, ``/api/tasks``, ``/api/tasks/{id}``,
 ``/api/queues``, ``/api/queues/{name}``, ``/api/queues/{name}/jobs``,
-``/api/queues/{name}/jobs/{id}``, ``/api/workers``, ``/api/events``, ``/api/autoscale``; and
+``/api/queues/{name}/jobs/{id}``, ``/api/workers``, ``/api/events``, ``/api/autoscale``,
+``/api/history``; and
 ``/metrics``.
 Documented in ``docs/dashboard.md``. Queues are listed apart, not among the tasks."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from queueworks.dashboard import history
 from queueworks.dashboard.pages import STATE_FILTERS, filter_tasks, tasks_only
 from queueworks.dashboard.reader import BadQuery, dead_before, task_counts
 from queueworks.dashboard.state import dash_of
@@ -23,6 +26,7 @@ from queueworks.dashboard.views import (
     WorkerView,
 )
 from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
+from queueworks.models import JobState
 from queueworks.wanted import parse_selector
 from queueworks.wanted import read as read_wanted
 
@@ -112,17 +116,25 @@ def queue_job(request: Request) -> Response:
     """One job in full (``job.detail()``); 404 for a queue or job that is none."""
     d = dash_of(request)
     found = d.queues.job(request.path_params["name"], request.path_params["id"])
-    return json_response(request, found.model_dump(mode="json"))
+    lost = found.state == JobState.RUNNING and d.queues.worker_lost(found.worker)
+    return json_response(request, found.model_dump(mode="json") | {"worker_lost": lost})
 
 
 def queue_jobs(request: Request) -> Response:
-    """A page of a queue's jobs in one state (``Queue.jobs``)."""
+    """A page of a queue's jobs in one state (``Queue.jobs``); with ``q``, those whose id
+    starts with it or whose handler or error has it (``plan_find_jobs``)."""
     d = dash_of(request)
     state = request.query_params.get("state", "queued")
     limit = _param(request, "limit", JOBS_SHOWN, 1, MAX_JOBS)
     offset = _param(request, "offset", 0, 0, 10**9)
-    page = d.queues.jobs(request.path_params["name"], state, limit, offset)
-    return json_response(request, page.model_dump(mode="json"))
+    wanted = request.query_params.get("q")
+    name = request.path_params["name"]
+    if wanted is None:
+        page = d.queues.jobs(name, state, limit, offset)
+        return json_response(request, page.model_dump(mode="json"))
+    found, searched, complete = d.queues.find_jobs(name, state, wanted, limit, offset)
+    body = found.model_dump(mode="json") | {"q": wanted, "searched": searched}
+    return json_response(request, body | {"complete": complete})
 
 
 def workers(request: Request) -> Response:
@@ -164,7 +176,21 @@ def overview(request: Request) -> Response:
         events=d.reader.events(25),
         queues=d.queues.summaries(names),
     )
-    return json_response(request, body.model_dump(mode="json"))
+    shown = minutes_json(history.read(d.client.redis, d.client.keys, time.time()))
+    return json_response(request, body.model_dump(mode="json") | {"history": shown})
+
+
+def minutes_json(minutes: list[history.Minute]) -> list[dict[str, Any]]:
+    return [m._asdict() for m in minutes]
+
+
+def throughput_history(request: Request) -> Response:
+    """``/api/history?minutes=``: subtasks and jobs settled and dead per minute, the last
+    ``minutes`` (60; at most a day) before this one, oldest first (``dashboard.history``)."""
+    d = dash_of(request)
+    count = _param(request, "minutes", 60, 1, history.KEPT)
+    shown = minutes_json(history.read(d.client.redis, d.client.keys, time.time(), count))
+    return json_response(request, {"minutes": shown})
 
 
 def autoscale(request: Request) -> Response:

@@ -190,6 +190,7 @@ def routes() -> list[Any]:
         Route("/api/workers", api.workers),
         Route("/api/events", api.events),
         Route("/api/autoscale", api.autoscale),
+        Route("/api/history", api.throughput_history),
         *(Route(p, actions.run_action, methods=["POST"]) for p in action_paths),
         *(Route("/api" + p, actions.run_action, methods=["POST"]) for p in action_paths),
         Mount("/static", StaticFiles(directory=str(static)), name="static"),

@@ -4,18 +4,21 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
 from queueworks.client import TaskNotFound
-from queueworks.dashboard.reader import TaskRef, dead_before, task_counts
+from queueworks.dashboard import history
+from queueworks.dashboard.reader import BadQuery, TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
 from queueworks.job_functions import arguments_of
-from queueworks.job_lists import LISTED, WINDOW
+from queueworks.job_lists import LISTED
+from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
 from queueworks.keys import check_task_id
 from queueworks.lost_workers import WINDOW as LOST_WINDOW
 from queueworks.models import ACTIVE_STATES, JobState, TaskState
@@ -23,7 +26,9 @@ from queueworks.validate import NAME_PATTERN
 
 T = TypeVar("T", TaskRef, TaskSummary)
 STATE_FILTERS = ("all", "active", *(s.value for s in TaskState))
-JOBS = 20  # a queue page's jobs of one state, a page
+JOBS = 20  # a queue page's jobs of one state, a page (unless ``jobs_limit`` says)
+PAGE_SIZES = (20, 50, 100, 500)  # the page sizes a queue page offers
+NAMES_SHOWN = 100  # tasks a search by name lists
 _NAME = re.compile(NAME_PATTERN + r"\Z")
 
 
@@ -46,6 +51,43 @@ def chart(series: list[tuple[float, float]], width: int = 600, height: int = 90)
             }
         )
     return {"bars": bars, "width": width, "height": height, "top": top, "last": series[-1][1]}
+
+
+def minute_bars(
+    minutes: list[history.Minute], width: int = 600, height: int = 90
+) -> dict[str, Any]:
+    """SVG bars of settled (and, over them, dead) per minute; a minute no dashboard
+    watched has no bar."""
+    top = _nice(float(max((m.settled or 0 for m in minutes), default=0)))
+    slot = width / max(1, len(minutes))
+    bars = []
+    for i, m in enumerate(minutes):
+        if m.settled is None:
+            continue
+        scale = 0.0 if top == 0 else (height - 4) / top
+        h, dh = m.settled * scale, (m.dead or 0) * scale
+        bars.append(
+            {
+                "x": round(i * slot + 1, 1),
+                "w": round(max(1.0, slot - 2), 1),
+                "y": round(height - h, 1),
+                "h": round(h, 1),
+                "dy": round(height - dh, 1),
+                "dh": round(dh, 1),
+                "title": f"{clock(m.at)[11:16]} UTC: {m.settled} settled, {m.dead} dead",
+            }
+        )
+    known = [m for m in minutes if m.settled is not None]
+    return {
+        "bars": bars,
+        "width": width,
+        "height": height,
+        "top": top,
+        "settled": sum(m.settled or 0 for m in known),
+        "dead": sum(m.dead or 0 for m in known),
+        "known": len(known),
+        "count": len(minutes),
+    }
 
 
 def _nice(value: float) -> float:
@@ -81,6 +123,7 @@ def overview(request: Request) -> Response:
         queues=d.queues.summaries(names),
         leader=d.reader.leader(),
         chart=chart(d.throughput.series()),
+        minutes=minute_bars(history.read(d.client.redis, d.client.keys, time.time())),
         window_min=int(d.throughput.window // 60),
         events=d.reader.events(25),
     )
@@ -145,12 +188,31 @@ def queue_page(request: Request) -> Response:
         return RedirectResponse(f"/tasks/{name}", status_code=303)
     detail = d.queues.detail(name, dead_before(request.query_params.get("dead_before")))
     events = d.reader.events(15, task=name)
-    state = request.query_params.get("jobs", "queued")
-    state = state if state in LISTED else JobState.QUEUED.value
-    offset = min(max(0, _int_param(request.query_params.get("jobs_offset"), 0)), WINDOW - JOBS)
-    jobs = d.queues.jobs(name, state, JOBS, offset)
+    counts = detail.jobs_by_state
+    where = next((s for s, n in counts.items() if n), JobState.QUEUED.value)  # the jobs' tab
+    state = request.query_params.get("jobs", where)
+    if state not in LISTED:
+        raise BadQuery(f"jobs must be one of {', '.join(LISTED)}, got {state[:40]!r}")
+    limit = _query_int(request, "jobs_limit", JOBS, 1, MAX_JOBS)
+    offset = _query_int(request, "jobs_offset", 0, 0, 10**9)
+    wanted = request.query_params.get("jobs_q", "").strip()
+    searched: tuple[int, bool] | None = None
+    if wanted:
+        jobs, seen, complete = d.queues.find_jobs(name, state, wanted, limit, offset)
+        searched = (seen, complete)
+    else:
+        jobs = d.queues.jobs(name, state, limit, offset)
     ctx = d.context(
-        request, "queues", d=detail, q=detail.queue, events=events, jobs=jobs, states=LISTED
+        request,
+        "queues",
+        d=detail,
+        q=detail.queue,
+        events=events,
+        jobs=jobs,
+        states=LISTED,
+        wanted=wanted,
+        searched=searched,
+        page_sizes=PAGE_SIZES,
     )
     return render(request, "queue.html", ctx)
 
@@ -160,16 +222,18 @@ def job_page(request: Request) -> Response:
     name = request.path_params["name"]
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
+    lost = job.state == JobState.RUNNING and d.queues.worker_lost(job.worker)
     args = arguments_of(job.payload)  # a typed job function's, by name
     trace_url = d.config.trace_url
-    ctx = d.context(request, "queues", j=job, q=q, args=args, trace_url=trace_url)
+    ctx = d.context(request, "queues", j=job, q=q, args=args, trace_url=trace_url, worker_lost=lost)
     return render(request, "job.html", ctx)
 
 
 def search(request: Request) -> Response:
     """``/search?q=``: the page of the task, queue or job of that id (a job's: of the queue
-    that has it; ``QUEUE/JOB`` names both, and the queue must have that job); 404 when
-    nothing has it."""
+    that has it; ``QUEUE/JOB`` names both, and the queue must have that job); else the
+    queues and tasks whose name has it (the page of the one, or a list); 404 when nothing
+    has it."""
     d = dash_of(request)
     wanted = request.query_params.get("q", "").strip()
     queue, _, job = wanted.rpartition("/")
@@ -181,7 +245,32 @@ def search(request: Request) -> Response:
     found = d.queues.find(wanted)
     if found is not None:
         return RedirectResponse(f"/queues/{segment(found)}/jobs/{segment(wanted)}", status_code=303)
-    raise TaskNotFound(f"no task, queue or job has the id {wanted[:100]!r}")
+    queues, tasks = _named(d, wanted) if wanted else ([], [])
+    if len(queues) + len(tasks) == 1:
+        where = f"/queues/{segment(queues[0])}" if queues else f"/tasks/{segment(tasks[0][0])}"
+        return RedirectResponse(where, status_code=303)
+    if not queues and not tasks:
+        raise TaskNotFound(f"no task, queue or job has the id or name {wanted[:100]!r}")
+    ctx = d.context(request, "", wanted=wanted, queues=queues, tasks=tasks[:NAMES_SHOWN])
+    return render(request, "search.html", ctx | {"tasks_found": len(tasks)})
+
+
+def _named(d: Dashboard, wanted: str) -> tuple[list[str], list[tuple[str, str, str]]]:
+    """The queues and the tasks (id, name, state) whose name has ``wanted`` (case
+    aside): one pipeline of the tasks' names."""
+    low = wanted.lower()
+    names = d.queues.names()
+    queues = [n for n in names if low in n.lower()]
+    index = tasks_only(d, d.reader.index(), names)
+    pipe = d.client.redis.pipeline(transaction=False)
+    for t in index:
+        pipe.hget(d.client.keys.task(t.id).record, "name")
+    tasks = []
+    for t, raw in zip(index, pipe.execute(raise_on_error=False), strict=True):
+        name = raw.decode(errors="replace") if isinstance(raw, bytes) else ""
+        if low in name.lower():
+            tasks.append((t.id, name, t.state.value))
+    return queues, tasks
 
 
 def workers_page(request: Request) -> Response:
@@ -198,6 +287,21 @@ def workers_page(request: Request) -> Response:
         counts=d.reader.worker_counts(workers, lost),
     )
     return render(request, "workers.html", ctx)
+
+
+def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """Query parameter ``name``, an integer from ``low`` to ``high``: ``BadQuery`` (400,
+    the page says why) for anything else, never a silent default."""
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise BadQuery(f"{name} must be an integer, got {raw[:40]!r}") from None
+    if not low <= value <= high:
+        raise BadQuery(f"{name} must be from {low} to {high}, got {value}")
+    return value
 
 
 def _int_param(raw: str | None, default: int) -> int:

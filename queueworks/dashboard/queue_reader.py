@@ -25,6 +25,7 @@ from queueworks.aside_jobs import (
 )
 from queueworks.client import Client, TaskNotFound
 from queueworks.connection import Connection, redact_url, text
+from queueworks.dashboard.health import queue_warnings
 from queueworks.dashboard.reader import (
     HISTORY_SHOWN,
     _loads,
@@ -42,7 +43,7 @@ from queueworks.dashboard.views import (
     QueueSummary,
 )
 from queueworks.flow import flow_reads, flow_status
-from queueworks.job_lists import plan_job_detail, plan_jobs
+from queueworks.job_lists import plan_find_jobs, plan_job_counts, plan_job_detail, plan_jobs
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -71,7 +72,7 @@ from queueworks.schedule_plans import plan_schedules
 
 INF = float("inf")
 SUMMARY_READS = (
-    13  # replies per queue of a summaries pipeline (then 4 of flow_reads, the aside set)
+    14  # replies per queue of a summaries pipeline (then 4 of flow_reads, the aside set)
 )
 RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
 _EMPTY = [None] * len(TASK_FIELDS)
@@ -170,28 +171,33 @@ class QueueReader:
         for name in names:
             tk = self.keys.task(name)
             pipe.hmget(tk.record, TASK_FIELDS)
-            pipe.zcard(tk.members)
+            pipe.zrange(tk.members, 0, -1)
             pipe.xlen(tk.stream)
             pipe.xpending(tk.stream, tk.group)
             pipe.zcard(tk.scheduled)
             pipe.hgetall(tk.rate)
             pipe.zcard(tk.deferred)
             pipe.hget(tk.record, QUEUE_PAUSED)
+            pipe.llen(tk.cancelled)
             flow_reads(pipe, tk, "spec")
             pipe.smembers(tk.aside)
         replies = pipe.execute(raise_on_error=False)
         now = time.time()
         n = SUMMARY_READS
         asides = self._asides(names, [replies[n * (i + 1) - 1] for i in range(len(names))])
+        members_of = [_ids(replies[n * i + 1]) for i in range(len(names))]
+        lost = self._lost({w for ids in members_of for w in ids})
         out = []
         for i, name in enumerate(names):
-            record, members, length, pending, scheduled, rate = replies[n * i : n * i + 6]
-            deferred, paused = replies[n * i + 6 : n * i + 8]
+            record, _, length, pending, scheduled, rate = replies[n * i : n * i + 6]
+            members = len(members_of[i])
+            deferred, paused, cancelled = replies[n * i + 6 : n * i + 9]
             if isinstance(record, Exception) or record[1] is None:
                 continue
             row = self._summary(name, record, members, length, pending, scheduled, rate, now)
             more = {"deferred": 0 if row.finished else _int(deferred), "paused": paused == b"1"}
-            flow = flow_status(replies[n * i + 8 : n * (i + 1) - 1], now)
+            more["cancelled"] = _int(cancelled)
+            flow = flow_status(replies[n * i + 9 : n * (i + 1) - 1], now)
             more |= flow
             aside = asides[i]
             # off the stream: backlog too (waiting for a group slot, or set aside)
@@ -203,8 +209,26 @@ class QueueReader:
                 more["running"] = row.running + aside.running
                 more["set_aside"] = aside.waiting
                 more["reason"] = with_aside(row.reason, aside.waiting)
-            out.append(row.model_copy(update=more))
+            row = row.model_copy(update=more)
+            gone = [w for w in members_of[i] if w in lost]
+            out.append(row.model_copy(update={"warnings": queue_warnings(row, gone)}))
         return out
+
+    def _lost(self, workers: set[str]) -> set[str]:
+        """Those of ``workers`` whose pool heartbeat is gone (lost: their jobs wait for a
+        reclaim), one pipeline; none read when there are none."""
+        if not workers:
+            return set()
+        ids = sorted(workers)
+        pipe = self.r.pipeline(transaction=False)
+        for wid in ids:
+            pipe.exists(self.keys.worker_heartbeat(wid))
+        replies = pipe.execute(raise_on_error=False)
+        return {w for w, alive in zip(ids, replies, strict=True) if alive == 0}
+
+    def worker_lost(self, worker: str | None) -> bool:
+        """Whether ``worker`` (a running job's) is lost: its pool heartbeat is gone."""
+        return worker is not None and worker in self._lost({worker})
 
     def _asides(self, names: Sequence[str], sets: Sequence[Any]) -> list[Aside]:
         """Each queue's jobs set aside, from its aside set as read: one pipeline for the
@@ -226,7 +250,7 @@ class QueueReader:
         self,
         name: str,
         record: Sequence[Any],
-        members: Any,
+        members: int,
         length: Any,
         pending: Any,
         scheduled: Any,
@@ -249,7 +273,7 @@ class QueueReader:
             done=fields["done"],
             dead=fields["dead"],
             rejected=fields["rejected"],
-            nodes=_int(members),
+            nodes=members,
             epoch=fields["epoch"],
             min_nodes=fields["min_nodes"],
             max_nodes=fields["max_nodes"],
@@ -318,13 +342,28 @@ class QueueReader:
             dead_without_letter=max(0, queue.dead - _int(dead_total)),
             schedules=self.schedules(name),
             running_jobs=self.client.running_jobs(name) if queue.running else [],
+            jobs_by_state=self.job_counts(name),
         )
+
+    def job_counts(self, name: str) -> dict[str, int]:
+        """How many jobs each state's list has (``plan_job_counts``): the tabs' counts."""
+        return run(self.r, self.client.scripts, plan_job_counts(self.keys, name))
 
     def jobs(self, name: str, state: str, limit: int, offset: int) -> JobPage:
         """A page of the queue's jobs in ``state`` (``queueworks.job_lists``)."""
         if not self.is_queue(check_task_id(name)):
             raise TaskNotFound(f"queue {name}")
         return run(self.r, self.client.scripts, plan_jobs(self.keys, name, state, limit, offset))
+
+    def find_jobs(
+        self, name: str, state: str, wanted: str, limit: int, offset: int
+    ) -> tuple[JobPage, int, bool]:
+        """A page of the queue's jobs in ``state`` that match ``wanted`` (``plan_find_jobs``),
+        with how many were looked through and whether that was all."""
+        if not self.is_queue(check_task_id(name)):
+            raise TaskNotFound(f"queue {name}")
+        plan = plan_find_jobs(self.keys, name, state, wanted, limit, offset)
+        return run(self.r, self.client.scripts, plan)
 
     def job(self, name: str, job_id: str) -> JobDetail:
         """One job in full; ``TaskNotFound`` for no such queue or job."""
@@ -376,6 +415,10 @@ def _history(entries: Any) -> list[HistoryEntry]:
     return out
 
 
+def _ids(reply: Any) -> list[str]:
+    return [text(m) for m in reply] if isinstance(reply, list) else []
+
+
 def _is_queue(spec: Any) -> bool:
     value = _loads(spec) if spec else None
     return isinstance(value, dict) and value.get("mode") == "queue"
@@ -397,4 +440,4 @@ def _shown(setting: Setting, value: Any) -> Any:
         return {str(k): str(v) for k, v in value.items()} if isinstance(value, dict) else {}
     if isinstance(value, int | float) and not isinstance(value, bool):
         return setting.kind(value)
-    return setting.kind(0)
+    return None if setting.optional else setting.kind(0)  # an optional one unset: none

@@ -30,7 +30,7 @@ class DashboardConfig(BaseModel):
     redis_url: str
     prefix: str = Field(default="qw", pattern=r"^[A-Za-z0-9_.-]{1,32}$")
     token: str | None = Field(default=None, repr=False)
-    refresh: float = Field(default=1.0, gt=0, le=2.0)  # seconds between live updates
+    refresh: float = Field(default=1.0, gt=0, le=3600.0)  # seconds between live updates
     sample_interval: float = Field(default=2.0, gt=0)  # throughput samples
     ssl_ca_certs: str | None = None
     page_size: int = Field(default=100, ge=1, le=1000)

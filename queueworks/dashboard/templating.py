@@ -43,9 +43,23 @@ def age(ts: float | None, now: float | None = None) -> str:
 
 
 def clock(ts: float | None) -> str:
+    """A time as UTC, to the millisecond, labelled: "2026-12-07 02:33:01.123 UTC"."""
     if ts is None:
         return "-"
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+    whole, ms = divmod(round(ts * 1000), 1000)
+    return f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(whole))}.{ms:03d} UTC"
+
+
+def took(start: float | None, end: float | None) -> str:
+    """How long from ``start`` to ``end`` (a job's run): "85 ms", "2.41 s", "5m 3s"."""
+    if start is None or end is None:
+        return "-"
+    s = max(0.0, end - start)
+    if s < 1:
+        return f"{s * 1000:.0f} ms"
+    if s < 60:
+        return f"{s:.2f} s"
+    return age(start, end)
 
 
 def seconds(value: float | None) -> str:
@@ -109,7 +123,7 @@ def templates() -> Jinja2Templates:
         json_text=json_text,
         duration=duration,
     )
-    env.globals.update(with_query=with_query, quantile_text=quantile_text)
+    env.globals.update(with_query=with_query, quantile_text=quantile_text, took=took)
     env.globals.update(live_settings=[SETTINGS[name] for name in LIVE])
     return Jinja2Templates(env=env)
 

@@ -1,4 +1,5 @@
-"""Subtask throughput over the last minutes, from samples the dashboard takes itself.
+"""Subtask throughput over the last minutes, from samples the dashboard takes itself (and,
+from the same samples, the per-minute history kept in Redis: ``history``).
 
 Each sample reads ``done`` and ``dead`` of the active tasks (``qw:queue``) and of the tasks
 the previous sample saw (so the last progress of a task that just finished is counted):
@@ -21,6 +22,7 @@ from collections import deque
 from typing import Any
 
 from queueworks.connection import Connection, text
+from queueworks.dashboard.history import Minutes
 from queueworks.keys import Keys
 
 
@@ -28,6 +30,8 @@ class Throughput:
     def __init__(self, *, window: float = 300.0, bucket: float = 10.0) -> None:
         self.window, self.bucket = window, bucket
         self._last: dict[str, int] = {}
+        self._last_dead: dict[str, int] = {}
+        self.minutes = Minutes()  # the per-minute history in Redis (``history``)
         self._last_at: float | None = None
         self._points: deque[tuple[float, float, int]] = deque()  # (since, at, settled)
         self._lock = threading.Lock()
@@ -44,23 +48,26 @@ class Throughput:
             replies = pipe.execute()
             first = self._last_at is None
             since = self._last_at or now
-            delta, seen = 0, {}
+            delta, died, seen, seen_dead = 0, 0, {}, {}
             for tid, (done, dead, created) in zip(ids, replies, strict=True):
                 if created is None:  # expired: forget it
                     continue
                 try:
-                    value, born = int(done or 0) + int(dead or 0), float(created)
+                    gone, born = int(dead or 0), float(created)
+                    value = int(done or 0) + gone
                 except ValueError:  # a record no writer would store: not counted
                     continue
                 if tid in self._last:
-                    base = self._last[tid]
+                    base, base_dead = self._last[tid], self._last_dead.get(tid, gone)
                 elif first or born < since:
-                    base = value  # progress made before we watched: not ours to count
+                    base, base_dead = value, gone  # made before we watched: not ours to count
                 else:
-                    base = 0
+                    base, base_dead = 0, 0
                 delta += max(0, value - base)
-                seen[tid] = value
-            self._last, self._last_at = seen, now
+                died += max(0, gone - base_dead)
+                seen[tid], seen_dead[tid] = value, gone
+            self._last, self._last_dead, self._last_at = seen, seen_dead, now
+            self.minutes.add(r, keys, now, delta, died)
             if not first and now > since:
                 self._points.append((since, now, delta))
             while self._points and self._points[0][1] < now - self.window - self.bucket:

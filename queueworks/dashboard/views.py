@@ -152,6 +152,7 @@ class QueueSummary(_View):
     scheduled: int  # delayed, not due yet
     running: int  # held by a member
     deferred: int = 0  # waiting for their dependencies
+    cancelled: int = 0  # cancelled before they ran (the newest kept: ``DONE_KEPT``)
     left: int = 0  # finished queue: the jobs it had not run (they never run)
     done: int
     dead: int
@@ -172,6 +173,7 @@ class QueueSummary(_View):
     groups_running: dict[str, int] = {}  # slots held, by group
     groups_waiting: dict[str, int] = {}  # jobs waiting for a slot, by group
     set_aside: dict[str, int] = {}  # jobs set aside (no member may run them), by handler
+    warnings: list[str] = []  # what is wrong, in sentences (``dashboard.health``)
 
     @property
     def finished(self) -> bool:
@@ -226,6 +228,7 @@ class QueueDetail(_View):
     dead_without_letter: int = 0
     schedules: list[Schedule] = Field(default_factory=list)  # its periodic jobs, by name
     running_jobs: list[JobStatus] = []  # up to 20 running, oldest first, with progress
+    jobs_by_state: dict[str, int] = {}  # each state's list total (the page's tabs)
 
     def latency_quantile(self, q: float) -> float | None:
         """The upper bound of the bucket the ``q`` quantile falls in (None: no job yet, or

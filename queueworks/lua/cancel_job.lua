@@ -1,5 +1,7 @@
 -- Cancel a queue's job if it has not started: a delayed one leaves the scheduled zset, a
--- queued one its stream (only if no member has read it yet: then it is running). A job
+-- queued one its stream (only if no member has read it yet: then it is running, and is
+-- stopped only when ARGV[6] asks, below). Every job cancelled goes to the head of the
+-- cancelled list (KEYS[11], when given). A job
 -- enqueued to run now has no record while it waits (its id is its entry's): cancelling it
 -- writes one. A job set aside (set_aside.lua) waits on its handler's aside stream: called
 -- with another stream, the reply names that handler, to call again with its stream. The
@@ -17,6 +19,8 @@
 -- KEYS[6] the job's dependencies set   KEYS[7] deferred zset   KEYS[8] waiters hash
 -- KEYS[9] outbox (KEYS[6..9] optional: without them, no deferred job or dependents)
 -- KEYS[10] groups waiting hash (optional: without it, no count of a waiting job changes)
+-- KEYS[11] cancelled list (optional: the ids of the jobs cancelled most recently, newest
+--   first, capped at DONE_KEPT: what the dashboard lists as cancelled)
 -- ARGV[1] group   ARGV[2] job id   ARGV[3] now (s)   ARGV[4] result ttl (s)
 -- A running job (a member has read its entry) is left as it is, unless ARGV[6] is '1': then
 -- its entry is acked and deleted at once (nobody reclaims or retries it; the settle of its
@@ -56,8 +60,12 @@ end
 
 local function cancelled(code)
   redis.call('HSET', KEYS[3], '${JOB_STATE}', '${CANCELLED}', '${JOB_FINISHED}', ARGV[3])
-  redis.call('HDEL', KEYS[3], '${JOB_PAYLOAD}', '${JOB_WHY}')
+  redis.call('HDEL', KEYS[3], '${JOB_WHY}')  -- its payload stays while the record lives
   redis.call('EXPIRE', KEYS[3], ARGV[4])
+  if #KEYS >= 11 then
+    redis.call('LPUSH', KEYS[11], ARGV[2])
+    redis.call('LTRIM', KEYS[11], 0, tonumber('${DONE_KEPT}') - 1)
+  end
   if #KEYS >= 9 and redis.call('EXISTS', KEYS[8]) == 1 then  -- its dependents die with it
     local waiting = redis.call('HGET', KEYS[8], ARGV[2])
     if waiting then
@@ -73,11 +81,11 @@ local function cancelled(code)
   return code
 end
 
-local function entry_options(entry)  -- 'o' of an entry of KEYS[1]
+local function entry_field(entry, field)  -- a field of an entry of KEYS[1]
   local found = redis.call('XRANGE', KEYS[1], entry, entry)
   local flat = #found > 0 and found[1][2] or {}
   for i = 1, #flat, 2 do
-    if flat[i] == '${ENTRY_OPTIONS}' then
+    if flat[i] == field then
       return flat[i + 1]
     end
   end
@@ -126,6 +134,8 @@ if not state then  -- waiting on the stream with no record, finished and expired
       redis.call('HSET', KEYS[3], '${JOB_HANDLER}', flat[i + 1])
     elseif flat[i] == '${ENTRY_ENQUEUED}' then
       redis.call('HSET', KEYS[3], '${JOB_ENQUEUED}', flat[i + 1])
+    elseif flat[i] == '${ENTRY_PAYLOAD}' then
+      redis.call('HSET', KEYS[3], '${JOB_PAYLOAD}', flat[i + 1])
     elseif flat[i] == '${ENTRY_OPTIONS}' then
       options = flat[i + 1]
     end
@@ -143,11 +153,16 @@ elseif state == '${DEFERRED}' and #KEYS >= 9 then
   redis.call('ZREM', KEYS[7], ARGV[2])
 elseif state == '${QUEUED}' then
   local member
-  options = options or entry_options(entry)  -- a job to run now set aside: its entry's
-  if not unread(entry) then
-    if ARGV[6] ~= '1' then
-      return 0  -- a member has it
-    end
+  local running = not unread(entry)
+  if running and ARGV[6] ~= '1' then
+    return 0  -- a member has it
+  end
+  options = options or entry_field(entry, '${ENTRY_OPTIONS}')  -- a job to run now set aside
+  local payload = entry_field(entry, '${ENTRY_PAYLOAD}')  -- kept while the record lives
+  if payload then
+    redis.call('HSET', KEYS[3], '${JOB_PAYLOAD}', payload)
+  end
+  if running then
     member = stopped()
   end
   redis.call('XDEL', KEYS[1], entry)

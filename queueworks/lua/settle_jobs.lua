@@ -11,6 +11,9 @@
 -- it empty, it is deleted and its handler leaves the aside set.
 -- The ids of the jobs counted done go to the head of the queue's done index, in one LPUSH
 -- and one LTRIM per call (capped: jobrecords.DONE_KEPT): what the dashboard lists as done.
+-- A dead job's record keeps its payload (as given) for as long as the record lives (result
+-- ttl), beside its dead letter's; a done job's is not kept (the hot path: see
+-- docs/dashboard.md).
 -- Fenced: a member that was pruned (no longer in the queue's members: frozen or cut off past
 -- its TTL, its jobs reclaimed by others) settles nothing, so a zombie never acks an entry
 -- another member now runs, writes its result or gives back its group slot.
@@ -122,7 +125,8 @@ for _ = 1, n_dead do
     else
       record(job, named, ARGV[at + 7], ARGV[at + 8], '${JOB_STATE}', '${DEAD}',
         '${JOB_REASON}', ARGV[at + 3], '${JOB_ERROR}', ARGV[at + 4], '${JOB_STARTED}', ARGV[at + 1],
-        '${JOB_FINISHED}', now, '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
+        '${JOB_FINISHED}', now, '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker,
+        '${JOB_PAYLOAD}', ARGV[at + 6])
       local letter = {'XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', '${DEAD_ENTRY}', ARGV[at],
         '${DEAD_JOB}', ARGV[at + 5], '${DEAD_REASON}', ARGV[at + 3], '${DEAD_ERROR}', ARGV[at + 4],
         '${DEAD_ATTEMPTS}', ARGV[at + 2], '${DEAD_PAYLOAD}', ARGV[at + 6],

@@ -1,16 +1,16 @@
 // queueworks dashboard: live updates and actions without page reloads (no library).
 //  * Every element with data-live="name" is refreshed every data-refresh ms (body
-//    attribute; at most 2 s): the page is asked again with an X-Live header naming the
+//    attribute: --refresh): the page is asked again with an X-Live header naming the
 //    hash of each live block shown, and answers JSON with only the blocks that changed
 //    (and every block's hash). A block the user is typing in is left as it is. Open
 //    <details> stay open.
-//  * The header's Pause button stops the live updates (remembered in this browser) and
-//    Resume starts them again.
+//  * The header's "Stop updates" button stops the live updates (remembered in this
+//    browser) and "Live updates" starts them again (named apart from a queue's Pause).
 //  * A form with data-api posts to that JSON endpoint with the CSRF token, asks first
 //    when it has data-confirm, shows the answer in #flash and refreshes at once.
 (function () {
   "use strict";
-  var refreshMs = Math.min(Number(document.body.dataset.refresh || "1000"), 2000);
+  var refreshMs = Math.max(Number(document.body.dataset.refresh || "1000"), 100);
   var csrfMeta = document.querySelector('meta[name="csrf-token"]');
   var csrf = csrfMeta ? csrfMeta.content : "";
   var status = document.getElementById("live-status");
@@ -30,7 +30,7 @@
 
   function showPaused() {
     if (toggle) {
-      toggle.textContent = paused ? "Resume" : "Pause";
+      toggle.textContent = paused ? "Live updates" : "Stop updates";
       toggle.setAttribute("aria-pressed", paused ? "true" : "false");
     }
     setStatus(paused ? "idle" : "ok", paused ? "paused" : "live");
@@ -120,7 +120,10 @@
       credentials: "same-origin"
     })
       .then(function (res) { return res.json().then(function (j) { return [res.ok, j]; }); })
-      .then(function (r) { show(r[0] ? r[1].message : "Failed: " + r[1].error, !r[0]); })
+      .then(function (r) {
+        show(r[0] ? r[1].message : "Failed: " + r[1].error, !r[0]);
+        if (r[0] && form.dataset.then) location.assign(form.dataset.then);  // the page is gone
+      })
       .catch(function (err) { show("Failed: " + err.message, true); })
       .finally(function () {
         if (document.activeElement && form.contains(document.activeElement)) document.activeElement.blur();

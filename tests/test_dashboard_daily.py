@@ -1,0 +1,83 @@
+"""The smaller points of a team's daily use: times in UTC to the millisecond, labelled; a
+job's duration on its page and in finished lists; every job id a link; ``--refresh`` as
+given; the header's live-update button named apart from a queue's Pause; ``/metrics`` in a
+new tab.
+
+Real Redis, a real worker process; the dashboard in-process (``make_app``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from queueworks import Client
+from queueworks.dashboard.templating import clock, took
+from queueworks.models import JobState
+from tests.conftest import Cluster, wait_for
+from tests.test_dashboard import make_app
+
+
+@pytest.fixture
+def web(client: Client) -> Iterator[httpx.Client]:
+    with make_app(client) as http:
+        yield http
+
+
+@pytest.mark.unit
+def test_times_are_utc_to_the_millisecond_and_durations_read_well() -> None:
+    assert clock(0.0) == "1970-01-01 00:00:00.000 UTC"
+    assert clock(1796119558.1234) == "2026-12-01 10:05:58.123 UTC"
+    assert clock(1.9996) == "1970-01-01 00:00:02.000 UTC"  # rounds into the next second
+    assert clock(None) == "-"
+    assert took(10.0, 10.085) == "85 ms"
+    assert took(10.0, 12.414) == "2.41 s"
+    assert took(0.0, 303.0) == "5m 3s"
+    assert took(None, 1.0) == took(1.0, None) == "-"
+
+
+@pytest.mark.integration
+def test_refresh_is_honoured_and_the_header_names_its_buttons(client: Client) -> None:
+    with make_app(client, refresh=5.0) as web:
+        page = web.get("/").text
+    assert 'data-refresh="5000"' in page
+    assert 'id="live-toggle"' in page and ">Stop updates</button>" in page
+    assert re.search(r'<a href="/metrics" target="_blank" rel="noopener"[^>]*>/metrics ↗</a>', page)
+
+
+@pytest.mark.system
+def test_a_job_page_shows_its_duration_and_links_every_job_id(
+    cluster: Cluster, client: Client, web: httpx.Client
+) -> None:
+    q = client.queue("daily-h")
+    first = q.enqueue("tests.handlers:double", {"x": 1}, delay=600)
+    then = q.enqueue("tests.handlers:double", {"x": 2}, depends_on=[first])
+    page = web.get(f"/queues/{q.name}/jobs/{then.id}").text
+    assert (
+        f'<a href="/queues/{q.name}/jobs/{first.id}"><code>{q.name}/{first.id}</code></a>' in page
+    )
+    q.schedule("tick", "tests.handlers:double", {"x": 3}, every=1.0)
+    busy = [q.enqueue("tests.handlers:sleep_for", {"seconds": 60.0}) for _ in range(2)]
+    done = q.enqueue("tests.handlers:double", {"x": 4})
+    cluster.controller()  # the schedule fires where a controller leads
+    cluster.worker("w-daily", extra=["--concurrency", "4"])
+    assert done.result(timeout=60) == 8
+    wait_for(lambda: all(b.status().state == JobState.RUNNING for b in busy), 60, "two running")
+
+    status = done.status()
+    assert status.started_at is not None and status.finished_at is not None
+    page = web.get(f"/queues/{q.name}/jobs/{done.id}").text
+    assert f'id="job-duration">{took(status.started_at, status.finished_at)}<' in page
+    assert clock(status.finished_at) in page and " UTC" in page
+    listing = web.get(f"/queues/{q.name}?jobs=done").text
+    assert 'data-field="took"' in listing
+    queue_page = web.get(f"/queues/{q.name}").text
+    row = queue_page[queue_page.index('data-worker="w-daily"') :]
+    cell = row[row.index('data-field="current"') : row.index("</tr>")]
+    for b in busy:  # both jobs it runs at once, each a link to its page
+        assert f'<a href="/queues/{q.name}/jobs/{b.id}"><code>{b.id}</code></a>' in cell
+    last_job = wait_for(lambda: q.schedules()[0].last_job, 30, "the schedule's first job")
+    assert f'href="/queues/{q.name}/jobs/{last_job}"' in web.get(f"/queues/{q.name}").text
