@@ -1,10 +1,10 @@
-"""Issue 22: the README's Deploy section in real containers, against a real Docker engine.
+"""Issue 22: docs/deploy.md in real containers, against a real Docker engine.
 
 Where an engine answers (CI starts one with ``.ci/docker-engine start`` and makes what the
 build needs with ``.ci/docker-images``), the image is built from the project's Dockerfile
 through compose.yaml -- offline, from the wheelhouse in ``wheels/``, when that holds wheels --
 and the Deploy scenario runs for real: ``up -d`` until every service is healthy; a
-200,000-subtask ``digest`` task submitted inside the controller container as the README does
+200,000-subtask ``digest`` task submitted inside the controller container as docs/deploy.md does
 (as JSON lines of 400 hash rounds each, twice the default, so it outlasts the scenario);
 workers scaled 2 -> 6 -> 1 -> 4 while it runs; one worker SIGKILLed (``docker kill``); the
 controller that holds the leader lease stopped; then ``stop`` and ``down -v``. It checks
@@ -409,7 +409,7 @@ def test_readme_deploy_scenario_in_real_containers(stack: Stack) -> None:
     r: redis.Redis = client.redis
     keys = Keys(stack.prefix)
     try:
-        # as the README: submit inside the controller container (subtasks as JSON lines, to set
+        # as docs/deploy.md: submit inside the controller container (subtasks as JSON lines, to set
         # their rounds), watch with `queueworks info`
         t = time.monotonic()
         out = stack(

@@ -4,7 +4,7 @@ worker shows up as a new epoch without a reload, and cancelling from the page ca
 
 Real processes: a controller, three workers and ``python -m queueworks dashboard``.
 Budget: ~20 s. ``QUEUEWORKS_SCREENSHOT=docs/dashboard-task.png`` also writes the task page
-screenshot shown in the README.
+screenshot shown in docs/dashboard.md.
 """
 
 from __future__ import annotations

@@ -480,7 +480,7 @@ def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     (job_id,) = res.stdout.split()
     assert res.stderr.strip() == f"job {job_id}: failed 1 times: ValueError: cannot handle [1]"
 
-    # as the README shows it: a handler the module does not have is the job's fault
+    # as docs/queues.md says: a handler the module does not have is the job's fault
     typo = ["enqueue", "jobs", "queueworks.examples:dubble", "--json", '{"x": 21}', "--wait"]
     res = cli(typo, redis_url, prefix)
     assert res.returncode == 3, (res.stdout, res.stderr)

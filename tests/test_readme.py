@@ -241,3 +241,20 @@ def test_readme_training_example_runs() -> None:
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "scaling to 4 worker(s)" in out.stdout, out.stdout[-2000:]
     assert re.search(r"completed: (\d+)/\1 shards, 0 dead", out.stdout), out.stdout[-2000:]
+
+
+def test_readme_is_short_and_points_at_the_docs_index() -> None:
+    """The README stays an entry point (at most 800 words, as ``wc -w`` counts them, code
+    included); the rest lives in docs/, whose index it links."""
+    assert len(README.split()) <= 800, len(README.split())
+    for heading in ("Install", "Quickstart", "Your first handler", "A short tour"):
+        section(README, heading)
+    assert "(docs/README.md)" in README
+
+
+def test_docs_index_lists_every_page_once() -> None:
+    """docs/README.md names every page of docs/ once, each link to a page that exists."""
+    index = (ROOT / "docs" / "README.md").read_text()
+    linked = re.findall(r"^\d+\. \[[\w.]+\]\(([\w.]+\.md)\)", index, flags=re.M)
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    assert sorted(linked) == pages, (linked, pages)

@@ -99,7 +99,7 @@ def common(f: Any) -> Any:
     """The options every command that talks to Redis takes."""
     for decorate in reversed(
         [
-            setting("--redis", "redis_url", "Redis URL (see the README for the schemes)"),
+            setting("--redis", "redis_url", "Redis URL (see docs/cli.md for the schemes)"),
             option(
                 "--cluster",
                 is_flag=True,
