@@ -29,12 +29,17 @@ WORKDIR /src
 COPY pyproject.toml ./
 # the wheelhouse (only its README unless you filled it); this stage is not in the final image
 COPY wheels ./wheels
-# Dependencies first, from pyproject.toml alone: the package's directories are not there yet
+# Dependencies first, from pyproject.toml alone: the package's directories (made empty here,
+# from pyproject's package list) are not there yet
 # and README.md (its long description) is a placeholder, so this installs the dependencies
 # and an empty queueworks, in a layer that a change to the sources or docs leaves cached.
 RUN set -eu; \
     touch README.md; \
-    mkdir -p queueworks/aio queueworks/commands queueworks/dashboard queueworks/torch workers controller; \
+    python -c 'import pathlib, tomllib; \
+t = tomllib.load(open("pyproject.toml", "rb"))["tool"]["setuptools"]; \
+where = t.get("package-dir", {}); \
+[pathlib.Path(where.get(p, p.replace(".", "/"))).mkdir(parents=True, exist_ok=True) \
+ for p in t["packages"]]'; \
     spec="."; \
     if [ -n "${EXTRAS}" ]; then spec=".[${EXTRAS}]"; fi; \
     case ",${EXTRAS}," in \
