@@ -12,7 +12,7 @@ import re
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pydantic import (
     BaseModel,
@@ -26,9 +26,6 @@ from pydantic import (
 )
 
 from queueworks.job_options import MAX_BACKOFF, MAX_RETRY_DELAY
-
-if TYPE_CHECKING:
-    from queueworks.job_functions import JobFunctionBase
 from queueworks.retry_policy import (
     DEFAULT_RETRY_BACKOFF,
     DEFAULT_RETRY_DELAY,
@@ -48,6 +45,14 @@ from queueworks.validate import (
 HANDLER_PATH = re.compile(
     r"^(?P<module>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*):(?P<attr>[A-Za-z_][A-Za-z0-9_]*)$"
 )
+
+
+class NamedHandler(Protocol):
+    """A handler that knows its ``"module:function"`` path: a typed job function
+    (``queueworks.job_functions.JobFunctionBase``, made by ``@job``)."""
+
+    @property
+    def path(self) -> str: ...
 
 
 def parse_handler_path(path: str) -> tuple[str, str]:
@@ -127,9 +132,7 @@ class TaskSpec(_Model):
 
     if TYPE_CHECKING:  # handler: a path, or a typed job function (@job); the rest as declared
 
-        def __init__(
-            self, *, handler: str | JobFunctionBase[..., Any] = "", **fields: Any
-        ) -> None: ...
+        def __init__(self, *, handler: str | NamedHandler = "", **fields: Any) -> None: ...
 
     @field_validator("handler", mode="before")
     @classmethod
