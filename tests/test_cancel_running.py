@@ -124,6 +124,7 @@ def test_a_cancelled_job_is_never_run_again_when_its_worker_dies(
     key = f"{prefix}:said"
     job = q.enqueue(deaf, {"seconds": 30, "key": key})
     running(job)
+    wait_for(lambda: said(r, key) == ["ran"], 30, "its handler started")  # not just read
     assert job.cancel() is True
     first.kill()  # before it could hear of the cancel, or after: nothing runs it again
     cluster.worker(allow=ALLOW, extra=BEAT)
