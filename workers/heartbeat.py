@@ -49,6 +49,9 @@ class NodeState:
     on_fenced: Callable[[str], None] = lambda key: None
     # jobs cancelled while they ran here, (queue, job id): stopped (``queueworks.job_stops``)
     on_cancelled: Callable[[list[tuple[str, str]]], None] = lambda jobs: None
+    # a queue's seat was flagged (its key: pruned, revoked, a new epoch): its loop looks at
+    # it soon (``workers.ready``; any thread)
+    on_flagged: Callable[[str], None] = lambda key: None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def seat(self, task_id: str, *, queue: bool = False) -> Seat:
@@ -170,6 +173,7 @@ class Seat:
         self.revoked = True
         self.suspend.set()
         self.halt.set()
+        self._flagged()
         self.node.wake.set()
 
     def pruned(self) -> None:
@@ -182,6 +186,7 @@ class Seat:
         finally:
             self.suspend.set()
             self.halt.set()
+            self._flagged()
             self.node.wake.set()
 
     def observe_epoch(self, epoch: int) -> None:
@@ -190,7 +195,12 @@ class Seat:
             self.epoch_seen = epoch
         if self.task_id is not None and epoch > self.role_epoch:
             self.suspend.set()
+            self._flagged()
             self.node.wake.set()
+
+    def _flagged(self) -> None:
+        if self.queue:
+            self.node.on_flagged(self.key)
 
 
 EXPIRY_SLACK = 0.005  # s after a heartbeat key runs out before we look for it

@@ -27,7 +27,7 @@ from typing import Any
 from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import Connection, text
-from queueworks.keys import Keys
+from queueworks.keys import GROUP, Keys
 from queueworks.lost_workers import KEPT as LOST_KEPT
 from queueworks.scripts import Queued, Scripts
 
@@ -107,7 +107,7 @@ class LostWorkers:
         pipe = self.r.pipeline(transaction=True)
         pipe.smembers(key)
         pipe.delete(key)
-        names = sorted(text(n) for n in pipe.execute()[0])
+        names = self._pending_first(worker, sorted(text(n) for n in pipe.execute()[0]))
         if not names:
             return 0
         departed = 0
@@ -135,3 +135,25 @@ class LostWorkers:
         self.pruned += departed
         self.log.info("worker_lost", worker=worker, queues=len(names), pruned=departed)
         return departed
+
+    def _pending_first(self, worker: str, names: list[str]) -> list[str]:
+        """``names`` with the queues where ``worker`` left jobs pending first: they are
+        pruned (and so re-ranked by their members, whose leader claims the jobs) before the
+        queues it only served, however many those are. One pipeline of ``XPENDING``
+        summaries, when there are more than a batch of queues."""
+        if len(names) <= PRUNE_BATCH:
+            return names
+        pipe = self.r.pipeline(transaction=False)
+        for q in names:
+            pipe.xpending(self.keys.task(q).stream, GROUP)
+        replies = pipe.execute(raise_on_error=False)
+        mine = worker.encode()
+
+        def holds(reply: Any) -> bool:
+            if not isinstance(reply, dict):
+                return False  # (no stream or group: nothing pending there)
+            return any(c.get("name") in (mine, worker) for c in reply.get("consumers") or ())
+
+        first = [q for q, reply in zip(names, replies, strict=True) if holds(reply)]
+        seen = set(first)
+        return first + [q for q in names if q not in seen]

@@ -103,14 +103,20 @@ class Membership:
         self.log.info("joined", epoch=roster.epoch)
         return joined
 
-    def take_role(self, roster: Roster | None = None) -> Roster | None:
-        """Take our role from ``roster`` (the one our join returned) or, without one, from
-        the roster read now (``self.role``); None if we are no longer a member (pruned while
-        away: fenced). Also notes when the membership last changed (for ``publish``)."""
+    def take_role(
+        self, roster: Roster | None = None, read: tuple[Roster, float] | None = None
+    ) -> Roster | None:
+        """Take our role from ``roster`` (the one our join returned), from ``read`` (a
+        roster ``roster_on`` read just now, and the monotonic time it was sent) or, without
+        either, from the roster read now (``self.role``); None if we are no longer a member
+        (pruned while away: fenced). Also notes when the membership last changed (for
+        ``publish``)."""
         self.state.suspend.clear()
         sent = self.checked_at
         if roster is not None and self._joined is not None and self._joined[0] == roster.epoch:
             self._changed_at = self._joined[1]  # our own join is that change
+        elif read is not None:
+            roster, sent = read
         else:
             sent = time.monotonic()
             roster = self._read_roster()
@@ -127,18 +133,32 @@ class Membership:
     def _read_roster(self) -> Roster:
         """Epoch, members and the latest history entry, in one MULTI (so they agree)."""
         pipe = self.r.pipeline(transaction=True)
+        read = self.roster_on(pipe)
+        return read(pipe.execute())
+
+    def roster_on(self, pipe: Any) -> Callable[[list[Any]], Roster]:
+        """Put the roster's reads on ``pipe`` (a MULTI: so they agree); returns what reads
+        it from the replies (an error reply is raised)."""
+        at = len(pipe)
         pipe.get(self.tk.epoch)
         pipe.zrange(self.tk.members, 0, -1, withscores=True)
         pipe.xrevrange(self.tk.history, count=1)
-        epoch, members, last = pipe.execute()
-        self._changed_at = None  # no change since the last rebalance was recorded
-        if last:
-            fields = last[0][1]
-            if isinstance(fields, list):  # a cluster's MULTI leaves the reply unparsed
-                fields = fields_of(fields)
-            if fields.get(b"cause") != b"rebalanced":
-                self._changed_at = float(fields[b"ts"])
-        return roster_of(epoch, members)
+
+        def read(replies: list[Any]) -> Roster:
+            epoch, members, last = replies[at : at + 3]
+            for reply in (epoch, members, last):
+                if isinstance(reply, Exception):
+                    raise reply
+            self._changed_at = None  # no change since the last rebalance was recorded
+            if last:
+                fields = last[0][1]
+                if isinstance(fields, list):  # a cluster's MULTI leaves the reply unparsed
+                    fields = fields_of(fields)
+                if fields.get(b"cause") != b"rebalanced":
+                    self._changed_at = float(fields[b"ts"])
+            return roster_of(epoch, members)
+
+        return read
 
     def current(self, roster: Roster) -> bool:
         """True if no newer epoch than ``roster``'s has been seen meanwhile."""

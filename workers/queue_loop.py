@@ -56,6 +56,10 @@ DUTY_SECONDS = 0.25  # the leader's duties (due jobs) and everyone's backstop, t
 # cost it per second stays level (``QueueLoop.spread``)
 CHECKS_PER_SECOND = 100
 DUTIES_PER_SECOND = 50
+# ... and a worker told of its queues' jobs, epochs and delayed jobs by notifications
+# (``workers.ready``): the checks and duties are only the backstop then
+TOLD_CHECKS_PER_SECOND = 10
+TOLD_DUTIES_PER_SECOND = 10
 SETTLE_SECONDS = 0.002  # jobs that ran within this of the last settle wait for the next
 BUSY_SETTLE_SECONDS = 0.01  # ... within this, under load: settles carrying BUSY_RATE jobs/s
 BUSY_RATE = 1000.0
@@ -101,14 +105,18 @@ class QueueLoop:
 
     # -- reading --------------------------------------------------------------------------
 
-    def spread(self, queues: int) -> None:
+    def spread(self, queues: int, *, told: bool = False) -> None:
         """The worker serves ``queues`` queues: check this one's membership and do its
         duties less often the more there are (at most ``CHECKS_PER_SECOND`` checks and
-        ``DUTIES_PER_SECOND`` duties a second over all of them). What must be seen sooner
-        comes another way: a new epoch by notification, a pause or a new setting through
-        the events (``Scout.touched``), a prune of this worker by its own heartbeat."""
-        self.check_every = max(self.check_least, queues / CHECKS_PER_SECOND)
-        self.duties.every = max(DUTY_SECONDS, queues / DUTIES_PER_SECOND)
+        ``DUTIES_PER_SECOND`` duties a second over all of them; ``told``: the worker is told
+        of jobs, epochs and delayed jobs by notifications, ``TOLD_...`` then). What must be
+        seen sooner comes another way: a new epoch by notification, a pause or a new
+        setting through the events (``Scout.touched``), a prune of this worker by its own
+        heartbeat."""
+        checks = TOLD_CHECKS_PER_SECOND if told else CHECKS_PER_SECOND
+        duties = TOLD_DUTIES_PER_SECOND if told else DUTIES_PER_SECOND
+        self.check_every = max(self.check_least, queues / checks)
+        self.duties.every = max(DUTY_SECONDS, queues / duties)
         # each queue's turn at a place of its own in the interval: queues joined together
         # do not all come due in one round (their duties' round trips would stall it)
         now = time.monotonic()

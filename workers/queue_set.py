@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,8 +39,9 @@ from queueworks.wire import StreamReads
 
 from .flow import RateGate
 from .inflight import Call, InFlight
-from .queue_loop import QueueLoop, halted
+from .queue_loop import BLOCK_MS, QueueLoop, halted
 from .queue_scout import Scout
+from .ready import FEW, Ready, name_in, streams_of
 from .runtime import TaskRun, WorkerParts
 from .work import Leave, Work
 
@@ -79,6 +81,17 @@ class QueueSet:
         self.flight: Flight | None = None  # with --concurrency > 1
         # a read with nothing else to carry: pre-built on a kept connection (queueworks.wire)
         self.reads = StreamReads.of(parts.r, GROUP, self.me)
+        # which queues a round looks at and reads (``workers.ready``): all, or with many
+        # queues and stream notifications, those that may have jobs
+        self.ready = Ready(parts.state.wake)
+        parts.state.on_flagged = self.ready.flag
+        self.selective = False
+        self.visiting: list[Member] = []  # this round's queues
+        self.read_names: set[str] = set()  # of those, the ones this round's read named
+        self.brought: set[str] = set()  # ... and the ones it brought jobs of
+        # subscribe to (True) or drop (False) the queue streams' notifications; True if
+        # they come (the worker's, ``Worker._listen``)
+        self.listen: Callable[[bool], bool] = lambda on: False
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -124,22 +137,95 @@ class QueueSet:
         return "stopping" if state.stopping else "assigned"
 
     def _round(self) -> None:
-        for member in self._ordered():
+        self._rerank(self._visit())
+        for member in self.visiting:
             self._safe_point(member)
-        held = [m for m in self._ordered() if m.run.held]
+        held = [m for m in self.visiting if m.run.held and m.name in self.members]
         for member in held:
             member.run.use()
             member.loop.run_held()
-        if held or not self.members:
-            return
-        self._read_and_run()
+        if not held and self.members:
+            self._read_and_run()
+        self._after()
 
     def _ordered(self) -> list[Member]:
-        members = list(self.members.values())
+        """This round's queues, who goes first turning each round (round robin)."""
+        members = self.visiting
         if not members:
             return members
         k = self.turn % len(members)
         return members[k:] + members[:k]
+
+    def _visit(self) -> list[Member]:
+        """Choose this round's queues (``workers.ready``): every one, or with many queues
+        and stream notifications, those that may have jobs or need a look."""
+        self.read_names, self.brought = set(), set()
+        self.selective = self.ready.selective(len(self.members))
+        for name in self.ready.flagged(poke=self.selective):
+            found = self.members.get(name)
+            if found is not None:
+                found.loop.touched()  # (a new epoch, a prune: its next read checks it)
+        if not self.selective:
+            self.visiting = list(self.members.values())
+            return self.visiting
+        names = self.ready.take(time.monotonic())
+        members = self.members
+        self.visiting = [members[n] for n in names if n in members]
+        return self.visiting
+
+    def _after(self) -> None:
+        """Note what this round found of each queue it looked at: read again next round
+        (it brought jobs), looked at every round (it holds work here, or its seat is
+        flagged: a new epoch, a prune)."""
+        if not self.selective:
+            return
+        ready, flight = self.ready, self.flight
+        for m in self.visiting:
+            if m.name not in self.members:
+                continue
+            loop, run = m.loop, m.run
+            busy = (
+                bool(run.held)
+                or loop.ledger.pending()
+                or loop.gate is not None
+                or len(loop.aside.read) > 1
+                or loop.slots is not None
+                or loop.duties.next_due is not None
+                or (flight is not None and flight.runs(m))
+                or run.state.suspend.is_set()  # (a new epoch, a prune: the next round acts)
+                or run.state.fenced
+            )
+            read = m.name in self.read_names
+            ready.after(m.name, read=read, brought=m.name in self.brought, busy=busy)
+
+    def _rerank(self, members: list[Member]) -> None:
+        """The queues of ``members`` whose members changed (a new epoch) take their new
+        roles now, their rosters (and their streams' consumers, for the leader's take-over)
+        read for all of them in one MULTI: a worker joining or dying costs each other
+        member one round trip for all the queues they share, not a few for each."""
+        due = [m for m in members if m.name in self.members and _rerank_due(m)]
+        if len(due) < 2:
+            return  # (one: its safe point re-ranks it, as alone)
+        pipe = self.r.pipeline(transaction=True)
+        reads = []
+        for m in due:
+            looked: dict[str, Any] = {}
+            roster = m.run.membership.roster_on(pipe)
+            consumers = m.run.reclaim.consumers_on(pipe, m.run.streams, looked)
+            reads.append((m, roster, consumers, looked))
+        sent = time.monotonic()
+        replies = pipe.execute(raise_on_error=False)
+        for m, roster, consumers, looked in reads:
+            try:
+                read = (roster(replies), sent)
+                consumers(replies)
+            except ResponseError:
+                continue  # (its safe point re-ranks it, alone)
+            m.run.use()
+            try:
+                m.run.rerank(looked=looked, read=read)
+            except Leave as why:
+                self._close(m.name, str(why))
 
     def _safe_point(self, member: Member) -> None:
         """The queue's safe point and its duties; a queue whose run ends here is left."""
@@ -166,7 +252,7 @@ class QueueSet:
         cannot keep up reads full batches and never pauses, and a queue at a low rate is
         read at once."""
         n = sum(len(entries) for _, entries in read)
-        if n < COALESCE_JOBS and any(m.loop.busy() for m in self.members.values()):
+        if n < COALESCE_JOBS and any(m.loop.busy() for m in self.visiting):
             time.sleep(COALESCE_SECONDS)
 
     def read(
@@ -175,14 +261,22 @@ class QueueSet:
         """One read over every queue's streams (``count`` each, or what each queue's jobs
         call for; waiting if ``block``, ``most_ms`` at most), carrying each queue's settle
         and checks when due: the reply and which member each stream is of. A rate-limited
-        queue is read through its gate (``workers.flow``) on the same pipeline, when due."""
+        queue is read through its gate (``workers.flow``) on the same pipeline, when due.
+        Only this round's queues (``_visit``); reading some of many, the read never blocks
+        on the streams: it waits on the wake event, which a stream's notification sets."""
         now = time.monotonic()
-        members = self._ordered()
+        members = [m for m in self._ordered() if m.name in self.members]  # (none left)
         self.turn += 1
+        if not members:
+            self._idle([], now, most_ms if most_ms is not None else (BLOCK_MS if block else 0))
+            return None, {}
         plans = [(m, *m.loop.settle_now(now)) for m in members]
         wait = min(block_ms for _, _, block_ms in plans) if block else None
         if wait is not None and most_ms is not None:
             wait = min(wait, most_ms)
+        idle_wait = None
+        if self.selective and wait is not None:
+            idle_wait, wait = wait, None
         count = count or min(m.loop.read_count() for m in members)
         streams: dict[Any, Any] = {}
         owner: dict[str, Member] = {}
@@ -190,10 +284,12 @@ class QueueSet:
         for m in members:
             if m.loop.paused:  # a paused queue's streams are not read (its checks are)
                 continue
-            owner.update(dict.fromkeys(m.loop.aside.read, m))
+            reads = streams_of(m.loop)
+            owner.update(dict.fromkeys(reads, m))
             gate = m.loop.gate
             if gate is None:
-                streams.update(m.loop.aside.read)
+                streams.update(reads)
+                self.read_names.add(m.name)
                 continue
             if gate.due(now):
                 gated.append(gate)
@@ -203,10 +299,10 @@ class QueueSet:
         if self.cluster and len(members) > 1:  # (one queue's streams share its slot)
             return read_cluster(self, members, due, now, count), owner
         if not streams and not gated:
-            self._idle(due, now, wait)
+            self._idle(due, now, wait if idle_wait is None else idle_wait)
             return None, owner
         if not due and not gated:
-            return self._xreadgroup(streams, count, wait), owner
+            return self._brought(self._xreadgroup(streams, count, wait), owner, idle_wait), owner
         pipe = self.r.pipeline(transaction=False)
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
         for gate in gated:
@@ -226,7 +322,20 @@ class QueueSet:
                 read += replies[-1] or []
         elif not read and wait:
             self._gate_wait(wait)
-        return read or None, owner
+        return self._brought(read or None, owner, idle_wait), owner
+
+    def _brought(self, read: Any, owner: dict[str, Member], idle_wait: int | None) -> Any:
+        """Note which queues ``read`` brought jobs of; reading some of many and nothing
+        came, wait ``idle_wait`` ms on the wake event (a stream's notification sets it)."""
+        if read:
+            for raw_stream, entries in read:
+                member = owner.get(text(raw_stream))
+                if member is not None and entries:
+                    self.brought.add(member.name)
+        elif idle_wait:
+            self.parts.state.wake.wait(idle_wait / 1000)
+            self.parts.state.wake.clear()
+        return read
 
     def _gate_wait(self, wait: int) -> None:
         """Only gated queues were read, and brought nothing: wait for the first gate due
@@ -349,15 +458,37 @@ class QueueSet:
             return
         if event != "zadd":
             return
-        head, tail = self.parts.keys.task("\n").scheduled.split("\n")  # (around the name)
-        if key.startswith(head) and key.endswith(tail):
-            found = self.members.get(key[len(head) : len(key) - len(tail)])
-            if found is not None:
-                found.loop.duties.poke()
+        name = name_in(key, lambda q: self.parts.keys.task(q).scheduled)
+        found = self.members.get(name) if name is not None else None
+        if found is not None:
+            found.loop.duties.poke()
+            self.ready.flag(found.name)  # (its duties come with a look at it)
 
     def scheduled_pattern(self) -> str:
         """The keys ``on_scheduled`` is told about: every queue's ``scheduled`` zset."""
         return self.parts.keys.task("*").scheduled
+
+    def on_stream(self, key: str, event: str) -> None:
+        """A keyspace notification of a queue's stream (the watcher's thread): a job was
+        added (``xadd``), so that queue is read next round. After a reconnect (anything may
+        have been missed) every queue is."""
+        if event == "resubscribed":
+            self.ready.told(None)
+        elif event == "xadd":
+            name = name_in(key, lambda q: self.parts.keys.task(q).stream)
+            if name is not None:
+                self.ready.told(name)
+
+    def stream_pattern(self) -> str:
+        """The keys ``on_stream`` is told about: every queue's stream."""
+        return self.parts.keys.task("*").stream
+
+    def on_epoch(self, key: str) -> None:
+        """A keyspace notification of a queue's epoch (the watcher's thread): its members
+        changed; its next read checks it."""
+        name = name_in(key, lambda q: self.parts.keys.task(q).epoch)
+        if name is not None and name in self.members:
+            self.ready.flag(name)
 
     # -- joining and leaving ----------------------------------------------------------------
 
@@ -432,8 +563,15 @@ class QueueSet:
         names = sorted(self.members)
         if names == self.published:
             return
+        self.ready.serve(names)
+        want = len(names) > FEW and not self.cluster
+        if want != self.ready.listening:
+            self.ready.listening = self.listen(want)
+            if self.ready.listening:
+                self.ready.told(None)  # (what came before the subscription: read it all once)
+        told = self.ready.selective(len(names))
         for member in self.members.values():
-            member.loop.spread(len(names))
+            member.loop.spread(len(names), told=told)
         pipe = self.r.pipeline(transaction=False)
         pipe.hset(self.parts.keys.worker(self.me), mapping=queue_memberships(names))
         events.emit(pipe, self.parts.keys, "memberships", worker=self.me, queues=",".join(names))
@@ -494,15 +632,15 @@ class Flight:
 
     def turn(self) -> None:
         queues, flight = self.queues, self.flight
-        if flight.running and (
-            queues.parts.state.stopping or any(map(_halted, queues.members.values()))
-        ):
+        visiting = queues._visit()
+        if flight.running and (queues.parts.state.stopping or any(map(_halted, visiting))):
             self.drain()
-        for member in queues._ordered():
+        queues._rerank(visiting)
+        for member in queues.visiting:
             queues._safe_point(member)
         self._record(flight.collect(0))
         self._start_held()
-        held = sum(len(m.run.held) for m in queues.members.values())
+        held = sum(len(m.run.held) for m in queues.visiting)
         waited = False
         if flight.free and held < flight.free and queues.members:
             # blocked on the streams even while calls run (up to WAIT_SECONDS: a call that
@@ -518,14 +656,18 @@ class Flight:
             self._start_held()
         if flight.running:
             self._record(flight.collect(0 if waited else WAIT_SECONDS))
-        for member in queues.members.values():
+        for member in queues.visiting:
             if time.monotonic() > member.loop.ledger.last_flush + FLUSH_SECONDS:
                 member.loop.ledger.flush()
+        queues._after()
 
     def _start_held(self) -> None:
         """Start what the queues hold, one job of each in turn, while there is room."""
         flight = self.flight
-        lanes: deque[Member] = deque(m for m in self.queues._ordered() if m.run.held)
+        queues = self.queues
+        lanes: deque[Member] = deque(
+            m for m in queues._ordered() if m.run.held and m.name in queues.members
+        )
         while lanes and flight.free:
             member = lanes.popleft()
             started = member.loop.ledger.start(member.run.held.popleft())
@@ -573,3 +715,18 @@ def _halted(member: Member) -> bool:
     """The worker ends its membership of this queue for a reason that ends what it runs
     (``queue_loop.halted``): drain first. A new epoch is none."""
     return halted(member.run.state)
+
+
+def _rerank_due(member: Member) -> bool:
+    """Whether the member's next safe point would re-rank its queue, and do nothing else
+    first (``TaskRun.check``: no leave, no rejoin)."""
+    run = member.run
+    s = run.state
+    return (
+        s.suspend.is_set()
+        and not s.fenced
+        and not s.stopping
+        and s.assign == run.tk.task_id
+        and not run.ledger.ended
+        and run.membership.role is not None
+    )

@@ -285,20 +285,26 @@ class TaskRun:
     # -- membership changes ---------------------------------------------------------------
 
     def rerank(
-        self, joined: Roster | None = None, looked: dict[str, Consumers] | None = None
+        self,
+        joined: Roster | None = None,
+        looked: dict[str, Consumers] | None = None,
+        read: tuple[Roster, float] | None = None,
     ) -> None:
         """Suspend (settle), take the new role, hand back/reclaim as the role says.
-        ``joined``: the roster our join returned (the first role needs no read), ``looked``
-        the consumers of streams read with it (used if that roster is the one we take)."""
+        ``joined``: the roster our join returned (the first role needs no read), or
+        ``read``: one read just now with others' (a worker re-ranking many queues at once,
+        and when it was sent); ``looked`` the consumers of streams read with it (used if
+        that roster is the one we take)."""
         m = self.membership
         self.ledger.flush()
         paused = time.monotonic()
         old = m.role
+        first = joined if joined is not None else (read[0] if read is not None else None)
         while True:
-            roster = m.take_role(joined)
-            if roster is not joined:
+            roster = m.take_role(joined, read)
+            if roster is None or roster is not first:
                 looked = None  # read at the join: stale now
-            joined = None
+            joined = read = None
             if roster is None:
                 return  # fenced: the next check rejoins
             if self.spec.partitions:

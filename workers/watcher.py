@@ -40,8 +40,10 @@ from queueworks.topology import SlotMap, node_client, read_slot_map
 # K: keyspace channel; $: string commands (SET/INCR); g: generic (DEL, EXPIRE); x: expired.
 NEEDED_FLAGS = "K$gx"
 # z: sorted sets (a delayed job added to a queue's ``scheduled``: its leader looks at once).
-# Enabled where the server lets us; without it a queue's duties come round as they do.
-OPTIONAL_FLAGS = "z"
+# t: streams (a job added to a queue's stream: a worker serving many queues reads it).
+# Enabled where the server lets us; without z a queue's duties come round as they do,
+# without t a worker reads every queue it serves (``workers.ready``).
+OPTIONAL_FLAGS = "zt"
 TOPOLOGY_INTERVAL = 2.0  # s between slot-map reads in a cluster (and at once on a drop)
 MIN_RECHECK = 0.5  # s at least between two slot-map reads
 
@@ -69,6 +71,17 @@ def enable_notifications(r: redis.Redis, log: Any) -> bool:
             fallback="polling every heartbeat tick",
         )
         return False
+
+
+def streams_notified(r: Any) -> bool:
+    """Whether the server sends keyspace notifications of stream commands (flags ``K`` and
+    ``t``, or ``A``); False if it will not say."""
+    try:
+        current = r.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
+    except redis.RedisError:
+        return False
+    flags = current.decode() if isinstance(current, bytes) else str(current)
+    return "K" in flags and ("t" in flags or "A" in flags)
 
 
 class NodeWatcher:

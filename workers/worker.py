@@ -31,7 +31,7 @@ from .queue_scout import Scout
 from .queue_set import QueueSet
 from .runtime import TaskRun, WorkerParts
 from .watchdog import EXIT_HUNG, Watchdog
-from .watcher import Watcher
+from .watcher import Watcher, streams_notified
 
 REFUSE_AGAIN = 5.0  # s between two refusals of a task the controller keeps giving us
 
@@ -95,6 +95,7 @@ class Worker:
         self.state.on_cancelled = self.parts.running.cancelled
         scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)
         self.queue_set = QueueSet(self.parts, scout)
+        self.queue_set.listen = self._listen
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
         self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) watched now
         self._wanted: dict[str, set[tuple[str, bool]]] = {}  # task -> what its seat wants
@@ -215,6 +216,20 @@ class Worker:
 
     def _on_epoch(self, key: str, event: str) -> None:
         self.heartbeat.poke()
+        self.queue_set.on_epoch(key)
+
+    def _listen(self, on: bool) -> bool:
+        """Subscribe to (``on``) or drop the notifications of every queue's stream (a worker
+        serving many queues reads only those told of: ``workers.ready``); True if they
+        come: the watcher listens and the server sends stream events (flag ``t``)."""
+        pattern = self.queue_set.stream_pattern()
+        if not on:
+            self.watcher.unwatch(pattern, pattern=True)
+            return False
+        if not self.watcher.enabled or not streams_notified(self.r):
+            return False
+        self.watcher.watch(pattern, self.queue_set.on_stream, pattern=True)
+        return True
 
     def _on_member_heartbeat(self, key: str, event: str) -> None:
         if event in ("expired", "del", "resubscribed"):

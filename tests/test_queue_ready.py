@@ -1,0 +1,136 @@
+"""Many queues: a worker does not read every queue to find work. It reads the queues that
+have jobs (told by the notification of each stream's ``XADD``), so what an idle worker does
+does not grow with its queues, a job on any of them starts at once, and a dead worker's job
+on one of many queues runs again within the TTL. Real Redis, real processes, SIGKILLed."""
+
+from __future__ import annotations
+
+import random
+import socket
+import time
+
+import pytest
+import redis
+
+from queueworks import Client
+from tests.conftest import Cluster, wait_for
+
+TTL = ["--heartbeat-interval", "0.5", "--heartbeat-ttl", "1.5"]
+
+
+def make_queues(client: Client, names: list[str]) -> None:
+    for n in names:
+        client.queue(n)
+
+
+def members_in(r: redis.Redis, client: Client, names: list[str], n: int) -> int:
+    """How many of ``names`` have ``n`` members or more."""
+    pipe = r.pipeline(transaction=False)
+    for name in names:
+        pipe.zcard(client.keys.task(name).members)
+    return sum(1 for c in pipe.execute() if c >= n)
+
+
+def streams_per_read(r: redis.Redis, seconds: float) -> list[int]:
+    """Watch the server (``MONITOR``) for ``seconds``: how many streams each
+    ``XREADGROUP`` named."""
+    kw = r.connection_pool.connection_kwargs
+    sock = socket.create_connection((kw.get("host", "localhost"), kw.get("port", 6379)))
+    sock.settimeout(0.2)
+    sock.sendall(b"MONITOR\r\n")
+    buf = b""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(1 << 20)
+        except TimeoutError:
+            continue
+        if not chunk:
+            break
+        buf += chunk
+    sock.close()
+    out = []
+    for line in buf.split(b"\r\n"):
+        if b'"XREADGROUP"' not in line.upper():
+            continue
+        words = line.split(b'" "')
+        upper = [w.upper() for w in words]
+        if b"STREAMS" not in upper:
+            continue
+        rest = len(words) - upper.index(b"STREAMS") - 1
+        out.append(rest // 2)
+    return out
+
+
+@pytest.mark.system
+def test_two_thousand_idle_queues_are_not_read_each_round(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """2,000 idle queues, 2 workers: no read names every queue's stream (a few, in turn,
+    and those told of jobs), Redis serves a bounded number of commands a second, and a job
+    on any of the queues starts at once."""
+    names = [f"many{i:04d}" for i in range(2000)]
+    make_queues(client, names)
+    cluster.worker("a", extra=TTL)
+    cluster.worker("b", extra=TTL)
+    wait_for(lambda: members_in(r, client, names, 2) == len(names), 120, "both in every queue")
+    time.sleep(2.0)  # (the joins' re-ranks settle)
+    reads = streams_per_read(r, 2.0)
+    assert reads, "no XREADGROUP seen in 2 s"
+    assert max(reads) < 500, sorted(reads)[-5:]  # every queue's: 2,000 streams a read
+    before, at = int(r.info("stats")["total_commands_processed"]), time.monotonic()
+    stats = r.info("commandstats")
+    time.sleep(3.0)
+    per_s = (int(r.info("stats")["total_commands_processed"]) - before) / (time.monotonic() - at)
+    calls = {
+        k: v["calls"] - stats.get(k, {}).get("calls", 0) for k, v in r.info("commandstats").items()
+    }
+    assert per_s < 1500, (per_s, sorted(calls.items(), key=lambda kv: -kv[1])[:8])
+    rng = random.Random(44)
+    waits = []
+    for name in rng.sample(names, 10):
+        job = client.queue(name).enqueue("tests.handlers:double", {"x": 2})
+        assert job.result(timeout=10) == 4
+        status = job.status()
+        assert status.started_at is not None and status.enqueued_at is not None
+        waits.append(status.started_at - status.enqueued_at)
+        time.sleep(0.05)
+    waits.sort()
+    assert waits[len(waits) // 2] < 0.5, waits  # at once: not when a check comes round
+    later = client.queue(names[61]).enqueue("tests.handlers:double", {"x": 3}, delay=1.0)
+    assert later.result(timeout=20) == 6
+    status = later.status()
+    assert status.started_at is not None and status.run_at is not None
+    assert status.started_at - status.run_at < 1.5, status.started_at - status.run_at
+
+
+@pytest.mark.system
+def test_a_dead_workers_jobs_on_a_few_of_many_queues_run_again_within_a_ttl(
+    cluster: Cluster, client: Client, r: redis.Redis, prefix: str
+) -> None:
+    """600 queues, 2 workers; the victim runs a job on each of three of them and is
+    SIGKILLed: each runs again on the survivor within the TTL and a little (the queues
+    where it left jobs are pruned first, whatever the number of its queues), once."""
+    names = [f"dead{i:03d}" for i in range(600)]
+    make_queues(client, names)
+    cluster.controller()
+    victim = cluster.worker("victim", extra=["--concurrency", "3", *TTL])
+    wait_for(lambda: members_in(r, client, names, 1) == len(names), 120, "victim joined")
+    picked = random.Random(7).sample(names, 3)
+    log = f"{prefix}:attempts"
+    jobs = [
+        client.queue(n).enqueue("tests.handlers:slow_first", {"log": log, "seconds": 60})
+        for n in picked
+    ]
+    wait_for(lambda: all(j.status().worker == "victim" for j in jobs), 30, "all running")
+    cluster.worker("survivor", extra=TTL)
+    wait_for(lambda: members_in(r, client, names, 2) == len(names), 120, "both joined")
+    time.sleep(1.0)
+    victim.kill()
+    killed = time.time()
+    assert [j.result(timeout=60) for j in jobs] == [2] * len(jobs)
+    rerun = max(j.status().started_at or 0.0 for j in jobs) - killed
+    assert rerun < 1.5 + 3.0, rerun  # TTL + a tick, and room for a loaded machine
+    for n in picked:
+        status = client.queue(n).status()
+        assert (status.done, status.dead) == (1, 0)
