@@ -13,7 +13,8 @@ Each figure runs on one private redis-server with fresh worker (and controller) 
   ``--w3-life`` s (2) after it joined; the window ends 2 s after it was pruned. Reported:
   the longest stretch of the window in which w1 (and w2) started no ``fast`` job.
 * ``idle``: ``--queues`` queues created (no jobs), 2 workers and a controller; once every
-  queue has both workers as members (or ``--ready`` s passed), CPU of redis-server, each
+  queue has both workers as members (or ``--ready`` s passed) and ``--settle`` s more,
+  CPU of redis-server, each
   worker and the controller over ``--window`` s (10), as % of one core, and Redis commands/s.
 * ``latency``: then, jobs enqueued one at a time (every 50 ms) to random queues among them:
   enqueue -> start (the job's ``started_at - enqueued_at``), p50 / p90 / max.
@@ -59,8 +60,13 @@ def members(client: Client, name: str) -> list[str]:
 
 
 def longest_gap(times: list[float], start: float, end: float) -> float:
+    return gap_at(times, start, end)[0]
+
+
+def gap_at(times: list[float], start: float, end: float) -> tuple[float, float]:
+    """The longest stretch of [start, end] without one of ``times``, and when it began."""
     marks = [start, *sorted(t for t in times if start < t < end), end]
-    return max(b - a for a, b in itertools.pairwise(marks))
+    return max((b - a, a) for a, b in itertools.pairwise(marks))
 
 
 def gap(url: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -113,6 +119,9 @@ def gap(url: str, args: argparse.Namespace) -> dict[str, Any]:
             "longest_gap_s": {
                 w: round(longest_gap(starts.get(w, []), start, end), 3) for w in ("w1", "w2")
             },
+            "longest_gap_began_at_s": {
+                w: round(gap_at(starts.get(w, []), start, end)[1] - start, 2) for w in ("w1", "w2")
+            },
             "fast_starts": {w: len(v) for w, v in sorted(starts.items())},
         }
     finally:
@@ -146,7 +155,7 @@ def many(url: str, args: argparse.Namespace, only: set[str]) -> dict[str, Any]:
             time.sleep(0.5)
         out["ready_s"] = round(time.monotonic() - t0, 1)
         out["queues_with_both_workers"] = joined()
-        time.sleep(2.0)
+        time.sleep(args.settle)  # (each join bumped every queue's epoch: the others re-rank)
         if "idle" in only:
             server_pid = int(r.info("server")["process_id"])
             pids = {"redis-server": server_pid, "controller": controller.pid}
@@ -219,6 +228,7 @@ def main() -> None:
     ap.add_argument("--only", default="gap,idle,latency,kill")
     ap.add_argument("--ready", type=float, default=120.0)
     ap.add_argument("--window", type=float, default=10.0)
+    ap.add_argument("--settle", type=float, default=2.0, help="s after joining, before idle")
     ap.add_argument("--latency-jobs", type=int, default=100)
     ap.add_argument("--latency-limit", type=float, default=60.0, help="s for all of them")
     ap.add_argument("--w3-life", type=float, default=2.0)

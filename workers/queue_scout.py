@@ -6,7 +6,8 @@ What it costs does not grow with the number of queues while nothing changes: the
 every queue (the names in ``qw:queues``, each queue's state, spec and handlers, in one
 pipeline; a spec never changes, so it is parsed once) only at its first look, every
 ``FULL_SECONDS`` as a backstop, and when the events stream was trimmed before it read it.
-Between those it reads the events that came since its last look (one ``XREAD``) and reads
+Between those it reads the events that came since its last look (one ``XREAD``, a few more
+after a burst: a worker that dies leaves an event in each of its queues) and reads
 again only the queues they name: created, reopened, a new handler, cancelled or finished,
 paused, resumed or reconfigured. Those last three are also said to the worker's queue loop
 (``touched``), which then checks those queues at once.
@@ -27,7 +28,8 @@ from queueworks.models import ACTIVE_STATES, StoredSpec
 
 ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
 FULL_SECONDS = 30.0  # every queue is read again this often (a backstop for the events)
-EVENTS_COUNT = 1000  # events read per look, at most (more: a full read)
+EVENTS_COUNT = 1000  # events read per page ...
+EVENTS_PAGES = 50  # ... and per look, at most this many pages (more: a full read)
 # events that may change whether a worker serves a queue ...
 SCOUTED = frozenset({"submitted", "reopened", "handlers", "cancelled", "completed", "failed"})
 # ... and those that change how a member serves it (its next check reads them)
@@ -75,8 +77,15 @@ class Scout:
         pipe.xrange(self.keys.events, count=1)
         reply, head = pipe.execute()
         entries = reply[0][1] if reply else []
-        if len(entries) >= EVENTS_COUNT or _gapped(self.cursor, head):
+        if _gapped(self.cursor, head):
             return self._full()  # (events may have been missed)
+        pages = 1
+        while len(entries) >= EVENTS_COUNT * pages:  # a burst (a worker left 10,000 queues)
+            if pages >= EVENTS_PAGES:
+                return self._full()
+            more: Any = self.r.xread({self.keys.events: text(entries[-1][0])}, count=EVENTS_COUNT)
+            entries += more[0][1] if more else []
+            pages += 1
         names: set[str] = set()
         for entry_id, fields in entries:
             self.cursor = text(entry_id)
