@@ -5,7 +5,8 @@ jobs name none yet, any), and, when it was started with ``--queues``, one of tho
 What it costs does not grow with the number of queues while nothing changes: the scout reads
 every queue (the names in ``qw:queues``, each queue's state, spec and handlers, in one
 pipeline; a spec never changes, so it is parsed once) only at its first look, every
-``FULL_SECONDS`` as a backstop, and when the events stream was trimmed before it read it.
+``FULL_SECONDS`` as a backstop (with many queues less often: ``FULL_READS_PER_SECOND`` queues
+a second, on average), and when the events stream was trimmed before it read it.
 Between those it reads the events that came since its last look (one ``XREAD``, a few more
 after a burst: a worker that dies leaves an event in each of its queues) and reads
 again only the queues they name: created, reopened, a new handler, cancelled or finished,
@@ -27,7 +28,9 @@ from queueworks.keys import Keys
 from queueworks.models import ACTIVE_STATES, StoredSpec
 
 ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
-FULL_SECONDS = 30.0  # every queue is read again this often (a backstop for the events)
+FULL_SECONDS = 30.0  # every queue is read again this often (a backstop for the events) ...
+FULL_READS_PER_SECOND = 50.0  # ... or less often with many: this many queues a second
+
 EVENTS_COUNT = 1000  # events read per page ...
 EVENTS_PAGES = 50  # ... and per look, at most this many pages (more: a full read)
 # events that may change whether a worker serves a queue ...
@@ -70,7 +73,8 @@ class Scout:
 
     def eligible(self) -> list[str]:
         """The queues this worker may serve now, by name."""
-        if self.cursor is None or time.monotonic() - self.full_at >= FULL_SECONDS:
+        every = max(FULL_SECONDS, len(self.serves) / FULL_READS_PER_SECOND)
+        if self.cursor is None or time.monotonic() - self.full_at >= every:
             return self._full()
         pipe = self.r.pipeline(transaction=False)
         pipe.xread({self.keys.events: self.cursor}, count=EVENTS_COUNT)
