@@ -134,3 +134,40 @@ def test_a_dead_workers_jobs_on_a_few_of_many_queues_run_again_within_a_ttl(
     for n in picked:
         status = client.queue(n).status()
         assert (status.done, status.dead) == (1, 0)
+
+
+@pytest.mark.unit
+def test_a_round_takes_the_told_busy_and_poked_queues_and_a_few_in_turn() -> None:
+    """``Ready`` alone: of 1,000 queues, a round takes those told of jobs, those busy, the
+    poked (at most a round's worth) and a few in turn; a queue read dry is not taken again
+    until told, one that brought jobs is."""
+    import threading
+
+    from workers.ready import POKES_PER_ROUND, Ready
+
+    wake = threading.Event()
+    ready = Ready(wake)
+    names = [f"q{i:04d}" for i in range(1000)]
+    ready.serve(names)
+    ready.listening = True
+    assert ready.selective(1000) and not ready.selective(10)
+    ready.visited_at = 100.0
+    ready.told("q0500")
+    assert wake.is_set()
+    assert ready.take(100.0) == ["q0500"]  # nothing in turn yet: no time passed
+    ready.after("q0500", read=True, brought=False, busy=False)
+    assert ready.take(100.0) == []  # read dry: not again until told
+    ready.told("q0007")
+    ready.take(100.0)
+    ready.after("q0007", read=True, brought=True, busy=False)
+    ready.after("q0009", read=True, brought=False, busy=True)
+    assert ready.take(100.0) == ["q0007", "q0009"]
+    flagged = names[600:900]
+    for name in flagged:
+        ready.flag(name)
+    assert ready.flagged(poke=True) == flagged
+    taken = ready.take(100.0)
+    assert taken == ["q0007", "q0009", *flagged[:POKES_PER_ROUND]]
+    in_turn = ready.take(101.0)  # a second later: the rest, and 50 a second in turn
+    rest = [n for n in names[:50] if n not in ("q0007", "q0009")]  # (each once a round)
+    assert in_turn == ["q0007", "q0009", *flagged[POKES_PER_ROUND:], *rest]

@@ -3,11 +3,13 @@ all from one loop.
 
 Each queue is a membership of its own (``TaskRun`` with a ``QueueLoop``: join, role, reclaim,
 attempts, dead letters, leave, exactly as for one queue); this loop drives them together.
-One round: every queue's safe point (a new epoch re-ranks that queue alone), the jobs each
-holds (retries, reclaimed ones), then one read. The read is one ``XREADGROUP`` over every
-queue's streams (they share the group name), with each queue's settle and, when due, its
-membership check on the same pipeline: one round trip, however many queues (a read with
-nothing else to carry is pre-built RESP on a kept connection: ``wire.StreamReads``). ``COUNT``
+One round: the round's queues (``workers.ready``: every one with few queues; with many,
+those that may have jobs or need a look), their re-ranks (a new epoch: rosters read for
+all of them in one MULTI), their safe points, the jobs each holds (retries, reclaimed
+ones), then one read. The read is one ``XREADGROUP`` over the round's queues' streams
+(they share the group name), with each queue's settle and, when due, its membership check
+on the same pipeline: one round trip, however many queues (a read with nothing else to
+carry is pre-built RESP on a kept connection: ``wire.StreamReads``). ``COUNT``
 applies per stream, so a deep backlog in one queue does not crowd out another's jobs; what
 comes is run round robin, one job of each queue in turn (fairness is per queue, not per
 priority). On a Redis Cluster the queues' streams live on different slots: with more than
