@@ -162,6 +162,9 @@ class QueueSet:
         """Choose this round's queues (``workers.ready``): every one, or with many queues
         and stream notifications, those that may have jobs or need a look."""
         self.read_names, self.brought = set(), set()
+        if self.ready.recheck:  # the watcher reconnected: notifications may be off now
+            self.ready.recheck = False
+            self.ready.listening = self.listen(len(self.members) > FEW and not self.cluster)
         self.selective = self.ready.selective(len(self.members))
         for name in self.ready.flagged(poke=self.selective):
             found = self.members.get(name)
@@ -474,7 +477,8 @@ class QueueSet:
         """A keyspace notification of a queue's stream (the watcher's thread): a job was
         added (``xadd``), so that queue is read next round. After a reconnect (anything may
         have been missed) every queue is."""
-        if event == "resubscribed":
+        if event == "resubscribed":  # (maybe another server now: does it send them?)
+            self.ready.recheck = True
             self.ready.told(None)
         elif event == "xadd":
             name = name_in(key, lambda q: self.parts.keys.task(q).stream)

@@ -60,6 +60,7 @@ class Ready:
         self.poked: dict[str, None] = {}  # to look at, oldest first (main thread)
         self.busy: set[str] = set()  # looked at every round
         self.listening = False  # stream notifications come (the worker subscribed)
+        self.recheck = False  # the watcher reconnected: ask again whether they come
         self.names: list[str] = []  # every queue served, in turn order
         self.cursor = 0
         self.visited_at = 0.0
