@@ -74,10 +74,12 @@ def test_two_thousand_idle_queues_are_not_read_each_round(
     cluster.worker("a", extra=TTL)
     cluster.worker("b", extra=TTL)
     wait_for(lambda: members_in(r, client, names, 2) == len(names), 120, "both in every queue")
-    time.sleep(2.0)  # (the joins' re-ranks settle)
-    reads = streams_per_read(r, 2.0)
-    assert reads, "no XREADGROUP seen in 2 s"
-    assert max(reads) < 500, sorted(reads)[-5:]  # every queue's: 2,000 streams a read
+    time.sleep(3.0)  # (the joins' re-ranks settle)
+    reads = sorted(streams_per_read(r, 3.0))
+    assert reads, "no XREADGROUP seen in 3 s"
+    # every queue's: 2,000 streams a read; a worker reads every queue once, when it starts
+    # to listen (a loaded machine may put that late), and else a few
+    assert reads[len(reads) // 2] < 100 and sum(n >= 500 for n in reads) <= 2, reads[-5:]
     before, at = int(r.info("stats")["total_commands_processed"]), time.monotonic()
     stats = r.info("commandstats")
     time.sleep(3.0)
