@@ -52,7 +52,6 @@ class InFlight:
         self._work: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._unlaunched: list[Call] = []  # coroutines for the loop's next turn
-        self._timeouts: dict[int, float] = {}  # id(call) -> its timeout, until it starts
         self.running: dict[int, Call] = {}  # id(call) -> call
         self.keys: dict[str, int] = {}  # ordering key -> calls in flight with it
 
@@ -79,7 +78,6 @@ class InFlight:
             self._unlaunched.append(call)
         else:
             self._ensure_threads()
-            self._timeouts[id(call)] = timeout  # (its own: the pool thread starts it later)
             self._work.put(call)
 
     def launch(self) -> None:
@@ -129,10 +127,7 @@ class InFlight:
                 self._finished.put(call)
                 continue
             try:
-                timeout = self._timeouts.pop(id(call), None)
-                call.value = self._watchdog.call_in(
-                    slot, call.label, call.fn, *call.args, timeout=timeout
-                )
+                call.value = self._watchdog.call_in(slot, call.label, call.fn, *call.args)
             except BaseException as exc:  # the handler's, for the member to record
                 call.error = exc
             self._finished.put(call)
