@@ -136,7 +136,7 @@ JOB_ERROR = "err"
 JOB_ASIDE = "aside"
 JOB_WHY = "why"
 JOB_OPTIONS = "o"
-JOB_TRACE = "tr"  # while tracing, the trace id of its last run (written after its settle)
+JOB_TRACE = "tr"  # while tracing, the trace id of its last run (written by its settle)
 JOB_PROGRESS = "pg"
 JOB_PROGRESS_MESSAGE = "pm"
 JOB_DEPS = "deps"
@@ -366,6 +366,7 @@ LUA_NAMES = {
     "JOB_FINISHED": JOB_FINISHED,
     "JOB_ATTEMPTS": JOB_ATTEMPTS,
     "JOB_WORKER": JOB_WORKER,
+    "JOB_TRACE": JOB_TRACE,
     "JOB_RESULT": JOB_RESULT,
     "JOB_REASON": JOB_REASON,
     "JOB_ERROR": JOB_ERROR,

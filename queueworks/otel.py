@@ -32,6 +32,7 @@ import re
 import sys
 from collections.abc import Callable, Collection, MutableMapping
 from contextlib import AbstractContextManager
+from contextvars import Token
 from functools import wraps
 from typing import Any
 
@@ -214,9 +215,7 @@ class Consumer:
         return found
 
     def attached(self, job: Any) -> AbstractContextManager[Any]:
-        return trace.use_span(
-            job.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-        )
+        return _Current(job.span)
 
     def batch(
         self, task: str, carried_options: str | None, count: int, worker_id: str
@@ -296,6 +295,21 @@ class Consumer:
                 span.set_status(Status(StatusCode.ERROR, job.reason))
             span.add_event("dead_letter", {"queueworks.job.reason": job.reason})
         span.end()
+
+
+class _Current:
+    """``span`` current inside (and not ended after): ``use_span`` without its generator."""
+
+    __slots__ = ("ctx", "token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.ctx = trace.set_span_in_context(span)
+
+    def __enter__(self) -> None:
+        self.token = context.attach(self.ctx)
+
+    def __exit__(self, *exc: object) -> None:
+        context.detach(self.token)
 
 
 def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
@@ -385,30 +399,67 @@ def _sent(span: trace.Span, result: Any, many: bool) -> None:
         span.set_attribute(MESSAGE_ID, result.id)
 
 
+class _Sends:
+    """Each queue's ``send`` span name and attributes, made once (at most ``KEPT``)."""
+
+    KEPT = 1024
+
+    def __init__(self) -> None:
+        self.made: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def __call__(self, queue: str) -> tuple[str, dict[str, Any]]:
+        found = self.made.get(queue)
+        if found is None:
+            if len(self.made) >= self.KEPT:
+                self.made.clear()
+            found = self.made[queue] = (f"send {queue}", _send_attributes(queue))
+        return found
+
+
 def _enqueue_wrapper(tracer: trace.Tracer, is_async: bool, many: bool) -> Callable[..., Any]:
+    """A ``send`` span, current while the enqueue runs (its jobs carry it): made, made
+    current and ended by hand, the hot path of a traced producer (what
+    ``start_as_current_span`` does, without its two generator-based context managers)."""
+    sends = _Sends()
+
+    def opened(instance: Any) -> tuple[trace.Span, Token[context.Context]]:
+        name, attributes = sends(instance.name)
+        span = tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attributes)
+        return span, context.attach(trace.set_span_in_context(span))
+
+    def failed(span: trace.Span, error: BaseException) -> None:
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
     if is_async:
 
         async def send_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            name = f"send {instance.name}"
-            attributes = _send_attributes(instance.name)
-            with tracer.start_as_current_span(
-                name, kind=SpanKind.PRODUCER, attributes=attributes
-            ) as span:
+            span, token = opened(instance)
+            try:
                 result = await wrapped(*args, **kwargs)
                 _sent(span, result, many)
                 return result
+            except BaseException as error:
+                failed(span, error)
+                raise
+            finally:
+                context.detach(token)
+                span.end()
 
         return send_async
 
     def send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        name = f"send {instance.name}"
-        attributes = _send_attributes(instance.name)
-        with tracer.start_as_current_span(
-            name, kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        span, token = opened(instance)
+        try:
             result = wrapped(*args, **kwargs)
             _sent(span, result, many)
             return result
+        except BaseException as error:
+            failed(span, error)
+            raise
+        finally:
+            context.detach(token)
+            span.end()
 
     return send
 

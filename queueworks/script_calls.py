@@ -150,6 +150,8 @@ class JobBatch:
     buckets: dict[str, float] = field(default_factory=dict)  # latency histogram additions
     # failed attempts to run again later (``retry_later``): (job, when, its traceback)
     later: list[tuple[SettledJob, float, str]] = field(default_factory=list)
+    # while tracing: a settled job's trace id by its job id, kept on its record
+    traces: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.dead) + len(self.rejected) + len(self.later)
@@ -511,6 +513,10 @@ def settle_jobs(
         argv.append(len(grouped))
         argv += [x for pair in grouped for x in pair]
         keys += (tk.groups, tk.groups_held)
+    if batch.traces:  # the trace block: each job's trace id ('' none), after the group block
+        if not grouped:
+            argv.append(0)
+        argv += [batch.traces.get(job.entry.job_id, "") for job in (*batch.ok, *batch.dead)]
     keys += (tk.waiters, tk.released)
     return Call("settle_jobs", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 

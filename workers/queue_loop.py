@@ -28,6 +28,7 @@ from queueworks.context import JobContext, Suspended, call_ended
 from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
 from queueworks.flow import Limits
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
+from queueworks.logs import writes_info
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, StoredSpec, parse_handler_path
 from queueworks.queue_settings import MAX_GROUP_LIMIT
@@ -273,10 +274,10 @@ class QueueLoop:
             )
             return job
         tracer.start(job, self.queue, self.run.me)
-        with tracer.attached(job):
-            self.run.log.info(
-                "job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt
-            )
+        log = self.run.log
+        if writes_info(log):  # the line under the job's span (its trace_id, span_id)
+            with tracer.attached(job):
+                log.info("job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt)
         return job
 
     def _slot(self, work: Work, entry: JobEntry) -> bool:
