@@ -10,7 +10,8 @@ Spans follow the OpenTelemetry semantic conventions for messaging (version 1.44.
 - ``process <queue>`` (CONSUMER) around each run of a job's handler on a worker, a child of
   the producer's span (a span link instead, for a job that waited for dependencies); the
   handler runs with it current, so its own spans (HTTP, database) nest under it. A failure
-  sets status ERROR with an ``exception`` event; a retry and a dead letter are span events.
+  sets status ERROR with an ``exception`` event; a retry, a dead letter and a cancellation
+  while it ran are span events.
 
 Attributes: ``messaging.system`` ("queueworks"), ``messaging.operation.name`` and
 ``.type``, ``messaging.destination.name`` (the queue), ``messaging.message.id`` (the job's
@@ -283,6 +284,8 @@ class Consumer:
         span: trace.Span = job.span
         if fate == "suspended":
             span.add_event("suspended")
+        elif fate in ("cancelled", "stopped"):  # no failure of its own: nothing recorded
+            span.add_event(fate, {"queueworks.job.reason": str(job.stop)})
         elif error is not None:
             span.record_exception(error)
             span.set_attribute(ERROR_TYPE, type(error).__qualname__)

@@ -24,7 +24,7 @@ from typing import Any, cast
 from redis.exceptions import ResponseError
 
 from queueworks.connection import text
-from queueworks.context import JobContext, Suspended, call_ended
+from queueworks.context import Cancelled, JobContext, Suspended, call_ended
 from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
 from queueworks.flow import Limits
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
@@ -331,7 +331,9 @@ class QueueLoop:
         assert tracer is not None
         with tracer.attached(job):
             again = self._ended(job, value, error)
-        if isinstance(error, Suspended):
+        if job.stop is not None:  # no outcome of its own: cancelled, or run elsewhere now
+            fate = "cancelled" if isinstance(job.stop, Cancelled) else "stopped"
+        elif isinstance(error, Suspended):
             fate = "suspended"
         elif job.reason:
             fate = "dead"
