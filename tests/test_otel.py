@@ -316,6 +316,27 @@ def test_coroutines_in_flight_run_under_their_own_jobs_spans(
 
 
 @pytest.mark.system
+def test_a_job_cancelled_while_it_ran_ends_its_span_with_a_cancelled_event(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """``job.cancel()`` on a running job: its ``process`` span ends with a ``cancelled``
+    event, not as a failure (no error status, no exception, no retry)."""
+    from queueworks.models import JobState
+
+    name = f"otel-cancel-{uuid.uuid4().hex[:6]}"
+    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    cluster.wait_workers(r, 1)
+    job = traced_client.queue(name).enqueue("tests.handlers_otel:waits", 30)
+    wait_for(lambda: job.status().state == JobState.RUNNING, 60, "the job running")
+    assert job.cancel()
+    span = receiver.one(f"process {name}", **{"messaging.message.id": job.id})
+    assert [n for n, _ in span["events"]] == ["cancelled"]
+    assert "cancelled while it ran" in span["events"][0][1]["queueworks.job.reason"]
+    assert span["status"] != ERROR and "error.type" not in span["attributes"]
+    assert job.status().state == JobState.CANCELLED
+
+
+@pytest.mark.system
 def test_a_periodic_jobs_runs_link_to_where_it_was_scheduled(
     cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
 ) -> None:
@@ -398,9 +419,19 @@ def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
 # a worker where importing OpenTelemetry fails, as where the otel extra is not installed
 NO_OTEL = """
 import sys
+def importer():
+    frame = sys._getframe(2)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith("<frozen") or "importlib" in frame.f_code.co_filename
+    ):
+        frame = frame.f_back
+    return "" if frame is None else frame.f_globals.get("__name__", "")
 class NoOtel:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("opentelemetry", "wrapt"):
+            by = importer()
+            if not by.startswith("redis"):  # (redis-py's own metrics try it: not ours)
+                print(f"otel import tried: {name} by {by}", file=sys.stderr, flush=True)
             raise ImportError(f"no module named {name!r} (blocked by the test)")
         return None
 sys.meta_path.insert(0, NoOtel())
@@ -415,8 +446,9 @@ def test_a_worker_without_opentelemetry_runs_jobs_as_today(
     cluster: Cluster, client: Client, r: redis.Redis, tmp_path: Path
 ) -> None:
     """OpenTelemetry cannot be imported: a worker runs jobs and logs each job's lines (the
-    job, its queue and attempt; no trace), JSON by default where stderr is no terminal;
-    ``--otel`` there is one clear line and exit 2."""
+    job, its queue and attempt; no trace), JSON by default where stderr is no terminal, and
+    never tries to import it (nor wrapt), even where it would be found; ``--otel`` there is
+    one clear line and exit 2."""
     env = {k: v for k, v in cluster.env.items() if k != "QUEUEWORKS_LOG_FORMAT"}
     name = f"plain-{uuid.uuid4().hex[:6]}"
     argv = [sys.executable, "-c", NO_OTEL, "worker", "--name", name, "--allow", ALLOW]
@@ -438,13 +470,32 @@ def test_a_worker_without_opentelemetry_runs_jobs_as_today(
         worker.wait(20)
     text = log.read_text()
     assert worker.returncode == 0, text
-    assert "Traceback" not in text
+    assert "Traceback" not in text and "otel import tried" not in text
     done = {e["job_id"]: e for e in log_events(text, "job_done")}
     assert set(done) == {j.id for j in jobs}
     assert all(e["queue"] == f"q-{name}" and e["attempt"] == 1 for e in done.values())
     assert not any("trace_id" in e for e in done.values())
     said = log_events(text, "handler_said")
     assert {e["job_id"] for e in said} == {j.id for j in jobs}
+
+
+@pytest.mark.unit
+def test_queueworks_and_its_worker_import_nothing_of_opentelemetry() -> None:
+    """Tracing off: importing queueworks, its client, CLI and worker, and setting up its
+    logs, never tries to import OpenTelemetry (nor wrapt); redis-py 8's own metrics try,
+    which is not ours (the attempts are blocked, so that none is hidden by a module that
+    redis-py loaded first)."""
+    code = NO_OTEL.split("sys.argv[0]")[0] + (
+        "import queueworks, queueworks.cli, queueworks.workers.worker, queueworks.aio\n"
+        "from queueworks.logs import configure\n"
+        "configure()\n"
+        "print('imported')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "imported" and "otel import tried" not in out.stderr
 
 
 @pytest.mark.system
