@@ -568,6 +568,44 @@ def test_tracestate_and_baggage_ride_with_the_job_and_come_back() -> None:
     assert baggage.get_baggage("tenant", back) == "t 7"
 
 
+@pytest.mark.system
+def test_a_worker_on_a_terminal_logs_for_the_console(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """No ``--log-format``, stderr a terminal (a pseudo-terminal here): the worker's lines
+    are for the console, not JSON, and its job lines still name the job."""
+    import os
+    import pty
+    import select
+
+    env = {k: v for k, v in cluster.env.items() if k != "QUEUEWORKS_LOG_FORMAT"}
+    name = f"tty-{uuid.uuid4().hex[:6]}"
+    argv = [sys.executable, "-m", "queueworks", "worker", "--name", name, "--allow", ALLOW]
+    main, tty = pty.openpty()
+    worker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=tty, stderr=tty)
+    os.close(tty)
+    seen = b""
+    try:
+        cluster.wait_workers(r, 1)
+        job = client.queue(f"q-{name}").enqueue("tests.handlers_otel:plain", 5)
+        assert job.result(timeout=30) == 10
+
+        def read_done() -> bool:
+            nonlocal seen
+            while select.select([main], [], [], 0.1)[0]:
+                seen += os.read(main, 65536)
+            return job.id.encode() in seen and b"job_done" in seen
+
+        wait_for(read_done, 30, "the worker's job_done line on its terminal")
+    finally:
+        worker.terminate()
+        worker.wait(20)
+        os.close(main)
+    lines = [line for line in seen.decode().splitlines() if "job_done" in line]
+    assert lines and not any(line.lstrip().startswith("{") for line in lines)
+    assert f"job_id={job.id}" in lines[0] and f"queue=q-{name}" in lines[0]
+
+
 @pytest.mark.unit
 def test_the_log_format_follows_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     class Tty:
