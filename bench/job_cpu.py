@@ -10,10 +10,11 @@ fresh private redis-server: 2 workers (``queueworks worker``) and 1 producer tha
 ``q.enqueue(noop)`` once per job, then waits until the queue counts them all done. The
 *floor* is ``bench.resp_floor``: a producer writing one ``XADD`` per job in RESP by hand on
 a bare socket, and 2 consumers that read in batches and store each job's result. Every
-process is pinned to one core (``taskset -c 0``), so the time a job takes is the CPU it
-costs: the producer's, redis-server's and the workers' CPU time (from ``/proc``) over the
-run, divided by the jobs. The figures are the medians over rounds, and each ratio the
-median of the per-round ratios. ``REV``'s code is checked out with ``git archive``.
+process is pinned to one core (``taskset -c 0``; ``BENCH_CORE=1``: core 1), so the time a
+job takes is the CPU it costs: the producer's, redis-server's and the workers' CPU time
+(from ``/proc``) over the run, divided by the jobs. The figures are the medians over
+rounds, and each ratio the median of the per-round ratios. ``REV``'s code is checked out
+with ``git archive``.
 ``--typed`` adds *queueworks typed*: the producer calls ``q.enqueue(typed_noop.call(i))``,
 a typed job function of one ``int`` argument (``queueworks.examples``), in the same rounds.
 
@@ -26,7 +27,8 @@ spans are flushed, so that their export is counted. And *SDK alone*: one pinned 
 that makes, per job, the two spans a traced job has (``send`` and its child ``process``,
 their names and attributes), with the same SDK, processor and exporter, and nothing else:
 the SDK's own cost per job, which no instrumentation goes under. Its ratio row is
-(queueworks + SDK alone) ÷ queueworks: the floor of queueworks+otel ÷ queueworks.
+(queueworks + SDK alone) ÷ queueworks: the floor of queueworks+otel ÷ queueworks. *SDK
+alone, not exported*: the same spans made and ended, with no span processor.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import Any
 from bench.common import ROOT
 from queueworks.redis_server import RedisServer
 
-CORE = "0"
+CORE = os.environ.get("BENCH_CORE", "0")  # the core every process is pinned to
 ALLOW = "queueworks.examples"
 PRODUCER = r"""
 import os, sys, time
@@ -87,6 +89,9 @@ if os.environ.get("BENCH_OTEL"):
 """
 
 
+_PROCESSOR = (
+    "provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(), max_queue_size=2 * n + 1))"
+)
 # the SDK alone: per job, the spans a traced job has (queueworks.otel's names, attributes)
 SDK_ALONE = r"""
 import sys, time
@@ -149,6 +154,7 @@ FLOOR = "floor"
 TYPED = "queueworks typed"
 OTEL = "queueworks+otel"
 SDK = "SDK alone"
+SDK_BARE = "SDK alone, not exported"
 
 
 class Sink:
@@ -201,14 +207,16 @@ class Sink:
         return self.spans
 
 
-def sdk_alone(jobs: int, sink: Sink) -> dict[str, float]:
-    """µs of CPU per job of the SDK alone making a traced job's two spans (``SDK_ALONE``)."""
+def sdk_alone(jobs: int, sink: Sink, exported: bool = True) -> dict[str, float]:
+    """µs of CPU per job of the SDK alone making a traced job's two spans (``SDK_ALONE``);
+    not ``exported``: made and ended only (no span processor)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), **sink.env()}
     before = sink.spans
-    argv = pinned([sys.executable, "-c", SDK_ALONE, str(jobs)])
+    code = SDK_ALONE if exported else SDK_ALONE.replace(_PROCESSOR, "")
+    argv = pinned([sys.executable, "-c", code, str(jobs)])
     out = subprocess.run(argv, env=env, cwd=ROOT, check=True, capture_output=True, text=True)
     got = sink.wait(before + 2 * jobs) - before
-    if got < 2 * jobs:
+    if exported and got < 2 * jobs:
         print(f"SDK alone: {got} spans received of {2 * jobs}", file=sys.stderr)
     total = float(out.stdout.split()[-1]) * 1e6 / jobs
     return {"producer": 0.0, "redis": 0.0, "workers": 0.0, "total": total}
@@ -311,8 +319,11 @@ def table(runs: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -> st
         cells = [f"{statistics.median(r[p] for r in rows):.1f}" for p in PARTS]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     for name, rows in runs.items():
-        if name not in (FLOOR, SDK):
+        if name not in (FLOOR, SDK, SDK_BARE):
             lines.append(ratio_row(f"{name} ÷ floor", rows, runs[FLOOR]))
+    for name in runs:  # --against REV: this tree beside it
+        if name not in ("queueworks", FLOOR, TYPED, OTEL, SDK, SDK_BARE):
+            lines.append(ratio_row(f"queueworks ÷ {name}", runs["queueworks"], runs[name]))
     if TYPED in runs:
         lines.append(ratio_row(f"{TYPED} ÷ queueworks", runs[TYPED], runs["queueworks"]))
     if OTEL in runs:
@@ -322,6 +333,10 @@ def table(runs: dict[str, list[dict[str, float]]], jobs: int, rounds: int) -> st
             (b["total"] + sdk["total"]) / b["total"] for b, sdk in zip(base, runs[SDK], strict=True)
         )
         lines.append(f"| (queueworks + {SDK}) ÷ queueworks |" + " |" * 3 + f" {floor:.2f}x |")
+        bare = statistics.median(
+            sdk["total"] / b["total"] for b, sdk in zip(base, runs[SDK_BARE], strict=True)
+        )
+        lines.append(f"| {SDK_BARE} ÷ queueworks |" + " |" * 3 + f" {bare:.2f}x |")
     return "\n".join(lines)
 
 
@@ -344,9 +359,9 @@ def measure(
     for k in range(rounds):
         order = list(trees) if k % 2 == 0 else list(reversed(trees))
         for name in order:
-            if name == SDK:
+            if name in (SDK, SDK_BARE):
                 assert sink is not None
-                runs[name].append(sdk_alone(jobs, sink))
+                runs[name].append(sdk_alone(jobs, sink, exported=name == SDK))
             else:
                 traced = sink if name == OTEL else None
                 runs[name].append(one_run(trees[name], jobs, workers, name == TYPED, traced))
@@ -369,7 +384,7 @@ def main() -> None:
     if args.against:
         trees[args.against] = checkout(args.against)
     if args.otel:
-        trees[OTEL] = trees[SDK] = ROOT
+        trees[OTEL] = trees[SDK] = trees[SDK_BARE] = ROOT
     runs = measure(trees, args.jobs, args.rounds, args.workers)
     print(table(runs, args.jobs, args.rounds))
 
