@@ -337,6 +337,26 @@ def test_a_job_cancelled_while_it_ran_ends_its_span_with_a_cancelled_event(
 
 
 @pytest.mark.system
+def test_traced_jobs_of_a_group_keep_their_trace_and_give_their_slot_back(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """Jobs of a group (``group_limit=1``) enqueued and run while tracing: each settle gives
+    the group's slot back (the next job runs) and keeps each done job's trace id on its
+    record (both ride on the same settle)."""
+    name = f"otel-group-{uuid.uuid4().hex[:6]}"
+    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    cluster.wait_workers(r, 1)
+    q = traced_client.queue(name, group_limit=1)
+    jobs = [q.enqueue("tests.handlers_otel:plain", i, group="g") for i in range(4)]
+    assert [j.result(timeout=30) for j in jobs] == [0, 2, 4, 6]
+    for job in jobs:
+        send = receiver.one(f"send {name}", **{"messaging.message.id": job.id})
+        process = receiver.one(f"process {name}", **{"messaging.message.id": job.id})
+        assert process["trace_id"] == send["trace_id"] == job.detail().trace_id
+    assert r.hlen(q.keys.groups_held) == 0
+
+
+@pytest.mark.system
 def test_a_periodic_jobs_runs_link_to_where_it_was_scheduled(
     cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
 ) -> None:
