@@ -320,11 +320,12 @@ def test_a_job_cancelled_while_it_ran_ends_its_span_with_a_cancelled_event(
     cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
 ) -> None:
     """``job.cancel()`` on a running job: its ``process`` span ends with a ``cancelled``
-    event, not as a failure (no error status, no exception, no retry)."""
+    event, not as a failure (no error status, no exception, no retry); the worker's lines
+    about the stop name the job."""
     from queueworks.models import JobState
 
     name = f"otel-cancel-{uuid.uuid4().hex[:6]}"
-    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    w = cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
     cluster.wait_workers(r, 1)
     job = traced_client.queue(name).enqueue("tests.handlers_otel:waits", 30)
     wait_for(lambda: job.status().state == JobState.RUNNING, 60, "the job running")
@@ -334,6 +335,12 @@ def test_a_job_cancelled_while_it_ran_ends_its_span_with_a_cancelled_event(
     assert "cancelled while it ran" in span["events"][0][1]["queueworks.job.reason"]
     assert span["status"] != ERROR and "error.type" not in span["attributes"]
     assert job.status().state == JobState.CANCELLED
+    # the worker's lines about it name the job, its queue and attempt (the last, its trace)
+    for event in ("job_stopped", "stopped_job_dropped"):
+        [line] = wait_for(lambda e=event: log_events(w.log(), e), 30, f"the {event} line")
+        assert (line["job_id"], line["queue"], line["attempt"]) == (job.id, name, 1)
+    [dropped] = log_events(w.log(), "stopped_job_dropped")
+    assert (dropped["trace_id"], dropped["span_id"]) == (span["trace_id"], span["span_id"])
 
 
 @pytest.mark.system

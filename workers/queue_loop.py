@@ -345,7 +345,14 @@ class QueueLoop:
     def _ended(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
         run, ledger = self.run, self.ledger
         if job.stop is not None:
-            run.log.warning("stopped_job_dropped", job=job.label, reason=str(job.stop))
+            run.log.warning(
+                "stopped_job_dropped",
+                job=job.label,
+                job_id=job.entry.job_id,
+                queue=self.queue,
+                attempt=job.attempt,
+                reason=str(job.stop),
+            )
             return True
         if job.ctx is not None:
             call_ended(job.ctx)  # its last progress report, before the settle

@@ -82,7 +82,15 @@ class Running:
         if job.stop is not None:
             return
         job.stop = reason
-        self.log.warning("job_stopped", job=job.label, reason=str(reason))
+        held = self._jobs.get(id(job))  # (its seat's key: its queue's name, the job)
+        self.log.warning(
+            "job_stopped",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=None if held is None else held[0],
+            attempt=job.attempt,
+            reason=str(reason),
+        )
         if is_async(job.fn):
             self.aio.stop_call(job, reason)
             return
