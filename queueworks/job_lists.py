@@ -480,6 +480,10 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
     if entry:
         payload = payload or entry[0][1].get(ENTRY_PAYLOAD.encode())
         where = where or entry[0][0]
+    if payload is None and where is not None and not entry:
+        # released off the record (a delayed or deferred job, a retry): on its entry now
+        entry = yield from _entry(qk, where)
+        payload = entry[0][1].get(ENTRY_PAYLOAD.encode()) if entry else None
     if payload is None and status.state == JobState.DEAD:
         payload = yield from _dead_payload(qk, job_id)
     result = record.get(JOB_RESULT) if status.state == JobState.DONE else None
@@ -509,6 +513,14 @@ def trace_id(options: bytes | str | None) -> str | None:
         return None
     found = TRACEPARENT.search(text(options))
     return found.group(1) if found else None
+
+
+def _entry(qk: TaskKeys, entry_id: bytes) -> Plan[list[Any]]:
+    """Entry ``entry_id`` of the queue's stream, as ``XRANGE`` gives it (empty: gone, or
+    on another stream)."""
+    trip = Trip(errors=True)
+    trip.xrange(qk.stream, entry_id, entry_id, count=1)
+    return _reply((yield trip)[0], [])
 
 
 def _waiting_payload(qk: TaskKeys, job_id: str, group: str) -> Plan[bytes | None]:
