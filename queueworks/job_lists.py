@@ -520,7 +520,8 @@ def _entry(qk: TaskKeys, entry_id: bytes) -> Plan[list[Any]]:
     on another stream)."""
     trip = Trip(errors=True)
     trip.xrange(qk.stream, entry_id, entry_id, count=1)
-    return _reply((yield trip)[0], [])
+    found: list[Any] = _reply((yield trip)[0], [])
+    return found
 
 
 def _waiting_payload(qk: TaskKeys, job_id: str, group: str) -> Plan[bytes | None]:
