@@ -154,8 +154,9 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     ``e``       its stream entry's id, once on the stream (a delayed, requeued or aside job)
     ``t``       enqueued at (s)
     ``at``      when a delayed job runs (a retry waiting: when it runs again)
-    ``p``       a delayed (or deferred) job's payload, until it is due (released; a retry
-                waiting's too)
+    ``p``       its payload: a delayed (or deferred) job's until it is due (released; a
+                retry waiting's too), a finished job's for as long as its record (a done
+                job's up to ``DONE_PAYLOAD_KEPT`` characters)
     ``st``      started at          ``ft``  finished at
     ``a``       attempts            ``w``   the worker that settled it
     ``r``       result JSON (done)
@@ -346,6 +347,9 @@ def decode_dead_letter(raw: Mapping[bytes, bytes], errors: str = "strict") -> di
 # -- the index of done jobs ------------------------------------------------------------------
 
 DONE_KEPT = 10_000  # the done jobs' ids a queue keeps (``TaskKeys.done``), newest first
+# the longest payload (characters) a done job's record keeps (settle_jobs.lua); a dead
+# job's is kept whole, as its dead letter's
+DONE_PAYLOAD_KEPT = 64 * 1024
 
 # -- names the Lua scripts get -----------------------------------------------------------------
 

@@ -298,6 +298,7 @@ class WorkerRecord(_Model):
     rank: int | None = None
     epoch: int | None = None
     current: str | None = None
+    jobs: list[str] = Field(default_factory=list)  # the queues' jobs it runs now: "QUEUE/JOB"
     processed: int = 0
     started_at: float
     last_heartbeat: float | None = None
