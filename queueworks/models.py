@@ -367,7 +367,7 @@ class JobStatus(_Model):
 class JobDetail(JobStatus):
     """A job as its page shows it (``Queue.job_detail``): its status, and what it holds."""
 
-    payload: str | None = None  # its payload JSON, while it is kept (not once it is done)
+    payload: str | None = None  # its payload JSON, while kept (a done job's: up to a bound)
     result: str | None = None  # a done job's result JSON
     traceback: str | None = None  # a dead job's (or the last failed attempt's) traceback
     entry: str | None = None  # its stream entry, while it has one

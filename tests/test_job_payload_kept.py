@@ -61,13 +61,15 @@ def test_a_done_job_keeps_its_payload_and_its_page_names_the_arguments(
 
 
 @pytest.mark.system
-def test_the_workers_page_shows_every_job_a_worker_runs_at_once(
+def test_a_worker_shows_every_job_it_runs_and_each_node_set_only_its_own(
     cluster: Cluster, client: Client
 ) -> None:
-    q = client.queue("kept-busy")
+    q, other = client.queue("kept-busy"), client.queue("kept-other")
     busy = [q.enqueue("tests.handlers:sleep_for", {"seconds": 60.0}) for _ in range(3)]
+    elsewhere = other.enqueue("tests.handlers:sleep_for", {"seconds": 60.0})
     cluster.worker("w-busy", extra=["--concurrency", "4"])
-    wait_for(lambda: all(b.status().state == JobState.RUNNING for b in busy), 60, "three running")
+    running = [*busy, elsewhere]
+    wait_for(lambda: all(b.status().state == JobState.RUNNING for b in running), 60, "running")
     with make_app(client) as web:
 
         def cell() -> str:
@@ -80,4 +82,11 @@ def test_the_workers_page_shows_every_job_a_worker_runs_at_once(
             assert f'<a href="/queues/{q.name}/jobs/{b.id}"><code>{b.id}</code></a>' in cell()
         api = web.get("/api/workers").json()["workers"]
         (w,) = [w for w in api if w["id"] == "w-busy"]
-        assert sorted(w["jobs"]) == sorted(f"{q.name}/{b.id}" for b in busy)
+        assert sorted(w["jobs"]) == sorted(
+            [f"{q.name}/{b.id}" for b in busy] + [f"{other.name}/{elsewhere.id}"]
+        )
+    # each queue's node set: what the worker runs of that queue, never another's job
+    (node,) = q.status().nodes
+    assert node.worker == "w-busy" and node.current in {b.id for b in busy}
+    (node,) = other.status().nodes
+    assert node.worker == "w-busy" and node.current == elsewhere.id
