@@ -18,6 +18,7 @@ from queueworks import Client
 from queueworks.dashboard.templating import clock, took
 from queueworks.job_functions import arguments_of
 from queueworks.models import JobState
+from queueworks.tasks import node_infos
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard import make_app
 from workers.ledger import failed_reason
@@ -49,6 +50,22 @@ def test_a_reason_counts_its_attempts_in_words_and_arguments_take_their_names() 
     named = [("a", "4"), ("b", "5"), ("#2", "6"), ("note", '"n"')]
     assert arguments_of(sent, ["a", "b"]) == named  # one too many: by position still
     assert arguments_of('{"x": 1}', ["a"]) is None  # no typed call's wire form
+
+
+@pytest.mark.unit
+def test_a_node_set_shows_as_current_only_a_job_of_its_own() -> None:
+    members = [(b"w1", 1.0), (b"w2", 1.0), (b"w3", 2.0)]
+    replies = [
+        b"9.5",
+        [b"o-1", b"q2/o-1 q1/m-2 q1/m-3"],
+        b"9.5",
+        [b"7", None],
+        None,
+        [b"x", b"q2/x"],
+    ]
+    nodes = node_infos(members, replies, 10.0, "q1")
+    assert [n.current for n in nodes] == ["m-2", "7", None]  # a subtask's index as it was
+    assert [n.heartbeat_age for n in nodes] == [0.5, 0.5, None]
 
 
 @pytest.mark.integration
