@@ -237,6 +237,35 @@ def _fraction(raw: str | None) -> float | None:
     return value if value is not None and 0.0 <= value <= 1.0 else None
 
 
+# what ``job_status`` reads of a record: a list of jobs reads these (HMGET), never the
+# payload or the result, which a record keeps whole (``STATUS_FIELDS``, ``status_record``)
+STATUS_FIELDS = (
+    JOB_STATE,
+    JOB_HANDLER,
+    JOB_ENQUEUED,
+    JOB_RUN_AT,
+    JOB_STARTED,
+    JOB_FINISHED,
+    JOB_ATTEMPTS,
+    JOB_WORKER,
+    JOB_REASON,
+    JOB_ERROR,
+    JOB_WHY,
+    JOB_PROGRESS,
+    JOB_PROGRESS_MESSAGE,
+    JOB_DEPS,
+)
+_STATUS_NAMES = tuple(name.encode() for name in STATUS_FIELDS)
+
+
+def status_record(reply: Any) -> dict[bytes, bytes]:
+    """A record as an HMGET of ``STATUS_FIELDS`` read it (an HGETALL reply of those
+    fields); an error or no record: empty."""
+    if not isinstance(reply, list):
+        return {}
+    return {k: v for k, v in zip(_STATUS_NAMES, reply, strict=False) if v is not None}
+
+
 def job_status(
     queue: str,
     job_id: str,
