@@ -9,12 +9,14 @@ Real Redis, a real worker process; the dashboard in-process (``make_app``).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from queueworks import Client
+from queueworks.dashboard.arguments import positional_names
 from queueworks.dashboard.templating import clock, took
 from queueworks.job_functions import arguments_of
 from queueworks.models import JobState
@@ -50,6 +52,16 @@ def test_a_reason_counts_its_attempts_in_words_and_arguments_take_their_names() 
     named = [("a", "4"), ("b", "5"), ("#2", "6"), ("note", '"n"')]
     assert arguments_of(sent, ["a", "b"]) == named  # one too many: by position still
     assert arguments_of('{"x": 1}', ["a"]) is None  # no typed call's wire form
+
+
+@pytest.mark.unit
+def test_the_dashboard_imports_a_handler_only_under_its_allow_prefixes() -> None:
+    assert "json.tool" not in sys.modules
+    assert positional_names("json.tool:main", ("tests",)) == ()  # outside: not imported
+    assert "json.tool" not in sys.modules
+    assert positional_names("tests.handlers_typed:add", ("tests.handlers_typed",)) == ("a", "b")
+    assert positional_names("tests.handlers:double", ("tests",)) == ()  # no typed job
+    assert positional_names("tests.__init__:x", ("tests",)) == ()  # no dunder part
 
 
 @pytest.mark.unit
