@@ -66,10 +66,12 @@ from queueworks.jobrecords import (
     JOB_RESULT,
     JOB_STATE,
     JOB_TRACE,
+    STATUS_FIELDS,
     decode_dead_letter,
     entry_job,
     has_state,
     job_status,
+    status_record,
 )
 from queueworks.keys import PARKED, Keys, TaskKeys, check_task_id
 from queueworks.models import JobDetail, JobPage, JobState, JobStatus
@@ -136,9 +138,9 @@ def _records(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[Mapping[bytes, bytes
     if not ids:
         return []
     trip = Trip(errors=True)
-    for job_id in ids:
-        trip.hgetall(qk.job(job_id))
-    return [r if isinstance(r, dict) else {} for r in (yield trip)]
+    for job_id in ids:  # what a status needs: not the payload or result a record keeps
+        trip.hmget(qk.job(job_id), STATUS_FIELDS)
+    return [status_record(r) for r in (yield trip)]
 
 
 def _by_record(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[JobStatus]]:
