@@ -17,7 +17,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from queueworks.connection import text
 from queueworks.events import EVENTS_MAXLEN
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import JobEntry
+from queueworks.jobrecords import DONE_PAYLOAD_KEPT, JobEntry
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES, JobState
@@ -491,6 +491,7 @@ def settle_jobs(
         keys.append(prefix + e.job_id)
         argv += (e.entry_id, repr(job.started_at), job.attempt, job.outcome, e.handler)
         argv += (e.enqueued, "1" if e.named else "")
+        argv.append(e.payload if len(e.payload) <= DONE_PAYLOAD_KEPT else "")
         if e.options:
             held.append(e)
     for job in batch.dead:

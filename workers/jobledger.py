@@ -33,7 +33,7 @@ from queueworks.scripts import JobBatch
 from queueworks.tracing import hooks
 
 from .flow import Pump
-from .ledger import Attempts
+from .ledger import Attempts, failed_reason
 from .running_job import RunningJob
 from .work import Gone, Work
 
@@ -125,7 +125,7 @@ class JobLedger(Attempts):
         tb = "".join(traceback.format_exception(exc))
         work = job.work
         if work.attempt >= self.spec.max_attempts:
-            self.bury(job, f"failed {work.attempt} times", tb)
+            self.bury(job, failed_reason(work.attempt), tb)
             return None
         wait = self.retries.for_job(JobOptions.parse(job.entry.options)).wait(work.attempt)
         if wait > 0:

@@ -68,6 +68,11 @@ class Running:
         if self._cancelled and self._was_cancelled(seat.key, job.entry.job_id):
             self.stop(job, cancelled(), ends_process=False)
 
+    def now(self) -> list[str]:
+        """The jobs whose calls run now, as ``QUEUE/JOB``, in the order they started."""
+        with self._lock:
+            return [f"{key}/{job.entry.job_id}" for key, job in self._jobs.values()]
+
     def ended(self, job: RunningJob) -> None:
         """``job``'s call has ended (its outcome is recorded, or dropped if stopped)."""
         with self._lock:

@@ -11,9 +11,9 @@
 -- it empty, it is deleted and its handler leaves the aside set.
 -- The ids of the jobs counted done go to the head of the queue's done index, in one LPUSH
 -- and one LTRIM per call (capped: jobrecords.DONE_KEPT): what the dashboard lists as done.
--- A dead job's record keeps its payload (as given) for as long as the record lives (result
--- ttl), beside its dead letter's; a done job's is not kept (the hot path: see
--- docs/dashboard.md).
+-- A job's record keeps its payload (as given) for as long as the record lives (result ttl):
+-- a dead job's beside its dead letter's; a done job's as its worker passes it ('' = not kept:
+-- over jobrecords.DONE_PAYLOAD_KEPT), never read back here.
 -- Fenced: a member that was pruned (no longer in the queue's members: frozen or cut off past
 -- its TTL, its jobs reclaimed by others) settles nothing, so a zombie never acks an entry
 -- another member now runs, writes its result or gives back its group slot.
@@ -26,8 +26,8 @@
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
 -- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
 -- ARGV[9] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
--- then n_ok 7-tuples: entry id, started at, attempts, result JSON, handler, enqueued at,
---   '1' if the entry names its job ('' if not)
+-- then n_ok 8-tuples: entry id, started at, attempts, result JSON, handler, enqueued at,
+--   '1' if the entry names its job ('' if not), payload to keep ('' = none)
 -- then n_dead 11-tuples: entry id, started at, attempts, reason, error, job id, payload,
 --   handler, enqueued at, '1' if the entry names its job, its options ('' = none: kept on
 --   its dead letter, for a requeue)
@@ -74,7 +74,7 @@ local function trace_of(n)
   return nil
 end
 do
-  local block = 10 + 7 * n_ok + 11 * n_dead + 3 * n_rej + 2 * n_buckets
+  local block = 10 + 8 * n_ok + 11 * n_dead + 3 * n_rej + 2 * n_buckets
   block = block + 1 + 3 * tonumber(ARGV[block] or '0')  -- past the unique keys' section
   if ARGV[block] == '1' and call('EXISTS', KEYS[#KEYS - 1]) == 1 then
     outcomes = {}
@@ -128,9 +128,16 @@ for n = 1, n_ok do
     if named == '1' and stray(job) then
       reject(ARGV[at], 'no such job in this queue; its result was discarded', '')
     else
-      record(job, named, ARGV[at + 4], ARGV[at + 5], trace_of(n), '${JOB_STATE}', '${DONE}',
-        '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
-        '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
+      local payload = ARGV[at + 7]
+      if payload == '' then
+        record(job, named, ARGV[at + 4], ARGV[at + 5], trace_of(n), '${JOB_STATE}', '${DONE}',
+          '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
+          '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
+      else
+        record(job, named, ARGV[at + 4], ARGV[at + 5], trace_of(n), '${JOB_STATE}', '${DONE}',
+          '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
+          '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker, '${JOB_PAYLOAD}', payload)
+      end
       ok = ok + 1
       local id = string.match(job, ':job:([^:]+)$$')
       done_ids[ok] = id
@@ -139,7 +146,7 @@ for n = 1, n_ok do
       end
     end
   end
-  at, key = at + 7, key + 1
+  at, key = at + 8, key + 1
 end
 for n = n_ok + 1, n_ok + n_dead do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
