@@ -25,7 +25,7 @@ import inspect
 import json
 import types
 import typing
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from functools import cached_property, update_wrapper
 from typing import Any, Generic, NotRequired, ParamSpec, Required, cast, overload
 
@@ -254,10 +254,13 @@ def function_path(fn: Callable[..., Any]) -> str:
     return path
 
 
-def arguments_of(payload: str | None) -> list[tuple[str, str]] | None:
+def arguments_of(
+    payload: str | None, positional: Sequence[str] = ()
+) -> list[tuple[str, str]] | None:
     """A typed call's arguments as a page shows them: ``(name, JSON)`` each, by name (one
-    given by position as ``#0``, ``#1``...); None if ``payload`` (JSON text) is no
-    typed call's wire form."""
+    given by position by its name in ``positional``, the function's ``Signature.positional``,
+    else as ``#0``, ``#1``...); None if ``payload`` (JSON text) is no typed call's wire
+    form."""
     if not payload or not payload.startswith("{"):
         return None
     try:
@@ -269,7 +272,8 @@ def arguments_of(payload: str | None) -> list[tuple[str, str]] | None:
     args, kwargs = value.get(ARGS, []), value.get(KWARGS, {})
     if not isinstance(args, list) or not isinstance(kwargs, dict):
         return None
-    shown = [(f"#{i}", json.dumps(v, ensure_ascii=False)) for i, v in enumerate(args)]
+    names = [*positional[: len(args)], *(f"#{i}" for i in range(len(positional), len(args)))]
+    shown = [(n, json.dumps(v, ensure_ascii=False)) for n, v in zip(names, args, strict=True)]
     return shown + [(str(k), json.dumps(v, ensure_ascii=False)) for k, v in kwargs.items()]
 
 

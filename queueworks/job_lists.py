@@ -66,10 +66,12 @@ from queueworks.jobrecords import (
     JOB_RESULT,
     JOB_STATE,
     JOB_TRACE,
+    STATUS_FIELDS,
     decode_dead_letter,
     entry_job,
     has_state,
     job_status,
+    status_record,
 )
 from queueworks.keys import PARKED, Keys, TaskKeys, check_task_id
 from queueworks.models import JobDetail, JobPage, JobState, JobStatus
@@ -136,9 +138,9 @@ def _records(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[Mapping[bytes, bytes
     if not ids:
         return []
     trip = Trip(errors=True)
-    for job_id in ids:
-        trip.hgetall(qk.job(job_id))
-    return [r if isinstance(r, dict) else {} for r in (yield trip)]
+    for job_id in ids:  # what a status needs: not the payload or result a record keeps
+        trip.hmget(qk.job(job_id), STATUS_FIELDS)
+    return [status_record(r) for r in (yield trip)]
 
 
 def _by_record(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[JobStatus]]:
@@ -480,6 +482,10 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
     if entry:
         payload = payload or entry[0][1].get(ENTRY_PAYLOAD.encode())
         where = where or entry[0][0]
+    if payload is None and where is not None and not entry:
+        # released off the record (a delayed or deferred job, a retry): on its entry now
+        entry = yield from _entry(qk, where)
+        payload = entry[0][1].get(ENTRY_PAYLOAD.encode()) if entry else None
     if payload is None and status.state == JobState.DEAD:
         payload = yield from _dead_payload(qk, job_id)
     result = record.get(JOB_RESULT) if status.state == JobState.DONE else None
@@ -509,6 +515,15 @@ def trace_id(options: bytes | str | None) -> str | None:
         return None
     found = TRACEPARENT.search(text(options))
     return found.group(1) if found else None
+
+
+def _entry(qk: TaskKeys, entry_id: bytes) -> Plan[list[Any]]:
+    """Entry ``entry_id`` of the queue's stream, as ``XRANGE`` gives it (empty: gone, or
+    on another stream)."""
+    trip = Trip(errors=True)
+    trip.xrange(qk.stream, entry_id, entry_id, count=1)
+    found: list[Any] = _reply((yield trip)[0], [])
+    return found
 
 
 def _waiting_payload(qk: TaskKeys, job_id: str, group: str) -> Plan[bytes | None]:

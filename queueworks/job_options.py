@@ -123,6 +123,11 @@ class JobOptions:
         hand, or by another version) counts as none of the options it holds badly."""
         if not raw:
             return _NONE
+        if isinstance(raw, str):
+            if not any(name in raw for name in _NAMES):
+                return _NONE  # none of ours (a traced job's context alone: queueworks.tracing)
+        elif not any(name in raw for name in _BNAMES):
+            return _NONE
         try:
             found = json.loads(raw)
         except ValueError:
@@ -144,6 +149,8 @@ class JobOptions:
 
 
 _NONE = JobOptions()
+_NAMES = tuple(f'"{f.name}"' for f in fields(JobOptions))  # what ``json`` may write
+_BNAMES = tuple(n.encode() for n in _NAMES)
 
 
 def _number(value: Any) -> bool:

@@ -136,7 +136,7 @@ JOB_ERROR = "err"
 JOB_ASIDE = "aside"
 JOB_WHY = "why"
 JOB_OPTIONS = "o"
-JOB_TRACE = "tr"  # while tracing, the trace id of its last run (written after its settle)
+JOB_TRACE = "tr"  # while tracing, the trace id of its last run (written by its settle)
 JOB_PROGRESS = "pg"
 JOB_PROGRESS_MESSAGE = "pm"
 JOB_DEPS = "deps"
@@ -154,8 +154,9 @@ def decode_record(raw: Mapping[bytes, bytes]) -> dict[str, str]:
     ``e``       its stream entry's id, once on the stream (a delayed, requeued or aside job)
     ``t``       enqueued at (s)
     ``at``      when a delayed job runs (a retry waiting: when it runs again)
-    ``p``       a delayed (or deferred) job's payload, until it is due (released; a retry
-                waiting's too)
+    ``p``       its payload: a delayed (or deferred) job's until it is due (released; a
+                retry waiting's too), a finished job's for as long as its record (a done
+                job's up to ``DONE_PAYLOAD_KEPT`` characters)
     ``st``      started at          ``ft``  finished at
     ``a``       attempts            ``w``   the worker that settled it
     ``r``       result JSON (done)
@@ -234,6 +235,35 @@ def _fraction(raw: str | None) -> float | None:
     except ValueError:
         return None
     return value if value is not None and 0.0 <= value <= 1.0 else None
+
+
+# what ``job_status`` reads of a record: a list of jobs reads these (HMGET), never the
+# payload or the result, which a record keeps whole (``STATUS_FIELDS``, ``status_record``)
+STATUS_FIELDS = (
+    JOB_STATE,
+    JOB_HANDLER,
+    JOB_ENQUEUED,
+    JOB_RUN_AT,
+    JOB_STARTED,
+    JOB_FINISHED,
+    JOB_ATTEMPTS,
+    JOB_WORKER,
+    JOB_REASON,
+    JOB_ERROR,
+    JOB_WHY,
+    JOB_PROGRESS,
+    JOB_PROGRESS_MESSAGE,
+    JOB_DEPS,
+)
+_STATUS_NAMES = tuple(name.encode() for name in STATUS_FIELDS)
+
+
+def status_record(reply: Any) -> dict[bytes, bytes]:
+    """A record as an HMGET of ``STATUS_FIELDS`` read it (an HGETALL reply of those
+    fields); an error or no record: empty."""
+    if not isinstance(reply, list):
+        return {}
+    return {k: v for k, v in zip(_STATUS_NAMES, reply, strict=False) if v is not None}
 
 
 def job_status(
@@ -346,6 +376,9 @@ def decode_dead_letter(raw: Mapping[bytes, bytes], errors: str = "strict") -> di
 # -- the index of done jobs ------------------------------------------------------------------
 
 DONE_KEPT = 10_000  # the done jobs' ids a queue keeps (``TaskKeys.done``), newest first
+# the longest payload (characters) a done job's record keeps (settle_jobs.lua); a dead
+# job's is kept whole, as its dead letter's
+DONE_PAYLOAD_KEPT = 64 * 1024
 
 # -- names the Lua scripts get -----------------------------------------------------------------
 
@@ -366,6 +399,7 @@ LUA_NAMES = {
     "JOB_FINISHED": JOB_FINISHED,
     "JOB_ATTEMPTS": JOB_ATTEMPTS,
     "JOB_WORKER": JOB_WORKER,
+    "JOB_TRACE": JOB_TRACE,
     "JOB_RESULT": JOB_RESULT,
     "JOB_REASON": JOB_REASON,
     "JOB_ERROR": JOB_ERROR,

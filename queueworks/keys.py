@@ -27,7 +27,7 @@ key                                type          meaning
                                                  handler (JSON); it is not assigned it again
 ``qw:task:{T}:history``            stream        this task's rebalances (epoch, cause, pause)
 ``qw:task:{Q}:job:<J>``            hash          a queue's job J: state, entry, handler, times,
-                                                 attempts, result or error; expires
+                                                 attempts, payload, result or error; expires
                                                  ``result_ttl`` after it finished (an
                                                  unfinished job's: with its finished queue)
 ``qw:task:{Q}:scheduled``          zset          a queue's delayed jobs, score = when they run

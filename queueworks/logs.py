@@ -63,3 +63,10 @@ def configure(level: str = "info", fmt: str | None = None) -> None:
 
 def get_logger(**fields: Any) -> Any:
     return structlog.get_logger().bind(**fields)
+
+
+def writes_info(log: Any) -> bool:
+    """Whether ``log`` (a bound logger) writes lines of level info (a filtering logger
+    below its level: no; any other logger: yes)."""
+    enabled = getattr(log, "is_enabled_for", None)
+    return True if enabled is None else bool(enabled(logging.INFO))

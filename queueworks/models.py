@@ -298,6 +298,7 @@ class WorkerRecord(_Model):
     rank: int | None = None
     epoch: int | None = None
     current: str | None = None
+    jobs: list[str] = Field(default_factory=list)  # the queues' jobs it runs now: "QUEUE/JOB"
     processed: int = 0
     started_at: float
     last_heartbeat: float | None = None
@@ -366,7 +367,7 @@ class JobStatus(_Model):
 class JobDetail(JobStatus):
     """A job as its page shows it (``Queue.job_detail``): its status, and what it holds."""
 
-    payload: str | None = None  # its payload JSON, while it is kept (not once it is done)
+    payload: str | None = None  # its payload JSON, while kept (a done job's: up to a bound)
     result: str | None = None  # a done job's result JSON
     traceback: str | None = None  # a dead job's (or the last failed attempt's) traceback
     entry: str | None = None  # its stream entry, while it has one

@@ -10,7 +10,8 @@ Spans follow the OpenTelemetry semantic conventions for messaging (version 1.44.
 - ``process <queue>`` (CONSUMER) around each run of a job's handler on a worker, a child of
   the producer's span (a span link instead, for a job that waited for dependencies); the
   handler runs with it current, so its own spans (HTTP, database) nest under it. A failure
-  sets status ERROR with an ``exception`` event; a retry and a dead letter are span events.
+  sets status ERROR with an ``exception`` event; a retry, a dead letter and a cancellation
+  while it ran are span events.
 
 Attributes: ``messaging.system`` ("queueworks"), ``messaging.operation.name`` and
 ``.type``, ``messaging.destination.name`` (the queue), ``messaging.message.id`` (the job's
@@ -32,6 +33,7 @@ import re
 import sys
 from collections.abc import Callable, Collection, MutableMapping
 from contextlib import AbstractContextManager
+from contextvars import Token
 from functools import wraps
 from typing import Any
 
@@ -83,6 +85,9 @@ def _merge(options: str, fields: dict[str, Any]) -> str:
     return f"{options[:-1]},{extra[1:]}"
 
 
+_FLAGS = [format(flags, "02x") for flags in range(256)]  # a traceparent's trace-flags
+
+
 class Producer:
     """``hooks.producer``: the current context into a new job's options, as the W3C
     propagators write it (``traceparent`` made here: it is on every traced enqueue)."""
@@ -92,8 +97,8 @@ class Producer:
         span_context = trace.get_current_span(ctx).get_span_context()
         if not span_context.is_valid:
             return options
-        tp = f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-"
-        tp += f"{span_context.trace_flags:02x}"
+        flags = _FLAGS[span_context.trace_flags]  # (formatting a TraceFlags itself is slow)
+        tp = f"00-{span_context.trace_id:032x}-{span_context.span_id:016x}-{flags}"
         fields = {"tp": tp}
         if span_context.trace_state:
             fields["ts"] = span_context.trace_state.to_header()
@@ -214,9 +219,7 @@ class Consumer:
         return found
 
     def attached(self, job: Any) -> AbstractContextManager[Any]:
-        return trace.use_span(
-            job.span, end_on_exit=False, record_exception=False, set_status_on_exception=False
-        )
+        return _Current(job.span)
 
     def batch(
         self, task: str, carried_options: str | None, count: int, worker_id: str
@@ -284,6 +287,8 @@ class Consumer:
         span: trace.Span = job.span
         if fate == "suspended":
             span.add_event("suspended")
+        elif fate in ("cancelled", "stopped"):  # no failure of its own: nothing recorded
+            span.add_event(fate, {"queueworks.job.reason": str(job.stop)})
         elif error is not None:
             span.record_exception(error)
             span.set_attribute(ERROR_TYPE, type(error).__qualname__)
@@ -296,6 +301,21 @@ class Consumer:
                 span.set_status(Status(StatusCode.ERROR, job.reason))
             span.add_event("dead_letter", {"queueworks.job.reason": job.reason})
         span.end()
+
+
+class _Current:
+    """``span`` current inside (and not ended after): ``use_span`` without its generator."""
+
+    __slots__ = ("ctx", "token")
+
+    def __init__(self, span: trace.Span) -> None:
+        self.ctx = trace.set_span_in_context(span)
+
+    def __enter__(self) -> None:
+        self.token = context.attach(self.ctx)
+
+    def __exit__(self, *exc: object) -> None:
+        context.detach(self.token)
 
 
 def _is_coroutine_function(fn: Callable[..., Any]) -> bool:
@@ -385,30 +405,67 @@ def _sent(span: trace.Span, result: Any, many: bool) -> None:
         span.set_attribute(MESSAGE_ID, result.id)
 
 
+class _Sends:
+    """Each queue's ``send`` span name and attributes, made once (at most ``KEPT``)."""
+
+    KEPT = 1024
+
+    def __init__(self) -> None:
+        self.made: dict[str, tuple[str, dict[str, Any]]] = {}
+
+    def __call__(self, queue: str) -> tuple[str, dict[str, Any]]:
+        found = self.made.get(queue)
+        if found is None:
+            if len(self.made) >= self.KEPT:
+                self.made.clear()
+            found = self.made[queue] = (f"send {queue}", _send_attributes(queue))
+        return found
+
+
 def _enqueue_wrapper(tracer: trace.Tracer, is_async: bool, many: bool) -> Callable[..., Any]:
+    """A ``send`` span, current while the enqueue runs (its jobs carry it): made, made
+    current and ended by hand, the hot path of a traced producer (what
+    ``start_as_current_span`` does, without its two generator-based context managers)."""
+    sends = _Sends()
+
+    def opened(instance: Any) -> tuple[trace.Span, Token[context.Context]]:
+        name, attributes = sends(instance.name)
+        span = tracer.start_span(name, kind=SpanKind.PRODUCER, attributes=attributes)
+        return span, context.attach(trace.set_span_in_context(span))
+
+    def failed(span: trace.Span, error: BaseException) -> None:
+        span.record_exception(error)
+        span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
     if is_async:
 
         async def send_async(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-            name = f"send {instance.name}"
-            attributes = _send_attributes(instance.name)
-            with tracer.start_as_current_span(
-                name, kind=SpanKind.PRODUCER, attributes=attributes
-            ) as span:
+            span, token = opened(instance)
+            try:
                 result = await wrapped(*args, **kwargs)
                 _sent(span, result, many)
                 return result
+            except BaseException as error:
+                failed(span, error)
+                raise
+            finally:
+                context.detach(token)
+                span.end()
 
         return send_async
 
     def send(wrapped: Any, instance: Any, args: Any, kwargs: Any) -> Any:
-        name = f"send {instance.name}"
-        attributes = _send_attributes(instance.name)
-        with tracer.start_as_current_span(
-            name, kind=SpanKind.PRODUCER, attributes=attributes
-        ) as span:
+        span, token = opened(instance)
+        try:
             result = wrapped(*args, **kwargs)
             _sent(span, result, many)
             return result
+        except BaseException as error:
+            failed(span, error)
+            raise
+        finally:
+            context.detach(token)
+            span.end()
 
     return send
 

@@ -153,8 +153,10 @@ class Queue:
         else:
             path, body, typed = self._path(handler), None, None
         plain = options is None and delay is None and at is None and depends_on is None
-        if plain and wait_replicas is None and wait_timeout is None and hooks.producer is None:
-            now_job = self._enqueue_now(path, payload, body, typed)
+        if plain and wait_replicas is None and wait_timeout is None:
+            producer = hooks.producer  # tracing: the job carries the current span's context
+            carried = "" if producer is None else producer.carry("")
+            now_job = self._enqueue_now(path, payload, body, typed, carried)
             if now_job is not None:
                 return now_job
         job = new_job(path, payload, delay, at, options, body)
@@ -183,20 +185,27 @@ class Queue:
         return Job(self, self._run(plan_send(self.ref, [[job]]))[0], typed=typed)
 
     def _enqueue_now(
-        self, path: str, payload: Any, body: str | None, typed: Call[R] | None
+        self,
+        path: str,
+        payload: Any,
+        body: str | None,
+        typed: Call[R] | None,
+        carried: str = "",
     ) -> Job[R] | None:
         """A job of no options to run now on the client's line, the shortest path of the
         commonest enqueue (``enqueue``'s own, as ``_xadd``); None where that path does not
         apply (no line, replicas to wait for, a handler the queue does not know yet).
-        ``body``: the payload's JSON if made already (a typed call's)."""
+        ``body``: the payload's JSON if made already (a typed call's); ``carried``: its
+        options while tracing (the trace context alone)."""
         line = self.client.line
         if line is None or self.settings.wait_replicas or path not in self.ref.known:
             return None
         if body is None:
             body = payload_json(payload)
-        reply = line.call(self._xadd_bytes.now(path, body, time.time()))
+        reply = line.call(self._xadd_bytes.now(path, body, time.time(), carried))
         if reply is None:  # the stream is gone (nothing written): made again by the script
-            reply = self._run(plan_send(self.ref, [[NewJob("", path, body, None, "")]]))[0]
+            job = NewJob("", path, body, None, carried)
+            reply = self._run(plan_send(self.ref, [[job]]))[0]
         return Job(self, text(reply), typed=typed)
 
     def _xadd(self, job: NewJob) -> Any:

@@ -31,7 +31,9 @@ Task record fields (all strings in Redis):
 Worker hash fields: ``record`` (the ``WorkerRecord`` as JSON: what the worker was started
 with, ``labels``, ``allow`` and ``queues`` among it), ``member_of`` (a JSON list: the queues
 it is a member of now; absent in older hashes: none), and what it is doing now: ``state``,
-``task``, ``rank``, ``epoch``, ``current``, ``processed``, ``last_heartbeat``, ``drain``.
+``task``, ``rank``, ``epoch``, ``current``, ``jobs`` (the queues' jobs it runs now, as
+``QUEUE/JOB``, space-separated: every one of them with ``--concurrency``), ``processed``,
+``last_heartbeat``, ``drain``.
 """
 
 from __future__ import annotations
@@ -190,6 +192,7 @@ def worker_record(raw: Mapping[bytes, bytes]) -> WorkerRecord:
                 "rank": int(data["rank"]) if data.get("rank") else None,
                 "epoch": int(data["epoch"]) if data.get("epoch") else None,
                 "current": data.get("current") or None,
+                "jobs": data.get("jobs", "").split(),
                 "processed": int(data.get("processed", 0)),
                 "last_heartbeat": float(beat) if beat else None,
             }
@@ -225,7 +228,14 @@ def member_of(task_id: str, rank: int, epoch: int) -> Hash:
 
 def idle_worker() -> Hash:
     """The worker hash fields of a worker that left its node set."""
-    return {"state": WorkerState.IDLE.value, "task": "", "rank": "", "epoch": "", "current": ""}
+    return {
+        "state": WorkerState.IDLE.value,
+        "task": "",
+        "rank": "",
+        "epoch": "",
+        "current": "",
+        "jobs": "",
+    }
 
 
 def queue_counts(length: Any, running: int, rate: Any, now: float) -> tuple[int, dict[str, float]]:

@@ -17,7 +17,7 @@ from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 from queueworks.connection import text
 from queueworks.events import EVENTS_MAXLEN
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import JobEntry
+from queueworks.jobrecords import DONE_PAYLOAD_KEPT, JobEntry
 from queueworks.keys import PARKED, TaskKeys
 from queueworks.membership import Roster, roster_of
 from queueworks.models import ACTIVE_STATES, JobState
@@ -150,6 +150,8 @@ class JobBatch:
     buckets: dict[str, float] = field(default_factory=dict)  # latency histogram additions
     # failed attempts to run again later (``retry_later``): (job, when, its traceback)
     later: list[tuple[SettledJob, float, str]] = field(default_factory=list)
+    # while tracing: a settled job's trace id by its job id, kept on its record
+    traces: dict[str, str] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.ok) + len(self.dead) + len(self.rejected) + len(self.later)
@@ -489,6 +491,7 @@ def settle_jobs(
         keys.append(prefix + e.job_id)
         argv += (e.entry_id, repr(job.started_at), job.attempt, job.outcome, e.handler)
         argv += (e.enqueued, "1" if e.named else "")
+        argv.append(e.payload if len(e.payload) <= DONE_PAYLOAD_KEPT else "")
         if e.options:
             held.append(e)
     for job in batch.dead:
@@ -511,6 +514,10 @@ def settle_jobs(
         argv.append(len(grouped))
         argv += [x for pair in grouped for x in pair]
         keys += (tk.groups, tk.groups_held)
+    if batch.traces:  # the trace block: each job's trace id ('' none), after the group block
+        if not grouped:
+            argv.append(0)
+        argv += [batch.traces.get(job.entry.job_id, "") for job in (*batch.ok, *batch.dead)]
     keys += (tk.waiters, tk.released)
     return Call("settle_jobs", keys, argv, _same, client, unpiped_on_cluster=True, bare=True)
 

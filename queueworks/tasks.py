@@ -138,7 +138,7 @@ def plan_nodes(keys: Keys, tk: TaskKeys) -> Plan[list[NodeInfo]]:
         return []
     trip = Trip()
     node_reads(trip, keys, tk, members)
-    return node_infos(members, (yield trip), time.time())
+    return node_infos(members, (yield trip), time.time(), tk.task_id)
 
 
 def plan_wait(keys: Keys, tk: TaskKeys, timeout: float | None, poll: float) -> Plan[TaskStatus]:
@@ -191,14 +191,23 @@ def node_reads(pipe: Any, keys: Keys, tk: TaskKeys, members: Sequence[Any]) -> N
     ZRANGE WITHSCORES of the task's members); a sync or an asyncio pipeline."""
     for wid, _ in members:  # the pool heartbeat: a queue's members keep no other
         pipe.get(keys.worker_heartbeat(wid.decode()))
-        pipe.hget(keys.worker(wid.decode()), "current")
+        pipe.hmget(keys.worker(wid.decode()), "current", "jobs")
 
 
-def node_infos(members: Sequence[Any], replies: Sequence[Any], now: float) -> list[NodeInfo]:
-    """The node set, by rank, from the members and the replies of ``node_reads``."""
+def node_infos(
+    members: Sequence[Any], replies: Sequence[Any], now: float, node_set: str
+) -> list[NodeInfo]:
+    """The node set ``node_set`` (a task's or a queue's id), by rank, from the members and
+    the replies of ``node_reads``. A member's ``current`` is what it runs in this node set:
+    of the queues' jobs it runs (its ``jobs``), the first of this one's, never another
+    queue's; else its current subtask."""
     nodes = []
+    mine = f"{node_set}/"
     for rank, (wid, joined) in enumerate(members):
-        beat, current = replies[2 * rank], replies[2 * rank + 1]
+        beat, (current, jobs) = replies[2 * rank], replies[2 * rank + 1]
+        if jobs:  # it runs queues' jobs: this one's, if any
+            here = [j for j in jobs.decode().split() if j.startswith(mine)]
+            current = here[0][len(mine) :].encode() if here else None
         nodes.append(
             NodeInfo(
                 worker=wid.decode(),

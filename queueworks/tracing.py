@@ -64,7 +64,8 @@ class Consumer(Protocol):
 
     def end(self, job: Any, error: BaseException | None, fate: str) -> None:
         """The job's call ended (``error``: what it raised); ``fate``: "" (done), "retry",
-        "dead" or "suspended". Its span ends."""
+        "dead", "suspended", or "cancelled" or "stopped" (stopped while it ran: cancelled,
+        or its worker fenced; nothing of it recorded). Its span ends."""
         ...
 
 

@@ -39,9 +39,8 @@ from redis.exceptions import ReadOnlyError
 from redis.utils import HIREDIS_AVAILABLE
 
 from queueworks.connection import text
-from queueworks.jobrecords import ENTRY_ENQUEUED, ENTRY_HANDLER, ENTRY_PAYLOAD
+from queueworks.jobrecords import ENTRY_ENQUEUED, ENTRY_HANDLER, ENTRY_OPTIONS, ENTRY_PAYLOAD
 from queueworks.keys import TaskKeys
-from queueworks.queues import xadd_now
 from queueworks.script_calls import NewJob
 
 _ENQUEUED = b"$%d\r\n%s\r\n" % (len(ENTRY_ENQUEUED), ENTRY_ENQUEUED.encode())
@@ -161,18 +160,19 @@ class XaddBytes:
         self.heads: dict[str, bytes] = {}
 
     def __call__(self, job: NewJob, now: float) -> bytes:
-        if job.options:  # a job with options of its own: its whole command packed
-            return pack(*xadd_now(self.qk, job, now))
-        return self.now(job.handler, job.payload, now)
+        return self.now(job.handler, job.payload, now, job.options)
 
-    def now(self, handler: str, payload: str, now: float) -> bytes:
-        """The command of a job of no options of its own: ``handler``'s, ``payload`` JSON."""
+    def now(self, handler: str, payload: str, now: float, options: str = "") -> bytes:
+        """The command (``xadd_now``'s) of a job of ``handler``, ``payload`` JSON and
+        ``options`` ('' none; while tracing, the trace context at least)."""
         head = self.heads.get(handler)
         if head is None:
             if len(self.heads) >= self.HEADS_KEPT:
                 self.heads.clear()
             head = self.heads[handler] = xadd_head(self.qk.stream, handler)
         body, when = payload.encode(), repr(now).encode()
+        if options:
+            return _with_options(head, body, when, options.encode())
         return b"%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (
             head,
             len(body),
@@ -181,6 +181,26 @@ class XaddBytes:
             len(when),
             when,
         )
+
+
+_OPTIONS = bulk(ENTRY_OPTIONS.encode())
+
+
+def _with_options(head: bytes, body: bytes, when: bytes, options: bytes) -> bytes:
+    """``xadd_head``'s command with an ``o`` field (two more arguments than its count)."""
+    count, rest = head[1:].split(b"\r\n", 1)
+    return b"*%d\r\n%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n%s$%d\r\n%s\r\n" % (
+        int(count) + 2,
+        rest,
+        len(body),
+        body,
+        _ENQUEUED,
+        len(when),
+        when,
+        _OPTIONS,
+        len(options),
+        options,
+    )
 
 
 def kept(pool: Any) -> int:

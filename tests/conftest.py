@@ -78,6 +78,26 @@ def missing(what: str, install: str) -> NoReturn:
     pytest.skip(message, allow_module_level=True)
 
 
+# How long a test waits for a piece that CI sets up beside the tests (``await_setup``)
+SETUP_WAIT = 900.0
+
+
+def await_setup(name: str) -> None:
+    """Wait until the piece ``name`` that CI sets up in the background, beside the tests,
+    is over (``.ci/run``: ``docker-engine``, ``wheelhouse``, ``peer-venvs``), whatever its
+    outcome: the test then finds it there or fails as without it. Elsewhere (no
+    ``QUEUEWORKS_CI_SETUP``) nothing is set up beside the tests: it returns at once."""
+    folder = os.environ.get("QUEUEWORKS_CI_SETUP")
+    if not folder:
+        return
+    marker = Path(folder) / name
+    deadline = time.monotonic() + SETUP_WAIT
+    while not marker.exists():
+        if time.monotonic() > deadline:
+            pytest.fail(f"CI's set-up of {name} did not end in {SETUP_WAIT:.0f} s", pytrace=False)
+        time.sleep(0.5)
+
+
 def need_program(name: str, install: str) -> str:
     """The path of program ``name`` on PATH, else skip / fail (see ``missing``)."""
     return shutil.which(name) or missing(name, install)

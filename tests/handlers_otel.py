@@ -38,3 +38,14 @@ async def traced_async(payload: Any, ctx: JobContext) -> int:
         await asyncio.sleep(0.01)
     ctx.log.info("handler_said", x=payload)
     return int(payload) + 1
+
+
+def waits(payload: Any, ctx: JobContext) -> str:
+    """Runs ``payload`` seconds, at a safe point every 20 ms (stopped there if cancelled)."""
+    import time
+
+    end = time.monotonic() + float(payload)
+    while time.monotonic() < end:
+        ctx.checkpoint()
+        time.sleep(0.02)
+    return "finished"

@@ -209,6 +209,8 @@ IMPORTERS = {  # the only places that import modules named by data, and why
     # a Django task's module: behind the worker's --allow, or the backend's allow (else the
     # project's installed apps) where a result is read
     "queueworks/contrib/django/results.py",
+    # a typed job's parameter names for its page: behind the dashboard's own --allow
+    "queueworks/dashboard/arguments.py",
 }
 
 

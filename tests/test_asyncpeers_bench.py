@@ -19,6 +19,7 @@ import pytest
 
 from bench import asyncpeers
 from bench.peers import report
+from tests.conftest import await_setup
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = {"queueworks-async", "arq", "saq", "streaq", "raw"}
@@ -27,6 +28,7 @@ SYSTEMS = {"queueworks-async", "arq", "saq", "streaq", "raw"}
 @pytest.mark.slow(40)
 @pytest.mark.system
 def test_quick_run_counts_every_job_once_on_every_system(tmp_path: Path) -> None:
+    await_setup("peer-venvs")  # CI builds them beside the tests (else: built here)
     out = tmp_path / "asyncpeers.json"
     proc = subprocess.run(
         [sys.executable, "-m", "bench.asyncpeers", "--quick", "--results", str(out)],

@@ -54,7 +54,7 @@ from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from queueworks.redis_server import free_port
 from queueworks.settings import Settings
-from tests.conftest import ROOT, wait_for
+from tests.conftest import ROOT, await_setup, wait_for
 from tests.test_deploy import duration, load_compose
 
 pytestmark = [pytest.mark.system, pytest.mark.slow(105), pytest.mark.timeout(900)]
@@ -312,6 +312,8 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    await_setup("docker-engine")  # the engine and the stand-in images
+    await_setup("wheelhouse")
     problem = engine_problem()
     if problem:
         if os.environ.get("CI"):

@@ -922,10 +922,10 @@ def test_events_name_their_task_and_dead_letters_say_which_and_why(
     assert of_task and all(e["task_name"] == "half-fail" for e in of_task)
     dead = [e["fields"] for e in of_task if e["kind"] == "dead_lettered"]
     assert dead and sum(int(f["count"]) for f in dead) == 3
-    assert all(int(f["index"]) % 2 == 1 and f["reason"] == "failed 1 times" for f in dead)
+    assert all(int(f["index"]) % 2 == 1 and f["reason"] == "failed 1 time" for f in dead)
     [job_dead] = [e for e in events if e["task"] == "ev-q" and e["kind"] == "dead_lettered"]
     assert job_dead["fields"]["job"] == job.id and job_dead["fields"]["count"] == "1"
-    assert job_dead["fields"]["reason"] == "failed 1 times"
+    assert job_dead["fields"]["reason"] == "failed 1 time"
     page = web.get("/").text
     assert f"half-fail <code>{task.id}</code>" in page
     assert f'href="/queues/ev-q/jobs/{job.id}"' in page

@@ -9,16 +9,21 @@ Real Redis, a real worker process; the dashboard in-process (``make_app``).
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from queueworks import Client
+from queueworks.dashboard.arguments import positional_names
 from queueworks.dashboard.templating import clock, took
+from queueworks.job_functions import arguments_of
 from queueworks.models import JobState
+from queueworks.tasks import node_infos
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard import make_app
+from workers.ledger import failed_reason
 
 
 @pytest.fixture
@@ -37,6 +42,58 @@ def test_times_are_utc_to_the_millisecond_and_durations_read_well() -> None:
     assert took(10.0, 12.414) == "2.41 s"
     assert took(0.0, 303.0) == "5m 3s"
     assert took(None, 1.0) == took(1.0, None) == "-"
+
+
+@pytest.mark.unit
+def test_a_reason_counts_its_attempts_in_words_and_arguments_take_their_names() -> None:
+    assert failed_reason(1) == "failed 1 time" and failed_reason(3) == "failed 3 times"
+    sent = '{"args": [4, 5, 6], "kwargs": {"note": "n"}}'
+    assert arguments_of(sent) == [("#0", "4"), ("#1", "5"), ("#2", "6"), ("note", '"n"')]
+    named = [("a", "4"), ("b", "5"), ("#2", "6"), ("note", '"n"')]
+    assert arguments_of(sent, ["a", "b"]) == named  # one too many: by position still
+    assert arguments_of('{"x": 1}', ["a"]) is None  # no typed call's wire form
+
+
+@pytest.mark.unit
+def test_the_dashboard_imports_a_handler_only_under_its_allow_prefixes() -> None:
+    assert "json.tool" not in sys.modules
+    assert positional_names("json.tool:main", ("tests",)) == ()  # outside: not imported
+    assert "json.tool" not in sys.modules
+    assert positional_names("tests.handlers_typed:add", ("tests.handlers_typed",)) == ("a", "b")
+    assert positional_names("tests.handlers:double", ("tests",)) == ()  # no typed job
+    assert positional_names("tests.__init__:x", ("tests",)) == ()  # no dunder part
+
+
+@pytest.mark.unit
+def test_a_node_set_shows_as_current_only_a_job_of_its_own() -> None:
+    members = [(b"w1", 1.0), (b"w2", 1.0), (b"w3", 2.0)]
+    replies = [
+        b"9.5",
+        [b"o-1", b"q2/o-1 q1/m-2 q1/m-3"],
+        b"9.5",
+        [b"7", None],
+        None,
+        [b"x", b"q2/x"],
+    ]
+    nodes = node_infos(members, replies, 10.0, "q1")
+    assert [n.current for n in nodes] == ["m-2", "7", None]  # a subtask's index as it was
+    assert [n.heartbeat_age for n in nodes] == [0.5, 0.5, None]
+
+
+@pytest.mark.integration
+def test_a_job_page_has_no_empty_box_in_any_state(client: Client, web: httpx.Client) -> None:
+    q = client.queue("daily-box")
+    jobs = {
+        "queued": q.enqueue("tests.handlers:double", {"x": 1}),
+        "scheduled": q.enqueue("tests.handlers:double", {"x": 2}, delay=600),
+    }
+    jobs["cancelled"] = q.enqueue("tests.handlers:double", {"x": 3}, delay=600)
+    jobs["cancelled"].cancel()
+    for state, job in jobs.items():
+        page = web.get(f"/queues/{q.name}/jobs/{job.id}").text
+        assert f'id="job-state" hidden>{state}<' in page
+        for box in re.findall(r'<section class="controls"[^>]*>(.*?)</section>', page, re.S):
+            assert "<button" in box, (state, box)
 
 
 @pytest.mark.integration

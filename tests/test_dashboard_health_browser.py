@@ -2,7 +2,7 @@
 ``test_dashboard_browser.py``): a queue with a backlog and no member, and a paused one, show
 their badges on the overview, the queue list and their page; a row's Cancel and a dead
 job's Requeue work from the page (each asks first); the pages turn dark where the browser
-asks for it.
+asks for it; a done job's page shows its payload, and no empty box.
 
 A member is played by hand (``test_job_views``); the dashboard is a real process.
 """
@@ -33,6 +33,8 @@ def test_badges_job_buttons_and_dark_mode(
     tk = keys.task("hb")
     dead = q.enqueue(H, {"x": 1})
     settle(client, tk, [read_one(r, tk)], dead=True)
+    done = q.enqueue(H, {"x": 4})
+    settle(client, tk, [read_one(r, tk)])
     waiting = q.enqueue(H, {"x": 2})
     held = client.queue("hb-paused")
     held.pause()
@@ -50,6 +52,13 @@ def test_badges_job_buttons_and_dark_mode(
     page.goto("/queues/hb")
     assert "No member serves this queue" in page.inner_text("#warnings")
     assert page.inner_text("#live-toggle") == "Stop updates"  # not a second "Pause"
+
+    page.goto(f"/queues/hb/jobs/{done.id}")  # a done job keeps its payload; no empty box
+    assert page.inner_text("#job-payload") == '{"x":4}'
+    boxes = page.locator("section.controls")
+    for i in range(boxes.count()):
+        assert boxes.nth(i).locator("button").count() > 0, boxes.nth(i).inner_html()
+    assert page.locator('#job-actions button:text-is("Delete")').is_visible()
 
     page.goto("/queues/hb?jobs=queued")
     page.click(f'tr[data-job="{waiting.id}"] button:text-is("Cancel")')

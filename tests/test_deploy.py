@@ -25,7 +25,7 @@ import yaml
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.keys import Keys
 from queueworks.redis_server import free_port
-from tests.conftest import ROOT, Cluster, Proc, need_program, wait_for
+from tests.conftest import ROOT, Cluster, Proc, await_setup, need_program, wait_for
 
 pytestmark = pytest.mark.system
 
@@ -306,6 +306,7 @@ def context_wheel(tmp_path: Path) -> Path:
     """The wheel built from exactly the Dockerfile's build context (every COPY source, less
     what .dockerignore drops), as the image's ``pip install .`` builds it; checked on the way:
     every COPY source exists and is in the context."""
+    await_setup("wheelhouse")  # the context has wheels/: not while it is being filled
     patterns = dockerignore_patterns()
     ctx = tmp_path / "context"
     for ln in dockerfile_instructions():

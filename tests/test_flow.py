@@ -82,19 +82,22 @@ def _read(scripts: Scripts, tk: TaskKeys, who: str, rate: float, want: int) -> t
 
 @pytest.mark.integration
 def test_the_bucket_bursts_then_refills_by_time(r: redis.Redis, keys: Keys) -> None:
+    # 4 jobs/s: a burst of 1, a token every 250 ms (a loaded machine's gap between two
+    # reads is well under it)
     tk, scripts = keys.task("rl"), Scripts(r)
     _stream(r, tk, 40)
-    assert _read(scripts, tk, "a", 20.0, 10)[0] == 2  # a full bucket: the burst, no more
-    got, wait = _read(scripts, tk, "b", 20.0, 10)
-    assert got == 0 and 1 <= wait <= 50  # empty: the next token in 1/20 s
+    assert burst_of(4.0) == 1
+    assert _read(scripts, tk, "a", 4.0, 10)[0] == 1  # a full bucket: the burst, no more
+    got, wait = _read(scripts, tk, "b", 4.0, 10)
+    assert got == 0 and 1 <= wait <= 250  # empty: the next token in 1/4 s
     assert r.hget(tk.bucket, "empty") is not None  # it held a read back: "limited"
-    time.sleep(0.12)
-    assert _read(scripts, tk, "a", 20.0, 10)[0] == 2  # refilled by time, capped at the burst
-    time.sleep(0.06)
-    assert _read(scripts, tk, "b", 20.0, 10)[0] == 1
+    time.sleep(0.6)
+    assert _read(scripts, tk, "a", 4.0, 10)[0] == 1  # refilled by time, capped at the burst
+    time.sleep(0.3)
+    assert _read(scripts, tk, "b", 4.0, 10)[0] == 1
     idle = keys.task("idle")
     _stream(r, idle, 0)
-    assert _read(scripts, idle, "a", 20.0, 10) == (0, 0)  # nothing to read, tokens left:
+    assert _read(scripts, idle, "a", 4.0, 10) == (0, 0)  # nothing to read, tokens left:
     assert not r.exists(idle.bucket)  # an idle member's look writes nothing
 
 

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
+from queueworks.jobrecords import JOB_PAYLOAD, JOB_RESULT, STATUS_FIELDS
 from queueworks.keys import Keys
 from queueworks.models import JobState
 from queueworks.queues import JobFailed
@@ -79,3 +80,19 @@ def test_the_async_handles_read_a_settled_job_once(
     result, status, read = asyncio.run(go())
     assert (result, status.state) == ({"y": 2}, JobState.DONE)
     assert read == {"hmget": 1, "hgetall": 1}
+
+
+def test_a_list_of_jobs_reads_no_payload_or_result(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    q = client.queue("reads-list")
+    tk = keys.task("reads-list")
+    jobs = [q.enqueue(H, {"x": i, "pad": "p" * 10_000}) for i in range(5)]
+    settle(client, tk, [read_one(r, tk) for _ in jobs])
+    assert len(r.hget(tk.job(jobs[0].id), "p") or b"") > 10_000  # kept whole on its record
+    before = calls(r)
+    page = q.jobs("done", limit=5)
+    assert {j.id for j in page.jobs} == {j.id for j in jobs}
+    assert all(j.handler == H and j.finished_at is not None for j in page.jobs)
+    assert spent(r, before).get("hgetall", 0) == 0  # each record's status fields alone
+    assert not {JOB_PAYLOAD, JOB_RESULT} & set(STATUS_FIELDS)

@@ -129,6 +129,23 @@ def test_a_job_in_full(client: Client, r: redis.Redis, keys: Keys) -> None:
 
 
 @pytest.mark.integration
+def test_a_released_delayed_job_shows_its_payload_while_it_runs(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """Released, a delayed job's payload leaves its record for its stream entry: its
+    detail reads it there, queued and running (a reader once saw none while it ran)."""
+    q = client.queue("views-released")
+    tk = keys.task("views-released")
+    later = q.enqueue(H, {"x": 7}, delay=600)
+    assert later.detail().payload == '{"x":7}'
+    assert q.run_now(later.id)
+    assert later.detail().payload == '{"x":7}' and later.detail().entry != later.id
+    read_one(r, tk)
+    running = later.detail()
+    assert (running.state, running.payload) == (JobState.RUNNING, '{"x":7}')
+
+
+@pytest.mark.integration
 def test_a_requeued_dead_job_keeps_its_own_options(
     client: Client, r: redis.Redis, keys: Keys
 ) -> None:

@@ -316,6 +316,54 @@ def test_coroutines_in_flight_run_under_their_own_jobs_spans(
 
 
 @pytest.mark.system
+def test_a_job_cancelled_while_it_ran_ends_its_span_with_a_cancelled_event(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """``job.cancel()`` on a running job: its ``process`` span ends with a ``cancelled``
+    event, not as a failure (no error status, no exception, no retry); the worker's lines
+    about the stop name the job."""
+    from queueworks.models import JobState
+
+    name = f"otel-cancel-{uuid.uuid4().hex[:6]}"
+    w = cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    cluster.wait_workers(r, 1)
+    job = traced_client.queue(name).enqueue("tests.handlers_otel:waits", 30)
+    wait_for(lambda: job.status().state == JobState.RUNNING, 60, "the job running")
+    assert job.cancel()
+    span = receiver.one(f"process {name}", **{"messaging.message.id": job.id})
+    assert [n for n, _ in span["events"]] == ["cancelled"]
+    assert "cancelled while it ran" in span["events"][0][1]["queueworks.job.reason"]
+    assert span["status"] != ERROR and "error.type" not in span["attributes"]
+    assert job.status().state == JobState.CANCELLED
+    # the worker's lines about it name the job, its queue and attempt (the last, its trace)
+    for event in ("job_stopped", "stopped_job_dropped"):
+        [line] = wait_for(lambda e=event: log_events(w.log(), e), 30, f"the {event} line")
+        assert (line["job_id"], line["queue"], line["attempt"]) == (job.id, name, 1)
+    [dropped] = log_events(w.log(), "stopped_job_dropped")
+    assert (dropped["trace_id"], dropped["span_id"]) == (span["trace_id"], span["span_id"])
+
+
+@pytest.mark.system
+def test_traced_jobs_of_a_group_keep_their_trace_and_give_their_slot_back(
+    cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
+) -> None:
+    """Jobs of a group (``group_limit=1``) enqueued and run while tracing: each settle gives
+    the group's slot back (the next job runs) and keeps each done job's trace id on its
+    record (both ride on the same settle)."""
+    name = f"otel-group-{uuid.uuid4().hex[:6]}"
+    cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
+    cluster.wait_workers(r, 1)
+    q = traced_client.queue(name, group_limit=1)
+    jobs = [q.enqueue("tests.handlers_otel:plain", i, group="g") for i in range(4)]
+    assert [j.result(timeout=30) for j in jobs] == [0, 2, 4, 6]
+    for job in jobs:
+        send = receiver.one(f"send {name}", **{"messaging.message.id": job.id})
+        process = receiver.one(f"process {name}", **{"messaging.message.id": job.id})
+        assert process["trace_id"] == send["trace_id"] == job.detail().trace_id
+    assert r.hlen(q.keys.groups_held) == 0
+
+
+@pytest.mark.system
 def test_a_periodic_jobs_runs_link_to_where_it_was_scheduled(
     cluster: Cluster, traced_client: Client, receiver: Receiver, r: redis.Redis
 ) -> None:
@@ -398,9 +446,19 @@ def test_a_tasks_subtasks_are_processed_in_batch_spans_under_its_submit(
 # a worker where importing OpenTelemetry fails, as where the otel extra is not installed
 NO_OTEL = """
 import sys
+def importer():
+    frame = sys._getframe(2)
+    while frame is not None and (
+        frame.f_code.co_filename.startswith("<frozen") or "importlib" in frame.f_code.co_filename
+    ):
+        frame = frame.f_back
+    return "" if frame is None else frame.f_globals.get("__name__", "")
 class NoOtel:
     def find_spec(self, name, path=None, target=None):
         if name.split(".")[0] in ("opentelemetry", "wrapt"):
+            by = importer()
+            if not by.startswith("redis"):  # (redis-py's own metrics try it: not ours)
+                print(f"otel import tried: {name} by {by}", file=sys.stderr, flush=True)
             raise ImportError(f"no module named {name!r} (blocked by the test)")
         return None
 sys.meta_path.insert(0, NoOtel())
@@ -415,8 +473,9 @@ def test_a_worker_without_opentelemetry_runs_jobs_as_today(
     cluster: Cluster, client: Client, r: redis.Redis, tmp_path: Path
 ) -> None:
     """OpenTelemetry cannot be imported: a worker runs jobs and logs each job's lines (the
-    job, its queue and attempt; no trace), JSON by default where stderr is no terminal;
-    ``--otel`` there is one clear line and exit 2."""
+    job, its queue and attempt; no trace), JSON by default where stderr is no terminal, and
+    never tries to import it (nor wrapt), even where it would be found; ``--otel`` there is
+    one clear line and exit 2."""
     env = {k: v for k, v in cluster.env.items() if k != "QUEUEWORKS_LOG_FORMAT"}
     name = f"plain-{uuid.uuid4().hex[:6]}"
     argv = [sys.executable, "-c", NO_OTEL, "worker", "--name", name, "--allow", ALLOW]
@@ -438,13 +497,32 @@ def test_a_worker_without_opentelemetry_runs_jobs_as_today(
         worker.wait(20)
     text = log.read_text()
     assert worker.returncode == 0, text
-    assert "Traceback" not in text
+    assert "Traceback" not in text and "otel import tried" not in text
     done = {e["job_id"]: e for e in log_events(text, "job_done")}
     assert set(done) == {j.id for j in jobs}
     assert all(e["queue"] == f"q-{name}" and e["attempt"] == 1 for e in done.values())
     assert not any("trace_id" in e for e in done.values())
     said = log_events(text, "handler_said")
     assert {e["job_id"] for e in said} == {j.id for j in jobs}
+
+
+@pytest.mark.unit
+def test_queueworks_and_its_worker_import_nothing_of_opentelemetry() -> None:
+    """Tracing off: importing queueworks, its client, CLI and worker, and setting up its
+    logs, never tries to import OpenTelemetry (nor wrapt); redis-py 8's own metrics try,
+    which is not ours (the attempts are blocked, so that none is hidden by a module that
+    redis-py loaded first)."""
+    code = NO_OTEL.split("sys.argv[0]")[0] + (
+        "import queueworks, queueworks.cli, queueworks.workers.worker, queueworks.aio\n"
+        "from queueworks.logs import configure\n"
+        "configure()\n"
+        "print('imported')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "imported" and "otel import tried" not in out.stderr
 
 
 @pytest.mark.system
@@ -515,6 +593,44 @@ def test_tracestate_and_baggage_ride_with_the_job_and_come_back() -> None:
     assert (got.trace_id, got.span_id, got.is_remote) == (sent.trace_id, sent.span_id, True)
     assert got.trace_state == state
     assert baggage.get_baggage("tenant", back) == "t 7"
+
+
+@pytest.mark.system
+def test_a_worker_on_a_terminal_logs_for_the_console(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """No ``--log-format``, stderr a terminal (a pseudo-terminal here): the worker's lines
+    are for the console, not JSON, and its job lines still name the job."""
+    import os
+    import pty
+    import select
+
+    env = {k: v for k, v in cluster.env.items() if k != "QUEUEWORKS_LOG_FORMAT"}
+    name = f"tty-{uuid.uuid4().hex[:6]}"
+    argv = [sys.executable, "-m", "queueworks", "worker", "--name", name, "--allow", ALLOW]
+    main, tty = pty.openpty()
+    worker = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=tty, stderr=tty)
+    os.close(tty)
+    seen = b""
+    try:
+        cluster.wait_workers(r, 1)
+        job = client.queue(f"q-{name}").enqueue("tests.handlers_otel:plain", 5)
+        assert job.result(timeout=30) == 10
+
+        def read_done() -> bool:
+            nonlocal seen
+            while select.select([main], [], [], 0.1)[0]:
+                seen += os.read(main, 65536)
+            return job.id.encode() in seen and b"job_done" in seen
+
+        wait_for(read_done, 30, "the worker's job_done line on its terminal")
+    finally:
+        worker.terminate()
+        worker.wait(20)
+        os.close(main)
+    lines = [line for line in seen.decode().splitlines() if "job_done" in line]
+    assert lines and not any(line.lstrip().startswith("{") for line in lines)
+    assert f"job_id={job.id}" in lines[0] and f"queue=q-{name}" in lines[0]
 
 
 @pytest.mark.unit

@@ -98,7 +98,7 @@ def test_queue_counts_agree_on_pages_api_metrics_and_info(
     later = [mails.enqueue("tests.handlers:double", {"x": i}, delay=600) for i in range(3)]
     assert [j.result(timeout=30) for j in done] == [2 * i for i in range(6)]
     for j in dead:
-        with pytest.raises(JobFailed, match="failed 1 times"):
+        with pytest.raises(JobFailed, match="failed 1 time: "):
             j.result(timeout=30)
     assert {j.status().state for j in later} == {JobState.SCHEDULED}
     gpu = client.queue("gpu-jobs", node_selector={"gpu": "yes"})  # no worker matches: it waits
@@ -478,7 +478,7 @@ def test_enqueue_cli_prints_the_id_and_waits_for_the_result(
     res = cli(failing, redis_url, prefix)
     assert res.returncode == 3, (res.stdout, res.stderr)
     (job_id,) = res.stdout.split()
-    assert res.stderr.strip() == f"job {job_id}: failed 1 times: ValueError: cannot handle [1]"
+    assert res.stderr.strip() == f"job {job_id}: failed 1 time: ValueError: cannot handle [1]"
 
     # as docs/queues.md says: a handler the module does not have is the job's fault
     typo = ["enqueue", "jobs", "queueworks.examples:dubble", "--json", '{"x": 21}', "--wait"]

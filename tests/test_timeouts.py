@@ -19,7 +19,8 @@ from structlog.testing import capture_logs
 
 from queueworks import Client, Job, JobFailed, Queue, TaskSpec
 from queueworks.workers.eventloop import Call, EventLoop
-from queueworks.workers.watchdog import EXIT_HUNG, TimedOut
+from queueworks.workers.inflight import InFlight
+from queueworks.workers.watchdog import EXIT_HUNG, TimedOut, Watchdog
 from tests.conftest import Cluster, Proc, wait_for
 
 
@@ -271,3 +272,36 @@ def test_time_the_loop_spends_blocked_is_not_charged_to_the_other_calls() -> Non
         assert blocked[0]["handler"] == f"{__name__}:block"
     finally:
         aio.stop()
+
+
+def naps(seconds: float) -> None:
+    """Short sleeps (a timeout lands between two: a long C call would hold it off)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(0.01)
+
+
+@pytest.mark.unit
+def test_a_plain_call_on_a_pool_thread_keeps_its_own_timeout() -> None:
+    """Two queues' jobs in one pool: a plain function runs under its own queue's
+    ``job_timeout``, not the one the process's watchdog was last set to (another queue's)."""
+    log = structlog.get_logger()
+    watchdog = Watchdog(log, timeout=30.0)
+    watchdog.start()
+    flight = InFlight(2, EventLoop(), watchdog)
+    try:
+        strict = Call(item="strict", label="strict", fn=naps, args=(5.0,))
+        patient = Call(item="patient", label="patient", fn=time.sleep, args=(0.1,))
+        flight.start(strict, 0.3)
+        flight.start(patient, 30.0)
+        done: list[Call] = []
+        deadline = time.monotonic() + 10
+        while len(done) < 2 and time.monotonic() < deadline:
+            done += flight.collect(0.1)
+        by = {c.item: c for c in done}
+        assert isinstance(by["strict"].error, TimedOut), by["strict"].error
+        assert "0.3 s" in str(by["strict"].error)
+        assert by["patient"].error is None
+    finally:
+        flight.close()
+        watchdog.stop()

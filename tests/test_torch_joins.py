@@ -277,7 +277,14 @@ def test_a_member_paused_past_its_ttl_comes_back_and_nothing_trains_twice(
     steps = Steps(r, f"{prefix}:steps")
     shards = 600  # (it ends the test: paced to end in seconds after the thaw)
     task = running_task(cluster, client, steps.key, shards=shards, pace=0.03)
-    frozen, peer = start(cluster), start(cluster)
+    # a TTL twice the default: the frozen member is pruned all the same, a few seconds
+    # later, but the peer's heartbeat is not lost in a loaded suite's stalls (it would then
+    # be pruned too, and rejoin: a second run of its own, which is not what is tested here)
+    slow_ttl = {**ENV, "QUEUEWORKS_HEARTBEAT_TTL": "6"}
+    frozen, peer = (
+        cluster.worker(allow=ALLOW, env=slow_ttl),
+        cluster.worker(allow=ALLOW, env=slow_ttl),
+    )
     reach(steps, 2, 0.0, "steps on 2 workers")
     frozen.signal(19)  # SIGSTOP: no heartbeat, no step
     t = time.time()

@@ -292,7 +292,7 @@ def test_real_workers_free_the_key_when_the_job_is_done_or_dead(
     failing = q.enqueue("tests.handlers:always_fails", {"x": 1}, key="bad")
     cluster.worker()
     assert ok.result(timeout=60) == 8
-    with pytest.raises(JobFailed, match="failed 1 times"):
+    with pytest.raises(JobFailed, match="failed 1 time: "):
         failing.result(timeout=60)
     wait_for(lambda: not r.exists(tk.unique("ok"), tk.unique("bad")), 10, "keys released")
     again = q.enqueue(NOOP, {"x": 5}, key="ok", unique_for=60)

@@ -51,6 +51,12 @@ def test_the_handles_xadd_bytes_are_xadd_now_in_resp() -> None:
     now = 1_700_000_000.25
     assert XaddBytes(qk).now(NOOP, job.payload, now) == pack(*xadd_now(qk, job, now))
     assert XaddBytes(qk)(job, now) == pack(*xadd_now(qk, job, now))
+    # with options (a traced job's context alone, or its own too): the same fields, and "o"
+    for options in ('{"tp":"00-' + "1" * 32 + "-" + "2" * 16 + '-01"}', '{"group":"é","tp":"x"}'):
+        with_options = job._replace(options=options)
+        expected = pack(*xadd_now(qk, with_options, now))
+        assert XaddBytes(qk).now(NOOP, job.payload, now, options) == expected
+        assert XaddBytes(qk)(with_options, now) == expected
 
 
 @pytest.mark.unit

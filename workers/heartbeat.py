@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -223,6 +223,8 @@ class Heartbeat(threading.Thread):
         super().__init__(name="qw-heartbeat", daemon=True)
         self._on_forgotten = on_forgotten
         self._current = current  # the subtask running now, for the dashboard
+        # the queues' jobs running now, "QUEUE/JOB" each (``stopping.Running.now``)
+        self.jobs: Callable[[], Sequence[str]] = tuple
         self._r, self._keys, self._scripts, self.state = r, keys, scripts, state
         self.interval, self.ttl_ms = interval, int(ttl * 1000)
         self._log = log
@@ -269,7 +271,11 @@ class Heartbeat(threading.Thread):
         pipe.zadd(k.workers, {s.worker_id: now})
         pipe.hset(
             k.worker(s.worker_id),
-            mapping={"last_heartbeat": repr(now), "current": _or_blank(self._current())},
+            mapping={
+                "last_heartbeat": repr(now),
+                "current": _or_blank(self._current()),
+                "jobs": " ".join(self.jobs()),
+            },
         )
         delta = s.unreported()
         pipe.hincrby(k.worker(s.worker_id), "processed", delta)

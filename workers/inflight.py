@@ -77,6 +77,7 @@ class InFlight:
             self._loop.begin(call, timeout, self._finished)
             self._unlaunched.append(call)
         else:
+            call.timeout = timeout  # its own queue's: the watchdog's is the last task's used
             self._ensure_threads()
             self._work.put(call)
 
@@ -127,7 +128,9 @@ class InFlight:
                 self._finished.put(call)
                 continue
             try:
-                call.value = self._watchdog.call_in(slot, call.label, call.fn, *call.args)
+                call.value = self._watchdog.call_in(
+                    slot, call.label, call.fn, *call.args, timeout=call.timeout or None
+                )
             except BaseException as exc:  # the handler's, for the member to record
                 call.error = exc
             self._finished.put(call)

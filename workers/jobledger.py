@@ -23,7 +23,7 @@ from queueworks import events
 from queueworks.dependencies import plan_drain
 from queueworks.flow import Limits
 from queueworks.job_options import JobOptions
-from queueworks.jobrecords import JOB_TRACE, entry_job, entry_payload
+from queueworks.jobrecords import entry_job, entry_payload
 from queueworks.messages import safe_text
 from queueworks.models import StoredSpec
 from queueworks.records import LATENCY_BUCKETS
@@ -33,7 +33,7 @@ from queueworks.scripts import JobBatch
 from queueworks.tracing import hooks
 
 from .flow import Pump
-from .ledger import Attempts
+from .ledger import Attempts, failed_reason
 from .running_job import RunningJob
 from .work import Gone, Work
 
@@ -125,7 +125,7 @@ class JobLedger(Attempts):
         tb = "".join(traceback.format_exception(exc))
         work = job.work
         if work.attempt >= self.spec.max_attempts:
-            self.bury(job, f"failed {work.attempt} times", tb)
+            self.bury(job, failed_reason(work.attempt), tb)
             return None
         wait = self.retries.for_job(JobOptions.parse(job.entry.options)).wait(work.attempt)
         if wait > 0:
@@ -197,18 +197,10 @@ class JobLedger(Attempts):
         now = time.time()
         self.sent = ([("", batch)], now)
         fence = self.fence
+        _traced(batch)
         self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe, fence=fence)
         if batch.later:
             self.scripts.retry_later(self.tk, batch.later, self.me, now, client=pipe, fence=fence)
-        tracer = hooks.consumer
-        if tracer is not None:  # tracing: each settled job's record keeps its trace id
-            for job in (*batch.ok, *batch.dead):
-                if (
-                    getattr(job, "span", None) is not None
-                ):  # (the record's time to live stays bounded)
-                    record = self.tk.job(job.entry.job_id)
-                    pipe.hset(record, JOB_TRACE, tracer.trace_id(job))
-                    pipe.expire(record, self.ttl)
         if batch.dead or batch.rejected:
             self._dead_lettered(pipe, [batch])
         self._pump_into(pipe, [batch])
@@ -251,6 +243,7 @@ class JobLedger(Attempts):
         fence = self.fence
         for aside, b in sent:
             self.state.processed += len(b)
+            _traced(b)
             self.scripts.settle_jobs(
                 self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside, fence=fence
             )
@@ -325,3 +318,13 @@ class JobLedger(Attempts):
     def _laters(batches: Sequence[tuple[str, JobBatch]]) -> int:
         """How many ``retry_later`` calls followed the settles of ``batches``."""
         return sum(1 for _, b in batches if b.later)
+
+
+def _traced(batch: JobBatch) -> None:
+    """While tracing: the trace id of each job of ``batch`` that ran under a span, which its
+    settle keeps on its record (``JOB_TRACE``)."""
+    tracer = hooks.consumer
+    if tracer is not None:
+        for job in (*batch.ok, *batch.dead):
+            if getattr(job, "span", None) is not None:
+                batch.traces[job.entry.job_id] = tracer.trace_id(job)

@@ -29,6 +29,11 @@ from .work import Gone, Work
 Succeeded = list[tuple[str, int, str]]  # (entry id, index, result JSON) of one stream
 
 
+def failed_reason(attempts: int) -> str:
+    """Why an item that failed every attempt died: "failed 1 time", "failed 3 times"."""
+    return f"failed {attempts} time{'' if attempts == 1 else 's'}"
+
+
 class Attempts:
     """What every ledger shares: an attempt is a start, charged in Redis."""
 
@@ -128,7 +133,7 @@ class Ledger(Attempts):
         and return the retry (to run before anything later in its stream)."""
         tb = "".join(traceback.format_exception(exc))
         if work.attempt >= self.spec.max_attempts:
-            self.bury(work, index, f"failed {work.attempt} times", tb, payload)
+            self.bury(work, index, failed_reason(work.attempt), tb, payload)
             return None
         self.log.info("subtask_retry", index=index, attempt=work.attempt, error=repr(exc))
         return self.retry(work)

@@ -24,10 +24,11 @@ from typing import Any, cast
 from redis.exceptions import ResponseError
 
 from queueworks.connection import text
-from queueworks.context import JobContext, Suspended, call_ended
+from queueworks.context import Cancelled, JobContext, Suspended, call_ended
 from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
 from queueworks.flow import Limits
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
+from queueworks.logs import writes_info
 from queueworks.messages import NotJSON, from_json, to_json
 from queueworks.models import NOT_ALLOWED, StoredSpec, parse_handler_path
 from queueworks.queue_settings import MAX_GROUP_LIMIT
@@ -281,10 +282,10 @@ class QueueLoop:
             )
             return job
         tracer.start(job, self.queue, self.run.me)
-        with tracer.attached(job):
-            self.run.log.info(
-                "job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt
-            )
+        log = self.run.log
+        if writes_info(log):  # the line under the job's span (its trace_id, span_id)
+            with tracer.attached(job):
+                log.info("job_started", job_id=entry.job_id, queue=self.queue, attempt=work.attempt)
         return job
 
     def _slot(self, work: Work, entry: JobEntry) -> bool:
@@ -338,7 +339,9 @@ class QueueLoop:
         assert tracer is not None
         with tracer.attached(job):
             again = self._ended(job, value, error)
-        if isinstance(error, Suspended):
+        if job.stop is not None:  # no outcome of its own: cancelled, or run elsewhere now
+            fate = "cancelled" if isinstance(job.stop, Cancelled) else "stopped"
+        elif isinstance(error, Suspended):
             fate = "suspended"
         elif job.reason:
             fate = "dead"
@@ -350,7 +353,14 @@ class QueueLoop:
     def _ended(self, job: RunningJob, value: Any, error: BaseException | None) -> bool:
         run, ledger = self.run, self.ledger
         if job.stop is not None:
-            run.log.warning("stopped_job_dropped", job=job.label, reason=str(job.stop))
+            run.log.warning(
+                "stopped_job_dropped",
+                job=job.label,
+                job_id=job.entry.job_id,
+                queue=self.queue,
+                attempt=job.attempt,
+                reason=str(job.stop),
+            )
             return True
         if job.ctx is not None:
             call_ended(job.ctx)  # its last progress report, before the settle

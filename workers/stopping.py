@@ -68,6 +68,11 @@ class Running:
         if self._cancelled and self._was_cancelled(seat.key, job.entry.job_id):
             self.stop(job, cancelled(), ends_process=False)
 
+    def now(self) -> list[str]:
+        """The jobs whose calls run now, as ``QUEUE/JOB``, in the order they started."""
+        with self._lock:
+            return [f"{key}/{job.entry.job_id}" for key, job in self._jobs.values()]
+
     def ended(self, job: RunningJob) -> None:
         """``job``'s call has ended (its outcome is recorded, or dropped if stopped)."""
         with self._lock:
@@ -82,7 +87,15 @@ class Running:
         if job.stop is not None:
             return
         job.stop = reason
-        self.log.warning("job_stopped", job=job.label, reason=str(reason))
+        held = self._jobs.get(id(job))  # (its seat's key: its queue's name, the job)
+        self.log.warning(
+            "job_stopped",
+            job=job.label,
+            job_id=job.entry.job_id,
+            queue=None if held is None else held[0],
+            attempt=job.attempt,
+            reason=str(reason),
+        )
         if is_async(job.fn):
             self.aio.stop_call(job, reason)
             return

@@ -99,12 +99,23 @@ class Watchdog(threading.Thread):
         """``fn(*args)`` on the member's thread, under the deadline."""
         return self.call_in(self._main, index, fn, *args)
 
-    def call_in(self, slot: Slot, index: int | str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` under the deadline; raises ``TimedOut`` if it was abandoned.
+    def call_in(
+        self,
+        slot: Slot,
+        index: int | str,
+        fn: Callable[..., Any],
+        *args: Any,
+        timeout: float | None = None,
+    ) -> Any:
+        """``fn(*args)`` under the deadline (``timeout``: the call's own limit, else the
+        one ``use`` set); raises ``TimedOut`` if it was abandoned.
 
         The timeout exception can land only while the deadline is armed; disarming clears
         one still pending, so it never escapes into the runtime's own code."""
-        job = slot.job = (_ident(), _now(), index, self.timeout, self.grace)
+        limit, grace = self.timeout, self.grace
+        if timeout is not None:
+            limit, grace = timeout, grace_for(timeout)
+        job = slot.job = (_ident(), _now(), index, limit, grace)
         try:
             try:
                 return fn(*args)

@@ -91,6 +91,7 @@ class Worker:
             watch=self._watch_task,
         )
         self.parts.aio.on_hung = self._loop_hung
+        self.heartbeat.jobs = self.parts.running.now  # for the dashboard's workers page
         self.state.on_fenced = self.parts.running.fenced
         self.state.on_cancelled = self.parts.running.cancelled
         scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)

@@ -61,6 +61,14 @@ from queueworks.commands.options import ENV, common, option, seconds, settings_f
     "there (e.g. 'https://tracing.example/trace/{trace_id}')",
     show_default="none: the trace id alone",
 )
+@option(
+    "--allow",
+    multiple=True,
+    metavar="PREFIX",
+    help="a module prefix (repeat) whose handlers the dashboard may import, to name a typed "
+    "job's arguments sent by position; as a worker's --allow",
+    show_default="none: such arguments shown by position",
+)
 def dashboard(
     host: str,
     port: int,
@@ -68,6 +76,7 @@ def dashboard(
     refresh: float,
     allowed_hosts: tuple[str, ...],
     trace_url: str | None,
+    allow: tuple[str, ...],
     **flags: Any,
 ) -> None:
     """Web dashboard, JSON API and /metrics (default http://127.0.0.1:9181)."""
@@ -91,6 +100,7 @@ def dashboard(
             host=host,
             allowed_hosts=allowed_hosts,
             trace_url=trace_url or None,
+            allow=allow,
         )
     except (BindRefused, ValueError) as exc:
         raise click.UsageError(str(exc)) from None

@@ -12,11 +12,11 @@ from starlette.responses import RedirectResponse, Response
 
 from queueworks.client import TaskNotFound
 from queueworks.dashboard import history
+from queueworks.dashboard.arguments import job_arguments
 from queueworks.dashboard.reader import BadQuery, TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
-from queueworks.job_functions import arguments_of
 from queueworks.job_lists import LISTED
 from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
 from queueworks.keys import check_task_id
@@ -223,7 +223,7 @@ def job_page(request: Request) -> Response:
     job = d.queues.job(name, request.path_params["id"])
     q = d.queues.summary(name)
     lost = job.state == JobState.RUNNING and d.queues.worker_lost(job.worker)
-    args = arguments_of(job.payload)  # a typed job function's, by name
+    args = job_arguments(job.payload, job.handler, d.config.allow)  # a typed job's, by name
     trace_url = d.config.trace_url
     ctx = d.context(request, "queues", j=job, q=q, args=args, trace_url=trace_url, worker_lost=lost)
     return render(request, "job.html", ctx)

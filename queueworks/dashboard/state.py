@@ -37,6 +37,8 @@ class DashboardConfig(BaseModel):
     host: str = "127.0.0.1"  # the address it is bound to: loopback serves loopback names only
     allowed_hosts: tuple[str, ...] = ()  # Host names served besides the loopback ones
     trace_url: str | None = None  # a job's trace in a tracing UI: "{trace_id}" is replaced
+    # module prefixes whose handlers it may import, to name a typed job's arguments
+    allow: tuple[str, ...] = ()
 
     @field_validator("trace_url")
     @classmethod

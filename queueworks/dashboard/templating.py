@@ -23,6 +23,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
 from queueworks.dashboard.views import QueueDetail
+from queueworks.jobrecords import DONE_PAYLOAD_KEPT
 from queueworks.queue_settings import LIVE, SETTINGS
 
 
@@ -125,6 +126,7 @@ def templates() -> Jinja2Templates:
     )
     env.globals.update(with_query=with_query, quantile_text=quantile_text, took=took)
     env.globals.update(live_settings=[SETTINGS[name] for name in LIVE])
+    env.globals.update(payload_kept=DONE_PAYLOAD_KEPT)
     return Jinja2Templates(env=env)
 
 

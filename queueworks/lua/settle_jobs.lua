@@ -11,9 +11,9 @@
 -- it empty, it is deleted and its handler leaves the aside set.
 -- The ids of the jobs counted done go to the head of the queue's done index, in one LPUSH
 -- and one LTRIM per call (capped: jobrecords.DONE_KEPT): what the dashboard lists as done.
--- A dead job's record keeps its payload (as given) for as long as the record lives (result
--- ttl), beside its dead letter's; a done job's is not kept (the hot path: see
--- docs/dashboard.md).
+-- A job's record keeps its payload (as given) for as long as the record lives (result ttl):
+-- a dead job's beside its dead letter's; a done job's as its worker passes it ('' = not kept:
+-- over jobrecords.DONE_PAYLOAD_KEPT), never read back here.
 -- Fenced: a member that was pruned (no longer in the queue's members: frozen or cut off past
 -- its TTL, its jobs reclaimed by others) settles nothing, so a zombie never acks an entry
 -- another member now runs, writes its result or gives back its group slot.
@@ -26,8 +26,8 @@
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] result ttl (s)
 -- ARGV[5] n_ok   ARGV[6] n_dead   ARGV[7] n_rejected   ARGV[8] n_buckets
 -- ARGV[9] the handler whose aside stream KEYS[1] is ('' = the queue's own stream)
--- then n_ok 7-tuples: entry id, started at, attempts, result JSON, handler, enqueued at,
---   '1' if the entry names its job ('' if not)
+-- then n_ok 8-tuples: entry id, started at, attempts, result JSON, handler, enqueued at,
+--   '1' if the entry names its job ('' if not), payload to keep ('' = none)
 -- then n_dead 11-tuples: entry id, started at, attempts, reason, error, job id, payload,
 --   handler, enqueued at, '1' if the entry names its job, its options ('' = none: kept on
 --   its dead letter, for a requeue)
@@ -46,6 +46,9 @@
 --   then n_group pairs of the settled jobs that have a group: entry id, job id; with the
 --   queue's groups hash and held hash as KEYS after the unique keys' indexes (before the
 --   waiters hash and outbox): a job whose entry was settled here gives back its slot
+-- then, optionally (after n_group, which must then be given), the trace block: n_ok + n_dead
+--   trace ids, one per job above, in order ('' = none): a counted job's record keeps its
+--   (the dashboard's link to the trace of its last run; written only while tracing)
 -- returns {ok counted, dead counted, rejected counted, dependents moved to the outbox}, and
 --   a fifth element, 1, when fenced (nothing written)
 if KEYS[8] ~= KEYS[1] and not redis.call('ZSCORE', KEYS[8], ARGV[3]) then
@@ -60,11 +63,25 @@ local at, key = 10, 9
 local done_ids = {}  -- the jobs counted done: to the done index, at the end
 local acked = {}  -- entries this call acked: deleted together, at the end
 local outcomes = nil  -- with the dependents block and waiters: {job id, 'done'/'dead', why}
+local traces = nil  -- with the trace block: where its first trace id is
+
+-- the trace id of the ``n``th job (ok, then dead) in the trace block (nil: none)
+local function trace_of(n)
+  local id = traces and ARGV[traces + n - 1]
+  if id and id ~= '' then
+    return id
+  end
+  return nil
+end
 do
-  local block = 10 + 7 * n_ok + 11 * n_dead + 3 * n_rej + 2 * n_buckets
+  local block = 10 + 8 * n_ok + 11 * n_dead + 3 * n_rej + 2 * n_buckets
   block = block + 1 + 3 * tonumber(ARGV[block] or '0')  -- past the unique keys' section
   if ARGV[block] == '1' and call('EXISTS', KEYS[#KEYS - 1]) == 1 then
     outcomes = {}
+  end
+  block = block + 2 + 2 * tonumber(ARGV[block + 1] or '0')  -- past the group block
+  if ARGV[block] then
+    traces = block
   end
 end
 
@@ -86,9 +103,17 @@ local function stray(job)
 end
 
 -- a job to run now gets its record here (over the partial one its progress reports made): with its handler and enqueue time (a named job's
--- record has them since it was enqueued; its entry's 't' says when it became due)
-local function record(job, named, handler, enqueued, ...)
-  if named == '1' then
+-- record has them since it was enqueued; its entry's 't' says when it became due); while
+-- tracing, with the trace id of its run (``trace``; nil: none)
+local function record(job, named, handler, enqueued, trace, ...)
+  if trace then
+    if named == '1' then
+      call('HSET', job, '${JOB_TRACE}', trace, ...)
+    else
+      call('HSET', job, '${JOB_HANDLER}', handler, '${JOB_ENQUEUED}', enqueued,
+        '${JOB_TRACE}', trace, ...)
+    end
+  elseif named == '1' then
     call('HSET', job, ...)
   else
     call('HSET', job, '${JOB_HANDLER}', handler, '${JOB_ENQUEUED}', enqueued, ...)
@@ -96,16 +121,23 @@ local function record(job, named, handler, enqueued, ...)
   call('EXPIRE', job, ttl)
 end
 
-for _ = 1, n_ok do
+for n = 1, n_ok do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
     acked[#acked + 1] = ARGV[at]
     local job, named = KEYS[key], ARGV[at + 6]
     if named == '1' and stray(job) then
       reject(ARGV[at], 'no such job in this queue; its result was discarded', '')
     else
-      record(job, named, ARGV[at + 4], ARGV[at + 5], '${JOB_STATE}', '${DONE}',
-        '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
-        '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
+      local payload = ARGV[at + 7]
+      if payload == '' then
+        record(job, named, ARGV[at + 4], ARGV[at + 5], trace_of(n), '${JOB_STATE}', '${DONE}',
+          '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
+          '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker)
+      else
+        record(job, named, ARGV[at + 4], ARGV[at + 5], trace_of(n), '${JOB_STATE}', '${DONE}',
+          '${JOB_RESULT}', ARGV[at + 3], '${JOB_STARTED}', ARGV[at + 1], '${JOB_FINISHED}', now,
+          '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker, '${JOB_PAYLOAD}', payload)
+      end
       ok = ok + 1
       local id = string.match(job, ':job:([^:]+)$$')
       done_ids[ok] = id
@@ -114,16 +146,16 @@ for _ = 1, n_ok do
       end
     end
   end
-  at, key = at + 7, key + 1
+  at, key = at + 8, key + 1
 end
-for _ = 1, n_dead do
+for n = n_ok + 1, n_ok + n_dead do
   if call('XACK', KEYS[1], ARGV[1], ARGV[at]) == 1 then
     acked[#acked + 1] = ARGV[at]
     local job, named = KEYS[key], ARGV[at + 9]
     if named == '1' and stray(job) then
       reject(ARGV[at], 'no such job in this queue; ' .. ARGV[at + 3], ARGV[at + 6])
     else
-      record(job, named, ARGV[at + 7], ARGV[at + 8], '${JOB_STATE}', '${DEAD}',
+      record(job, named, ARGV[at + 7], ARGV[at + 8], trace_of(n), '${JOB_STATE}', '${DEAD}',
         '${JOB_REASON}', ARGV[at + 3], '${JOB_ERROR}', ARGV[at + 4], '${JOB_STARTED}', ARGV[at + 1],
         '${JOB_FINISHED}', now, '${JOB_ATTEMPTS}', ARGV[at + 2], '${JOB_WORKER}', worker,
         '${JOB_PAYLOAD}', ARGV[at + 6])
