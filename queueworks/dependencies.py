@@ -58,7 +58,8 @@ MAX_DEPENDENCIES = 100  # per job
 DRAIN_BATCH = 100  # outbox items one look drains
 DRAIN_ROUNDS = 20  # looks one drain makes at most (a cascade is a look per queue it reaches)
 TASKS_LOOKED = 8  # tasks and queues of ``Keys.dep_tasks`` one backstop pass looks at
-JOB_ID = re.compile(r"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # as jobrecords.JOB_ID
+# as jobrecords.JOB_ID (a prioritised job's ends with its band)
+JOB_ID = re.compile(r"^(?:[0-9a-f]{1,64}(?:\.p-?\d)?|\d{1,19}-\d{1,19})$")
 TASK_PREFIX = "task:"  # a task named by a string: "task:<id>"
 TASKS_SECONDS = 2.0  # s between two looks of a queue's leader at tasks' outboxes
 ACTIVE = {state.value for state in ACTIVE_STATES}

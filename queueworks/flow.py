@@ -86,6 +86,19 @@ def rate_read(
     return Call("rate_read", keys, args, _rate_reply)
 
 
+def _band_reply(reply: Any) -> Read:
+    return [
+        [stream, [(eid, fields_of(flat)) for eid, flat in entries]] for stream, entries in reply
+    ]
+
+
+def band_read(tk: TaskKeys, streams: Sequence[str], worker_id: str, want: int) -> Call[Read]:
+    """Read up to ``want`` entries of ``streams`` in their order (``band_read.lua``: a
+    queue's bands, highest first, ``TaskKeys.read_order``), filling the read from the first
+    that has entries before a later one."""
+    return Call("band_read", list(streams), [tk.group, worker_id, max(1, want)], _band_reply)
+
+
 def group_take(
     tk: TaskKeys,
     stream: str,

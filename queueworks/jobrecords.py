@@ -28,7 +28,8 @@ ENTRY_STARTS = "a"
 ENTRY_OPTIONS = "o"
 
 _J, _H, _P, _T, _A, _O = (n.encode() for n in "jhptao")
-JOB_ID = re.compile(rb"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # ids an entry may name
+# ids an entry may name (a prioritised job's ends with its band)
+JOB_ID = re.compile(rb"^(?:[0-9a-f]{1,64}(?:\.p-?\d)?|\d{1,19}-\d{1,19})$")
 
 
 class JobEntry(NamedTuple):

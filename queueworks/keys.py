@@ -10,6 +10,11 @@ key                                type          meaning
                                                  dead, epoch, priority, min/max nodes, times
 ``qw:task:{T}:stream``             stream        subtask messages for any member; group ``workers``
 ``qw:task:{T}:p:<k>``              stream        partition k of a partitioned task (same group)
+``qw:task:{Q}:band:<N>``           stream        a queue's jobs of priority N (not 0: those are on
+                                                 its own stream), same group; made (with the
+                                                 group) by the first enqueue of that priority
+``qw:task:{Q}:bands``              set           the priorities other than 0 a queue's jobs have
+                                                 used: the bands its members read
 ``qw:task:{T}:members``            zset          member worker ids, score = join sequence (= epoch
                                                  at join); ascending order = rank
 ``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task (a queue's
@@ -137,6 +142,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from queueworks.priorities import DEFAULT, HIGHEST, LOWEST, priority_of_id
 from queueworks.validate import check_name, check_prefix
 from queueworks.validate import check_worker_id as check_worker_id
 
@@ -171,6 +177,32 @@ class TaskKeys:
 
     def partition(self, k: int) -> str:
         return f"{self._base}:p:{k}"
+
+    def band(self, priority: int) -> str:
+        """The stream of a queue's jobs of ``priority`` (``queueworks.priorities``)."""
+        return self.stream if priority == DEFAULT else f"{self._base}:band:{priority}"
+
+    @property
+    def bands(self) -> str:
+        return f"{self._base}:bands"
+
+    def band_streams(self) -> list[str]:
+        """Every band's stream but the queue's own, highest first."""
+        return [self.band(p) for p in range(HIGHEST, LOWEST - 1, -1) if p != DEFAULT]
+
+    def stream_of(self, job_id: str) -> str:
+        """The stream a job waits on (not set aside): its band's, which its id says."""
+        priority = priority_of_id(job_id)
+        return self.stream if priority == DEFAULT else self.band(priority)
+
+    def read_order(self, bands: Iterable[int], aside: Iterable[str] = ()) -> list[str]:
+        """The streams a member of the queue reads, in the order it reads them: the bands
+        above 0 (``bands``: those in use), highest first, then its own stream, then the
+        aside streams ``aside``, then the bands below 0."""
+        ordered = sorted(set(bands), reverse=True)
+        high = [self.band(p) for p in ordered if p > DEFAULT]
+        low = [self.band(p) for p in ordered if p < DEFAULT]
+        return [*high, self.stream, *aside, *low]
 
     @property
     def members(self) -> str:
@@ -348,6 +380,8 @@ class TaskKeys:
         return [
             self.record,
             *self.streams(partitions),
+            *self.band_streams(),
+            self.bands,
             self.members,
             self.epoch,
             self.confirm,

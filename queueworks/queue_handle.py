@@ -25,6 +25,7 @@ from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
 from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan, Trip
+from queueworks.priorities import DEFAULT, check_priority, prioritised_id
 from queueworks.queue_admin import (
     plan_delete_dead,
     plan_empty,
@@ -123,6 +124,7 @@ class Queue:
         unique_for: float | None = None,
         group: str | None = None,
         depends_on: Iterable[Any] | None = None,
+        priority: int | None = None,
     ) -> Job[R]:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON); or a typed job function's call (``fn.call(...)``), no payload:
@@ -137,7 +139,9 @@ class Queue:
         ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
         ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
         (a task: completed), and dies, never run, if one dies, fails or is cancelled.
-        One round trip. ``wait_replicas=n`` (default: the queue's setting): return only
+        ``priority``: from -5 to 5 (default 0), higher first, in order of enqueue within
+        one priority (``queueworks.priorities``). One round
+        trip. ``wait_replicas=n`` (default: the queue's setting): return only
         once ``n`` replicas hold the job (``WAIT``, up to ``wait_timeout`` s, in the same
         round trip); else ``NotReplicated`` (the job is queued on the primary)."""
         options = JobOptions.given(
@@ -152,14 +156,15 @@ class Queue:
             path, body, typed = handler.path, checked_call(handler, payload), handler
         else:
             path, body, typed = self._path(handler), None, None
+        band = DEFAULT if priority is None else check_priority(priority)
         plain = options is None and delay is None and at is None and depends_on is None
-        if plain and wait_replicas is None and wait_timeout is None:
+        if plain and wait_replicas is None and wait_timeout is None and not band:
             producer = hooks.producer  # tracing: the job carries the current span's context
             carried = "" if producer is None else producer.carry("")
             now_job = self._enqueue_now(path, payload, body, typed, carried)
             if now_job is not None:
                 return now_job
-        job = new_job(path, payload, delay, at, options, body)
+        job = new_job(path, payload, delay, at, options, body, band)
         deps = [] if depends_on is None else deferred_on(depends_on, delay, at)
         if deps and (options is None or options.key is None):
             return Job(self, self._run(plan_defer(self.ref, job, deps)), typed=typed)
@@ -178,7 +183,7 @@ class Queue:
     def _send(self, job: NewJob, typed: Call[R] | None = None) -> Job[R]:
         """``job`` enqueued without waiting for replicas: by ``_xadd`` if it runs now and
         its handler is known (nothing is written if the stream is gone), else by script."""
-        if job.at is None and job.handler in self.ref.known:
+        if job.at is None and not job.id and job.handler in self.ref.known:
             reply = self._xadd(job)
             if reply is not None:
                 return Job(self, text(reply), typed=typed)
@@ -227,6 +232,7 @@ class Queue:
         jobs: Iterable[tuple[str | Callable[..., Any], Any]] | Iterable[Call[R]],
         *,
         group: str | None = None,
+        priority: int | None = None,
         wait_replicas: int | None = None,
         wait_timeout: float | None = None,
     ) -> list[Job[R]]:
@@ -234,11 +240,12 @@ class Queue:
         handles typed), in batches, pipelined; the next batch is
         built while Redis runs the one before. A bad job raises ``ValueError`` there: the
         batches sent before it are enqueued, the rest are not. ``group``: every job's, as
-        for ``enqueue`` (checked before any is sent). ``wait_replicas`` as for
+        for ``enqueue`` (checked before any is sent); ``priority`` too. ``wait_replicas`` as for
         ``enqueue``: one WAIT, after the last batch (it covers the ones before it);
         ``NotReplicated`` names every job written."""
         r, scripts, ref = self.client.redis, self.client.scripts, self.ref
         options = batch_options(group)
+        band = DEFAULT if priority is None else check_priority(priority)
         wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         sender, trip = _Sender(), Trip()
         batch, queued = EnqueueBatch(self.keys), 0
@@ -262,7 +269,10 @@ class Queue:
                 if path not in ref.known and path not in told:
                     tell_handlers(trip, ref.keys, self.keys, [path])
                     told.add(path)
-                batch.add(path, body, options)
+                if band:
+                    batch.add_prioritised(prioritised_id(band), path, body, options)
+                else:
+                    batch.add(path, body, options)
                 if len(batch) >= ENQUEUE_BATCH:
                     ids.add(trip.call(calls.enqueue_batch(batch, time.time())), batch)
                     batch, queued = EnqueueBatch(self.keys), queued + 1

@@ -23,6 +23,7 @@ from queueworks.jobrecords import JOB_STATE, RESULT_FIELDS, job_status
 from queueworks.keys import Keys, check_task_id
 from queueworks.models import JobState, JobStatus, QueueStatus, StoredSpec
 from queueworks.plans import Plan, Sleep, Trip, alone
+from queueworks.priorities import DEFAULT, bands_of, priority_of_id
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.queues import (
     CANCEL_TRIES,
@@ -33,6 +34,8 @@ from queueworks.queues import (
     OUTAGE_LAST_PAUSE,
     JobFailed,
     NotFinished,
+    band_counts,
+    band_reads,
     cancelled,
     check_created,
     enqueued,
@@ -135,7 +138,13 @@ def plan_queue_status(ref: QueueRef) -> Plan[QueueStatus]:
     queue_reads(trip, ref.qk)
     replies = yield trip
     aside = yield from plan_aside_counts(ref.qk, replies[-1])
-    return queue_status(task, replies, time.time(), aside)
+    bands = bands_of(replies[-2]) if not isinstance(replies[-2], Exception) else []
+    counts = (0, 0)
+    if bands:
+        trip = Trip(errors=True)
+        band_reads(trip, ref.qk, bands)
+        counts = band_counts((yield trip))
+    return queue_status(task, replies, time.time(), aside, counts)
 
 
 def plan_queues(keys: Keys) -> Plan[list[QueueStatus]]:
@@ -177,7 +186,8 @@ def plan_write(
     if new:
         tell_handlers(trip, ref.keys, ref.qk, sorted(new))
     first = len(trip)
-    lone = not new and len(batches) == 1 and len(batches[0]) == 1 and batches[0][0].at is None
+    one = batches[0][0]
+    lone = not new and len(batches) == 1 and len(batches[0]) == 1 and one.at is None and not one.id
     if lone:  # the entry is all of it: its id is the job's, or nil if the stream is gone
         trip.execute_command(*xadd_now(ref.qk, batches[0][0], now))
     else:
@@ -213,14 +223,28 @@ def linked(options: str) -> str:
     return options if producer is None else producer.as_link(options)
 
 
+def plan_band(ref: QueueRef, job_id: str) -> Plan[None]:
+    """Make the band of a prioritised job (``queueworks.priorities``; none for another):
+    its stream with the consumer group, and its priority in the queue's bands set (the
+    scripts that write it without ``enqueue_jobs``, which makes it itself, need it there)."""
+    priority = priority_of_id(job_id)
+    if priority == DEFAULT:
+        return
+    trip = Trip(errors=True)
+    trip.xgroup_create(ref.qk.band(priority), ref.qk.group, id="0", mkstream=True)
+    trip.sadd(ref.qk.bands, priority)
+    check_created((yield trip))
+
+
 def plan_defer(ref: QueueRef, job: NewJob, deps: Sequence[Dependency]) -> Plan[str]:
     """Enqueue ``job`` (to run now) deferred until ``deps`` are done
     (``queueworks.dependencies``): its record and dependency set first (``defer_job``),
     then its registration at each dependency; its id. ``ValueError`` (and nothing of the
     job left) for an unknown dependency or a cycle."""
-    job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
+    job = job._replace(id=job.id or new_job_id(), at=None, options=linked(job.options))
     refs = [dep.ref for dep in deps]
     new = [job.handler] if job.handler not in ref.known else []
+    yield from plan_band(ref, job.id)
     trip = Trip()
     if new:
         tell_handlers(trip, ref.keys, ref.qk, new)
@@ -489,7 +513,8 @@ def plan_unique(
     holder = ""
     refs = [dep.ref for dep in deps]
     if deps:
-        job = job._replace(id=new_job_id(), at=None, options=linked(job.options))
+        job = job._replace(id=job.id or new_job_id(), at=None, options=linked(job.options))
+    yield from plan_band(ref, job.id)
     for _ in range(UNIQUE_TRIES):
         trip = Trip()
         told = job.handler not in ref.known

@@ -51,6 +51,7 @@ from queueworks.models import (
     TaskStatus,
     parse_handler_path,
 )
+from queueworks.priorities import DEFAULT, prioritised_id
 from queueworks.queue_settings import DEFAULTS, QueueSettings
 from queueworks.records import QUEUE_PAUSED, Hash, new_task, queue_counts
 from queueworks.scripts import NewJob, job_ids
@@ -93,7 +94,8 @@ def last_line(error: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-JOB_REF_ID = re.compile(r"^(?:[0-9a-f]{1,64}|\d{1,19}-\d{1,19})$")  # as jobrecords.JOB_ID
+# as jobrecords.JOB_ID (a prioritised job's ends with its band)
+JOB_REF_ID = re.compile(r"^(?:[0-9a-f]{1,64}(?:\.p-?\d)?|\d{1,19}-\d{1,19})$")
 
 
 def job_ref(ref: str) -> tuple[str, str]:
@@ -191,23 +193,27 @@ def new_job(
     at: datetime | float | None,
     options: JobOptions | None = None,
     body: str | None = None,
+    priority: int = DEFAULT,
 ) -> NewJob:
     """A job to enqueue: its handler path (checked: ``HandlerPaths``), payload JSON (``body``
     if made already: a typed call's), own options (checked: ``JobOptions.given``), and when
-    it runs, with a new id if that is later; ``ValueError`` naming what is wrong."""
+    it runs, with a new id if that is later or its ``priority`` (checked:
+    ``check_priority``) is not 0 (``queueworks.priorities``); ``ValueError`` naming what is
+    wrong."""
     if body is None:
         body = payload_json(payload)
     given = "" if options is None else options.json()
     producer = hooks.producer
     if producer is not None:  # tracing: the job carries the current span's context
         given = producer.carry(given)
+    named = "" if priority == DEFAULT else prioritised_id(priority)
     if delay is None and at is None:
-        return NewJob("", path, body, None, given)  # to run now: its id will be its entry's
+        return NewJob(named, path, body, None, given)  # 0: its id will be its entry's
     now = time.time()
     when = run_at(delay, at, now)
     if when <= now:
-        return NewJob("", path, body, None, given)
-    return NewJob(new_job_id(), path, body, when, given)
+        return NewJob(named, path, body, None, given)
+    return NewJob(named or new_job_id(), path, body, when, given)
 
 
 def deferred_on(
@@ -247,18 +253,43 @@ def queue_reads(pipe: Any, qk: TaskKeys) -> None:
     pipe.zcard(qk.deferred)
     pipe.hget(qk.record, QUEUE_PAUSED)
     flow_reads(pipe, qk, "spec")
+    pipe.smembers(qk.bands)  # the priority bands in use, whose jobs to count
     pipe.smembers(qk.aside)  # last: the handlers whose set-aside jobs to count
 
 
+def band_reads(pipe: Any, qk: TaskKeys, bands: Sequence[int]) -> None:
+    """Queue on ``pipe`` what counts the jobs of priority ``bands`` (``band_counts``)."""
+    for band in bands:
+        pipe.xlen(qk.band(band))
+        pipe.xpending(qk.band(band), qk.group)
+
+
+def band_counts(replies: Sequence[Any]) -> tuple[int, int]:
+    """The jobs waiting and running on a queue's bands, from ``band_reads``' replies."""
+    waiting = running = 0
+    for i in range(0, len(replies), 2):
+        pending = replies[i + 1]
+        held = int(pending["pending"]) if isinstance(pending, dict) else 0
+        waiting += queue_counts(replies[i], held, None, 0.0)[0]
+        running += held
+    return waiting, running
+
+
 def queue_status(
-    task: TaskStatus, replies: Sequence[Any], now: float, aside: Aside = NO_ASIDE
+    task: TaskStatus,
+    replies: Sequence[Any],
+    now: float,
+    aside: Aside = NO_ASIDE,
+    bands: tuple[int, int] = (0, 0),
 ) -> QueueStatus:
     """A queue's status from its task's, the replies of ``queue_reads`` (errors as
-    exceptions in them: a key of the wrong type counts nothing) and its jobs set aside
-    (``queueworks.aside_jobs``: backlog and running, and the reason they wait)."""
+    exceptions in them: a key of the wrong type counts nothing), its jobs set aside
+    (``queueworks.aside_jobs``: backlog and running, and the reason they wait) and those
+    of its priority bands (``band_counts``: waiting and running)."""
     length, pending, scheduled, rate, deferred, paused = replies[:6]
     running = int(pending["pending"]) if isinstance(pending, dict) else 0
     backlog, rates = queue_counts(length, running, rate, now)
+    backlog, running = backlog + bands[0], running + bands[1]
     flow = flow_status(replies[6:10], now)
     return QueueStatus(
         name=task.id,
@@ -323,7 +354,7 @@ def read_status(
             raise reply
     *entry, raw = replies
     if raw and has_state(raw):
-        return raw, None, running_entry(qk, raw)
+        return raw, None, running_entry(qk, raw, job_id)
     if entry and entry[0]:  # no record yet, or a partial one: its progress (a report)
         return waiting_record(entry[0][0][1], raw), entry[1], None
     raise no_job(qk.task_id, job_id)
@@ -370,7 +401,9 @@ def result_reads(pipe: Any, qk: TaskKeys, job_id: str, check: bool = False) -> N
     pipe.hmget(qk.job(job_id), RESULT_FIELDS)
 
 
-def running_entry(qk: TaskKeys, raw: Mapping[bytes, bytes]) -> tuple[str, bytes] | None:
+def running_entry(
+    qk: TaskKeys, raw: Mapping[bytes, bytes], job_id: str = ""
+) -> tuple[str, bytes] | None:
     """The stream and entry of a queued job with a record (delayed, requeued, or set aside
     on its handler's stream), whose pending-list row says whether a member has read it (it
     runs); None for a job in any other state."""
@@ -378,7 +411,7 @@ def running_entry(qk: TaskKeys, raw: Mapping[bytes, bytes]) -> tuple[str, bytes]
     if queued is None:
         return None
     entry, aside = queued
-    return (qk.aside_stream(aside) if aside else qk.stream), entry
+    return (qk.aside_stream(aside) if aside else qk.stream_of(job_id)), entry
 
 
 def finished(

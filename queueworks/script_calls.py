@@ -115,11 +115,17 @@ class EnqueueBatch:
     no object per job (``enqueue_many``'s loop)."""
 
     def __init__(self, tk: TaskKeys) -> None:
-        self.keys: list[str] = [tk.stream, tk.scheduled]
+        self.tk = tk
+        self.keys: list[str] = [tk.stream, tk.scheduled, tk.bands]
         self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
 
     def add(self, handler: str, payload: str, options: str = "") -> None:
         self.args += ("", handler, payload, "", options)
+
+    def add_prioritised(self, job_id: str, handler: str, payload: str, options: str = "") -> None:
+        """A job of a priority other than 0 (``queueworks.priorities``): ``job_id`` says it."""
+        self.args += (job_id, handler, payload, "", options)
+        self.keys += (self.tk.job(job_id), self.tk.stream_of(job_id))
 
     def __len__(self) -> int:
         return (len(self.args) - 1) // 5
@@ -435,13 +441,15 @@ def enqueue_jobs(tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any =
     pipelined (not on a cluster pipeline, as for ``enqueue``). Replies the jobs' ids
     (``job_ids``), or None if the queue's stream is gone (nothing written)."""
     argv: list[Any] = [repr(now)]
-    keys = [tk.stream, tk.scheduled]
+    keys = [tk.stream, tk.scheduled, tk.bands]
     for job in jobs:
-        if job.at is None:
-            argv += ("", job.handler, job.payload, "", job.options)
-        else:
-            argv += (job.id, job.handler, job.payload, repr(job.at), job.options)
+        at = "" if job.at is None else repr(job.at)
+        argv += (job.id, job.handler, job.payload, at, job.options)
+        if job.id:
             keys.append(tk.job(job.id))
+            stream = tk.stream_of(job.id)
+            if stream != tk.stream:
+                keys.append(stream)
     return Call("enqueue_jobs", keys, argv, _same, client, unpiped_on_cluster=True)
 
 
@@ -457,9 +465,9 @@ def job_ids(reply: Sequence[Any]) -> list[str]:
 
 
 @lru_cache(maxsize=1024)
-def _settle_keys(tk: TaskKeys, aside: str) -> tuple[str, ...]:
+def _settle_keys(tk: TaskKeys, aside: str, stream: str) -> tuple[str, ...]:
     """``settle_jobs``' first keys, built once per queue and stream (a settle per read)."""
-    stream = tk.aside_stream(aside) if aside else tk.stream
+    stream = stream or (tk.aside_stream(aside) if aside else tk.stream)
     return (stream, tk.record, tk.dead, tk.latency, tk.rate, tk.aside, tk.done)
 
 
@@ -472,17 +480,18 @@ def settle_jobs(
     client: Any,
     aside: str = "",
     fence: str = "",
+    stream: str = "",
 ) -> Call[Any]:
     """Settle a batch of jobs (see settle_jobs.lua) read from the queue's stream, or from
-    the aside stream of handler ``aside``; with a pipeline, the reply comes
-    with it: ``(ok, dead, rejected, moved)`` (and a fifth element when fenced: nothing
-    settled), or a ``NoScriptError`` to heal (a ``bare`` call: the queue's read carries it,
-    and it must not cost a SCRIPT EXISTS round trip each time). ``fence``: the queue's
-    members (``tk.members``), which must hold ``worker_id`` for anything to be settled ('':
-    no such check)."""
+    the aside stream of handler ``aside``, or from ``stream`` (a band's); with a pipeline,
+    the reply comes with it: ``(ok, dead, rejected, moved)`` (and a fifth element when
+    fenced: nothing settled), or a ``NoScriptError`` to heal (a ``bare`` call: the queue's
+    read carries it, and it must not cost a SCRIPT EXISTS round trip each time).
+    ``fence``: the queue's members (``tk.members``), which must hold ``worker_id`` for
+    anything to be settled ('': no such check)."""
     argv: list[Any] = [tk.group, repr(now), worker_id, ttl]
     argv += (len(batch.ok), len(batch.dead), len(batch.rejected), len(batch.buckets), aside)
-    keys = [*_settle_keys(tk, aside)]
+    keys = [*_settle_keys(tk, aside, stream)]
     keys.append(fence or keys[0])
     prefix = tk.job_prefix
     held: list[JobEntry] = []  # jobs with options of their own: a unique key, maybe
@@ -530,13 +539,14 @@ def retry_later(
     client: Any,
     aside: str = "",
     fence: str = "",
+    stream: str = "",
 ) -> Call[Any]:
     """Settle failed attempts as retries that wait (retry_later.lua): each ``(job, retry
     at, traceback)`` leaves the stream (the queue's, or the aside stream of handler
     ``aside``) for the scheduled zset. Replies ``(moved, rejected)`` (and a third element
     when fenced: nothing moved); on a pipeline as ``settle_jobs`` (``bare``: the caller
     heals a ``NoScriptError`` reply); ``fence`` as for ``settle_jobs``."""
-    stream = tk.aside_stream(aside) if aside else tk.stream
+    stream = stream or (tk.aside_stream(aside) if aside else tk.stream)
     keys = [stream, tk.scheduled, tk.record, tk.dead, tk.aside, fence or stream]
     argv: list[Any] = [tk.group, repr(now), worker_id, aside]
     for job, run_at, error in later:
@@ -604,7 +614,9 @@ def enqueue_unique(
     elif job.at is not None:
         keys.append(tk.job(job.id))
         at = repr(job.at)
-    named = job.id if at or deps else ""
+    elif job.id:  # prioritised, to run now: its record, then its band's stream
+        keys += (tk.job(job.id), tk.stream_of(job.id))
+    named = job.id
     args: list[Any] = [repr(now), WAITING, holder, named, job.handler, job.payload, at, job.options]
     if deps:
         args += (len(deps), *deps)
@@ -618,7 +630,10 @@ def release_unique(tk: TaskKeys, key: str, job_id: str, unique_for: float | None
 
 
 def promote_due(tk: TaskKeys, job_ids: Sequence[str]) -> Call[int]:
-    keys = [tk.stream, tk.scheduled, *(tk.job(j) for j in job_ids)]
+    """Move the due ``job_ids`` onto their stream: all of one band (``TaskKeys.stream_of``:
+    the caller splits them by band)."""
+    stream = tk.stream_of(job_ids[0]) if job_ids else tk.stream
+    keys = [stream, tk.scheduled, *(tk.job(j) for j in job_ids)]
     return Call("promote_due", keys, list(job_ids), int)
 
 
@@ -664,7 +679,8 @@ def release_job(
 ) -> Call[Released]:
     """Release the deferred job ``job_id`` of queue ``tk`` from ``dependency`` (its ref),
     ``done`` or ``dead`` (release_job.lua): ``Released``."""
-    keys = [tk.deps(job_id), tk.job(job_id), tk.stream, tk.dead, tk.record, tk.deferred]
+    keys = [tk.deps(job_id), tk.job(job_id), tk.stream_of(job_id), tk.dead, tk.record]
+    keys.append(tk.deferred)
     keys += (tk.waiters, tk.released)
     args = [job_id, dependency, outcome, reason, repr(now)]
     return Call("release_job", keys, args, _released)
@@ -698,7 +714,7 @@ def cancel_job(
     waits on ('' the queue's own), to call again with (``aside``). With it, the cancelled
     job's own options (None: it has none), whose unique key is to release. With
     ``running``, a job a member runs is cancelled too (``STOPPED_RUNNING``, naming it)."""
-    stream = tk.aside_stream(aside) if aside else tk.stream
+    stream = tk.aside_stream(aside) if aside else tk.stream_of(job_id)
     keys = [stream, tk.scheduled, tk.job(job_id), tk.aside, tk.handlers]
     keys += (tk.deps(job_id), tk.deferred, tk.waiters, tk.released, tk.groups_waiting)
     keys.append(tk.cancelled)
@@ -711,11 +727,20 @@ def _set_aside_reply(reply: Any) -> str | int:
 
 
 def set_aside(
-    tk: TaskKeys, entry_id: str, job_id: str, worker_id: str, handler: str, why: str, starts: int
+    tk: TaskKeys,
+    entry_id: str,
+    job_id: str,
+    worker_id: str,
+    handler: str,
+    why: str,
+    starts: int,
+    stream: str = "",
 ) -> Call[str | int]:
-    """Move a job this member may not run to its handler's aside stream (set_aside.lua):
-    the new entry's id; 0 if the entry is no longer ours, -1 if it names no waiting job."""
-    keys = [tk.stream, tk.aside_stream(handler), tk.aside, tk.job(job_id), tk.handlers]
+    """Move a job this member may not run from ``stream`` (default: the queue's; a band's)
+    to its handler's aside stream (set_aside.lua): the new entry's id; 0 if the entry is no
+    longer ours, -1 if it names no waiting job."""
+    stream = stream or tk.stream
+    keys = [stream, tk.aside_stream(handler), tk.aside, tk.job(job_id), tk.handlers]
     args = [tk.group, entry_id, worker_id, handler, why, starts]
     return Call("set_aside", keys, args, _set_aside_reply)
 
@@ -740,7 +765,7 @@ def configure_queue(tk: TaskKeys, read: bytes, spec: str) -> Call[int]:
 
 
 def requeue_job(tk: TaskKeys, dead_entry: str, job_id: str, now: float) -> Call[Any]:
-    keys = [tk.stream, tk.record, tk.dead, tk.job(job_id)]
+    keys = [tk.stream_of(job_id), tk.record, tk.dead, tk.job(job_id)]
     return Call("requeue_job", keys, [dead_entry, repr(now)], _same)
 
 
@@ -835,6 +860,7 @@ NAMES = (
     "lease_acquire",
     "submit_small",
     "rate_read",
+    "band_read",
     "group_take",
     "group_pump",
     "fenced",  # composed with set_state and expire_finished when loaded (scripts._source)

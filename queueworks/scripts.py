@@ -26,6 +26,7 @@ from redis.exceptions import NoScriptError
 from queueworks import flow, job_options, jobrecords, messages, records
 from queueworks import script_calls as calls
 from queueworks.dependencies import DRAIN_BATCH
+from queueworks.keys import GROUP
 from queueworks.models import JobState, TaskState
 from queueworks.script_calls import (  # re-exported: the workers' and tests' names
     ACTIVE,
@@ -80,6 +81,7 @@ _CONSTANTS |= {f"TASK_{state.name}": state.value for state in TaskState}
 _CONSTANTS |= jobrecords.LUA_NAMES | messages.LUA_NAMES | records.LUA_NAMES
 _CONSTANTS["OPTION_GROUP"] = job_options.GROUP_FIELD
 _CONSTANTS["DRAIN_BATCH"] = str(DRAIN_BATCH)
+_CONSTANTS["GROUP"] = GROUP
 
 
 @cache
@@ -172,6 +174,7 @@ class _Functions:
     lease_acquire = _Bound(calls.lease_acquire)
     fenced = _Bound(calls.fenced)
     rate_read = _Bound(flow.rate_read)
+    band_read = _Bound(flow.band_read)
     group_take = _Bound(flow.group_take)
     group_pump = _Bound(flow.group_pump)
 

@@ -17,6 +17,11 @@ was parked), and its own entries from an earlier life the first time it reads on
 backstop takes a wedged member's; a leaving member parks what it holds. An aside entry
 names its job (``j``) and the starts it had before it was set aside (``a``), so attempts
 count on; a settle (``settle_jobs.lua``) writes its record, counted once.
+
+A queue's priority bands (``queueworks.priorities``) are read the same way: the look reads
+the queue's bands set with its aside set, and every band in use is a stream this member
+reads, takes over, backstops and hands back as it does an aside stream's. ``read`` is in
+the order a member reads its streams (``TaskKeys.read_order``: the highest band first).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from queueworks import events
 from queueworks.connection import UNAVAILABLE, text
 from queueworks.jobrecords import ENTRY_STARTS, JobEntry, starts_before
 from queueworks.models import parse_handler_path
+from queueworks.priorities import bands_of
 
 from .loop import Run
 from .work import Entries, Gone, Work, in_stream_order
@@ -49,43 +55,59 @@ class Aside:
         self.run, self.reads = run, reads
         self.main = run.tk.stream
         self.known: frozenset[str] = frozenset()  # the aside set, as last looked at
-        self.streams: dict[str, str] = {}  # aside stream -> handler, of those we read
-        self.read: dict[Any, Any] = {self.main: ">"}  # what a read covers
+        self.streams: dict[str, str] = {}  # aside stream -> handler ('': a band), we read
+        self.bands: list[int] = []  # the priority bands in use, as last looked at
+        self.read: dict[Any, Any] = {self.main: ">"}  # what a read covers, in its order
         self.looked_at = float("-inf")
         self.taken_epoch: int | None = None  # the epoch whose take-over was done
         self.adopted: set[str] = set()  # aside streams whose own old entries we took back
         self.backstop_at = time.monotonic()
+        pipe = run.r.pipeline(transaction=False)  # the bands in use before the first read
+        self.look_on(pipe)
+        self.looked(pipe.execute(raise_on_error=False), float("-inf"))
 
     # -- looking ----------------------------------------------------------------------------
 
     def look_due(self, now: float) -> bool:
         return now - self.looked_at >= LOOK_SECONDS
 
+    LOOKS = 2  # the replies ``look_on`` puts on a pipe
+
     def look_on(self, pipe: Any) -> None:
         pipe.smembers(self.run.tk.aside)
+        pipe.smembers(self.run.tk.bands)
 
-    def looked(self, reply: Any, now: float) -> None:
-        """The aside set, as ``look_on`` read it: read the streams of the handlers in it
-        that this member may run (taken over before the first read of each)."""
+    def looked(self, replies: Sequence[Any], now: float) -> None:
+        """The aside and bands sets, as ``look_on`` read them: read the streams of the
+        handlers set aside that this member may run, and of the bands in use (taken over
+        before the first read of each)."""
         self.looked_at = now
-        if isinstance(reply, Exception):
+        reply, bands_reply = replies
+        if isinstance(reply, Exception) or isinstance(bands_reply, Exception):
             return
         handlers = frozenset(text(h) for h in reply)
-        if handlers == self.known:
+        bands = bands_of(bands_reply)
+        if handlers == self.known and bands == self.bands:
             return
-        self.known = handlers
+        self.known, self.bands = handlers, bands
         tk = self.run.tk
-        streams = {tk.aside_stream(h): h for h in sorted(handlers) if _path(h) and self.reads(h)}
+        aside = {tk.aside_stream(h): h for h in sorted(handlers) if _path(h) and self.reads(h)}
+        order = tk.read_order(bands, aside)
+        streams = {stream: aside.get(stream, "") for stream in order if stream != self.main}
         if set(streams) - set(self.streams):
             self.taken_epoch = None  # new streams: take them over before reading them
         self.streams = streams
-        self.read = {self.main: ">", **dict.fromkeys(streams, ">")}
+        self.read = dict.fromkeys(order, ">")
+
+    def is_aside(self, stream: str) -> bool:
+        """Whether ``stream`` is an aside stream (not the queue's own or a band's)."""
+        return bool(self.streams.get(stream))
 
     def lost(self, now: float) -> None:
         """A read that covered aside streams failed: one was deleted (emptied) meanwhile.
         Read the queue's stream alone until the next look (not before ``LOOK_SECONDS``:
         a stream that stays missing costs a failed read that often, no more)."""
-        self.known, self.streams = frozenset(), {}
+        self.known, self.streams, self.bands = frozenset(), {}, []
         self.read = {self.main: ">"}
         self.looked_at = now
 
@@ -106,7 +128,14 @@ class Aside:
         run = self.run
         why = f"no member may run {job.handler!r}: {refusal}"
         moved = run.scripts.set_aside(
-            run.tk, work.entry_id, job.job_id, run.me, job.handler, why, work.attempt - 1
+            run.tk,
+            work.entry_id,
+            job.job_id,
+            run.me,
+            job.handler,
+            why,
+            work.attempt - 1,
+            work.stream,
         )
         if isinstance(moved, str):  # the controller reads the queue's handlers again
             events.emit(run.r, run.keys, "handlers", task=run.tk.task_id, aside=job.handler)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from queueworks.connection import text
-from queueworks.flow import Read, heads_of, heads_reads, plan_pump, rate_read
+from queueworks.flow import Read, band_read, heads_of, heads_reads, plan_pump, rate_read
 from queueworks.job_options import JobOptions
 from queueworks.jobrecords import JOB_STATE, JobEntry
 from queueworks.keys import TaskKeys
@@ -34,6 +34,8 @@ POLL_SECONDS = 0.02  # a gate whose queue had nothing to read looks again this o
 SWEEP_COUNT = 100  # holders the leader's backstop looks at per pass
 PUMP_SECONDS = 1.0  # the leader's backstop pump of waiting groups, this often
 DUE_BLOCK_MS = 5  # a read with a gate due blocks at most this long on the other queues
+BAND_READ = 10  # entries an ordered read takes at most: a job of a higher band that comes
+# behind a deep backlog is read after at most so many others have started
 
 
 class RateGate:
@@ -72,6 +74,42 @@ class RateGate:
             self.next_at = now + wait_ms / 1000
         else:
             self.next_at = now + POLL_SECONDS
+        return read
+
+
+class BandGate:
+    """The ordered read of a queue whose jobs use priority bands (``queueworks.priorities``),
+    without a rate gate (whose read is in the same order): ``band_read.lua`` on the read's
+    pipeline, filling the read from the highest band with jobs first, so a lower band's
+    jobs are not read while a higher one has any. Once such a read found nothing, the
+    queue's streams are in the worker's blocking ``XREADGROUP`` again (a job that comes
+    wakes it, as on any queue) until a read of them brings a job."""
+
+    def __init__(self, run: Run, aside: Aside) -> None:
+        self.run, self.aside = run, aside
+        self.drained = False  # the last ordered read found nothing: wait with the others
+        self.sent: Queued[Read] | None = None
+
+    def ordered(self) -> bool:
+        """Whether this round reads the queue through the gate (bands in use, and jobs
+        there the last time it looked)."""
+        return bool(self.aside.bands) and not self.drained
+
+    def woke(self) -> None:
+        """A read of the queue's streams with the others brought jobs: more may wait."""
+        self.drained = False
+
+    def put(self, pipe: Any, want: int) -> None:
+        run = self.run
+        call = band_read(run.tk, list(self.aside.read), run.me, min(want, BAND_READ))
+        self.sent = Queued(run.scripts, call, pipe)
+
+    def took(self, replies: list[Any]) -> Read:
+        sent, self.sent = self.sent, None
+        if sent is None:
+            return []
+        read = sent.reply(replies)
+        self.drained = not read
         return read
 
 

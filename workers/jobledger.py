@@ -54,7 +54,8 @@ class JobLedger(Attempts):
         self.stream = self.tk.stream
         self.batch = JobBatch()  # of the queue's stream (the histogram's too)
         self.asides: dict[str, JobBatch] = {}  # of aside streams, by stream
-        self._aside_at = len(self.tk.aside_stream(""))  # an aside stream's name: its handler
+        self._aside_prefix = self.tk.aside_stream("")  # an aside stream's name: its handler
+        self._aside_at = len(self._aside_prefix)
         # on the pipeline, not yet settled: (handler of the aside stream or "", batch), when
         self.sent: tuple[list[tuple[str, JobBatch]], float] | None = None
         self.use(self.spec)
@@ -195,7 +196,7 @@ class JobLedger(Attempts):
         self.batch = JobBatch()
         self.state.processed += len(batch)
         now = time.time()
-        self.sent = ([("", batch)], now)
+        self.sent = ([(self.stream, batch)], now)
         fence = self.fence
         _traced(batch)
         self.scripts.settle_jobs(self.tk, batch, self.me, now, self.ttl, client=pipe, fence=fence)
@@ -233,29 +234,35 @@ class JobLedger(Attempts):
         return freed
 
     def _flush_all_into(self, pipe: Any) -> bool:
-        """``flush_into`` with jobs of aside streams too: a settle per stream."""
+        """``flush_into`` with jobs of other streams too (aside, bands): a settle per
+        stream."""
         batch = self.batch
-        sent = [("", batch)] if batch or batch.buckets else []
-        sent += [(stream[self._aside_at :], b) for stream, b in self.asides.items() if b]
+        sent = [(self.stream, batch)] if batch or batch.buckets else []
+        sent += [(stream, b) for stream, b in self.asides.items() if b]
         self.batch, self.asides = JobBatch(), {}
         now = time.time()
         self.sent = (sent, now)
         fence = self.fence
-        for aside, b in sent:
+        for stream, b in sent:
             self.state.processed += len(b)
             _traced(b)
             self.scripts.settle_jobs(
-                self.tk, b, self.me, now, self.ttl, client=pipe, aside=aside, fence=fence
+                self.tk, b, self.me, now, self.ttl, pipe, self._aside(stream), fence, stream
             )
-        for aside, b in sent:
+        for stream, b in sent:
             if b.later:
                 self.scripts.retry_later(
-                    self.tk, b.later, self.me, now, client=pipe, aside=aside, fence=fence
+                    self.tk, b.later, self.me, now, pipe, self._aside(stream), fence, stream
                 )
         if any(b.dead or b.rejected for _, b in sent):
             self._dead_lettered(pipe, [b for _, b in sent])
         self._pump_into(pipe, [b for _, b in sent])
         return True
+
+    def _aside(self, stream: str) -> str:
+        """The handler whose aside stream ``stream`` is ('' for the queue's own or a
+        band's)."""
+        return stream[self._aside_at :] if stream.startswith(self._aside_prefix) else ""
 
     def _dead_lettered(self, pipe: Any, batches: Sequence[JobBatch]) -> None:
         """The event of the dead letters in ``batches``: how many, the first one's id and
@@ -285,14 +292,16 @@ class JobLedger(Attempts):
         for i, reply in enumerate(replies):  # the settles first, one per batch, in order
             laters = len(batches) + self._laters(batches)
             if isinstance(reply, NoScriptError) and i < len(batches):
-                aside, batch = batches[i]
+                stream, batch = batches[i]
+                aside = self._aside(stream)
                 reply = self.scripts.settle_jobs(
-                    self.tk, batch, self.me, now, self.ttl, None, aside, self.fence
+                    self.tk, batch, self.me, now, self.ttl, None, aside, self.fence, stream
                 )
             elif isinstance(reply, NoScriptError) and i < laters:
-                aside, batch = [(a, b) for a, b in batches if b.later][i - len(batches)]
+                stream, batch = [(a, b) for a, b in batches if b.later][i - len(batches)]
+                aside = self._aside(stream)
                 reply = self.scripts.retry_later(
-                    self.tk, batch.later, self.me, now, None, aside, self.fence
+                    self.tk, batch.later, self.me, now, None, aside, self.fence, stream
                 )
             elif isinstance(reply, Exception):
                 raise reply

@@ -39,7 +39,7 @@ from queueworks.tracing import hooks
 from queueworks.vanished import gone_stream
 
 from .aside import Aside
-from .flow import GroupSlots, RateGate
+from .flow import BandGate, GroupSlots, RateGate
 from .handlers import Handler, HandlerRefused, resolve
 from .heartbeat import Seat
 from .inflight import Call, is_async
@@ -84,6 +84,7 @@ class QueueLoop:
         self.aside = Aside(run, self._reads_aside)
         limits = Limits.of(run.spec)
         self.gate = RateGate(run, limits.rate, self.aside) if limits.rate is not None else None
+        self.bands = BandGate(run, self.aside)  # (a rate gate reads the bands in order too)
         self.slots = GroupSlots(run, limits.group) if limits.group is not None else None
         self.duties = LeaderDuties(run)
         self.live = LiveSettings(run)
@@ -167,7 +168,8 @@ class QueueLoop:
                 if spec is not None:
                     self.reconfigure(spec)
             if look:
-                self.aside.looked(replies[base + 3 if check else base], now)
+                at = base + 3 if check else base
+                self.aside.looked(replies[at : at + self.aside.LOOKS], now)
 
         return looked
 
@@ -554,7 +556,10 @@ class LeaderDuties:
         if outbox or time.monotonic() - self.tasks_at >= TASKS_SECONDS:
             self._release(bool(outbox))
         if due:
-            moved = run.scripts.promote_due(run.tk, [text(j) for j in due])
+            by_band: dict[str, list[str]] = {}  # each job goes back onto its own band
+            for job_id in map(text, due):
+                by_band.setdefault(run.tk.stream_of(job_id), []).append(job_id)
+            moved = sum(run.scripts.promote_due(run.tk, ids) for ids in by_band.values())
             run.log.info("jobs_due", moved=moved)
             self.duties_at = 0.0  # more may be due: look again at once
         self.next_due = float(first[0][1]) if first and not due else None

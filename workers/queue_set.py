@@ -39,7 +39,7 @@ from queueworks.signals import ColdStop
 from queueworks.vanished import gone_stream, stream_gone
 from queueworks.wire import StreamReads
 
-from .flow import RateGate
+from .flow import BandGate, RateGate
 from .inflight import Call, InFlight
 from .queue_loop import BLOCK_MS, QueueLoop, halted
 from .queue_scout import Scout
@@ -286,6 +286,8 @@ class QueueSet:
         streams: dict[Any, Any] = {}
         owner: dict[str, Member] = {}
         gated: list[RateGate] = []  # the rate-limited queues' gates due now
+        ordered: list[BandGate] = []  # the queues read highest priority first, this round
+        banded = False  # a queue's jobs use priority bands (a read of it may wake its gate)
         for m in members:
             if m.loop.paused:  # a paused queue's streams are not read (its checks are)
                 continue
@@ -293,25 +295,37 @@ class QueueSet:
             owner.update(dict.fromkeys(reads, m))
             gate = m.loop.gate
             if gate is None:
-                streams.update(reads)
                 self.read_names.add(m.name)
+                bands = m.loop.bands
+                if bands.ordered():
+                    ordered.append(bands)
+                    continue
+                banded = banded or bool(m.loop.aside.bands)
+                streams.update(reads)
                 continue
             if gate.due(now):
                 gated.append(gate)
             if wait is not None:
                 wait = min(wait, gate.block_ms(now))
+        if ordered:
+            wait = None  # (jobs may wait there: the others' read does not block)
         due = [(m, settle) for m, settle, _ in plans if settle or m.loop.check_due(now)]
         if self.cluster and len(members) > 1:  # (one queue's streams share its slot)
             return read_cluster(self, members, due, now, count), owner
-        if not streams and not gated:
+        if not streams and not gated and not ordered:
             self._idle(due, now, wait if idle_wait is None else idle_wait)
             return None, owner
-        if not due and not gated:
-            return self._brought(self._xreadgroup(streams, count, wait), owner, idle_wait), owner
+        if not due and not gated and not ordered:
+            alone = self._xreadgroup(streams, count, wait)
+            if banded and alone:
+                woke(alone, owner)
+            return self._brought(alone, owner, idle_wait), owner
         pipe = self.r.pipeline(transaction=False)
         looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
         for gate in gated:
             gate.put(pipe, count)
+        for bands in ordered:
+            bands.put(pipe, count)
         if streams:
             pipe.xreadgroup(GROUP, self.me, streams, count=count, block=wait)
         replies = pipe.execute(raise_on_error=False)
@@ -320,11 +334,15 @@ class QueueSet:
         read: list[Any] = []
         for gate in gated:
             read += gate.took(replies, now)
+        for bands in ordered:
+            read += bands.took(replies)
         if streams:
             if isinstance(replies[-1], Exception):
                 self._read_failed(replies[-1], members)
-            else:
-                read += replies[-1] or []
+            elif replies[-1]:
+                if banded:
+                    woke(replies[-1], owner)
+                read += replies[-1]
         elif not read and wait:
             self._gate_wait(wait)
         return self._brought(read or None, owner, idle_wait), owner
@@ -426,7 +444,7 @@ class QueueSet:
             if member is None or member.name not in self.members:
                 continue  # (left meanwhile: its entries stay pending, reclaimed by others)
             works = member.loop.aside.works([[raw_stream, entries]])
-            if stream != member.run.tk.stream:  # an aside stream's: run as held ones
+            if member.loop.aside.is_aside(stream):  # an aside stream's: run as held ones
                 member.run.held.extend(works)
                 continue
             queues.setdefault(member.name, []).extend(works)
@@ -586,6 +604,15 @@ class QueueSet:
         events.emit(pipe, self.parts.keys, "memberships", worker=self.me, queues=",".join(names))
         pipe.execute()
         self.published = names
+
+
+def woke(read: Any, owner: dict[str, Member]) -> None:
+    """A read with the others brought jobs of these queues: those with bands read them
+    in order again (``BandGate``)."""
+    for raw_stream, entries in read:
+        member = owner.get(text(raw_stream))
+        if member is not None and entries:
+            member.loop.bands.woke()
 
 
 def read_cluster(

@@ -34,6 +34,7 @@ from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
 from queueworks.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
 from queueworks.plans import Plan
+from queueworks.priorities import DEFAULT, check_priority
 from queueworks.queue_admin import (
     plan_delete_dead,
     plan_empty,
@@ -132,6 +133,7 @@ class AsyncQueue:
         unique_for: float | None = None,
         group: str | None = None,
         depends_on: Iterable[Any] | None = None,
+        priority: int | None = None,
     ) -> AsyncJob[R]:
         """Add one job: ``handler`` (``"module:function"`` or the function) runs on
         ``payload`` (JSON); or a typed job function's call (``fn.call(...)``), no payload:
@@ -146,7 +148,9 @@ class AsyncQueue:
         ``depends_on``: jobs (``Job``, or ``"QUEUE/JOB_ID"``) and tasks (``Task``, or
         ``"task:TASK_ID"``) of any queue: the job waits, deferred, until every one is done
         (a task: completed), and dies, never run, if one dies, fails or is cancelled.
-        One round trip (shared with the enqueues of this handle in flight with it).
+        ``priority``: from -5 to 5 (default 0), higher first, in order of enqueue within
+        one priority (``queueworks.priorities``). One round
+        trip (shared with the enqueues of this handle in flight with it).
         ``wait_replicas`` as for ``Queue.enqueue``: the enqueues gathered in one round
         trip share one WAIT (the most replicas and the longest timeout any asks for)."""
         options = JobOptions.given(
@@ -157,11 +161,14 @@ class AsyncQueue:
             unique_for=unique_for,
             group=group,
         )
+        band = DEFAULT if priority is None else check_priority(priority)
         if isinstance(handler, Call):
             typed: Call[R] | None = handler
-            job = new_job(handler.path, None, delay, at, options, checked_call(handler, payload))
+            body = checked_call(handler, payload)
+            job = new_job(handler.path, None, delay, at, options, body, band)
         else:
-            typed, job = None, new_job(self._path(handler), payload, delay, at, options)
+            path = self._path(handler)
+            typed, job = None, new_job(path, payload, delay, at, options, priority=band)
         deps = [] if depends_on is None else deferred_on(depends_on, delay, at)
         if deps and (options is None or options.key is None):
             return AsyncJob(self, await self._run(plan_defer(self.ref, job, deps)), typed=typed)
@@ -184,14 +191,16 @@ class AsyncQueue:
         jobs: Jobs | Iterable[Call[R]] | AsyncIterable[Call[R]],
         *,
         group: str | None = None,
+        priority: int | None = None,
         wait_replicas: int | None = None,
         wait_timeout: float | None = None,
     ) -> list[AsyncJob[R]]:
         """Add many ``(handler, payload)`` jobs, or typed calls (``fn.call(...)``; their
         handles typed), from an iterable or an async iterable, in batches, pipelined.
-        ``group`` and ``wait_replicas`` as for ``Queue.enqueue_many``:
-        every job's group; one WAIT, after the last batch."""
+        ``group``, ``priority`` and ``wait_replicas`` as for ``Queue.enqueue_many``:
+        every job's group and priority; one WAIT, after the last batch."""
         options = JobOptions.given(group=group)
+        band = DEFAULT if priority is None else check_priority(priority)
         wait = queue_wait(self.settings, wait_replicas, wait_timeout)
         ids: list[str] = []
         batches: list[list[NewJob]] = [[]]
@@ -205,11 +214,12 @@ class AsyncQueue:
                 batches.append([])
             if isinstance(one, Call):
                 typed.append(one)
-                batches[-1].append(new_job(one.path, None, None, None, options, one.body))
+                batches[-1].append(new_job(one.path, None, None, None, options, one.body, band))
             else:
                 handler, payload = one
                 typed.append(None)
-                batches[-1].append(new_job(self._path(handler), payload, None, None, options))
+                path = self._path(handler)
+                batches[-1].append(new_job(path, payload, None, None, options, priority=band))
         last, acked = await self._run(plan_write(self.ref, batches, wait))
         handles = [
             AsyncJob(self, job_id, typed=call)
@@ -228,7 +238,8 @@ class AsyncQueue:
         wait = strongest(waits)
         if not wait.replicas:
             line, job = self.client.line, jobs[0]
-            lone = len(jobs) == 1 and job.at is None and job.handler in self.ref.known
+            lone = len(jobs) == 1 and job.at is None and not job.id
+            lone = lone and job.handler in self.ref.known
             if line is not None and lone:
                 reply = await line.call(self._xadd_bytes(job, time.time()))
                 if reply is not None:  # nil: the queue's stream is gone (the plan revives it)

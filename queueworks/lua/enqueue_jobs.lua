@@ -2,9 +2,14 @@
 -- enqueue time): its id is the entry's id, and it has no record until it settles
 -- (settle_jobs.lua) or is cancelled. A delayed job has an id of the caller's and a record
 -- holding its payload, and waits in the scheduled zset until it is due (promote_due.lua).
--- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3..] the delayed jobs' records, in order
--- ARGV[1] now (s)   then per job 5: job id ('' for a job to run now), handler,
---   payload JSON, run at (s; '' = now), its own options JSON ('' = none: no 'o' field)
+-- A prioritised job (queueworks.priorities: an id of the caller's, ending '.p<N>') has a
+-- record too, and waits on its band's stream (made with the consumer group if it is not
+-- there) whose priority the queue's bands set then names; one to run now is an entry that
+-- names its job ('j'), as a delayed job's is once it is due.
+-- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] bands set ('' when no job is prioritised)
+-- KEYS[4..] per job with an id, in order: its record, then (prioritised) its band's stream
+-- ARGV[1] now (s)   then per job 5: job id ('' for a job to run now of priority 0),
+--   handler, payload JSON, run at (s; '' = now), its own options JSON ('' = none: no 'o')
 -- On a queue that finished (a kept handle's enqueue, before its keys expire) the records
 -- written expire with its stream.
 -- returns the jobs' ids, in order; nil, and nothing written, if the stream is gone (the
@@ -14,11 +19,36 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local now = ARGV[1]
 local ids = {}
-local record = 3
+local record = 4
+local function band(id)  -- a prioritised job's stream (the next key), made if need be
+  local priority = string.match(id, '%.p(%-?%d+)$$')
+  if not priority then
+    return nil
+  end
+  local stream = KEYS[record + 1]
+  if redis.call('EXISTS', stream) == 0 then
+    redis.call('XGROUP', 'CREATE', stream, '${GROUP}', '0', 'MKSTREAM')
+  end
+  redis.call('SADD', KEYS[3], priority)
+  return stream
+end
 for b = 2, #ARGV, 5 do
   local id, handler, payload, at = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
   local options = ARGV[b + 4]
-  if at == '' and options == '' then
+  local stream = id ~= '' and band(id)
+  if at == '' and stream then
+    local entry = {stream, '*', '${ENTRY_JOB}', id, '${ENTRY_HANDLER}', handler,
+      '${ENTRY_PAYLOAD}', payload, '${ENTRY_ENQUEUED}', now}
+    if options ~= '' then
+      entry[#entry + 1] = '${ENTRY_OPTIONS}'
+      entry[#entry + 1] = options
+      redis.call('HSET', KEYS[record], '${JOB_OPTIONS}', options)
+    end
+    local eid = redis.call('XADD', unpack(entry))
+    redis.call('HSET', KEYS[record], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', handler,
+      '${JOB_ENQUEUED}', now, '${JOB_ENTRY}', eid)
+    record = record + 2
+  elseif at == '' and options == '' then
     id = redis.call('XADD', KEYS[1], '*', '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', payload,
       '${ENTRY_ENQUEUED}', now)
   elseif at == '' then
@@ -31,13 +61,13 @@ for b = 2, #ARGV, 5 do
     if options ~= '' then
       redis.call('HSET', KEYS[record], '${JOB_OPTIONS}', options)
     end
-    record = record + 1
+    record = record + (stream and 2 or 1)
   end
   ids[#ids + 1] = id
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then  -- a finished queue's (its stream expires with it): the records go with it
-  for i = 3, record - 1 do
+  for i = 4, record - 1 do  -- (a band's stream too: it goes with the queue)
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end

@@ -13,7 +13,8 @@
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] the key's index
 -- KEYS[4] the holder's record, when ARGV[3] names the holder; then, last, the new job's
 --   record (a delayed job), or its record, dependencies set and the queue's deferred zset (a
---   deferred job: ARGV[9] > 0)
+--   deferred job: ARGV[9] > 0), or its record and its band's stream (a prioritised job to
+--   run now: ARGV[4] its id, the band made by the caller)
 -- ARGV[1] now (s)   ARGV[2] the waiting job states, comma-separated
 -- ARGV[3] the holder whose record KEYS[4] is ('' = none given)
 -- ARGV[4] job id ('' for a job to run now)   ARGV[5] handler   ARGV[6] payload JSON
@@ -54,6 +55,11 @@ if n_deps > 0 then
     '${JOB_OPTIONS}', options)
   redis.call('SADD', deps, unpack(ARGV, 10, 9 + n_deps))
   redis.call('ZADD', KEYS[#KEYS], now, id)
+elseif at == '' and id ~= '' then  -- prioritised (queueworks.priorities): on its band
+  local eid = redis.call('XADD', KEYS[#KEYS], '*', '${ENTRY_JOB}', id, '${ENTRY_HANDLER}',
+    handler, '${ENTRY_PAYLOAD}', payload, '${ENTRY_ENQUEUED}', now, '${ENTRY_OPTIONS}', options)
+  redis.call('HSET', KEYS[#KEYS - 1], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', handler,
+    '${JOB_ENQUEUED}', now, '${JOB_ENTRY}', eid, '${JOB_OPTIONS}', options)
 elseif at == '' then
   id = redis.call('XADD', KEYS[1], '*', '${ENTRY_HANDLER}', handler, '${ENTRY_PAYLOAD}', payload,
     '${ENTRY_ENQUEUED}', now, '${ENTRY_OPTIONS}', options)
@@ -73,6 +79,8 @@ if ttl > 0 then  -- a finished queue's (its stream expires with it): what was wr
     redis.call('PEXPIRE', KEYS[#KEYS - 1], ttl)
   elseif at ~= '' then
     redis.call('PEXPIRE', KEYS[#KEYS], ttl)
+  elseif id ~= '' then
+    redis.call('PEXPIRE', KEYS[#KEYS - 1], ttl)
   end
 end
 return {1, id}

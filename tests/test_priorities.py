@@ -1,0 +1,91 @@
+"""Priorities inside a queue: ``enqueue(..., priority=N)`` from -5 to 5, higher first, in
+order of enqueue within one priority; a job of a higher priority behind a deep backlog
+starts within a few starts; every per-job guarantee holds for a prioritised job. Real
+Redis, real worker processes, a real SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import redis
+
+from queueworks import AsyncClient, Client
+from queueworks.models import JobState
+from queueworks.priorities import HIGHEST, LOWEST, priority_of_id
+from tests.conftest import Cluster, wait_for
+
+pytestmark = pytest.mark.system
+
+ALLOW = ("tests.handlers_priority", "tests.handlers")
+BEAT = ["--heartbeat-interval", "0.5", "--heartbeat-ttl", "2"]
+LOG = "tests.handlers_priority:log_start"
+
+
+def said(r: redis.Redis, key: str) -> list[str]:
+    return [x.decode() for x in r.lrange(key, 0, -1)]
+
+
+@pytest.mark.parametrize("bad", [LOWEST - 1, HIGHEST + 1, 1.5, "3", True])
+def test_a_priority_out_of_range_is_refused_naming_it(client: Client, bad: Any) -> None:
+    q = client.queue("prio")
+    with pytest.raises(ValueError, match=rf"priority.*{bad!r}"):
+        q.enqueue(LOG, {}, priority=bad)
+    with pytest.raises(ValueError, match="priority"):
+        q.enqueue_many([(LOG, {})], priority=bad)
+    assert q.status().backlog == 0
+
+
+def test_async_enqueue_takes_a_priority_and_refuses_a_bad_one(
+    redis_url: str, prefix: str, r: redis.Redis
+) -> None:
+    async def go() -> list[str]:
+        async with AsyncClient.from_url(redis_url, prefix=prefix) as client:
+            q = await client.queue("prio")
+            with pytest.raises(ValueError, match=r"priority.*9"):
+                await q.enqueue(LOG, {}, priority=9)
+            one = await q.enqueue(LOG, {"tag": "a"}, priority=3)
+            many = await q.enqueue_many([(LOG, {"tag": "b"})], priority=-2)
+            return [one.id, *(j.id for j in many)]
+
+    ids = asyncio.run(go())
+    assert [priority_of_id(i) for i in ids] == [3, -2]
+
+
+def test_higher_first_and_in_order_within_one_priority(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("prio")
+    log = f"{client.keys.prefix}:log"
+    order = [0, 2, -1, 2, 0, 5, -1, 5, 0]
+    jobs = []
+    for n, p in enumerate(order):
+        jobs.append(q.enqueue(LOG, {"log": log, "tag": f"{p}/{n}"}, priority=p))
+    many = q.enqueue_many([(LOG, {"log": log, "tag": f"3/{n}"}) for n in range(9, 12)], priority=3)
+    cluster.worker(allow=ALLOW, extra=BEAT)
+    for job in [*jobs, *many]:
+        job.result(timeout=60)
+    expected = sorted(
+        [f"{p}/{n}" for n, p in enumerate(order)] + [f"3/{n}" for n in range(9, 12)],
+        key=lambda tag: (-int(tag.split("/")[0]), int(tag.split("/")[1])),
+    )
+    assert said(r, log) == expected
+
+
+def test_a_high_job_behind_a_deep_backlog_starts_within_a_few_starts(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("deep")
+    log = f"{client.keys.prefix}:log"
+    q.enqueue(LOG, {"log": log, "tag": "warm"}, priority=5)  # the band exists
+    backlog = q.enqueue_many([(LOG, {"log": log, "tag": "low", "seconds": 0.005})] * 5000)
+    cluster.worker(allow=ALLOW, extra=BEAT)
+    wait_for(lambda: r.llen(log) > 50, 60, "the backlog running")
+    high = q.enqueue(LOG, {"log": log, "tag": "high"}, priority=5)
+    before = r.llen(log)
+    high.result(timeout=60)
+    started = said(r, log)
+    after = started.index("high") - before
+    assert after <= 12, f"{after} backlog jobs started before the high one"
+    assert q.job(backlog[-1].id).status().state == JobState.QUEUED  # the backlog waits on
