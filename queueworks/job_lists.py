@@ -76,6 +76,7 @@ from queueworks.jobrecords import (
 from queueworks.keys import PARKED, Keys, TaskKeys, check_task_id
 from queueworks.models import JobDetail, JobPage, JobState, JobStatus
 from queueworks.plans import Plan, Trip
+from queueworks.priorities import bands_of
 from queueworks.queue_plans import plan_job_status_of
 from queueworks.queues import ENTRY_ID, running_entries, running_record, running_rows
 
@@ -154,24 +155,38 @@ def _by_record(qk: TaskKeys, ids: Sequence[str]) -> Plan[list[JobStatus]]:
 
 
 def _queued(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
-    """The jobs on the stream no member has read, then those set aside that no member has
-    read (each handler's aside stream in turn, by the handler's path), then those waiting
-    for a group slot (each group's wait list in turn, by the group's name)."""
+    """The jobs on the queue's streams no member has read, in the order members read them
+    (its priority bands above 0, highest first, its own stream, its bands below 0), then
+    those set aside that no member has read (each handler's aside stream in turn, by the
+    handler's path), then those waiting for a group slot (each group's wait list in turn,
+    by the group's name)."""
     trip = Trip(errors=True)
-    trip.xlen(qk.stream)
-    trip.xpending(qk.stream, qk.group)
-    trip.xinfo_groups(qk.stream)
+    trip.smembers(qk.bands)
     trip.hgetall(qk.groups_waiting)
     trip.smembers(qk.aside)
-    length, pending, groups, waiting, aside_set = yield trip
-    on_stream = _unread_count(length, pending)
+    bands, waiting, aside_set = yield trip
+    streams = qk.read_order(bands_of(_reply(bands, [])))
+    trip = Trip(errors=True)
+    for stream in streams:
+        trip.xlen(stream)
+        trip.xpending(stream, qk.group)
+        trip.xinfo_groups(stream)
+    replies = yield trip
+    unread = [_unread_count(*replies[3 * i : 3 * i + 2]) for i in range(len(streams))]
     aside = yield from plan_aside_counts(qk, aside_set)
     counts = group_counts(_reply(waiting, {}))
-    total = on_stream + sum(aside.waiting.values()) + sum(counts.values())
+    total = sum(unread) + sum(aside.waiting.values()) + sum(counts.values())
     jobs: list[JobStatus] = []
-    if offset < on_stream:
-        jobs = yield from _unread(qk, qk.stream, _reply(groups, []), limit, offset, on_stream)
-    skip, need = max(0, offset - on_stream), limit - max(0, on_stream - offset)
+    skip, need = offset, limit
+    for i, (stream, n) in enumerate(zip(streams, unread, strict=True)):
+        if need <= 0:
+            break
+        if skip >= n:
+            skip -= n
+            continue
+        groups = _reply(replies[3 * i + 2], [])
+        jobs += yield from _unread(qk, stream, groups, min(n - skip, need), skip, n)
+        skip, need = 0, limit - len(jobs)
     for handler, n in sorted(aside.waiting.items()):
         if need <= 0:
             break
@@ -261,8 +276,10 @@ def _running(qk: TaskKeys, limit: int, offset: int) -> Plan[Listed]:
     trip.xpending(qk.stream, qk.group)
     trip.xpending_range(qk.stream, qk.group, "-", "+", offset + limit)
     trip.smembers(qk.aside)
-    *pending, aside_set = yield trip
-    streams = [qk.stream, *(qk.aside_stream(h) for h in aside_handlers(aside_set))]
+    trip.smembers(qk.bands)
+    *pending, aside_set, bands = yield trip
+    banded = [b for b in qk.read_order(bands_of(_reply(bands, []))) if b != qk.stream]
+    streams = [qk.stream, *banded, *(qk.aside_stream(h) for h in aside_handlers(aside_set))]
     if len(streams) > 1:
         trip = Trip(errors=True)
         for stream in streams[1:]:
@@ -410,7 +427,7 @@ def plan_find_jobs(
 def plan_job_counts(keys: Keys, name: str) -> Plan[dict[str, int]]:
     """How many of queue ``name``'s jobs are in each state of ``LISTED``, each as its
     list's ``total`` (``plan_jobs``) counts it: one round trip, two when jobs are set
-    aside."""
+    aside or prioritised."""
     qk = keys.task(check_task_id(name, "queue name"))
     trip = Trip(errors=True)
     trip.xlen(qk.stream)
@@ -422,18 +439,20 @@ def plan_job_counts(keys: Keys, name: str) -> Plan[dict[str, int]]:
     trip.llen(qk.done)
     trip.xlen(qk.dead)
     trip.llen(qk.cancelled)
-    length, pending, waiting, aside_set, *sized = yield trip
+    trip.smembers(qk.bands)
+    length, pending, waiting, aside_set, *sized, bands = yield trip
     handlers = aside_handlers(aside_set)
     queued = _unread_count(length, pending) + sum(group_counts(_reply(waiting, {})).values())
     running = _held(pending)
-    if handlers:
+    others = [qk.band(b) for b in bands_of(_reply(bands, []))]
+    others += [qk.aside_stream(h) for h in handlers]
+    if others:
         trip = Trip(errors=True)
-        for handler in handlers:
-            stream = qk.aside_stream(handler)
+        for stream in others:
             trip.xlen(stream)
             trip.xpending(stream, qk.group)
         replies = yield trip
-        for i in range(len(handlers)):
+        for i in range(len(others)):
             queued += _unread_count(replies[2 * i], replies[2 * i + 1])
             running += _held(replies[2 * i + 1])
     scheduled, deferred, done, dead, cancelled = (int(_reply(n, 0)) for n in sized)

@@ -37,6 +37,7 @@ from queueworks.jobrecords import DEAD_JOB, JOB_ID, entry_job
 from queueworks.keys import Keys, TaskKeys, check_task_id
 from queueworks.models import StoredSpec, TaskState
 from queueworks.plans import Plan, Trip, alone
+from queueworks.priorities import bands_of
 from queueworks.queues import CANCELLED_LAST
 from queueworks.tasks import TaskNotFound
 
@@ -105,6 +106,13 @@ def plan_empty(keys: Keys, name: str) -> Plan[int]:
     freed: Freed = []
     emptied, grouped, _ = yield from _empty_stream(qk, ttl, freed)
     trip = Trip()
+    trip.smembers(qk.bands)
+    for band in bands_of((yield trip)[0]):  # the jobs of its priority bands
+        n, more, _ = yield from _empty_stream(qk, ttl, freed, stream=qk.band(band))
+        emptied += n
+        for group, ids in more.items():
+            grouped.setdefault(group, []).extend(ids)
+    trip = Trip()
     trip.smembers(qk.aside)
     handlers_gone = False  # the last job of a handler set aside went: its handler too
     for handler in aside_handlers((yield trip)[0]):
@@ -148,13 +156,13 @@ def _cancel(
 
 
 def _empty_stream(
-    qk: TaskKeys, ttl: int, freed: Freed, aside: str = ""
+    qk: TaskKeys, ttl: int, freed: Freed, aside: str = "", stream: str = ""
 ) -> Plan[tuple[int, dict[str, list[str]], bool]]:
-    """Cancel the jobs no member has read of the stream (the queue's, or the aside
-    stream of handler ``aside``): how many, by group the jobs whose slot goes back (one
-    the pump handed on holds its group's), and whether the last set aside of ``aside``
-    went (its stream and handler with it)."""
-    stream = qk.aside_stream(aside) if aside else qk.stream
+    """Cancel the jobs no member has read of the stream (the queue's, the aside stream of
+    handler ``aside``, or ``stream``: a priority band's): how many, by group the jobs
+    whose slot goes back (one the pump handed on holds its group's), and whether the last
+    set aside of ``aside`` went (its stream and handler with it)."""
+    stream = stream or (qk.aside_stream(aside) if aside else qk.stream)
     trip = Trip(errors=True)
     trip.xrevrange(stream, "+", "-", count=1)
     trip.xinfo_groups(stream)

@@ -20,9 +20,12 @@ def _conn() -> redis.Redis:
 
 def log_start(payload: dict[str, Any], ctx: Any) -> str:
     """Appends ``tag`` to the list ``log`` as the job starts, then sleeps ``seconds``;
-    fails its first ``fail`` attempts."""
-    _conn().rpush(payload["log"], payload["tag"])
+    fails its first ``fail`` attempts, and while the key ``fail_while`` exists."""
+    r = _conn()
+    r.rpush(payload["log"], payload["tag"])
     time.sleep(float(payload.get("seconds", 0.0)))
     if ctx.attempt <= int(payload.get("fail", 0)):
         raise RuntimeError(f"attempt {ctx.attempt} fails")
+    if payload.get("fail_while") and r.exists(payload["fail_while"]):
+        raise RuntimeError(f"{payload['fail_while']} is set")
     return str(payload["tag"])

@@ -12,8 +12,10 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
+from queueworks.job_lists import plan_job_counts
 from queueworks.models import JobState
 from queueworks.priorities import HIGHEST, LOWEST, priority_of_id
+from queueworks.runner import run
 from tests.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.system
@@ -89,3 +91,86 @@ def test_a_high_job_behind_a_deep_backlog_starts_within_a_few_starts(
     after = started.index("high") - before
     assert after <= 12, f"{after} backlog jobs started before the high one"
     assert q.job(backlog[-1].id).status().state == JobState.QUEUED  # the backlog waits on
+
+
+def backlog_of(q: Any, log: str, n: int, seconds: float) -> list[Any]:
+    return q.enqueue_many([(LOG, {"log": log, "tag": "low", "seconds": seconds})] * n)
+
+
+def test_retries_delayed_and_dependent_jobs_keep_their_priority(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """A retry that waited, a delayed job and a dependent, each released behind a backlog
+    of 400 jobs (8 s of work), all run while most of it still waits: back on their band."""
+    q = client.queue("keep", max_attempts=3)
+    log = f"{client.keys.prefix}:log"
+    q.enqueue(LOG, {"log": log, "tag": "warm"}, priority=4)
+    backlog = backlog_of(q, log, 400, 0.02)
+    cluster.worker(allow=ALLOW, extra=BEAT)
+    wait_for(lambda: r.llen(log) > 5, 60, "the backlog running")
+    retried = q.enqueue(LOG, {"log": log, "tag": "retry", "fail": 1}, priority=4, retry_delay=0.3)
+    delayed = q.enqueue(LOG, {"log": log, "tag": "delayed"}, priority=4, delay=0.3)
+    first = q.enqueue(LOG, {"log": log, "tag": "first", "seconds": 0.3}, priority=4)
+    dependent = q.enqueue(LOG, {"log": log, "tag": "dependent"}, priority=4, depends_on=[first])
+    for job in (retried, delayed, dependent):
+        job.result(timeout=60)
+    assert retried.status().attempts == 2
+    assert q.job(backlog[200].id).status().state == JobState.QUEUED
+    started = said(r, log)
+    assert started.count("retry") == 2 and started.index("dependent") > started.index("first")
+
+
+def test_a_dead_prioritised_job_requeued_runs_on_its_band(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("dead", max_attempts=1)
+    log, fail = f"{client.keys.prefix}:log", f"{client.keys.prefix}:fail"
+    r.set(fail, 1)
+    doomed = q.enqueue(LOG, {"log": log, "tag": "doomed", "fail_while": fail}, priority=3)
+    backlog = backlog_of(q, log, 400, 0.02)
+    cluster.worker(allow=ALLOW, extra=BEAT)
+    wait_for(lambda: doomed.status().state == JobState.DEAD, 60, "the job dead")
+    r.delete(fail)
+    assert q.requeue_dead() == 1
+    assert doomed.result(timeout=60) == "doomed"
+    assert q.job(backlog[200].id).status().state == JobState.QUEUED
+
+
+def test_a_prioritised_job_of_a_killed_worker_runs_again(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("kill", max_attempts=3)
+    log = f"{client.keys.prefix}:log"
+    job = q.enqueue(LOG, {"log": log, "tag": "long", "seconds": 30, "fail": 0}, priority=2)
+    first = cluster.worker(allow=ALLOW, extra=BEAT)
+    wait_for(lambda: r.llen(log) == 1, 60, "the job started")
+    first.kill()
+    q.enqueue(LOG, {"log": log, "tag": "quick"}, priority=2)  # (the band's reads go on)
+    job_again = q.job(job.id)
+    cluster.worker(allow=ALLOW, extra=BEAT)
+    wait_for(lambda: said(r, log).count("long") == 2, 60, "the job run again elsewhere")
+    assert job_again.status().attempts == 2
+
+
+def test_prioritised_jobs_are_counted_listed_cancelled_and_emptied(
+    client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("count")
+    low = q.enqueue(LOG, {"tag": "low"}, priority=-3)
+    plain = q.enqueue(LOG, {"tag": "plain"})
+    high = q.enqueue(LOG, {"tag": "high"}, priority=5)
+    extra = q.enqueue_many([(LOG, {"tag": "x"})] * 3, priority=1)
+    assert q.status().backlog == 6
+    counts = run(r, client.scripts, plan_job_counts(client.keys, "count"))  # the dashboard's
+    assert counts["queued"] == 6
+    page = q.jobs("queued")
+    assert page.total == 6
+    assert [j.id for j in page.jobs] == [high.id, *(j.id for j in extra), plain.id, low.id]
+    assert q.jobs("queued", limit=2, offset=3).jobs[0].id == extra[2].id
+    assert high.status().state == JobState.QUEUED
+    assert high.cancel() is True
+    assert high.status().state == JobState.CANCELLED
+    assert q.status().backlog == 5
+    assert q.empty() == 5
+    assert q.status().backlog == 0
+    assert low.status().state == JobState.CANCELLED
