@@ -136,7 +136,8 @@ def start_tracing(service: str) -> None:
     show_envvar=True,
     metavar="A,B",
     callback=queue_names,
-    help="serve only these queues (comma-separated)",
+    help="serve only these queues (comma-separated); NAME:WEIGHT weighs them against each "
+    "other (high:3,default:1: about 3 jobs of high for 1 of default while both have jobs)",
     show_default="every queue this worker may serve",
 )
 @setting("--heartbeat-interval", "heartbeat_interval", "seconds between heartbeats", type=float)
@@ -205,7 +206,7 @@ def worker(
     name: str | None,
     allow: tuple[str, ...],
     label: tuple[str, ...],
-    queues: list[str] | None,
+    queues: dict[str, int] | None,
     id_file: str | None,
     processes: int,
     max_jobs_per_child: int | None,
@@ -249,7 +250,10 @@ def worker(
     if not allow:
         click.echo("warning: no --allow prefix given; every handler will be refused", err=True)
     try:
-        w = Worker(settings, worker_id=name, allow=list(allow), labels=labels, queues=queues)
+        names = None if queues is None else list(queues)
+        w = Worker(
+            settings, worker_id=name, allow=list(allow), labels=labels, queues=names, weights=queues
+        )
     except ValueError as exc:  # the URL or the worker id
         raise BadInput(str(exc)) from None
     if id_file:

@@ -523,7 +523,7 @@ def test_enqueue_creates_its_queue_with_every_setting_given(
 ) -> None:
     """Every queue setting has its option (``QueueSettings`` declares them)."""
     args = ["enqueue", "sel", "tests.handlers:double", "--min-nodes", "2", "--max-nodes", "3"]
-    args += ["--priority", "5", "--max-attempts", "4", "--job-timeout", "1.5"]
+    args += ["--queue-priority", "5", "--max-attempts", "4", "--job-timeout", "1.5"]
     args += ["--result-ttl", "60", "--wait-timeout", "2", "--node-selector", "gpu=yes"]
     res = cli([*args, "--node-selector", "zone=a=b"], redis_url, prefix)
     assert res.returncode == 0, res.stderr
@@ -546,7 +546,8 @@ DEEP = "[" * 200 + "]" * 200
         (["enqueue", "..", "tests.handlers:double"], "must match"),
         (["enqueue", "q", "tests.handlers:double", "--wait", "--timeout", "-1"], "--timeout"),
         (["enqueue", "q", "tests.handlers:double", "--job-timeout", "nan"], "--job-timeout"),
-        (["enqueue", "q", "tests.handlers:double", "--priority", "9" * 12], "--priority"),
+        (["enqueue", "q", "tests.handlers:double", "--queue-priority", "9" * 12], "--queue-"),
+        (["enqueue", "q", "tests.handlers:double", "--priority", "6"], "--priority"),
         (["enqueue", "q", "tests.handlers:double", "--min-nodes", "0"], "--min-nodes"),
         (["enqueue", "q", "tests.handlers:double", "--result-ttl", "0"], "--result-ttl"),
         (["enqueue", "q", "tests.handlers:double", "--wait-timeout", "nan"], "--wait-timeout"),

@@ -10,8 +10,10 @@ from typing import Any
 
 import pytest
 import redis
+from click.testing import CliRunner
 
 from queueworks import AsyncClient, Client
+from queueworks.cli import main
 from queueworks.job_lists import plan_job_counts
 from queueworks.models import JobState
 from queueworks.priorities import HIGHEST, LOWEST, priority_of_id
@@ -174,3 +176,47 @@ def test_prioritised_jobs_are_counted_listed_cancelled_and_emptied(
     assert q.empty() == 5
     assert q.status().backlog == 0
     assert low.status().state == JobState.CANCELLED
+
+
+def test_worker_queue_weights_share_its_starts_about_3_to_1(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    log = f"{client.keys.prefix}:log"
+    for name in ("high", "default"):
+        client.queue(name).enqueue_many([(LOG, {"log": log, "tag": name, "seconds": 0.005})] * 400)
+    cluster.worker(allow=ALLOW, extra=[*BEAT, "--queues", "high:3,default:1"])
+    wait_for(lambda: r.llen(log) >= 300, 120, "300 starts")
+    started = said(r, log)[:300]
+    ratio = started.count("high") / max(1, started.count("default"))
+    assert 2.0 <= ratio <= 4.5, f"high:default = {ratio:.2f}"
+
+
+def test_worker_queues_without_weights_share_alike(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    log = f"{client.keys.prefix}:log"
+    for name in ("a", "b"):
+        client.queue(name).enqueue_many([(LOG, {"log": log, "tag": name, "seconds": 0.005})] * 300)
+    cluster.worker(allow=ALLOW, extra=[*BEAT, "--queues", "a,b"])
+    wait_for(lambda: r.llen(log) >= 200, 120, "200 starts")
+    started = said(r, log)[:200]
+    ratio = started.count("a") / max(1, started.count("b"))
+    assert 0.6 <= ratio <= 1.6, f"a:b = {ratio:.2f}"
+
+
+@pytest.mark.parametrize("bad", ["high:x", "high:0", "high:-1", "high:1.5"])
+def test_a_bad_queue_weight_is_a_clear_cli_error(bad: str) -> None:
+    res = CliRunner().invoke(main, ["worker", "--queues", bad], prog_name="queueworks")
+    assert res.exit_code == 2
+    assert "--queues" in res.output and "weight of queue 'high'" in res.output
+
+
+def test_cli_enqueue_takes_a_priority(redis_url: str, prefix: str, client: Client) -> None:
+    env = {"QUEUEWORKS_REDIS_URL": redis_url, "QUEUEWORKS_PREFIX": prefix}
+    args = ["enqueue", "cli", LOG, "--json", '{"tag": "x"}', "--priority", "4"]
+    res = CliRunner().invoke(main, args, env=env, prog_name="queueworks")
+    assert res.exit_code == 0, res.output
+    assert priority_of_id(res.output.strip()) == 4
+    bad = CliRunner().invoke(main, [*args[:-1], "9"], env=env, prog_name="queueworks")
+    assert bad.exit_code == 2 and "--priority" in bad.output and "9" in bad.output
+    assert client.queue("cli").status().backlog == 1

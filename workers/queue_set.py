@@ -45,6 +45,7 @@ from .queue_loop import BLOCK_MS, QueueLoop, halted
 from .queue_scout import Scout
 from .ready import FEW, Ready, name_in, streams_of
 from .runtime import TaskRun, WorkerParts
+from .weights import Weights
 from .work import Leave, Work
 
 SCOUT_SECONDS = 0.5  # how often the worker looks for queues to join or leave
@@ -67,8 +68,10 @@ class Member:
 
 
 class QueueSet:
-    def __init__(self, parts: WorkerParts, scout: Scout) -> None:
+    def __init__(self, parts: WorkerParts, scout: Scout, weights: Weights | None = None) -> None:
         self.parts, self.scout = parts, scout
+        self.weights = weights or Weights()  # (``--queues high:3,default:1``)
+        self.busy = False  # the last read brought jobs
         self.r, self.me, self.log = parts.r, parts.state.worker_id, parts.log
         self.members: dict[str, Member] = {}
         # queues left while jobs of theirs still run here: read no more, closed once the
@@ -288,8 +291,11 @@ class QueueSet:
         gated: list[RateGate] = []  # the rate-limited queues' gates due now
         ordered: list[BandGate] = []  # the queues read highest priority first, this round
         banded = False  # a queue's jobs use priority bands (a read of it may wake its gate)
+        resting = self.weights.resting([m.name for m in members], self.busy)
+        if resting:
+            wait = None  # (the others' read brings jobs, or the next round reads all)
         for m in members:
-            if m.loop.paused:  # a paused queue's streams are not read (its checks are)
+            if m.loop.paused or m.name in resting:  # not read (its checks are)
                 continue
             reads = streams_of(m.loop)
             owner.update(dict.fromkeys(reads, m))
@@ -314,6 +320,7 @@ class QueueSet:
             return read_cluster(self, members, due, now, count), owner
         if not streams and not gated and not ordered:
             self._idle(due, now, wait if idle_wait is None else idle_wait)
+            self.busy = False
             return None, owner
         if not due and not gated and not ordered:
             alone = self._xreadgroup(streams, count, wait)
@@ -350,6 +357,7 @@ class QueueSet:
     def _brought(self, read: Any, owner: dict[str, Member], idle_wait: int | None) -> Any:
         """Note which queues ``read`` brought jobs of; reading some of many and nothing
         came, wait ``idle_wait`` ms on the wake event (a stream's notification sets it)."""
+        self.busy = bool(read)  # (queue weights: ``workers.weights``)
         if read:
             for raw_stream, entries in read:
                 member = owner.get(text(raw_stream))

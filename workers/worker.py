@@ -12,6 +12,7 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from queueworks import events
@@ -32,6 +33,7 @@ from .queue_set import QueueSet
 from .runtime import TaskRun, WorkerParts
 from .watchdog import EXIT_HUNG, Watchdog
 from .watcher import Watcher, streams_notified
+from .weights import Weights
 
 REFUSE_AGAIN = 5.0  # s between two refusals of a task the controller keeps giving us
 
@@ -51,6 +53,7 @@ class Worker:
         allow: list[str] | None = None,
         labels: dict[str, str] | None = None,
         queues: list[str] | None = None,
+        weights: Mapping[str, int] | None = None,
     ) -> None:
         self.settings = settings
         self.id = check_worker_id(worker_id or default_worker_id())
@@ -95,7 +98,7 @@ class Worker:
         self.state.on_fenced = self.parts.running.fenced
         self.state.on_cancelled = self.parts.running.cancelled
         scout = Scout(self.r, self.keys, labels=self.labels, allow=self.allow, only=self.queues)
-        self.queue_set = QueueSet(self.parts, scout)
+        self.queue_set = QueueSet(self.parts, scout, Weights(weights))
         self.queue_set.listen = self._listen
         self.exit_code = 0  # EXIT_HUNG once the event loop is hung: the CLI exits with it
         self._watched: set[tuple[str, bool]] = set()  # (key, is a pattern) watched now

@@ -28,6 +28,7 @@ from queueworks.commands.options import (
     settings_from_flags,
     task_id_param,
 )
+from queueworks.priorities import DEFAULT, HIGHEST, LOWEST
 from queueworks.queue_settings import SETTINGS
 from queueworks.validate import MAX_TTL
 
@@ -129,6 +130,15 @@ def wait_for_job(
     show_default="none",
 )
 @option(
+    "--priority",
+    "job_priority",
+    type=click.IntRange(LOWEST, HIGHEST),
+    default=DEFAULT,
+    show_default=True,
+    help=f"the job's priority in its queue, from {LOWEST} to {HIGHEST}: higher runs first, "
+    "in order of enqueue within one priority",
+)
+@option(
     "--depends-on",
     "depends_on",
     multiple=True,
@@ -166,6 +176,7 @@ def enqueue(
     key: str | None,
     unique_for: float | None,
     group: str | None,
+    job_priority: int,
     depends_on: tuple[str, ...],
     wait: bool,
     timeout: float | None,
@@ -180,7 +191,8 @@ def enqueue(
     --wait: print the job's result as JSON and exit 0, or say why it died (or was
     cancelled) on stderr and exit 3. With --key, a job holding that key that is not finished
     (or finished less than --unique-for ago) is not enqueued again: its id is printed (and
-    --wait waits for it), and stderr says so. --group: see --group-limit. A typed job
+    --wait waits for it), and stderr says so. --group: see --group-limit. --priority: a
+    higher one runs first (docs/queues.md, Priorities). A typed job
     function (@job) takes --args and --kwargs instead of --json: its worker checks them
     against the function's signature."""
     from queueworks.messages import NotJSON, from_json
@@ -205,6 +217,8 @@ def enqueue(
     except ValueError as exc:  # a setting the queue has otherwise, a task of that name...
         raise BadInput(str(exc)) from None
     own: dict[str, Any] = {"key": key, "unique_for": unique_for, "group": group}
+    if job_priority != DEFAULT:
+        own["priority"] = job_priority
     try:
         job = q.enqueue(handler, value, delay=delay, depends_on=depends_on or None, **own)
     except ValueError as exc:  # a payload too deep, a bad --key or --group, a dependency...

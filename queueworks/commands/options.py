@@ -207,15 +207,22 @@ def task_id_param(ctx: click.Context, param: click.Parameter, value: str) -> str
         raise click.BadParameter(str(exc)) from None
 
 
-def queue_names(ctx: click.Context, param: click.Parameter, value: str | None) -> list[str] | None:
-    """``--queues a,b`` as a list of queue names (each checked as ``check_task_id`` checks
-    it); not given: None (every queue)."""
+def queue_names(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> dict[str, int] | None:
+    """``--queues a:3,b`` as queue names (each checked as ``check_task_id`` checks it) with
+    their weights (1 if none is given: ``workers.weights``), in order; not given: None
+    (every queue)."""
+    from queueworks.workers.weights import parse_queues
+
     if value is None:
         return None
     try:
-        return check_names([name.strip() for name in value.split(",")], "queue name")
+        weights = parse_queues(value)
+        check_names(list(weights), "queue name")
     except ValueError as exc:
         raise click.BadParameter(str(exc)) from None
+    return weights
 
 
 def key_values(items: tuple[str, ...], flag: str, what: str) -> dict[str, str]:
@@ -272,13 +279,15 @@ def _labels_given(ctx: click.Context, param: click.Parameter, value: Any) -> Any
 
 def queue_setting_options(f: Any) -> Any:
     """An option for every queue setting (``QueueSettings``): its flag, type and help
-    from the declaration; not given (None) unless given, so that the queue's own stays."""
+    from the declaration; not given (None) unless given, so that the queue's own stays.
+    The queue's ``priority`` (against tasks) is ``--queue-priority``: ``--priority`` is
+    the job's (``enqueue``)."""
     for s in reversed(SETTINGS.values()):
         more: dict[str, Any] = {"type": setting_type(s)}
         if s.kind is dict:
             more.update(multiple=True, metavar="KEY=VALUE", callback=_labels_given)
         f = option(
-            s.flag,
+            "--queue-priority" if s.name == "priority" else s.flag,
             s.name,
             help=s.help,
             show_default=f"the queue's own; {s.shown_default} if new",
