@@ -502,8 +502,9 @@ def plan_job_detail(keys: Keys, name: str, job_id: str) -> Plan[JobDetail]:
         payload = payload or entry[0][1].get(ENTRY_PAYLOAD.encode())
         where = where or entry[0][0]
     if payload is None and where is not None and not entry:
-        # released off the record (a delayed or deferred job, a retry): on its entry now
-        entry = yield from _entry(qk, where)
+        # released off the record (a delayed or deferred job, a retry, a prioritised
+        # job): on its entry now, on its band's stream
+        entry = yield from _entry(qk.stream_of(job_id), where)
         payload = entry[0][1].get(ENTRY_PAYLOAD.encode()) if entry else None
     if payload is None and status.state == JobState.DEAD:
         payload = yield from _dead_payload(qk, job_id)
@@ -536,11 +537,11 @@ def trace_id(options: bytes | str | None) -> str | None:
     return found.group(1) if found else None
 
 
-def _entry(qk: TaskKeys, entry_id: bytes) -> Plan[list[Any]]:
-    """Entry ``entry_id`` of the queue's stream, as ``XRANGE`` gives it (empty: gone, or
-    on another stream)."""
+def _entry(stream: str, entry_id: bytes) -> Plan[list[Any]]:
+    """Entry ``entry_id`` of ``stream`` (the queue's, or a priority band's), as ``XRANGE``
+    gives it (empty: gone, or on another stream)."""
     trip = Trip(errors=True)
-    trip.xrange(qk.stream, entry_id, entry_id, count=1)
+    trip.xrange(stream, entry_id, entry_id, count=1)
     found: list[Any] = _reply((yield trip)[0], [])
     return found
 

@@ -297,3 +297,13 @@ def test_reading_a_result_imports_no_module_outside_the_allowed_prefixes(backend
     with pytest.raises(TASKS.TaskResultDoesNotExist):
         backend.get_result(f"default/{job.id}")
     assert "qw_never_imported" not in sys.modules
+
+
+@pytest.mark.unit
+def test_django_priorities_map_onto_job_priorities_in_order() -> None:
+    from queueworks.contrib.django import job_priority
+
+    mapped = [job_priority(p) for p in range(-100, 101)]
+    assert mapped == sorted(mapped)  # never inverted
+    assert (job_priority(-100), job_priority(0), job_priority(100)) == (-5, 0, 5)
+    assert (job_priority(9), job_priority(10), job_priority(-10), job_priority(50)) == (0, 1, -1, 3)

@@ -19,6 +19,7 @@ from queueworks.job_lists import plan_job_detail
 from queueworks.keys import check_task_id
 from queueworks.messages import NotJSON, to_json
 from queueworks.models import JobDetail
+from queueworks.priorities import HIGHEST, LOWEST
 from queueworks.queue_handle import Queue
 from queueworks.runner import run
 
@@ -48,8 +49,12 @@ class NotJSONArgument(TypeError, ValueError):
 
 def job_priority(priority: int) -> int:
     """A Django task's priority (-100 to 100, higher runs first) as its job's priority in
-    queueworks (higher runs first too): the same number."""
-    return priority
+    queueworks (-5 to 5, higher runs first too): every 20 of Django's make one, rounded
+    toward 0 from the middle of each (-9 .. 9 -> 0, 10 .. 29 -> 1, ... 90 .. 100 -> 5; the
+    same below 0). The order is kept, never inverted; tasks of Django priorities that map
+    to one job priority run in the order they were enqueued."""
+    band = (abs(priority) + 10) // 20
+    return min(HIGHEST, band) if priority >= 0 else max(LOWEST, -band)
 
 
 def json_arguments(args: Sequence[Any], kwargs: Mapping[str, Any]) -> None:
@@ -76,9 +81,8 @@ class QueueworksBackend(TASKS.BaseTaskBackend):  # type: ignore[misc]
     supports_defer = True
     supports_async_task = True
     supports_get_result = True
-    # Django's priority needs job priorities (``Queue.enqueue(priority=)``): until this
-    # queueworks has them, the framework refuses a task with a priority, instead of the
-    # backend dropping it
+    # Django's priority is the job's (``job_priority``); a queueworks without job
+    # priorities would say False here, and the framework refuse a task with a priority
     supports_priority = ENQUEUE_TAKES_PRIORITY
 
     def __init__(self, alias: str, params: dict[str, Any]) -> None:
