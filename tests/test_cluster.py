@@ -609,3 +609,21 @@ def test_schedules_fire_on_every_shard(cc: Cluster, cclient: Client, rc: RedisCl
     for q in queues:
         last = q.schedules()[0].last_job
         assert last is not None and q.job(last).result(timeout=30) == 8
+
+
+@pytest.mark.system
+def test_priorities_on_a_cluster(cc: Cluster, cclient: Client, rc: RedisCluster) -> None:
+    """Two queues on two primaries (each read on its own shard): a queue's prioritised jobs
+    run highest first there too, their bands in their queue's slot."""
+    slot_map = read_slot_map(rc)
+    a, b = (task_id_on(slot_map, node) for node in sorted(slot_map.primaries)[:2])
+    banded, other = cclient.queue(a), cclient.queue(b)
+    double = "queueworks.examples:double"
+    low = banded.enqueue_many(((double, {"x": i}) for i in range(10)), priority=-2)
+    high = banded.enqueue_many(((double, {"x": i}) for i in range(10)), priority=4)
+    plain = other.enqueue_many((double, {"x": i}) for i in range(10))
+    cc.worker("bands", allow=ALLOW)
+    for jobs in (low, high, plain):
+        assert [j.result(timeout=60) for j in jobs] == [2 * i for i in range(10)]
+    last_high = max(j.status().started_at or 0.0 for j in high)
+    assert last_high < min(j.status().started_at or 0.0 for j in low)

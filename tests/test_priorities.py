@@ -14,6 +14,8 @@ from click.testing import CliRunner
 
 from queueworks import AsyncClient, Client
 from queueworks.cli import main
+from queueworks.examples import add
+from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.job_lists import plan_job_counts
 from queueworks.models import JobState
 from queueworks.priorities import HIGHEST, LOWEST, priority_of_id
@@ -67,9 +69,13 @@ def test_higher_first_and_in_order_within_one_priority(
     for n, p in enumerate(order):
         jobs.append(q.enqueue(LOG, {"log": log, "tag": f"{p}/{n}"}, priority=p))
     many = q.enqueue_many([(LOG, {"log": log, "tag": f"3/{n}"}) for n in range(9, 12)], priority=3)
-    cluster.worker(allow=ALLOW, extra=BEAT)
+    typed = q.enqueue(add.call(2, 3), priority=-5)  # a typed call takes one as any job
+    typed_many = q.enqueue_many([add.call(1, 1)], priority=-5)
+    cluster.worker(allow=(*ALLOW, "queueworks.examples"), extra=BEAT)
     for job in [*jobs, *many]:
         job.result(timeout=60)
+    assert typed.result(timeout=60) == 5 and typed_many[0].result(timeout=60) == 2
+    assert priority_of_id(typed.id) == -5 == priority_of_id(typed_many[0].id)
     expected = sorted(
         [f"{p}/{n}" for n, p in enumerate(order)] + [f"3/{n}" for n in range(9, 12)],
         key=lambda tag: (-int(tag.split("/")[0]), int(tag.split("/")[1])),
@@ -165,6 +171,7 @@ def test_prioritised_jobs_are_counted_listed_cancelled_and_emptied(
     assert q.status().backlog == 6
     counts = run(r, client.scripts, plan_job_counts(client.keys, "count"))  # the dashboard's
     assert counts["queued"] == 6
+    assert QueueReader(client).summary("count").backlog == 6  # its queues page
     page = q.jobs("queued")
     assert page.total == 6
     assert [j.id for j in page.jobs] == [high.id, *(j.id for j in extra), plain.id, low.id]

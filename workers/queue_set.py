@@ -291,7 +291,9 @@ class QueueSet:
         gated: list[RateGate] = []  # the rate-limited queues' gates due now
         ordered: list[BandGate] = []  # the queues read highest priority first, this round
         banded = False  # a queue's jobs use priority bands (a read of it may wake its gate)
-        resting = self.weights.resting([m.name for m in members], self.busy)
+        resting: set[str] = set()
+        if self.weights.weights:
+            resting = self.weights.resting([m.name for m in members], self.busy)
         if resting:
             wait = None  # (the others' read brings jobs, or the next round reads all)
         for m in members:
@@ -632,6 +634,8 @@ def read_cluster(
     looks = [m.loop.put_looks(pipe, now, settle) for m, settle in due]
     at = len(pipe)
     reading = [m for m in members if not m.loop.paused and m.loop.gate is None]
+    ordered = [m.loop.bands for m in reading if m.loop.bands.ordered()]
+    reading = [m for m in reading if not m.loop.bands.ordered()]
     gated = [
         m.loop.gate
         for m in members
@@ -641,6 +645,8 @@ def read_cluster(
         pipe.xreadgroup(GROUP, queues.me, m.loop.aside.read, count=count)
     for gate in gated:  # (a cluster pipeline runs each at once)
         gate.put(pipe, count)
+    for bands in ordered:  # (likewise)
+        bands.put(pipe, count)
     replies = pipe.execute(raise_on_error=False)
     for looked in looks:
         looked(replies)
@@ -649,9 +655,13 @@ def read_cluster(
         if isinstance(reply, Exception):
             m.loop.read_failed(reply)
         elif reply:
+            if m.loop.aside.bands:
+                woke(reply, {text(stream): m for stream, _ in reply})
             read += reply
     for gate in gated:
         read += gate.took(replies, now)
+    for bands in ordered:
+        read += bands.took(replies)
     if not read:
         queues.parts.state.wake.wait(CLUSTER_WAIT)
         queues.parts.state.wake.clear()

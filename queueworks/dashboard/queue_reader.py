@@ -58,8 +58,9 @@ from queueworks.jobrecords import (
 )
 from queueworks.keys import check_task_id
 from queueworks.models import JobDetail, JobPage, Schedule
+from queueworks.priorities import bands_of
 from queueworks.queue_settings import SETTINGS, Setting
-from queueworks.queues import ENTRY_ID
+from queueworks.queues import ENTRY_ID, band_counts, band_reads
 from queueworks.records import (
     QUEUE_PAUSED,
     TASK_FIELDS,
@@ -72,7 +73,7 @@ from queueworks.schedule_plans import plan_schedules
 
 INF = float("inf")
 SUMMARY_READS = (
-    14  # replies per queue of a summaries pipeline (then 4 of flow_reads, the aside set)
+    15  # replies per queue of a summaries pipeline (4 of flow_reads, the bands, the aside set)
 )
 RECORD_SETTINGS = ("min_nodes", "max_nodes", "priority")  # shown from the record: they change
 _EMPTY = [None] * len(TASK_FIELDS)
@@ -180,11 +181,13 @@ class QueueReader:
             pipe.hget(tk.record, QUEUE_PAUSED)
             pipe.llen(tk.cancelled)
             flow_reads(pipe, tk, "spec")
+            pipe.smembers(tk.bands)
             pipe.smembers(tk.aside)
         replies = pipe.execute(raise_on_error=False)
         now = time.time()
         n = SUMMARY_READS
         asides = self._asides(names, [replies[n * (i + 1) - 1] for i in range(len(names))])
+        bands = self._bands(names, [replies[n * (i + 1) - 2] for i in range(len(names))])
         members_of = [_ids(replies[n * i + 1]) for i in range(len(names))]
         lost = self._lost({w for ids in members_of for w in ids})
         out = []
@@ -197,16 +200,18 @@ class QueueReader:
             row = self._summary(name, record, members, length, pending, scheduled, rate, now)
             more = {"deferred": 0 if row.finished else _int(deferred), "paused": paused == b"1"}
             more["cancelled"] = _int(cancelled)
-            flow = flow_status(replies[n * i + 9 : n * (i + 1) - 1], now)
+            flow = flow_status(replies[n * i + 9 : n * (i + 1) - 2], now)
             more |= flow
             aside = asides[i]
-            # off the stream: backlog too (waiting for a group slot, or set aside)
+            # off the stream: backlog too (waiting for a group slot, set aside, or on a
+            # priority band's stream)
             waiting = sum(flow["groups_waiting"].values()) + sum(aside.waiting.values())
+            waiting += bands[i][0]
             if row.finished:
                 more["left"] = row.left + waiting
             else:
                 more["backlog"] = row.backlog + waiting
-                more["running"] = row.running + aside.running
+                more["running"] = row.running + aside.running + bands[i][1]
                 more["set_aside"] = aside.waiting
                 more["reason"] = with_aside(row.reason, aside.waiting)
             row = row.model_copy(update=more)
@@ -229,6 +234,22 @@ class QueueReader:
     def worker_lost(self, worker: str | None) -> bool:
         """Whether ``worker`` (a running job's) is lost: its pool heartbeat is gone."""
         return worker is not None and worker in self._lost({worker})
+
+    def _bands(self, names: Sequence[str], sets: Sequence[Any]) -> list[tuple[int, int]]:
+        """Each queue's jobs waiting and running on its priority bands, from its bands set
+        as read: one pipeline for the queues that use bands, none if no queue does."""
+        used = [bands_of(reply) if not isinstance(reply, Exception) else [] for reply in sets]
+        if not any(used):
+            return [(0, 0)] * len(names)
+        pipe = self.r.pipeline(transaction=False)
+        for name, some in zip(names, used, strict=True):
+            band_reads(pipe, self.keys.task(name), some)
+        replies = pipe.execute(raise_on_error=False)
+        out, at = [], 0
+        for some in used:
+            out.append(band_counts(replies[at : at + 2 * len(some)]))
+            at += 2 * len(some)
+        return out
 
     def _asides(self, names: Sequence[str], sets: Sequence[Any]) -> list[Aside]:
         """Each queue's jobs set aside, from its aside set as read: one pipeline for the
