@@ -297,18 +297,19 @@ class QueueSet:
         if resting:
             wait = None  # (the others' read brings jobs, or the next round reads all)
         for m in members:
-            if m.loop.paused or m.name in resting:  # not read (its checks are)
+            loop = m.loop
+            if loop.paused or (resting and m.name in resting):  # not read (its checks are)
                 continue
-            reads = streams_of(m.loop)
+            reads = streams_of(loop)
             owner.update(dict.fromkeys(reads, m))
-            gate = m.loop.gate
+            gate = loop.gate
             if gate is None:
                 self.read_names.add(m.name)
-                bands = m.loop.bands
-                if bands.ordered():
-                    ordered.append(bands)
-                    continue
-                banded = banded or bool(m.loop.aside.bands)
+                if loop.aside.bands:  # its jobs use priorities: read in order while jobs come
+                    if loop.bands.ordered():
+                        ordered.append(loop.bands)
+                        continue
+                    banded = True
                 streams.update(reads)
                 continue
             if gate.due(now):
@@ -454,7 +455,8 @@ class QueueSet:
             if member is None or member.name not in self.members:
                 continue  # (left meanwhile: its entries stay pending, reclaimed by others)
             works = member.loop.aside.works([[raw_stream, entries]])
-            if member.loop.aside.is_aside(stream):  # an aside stream's: run as held ones
+            if stream != member.run.tk.stream and member.loop.aside.is_aside(stream):
+                # an aside stream's: run as held ones (a band's runs in the read's order)
                 member.run.held.extend(works)
                 continue
             queues.setdefault(member.name, []).extend(works)
