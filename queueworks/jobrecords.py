@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 
 from queueworks.keys import PARKED
 from queueworks.models import JobState, JobStatus
+from queueworks.priorities import priority_of_id
 
 # -- the entry -------------------------------------------------------------------------------
 
@@ -316,6 +317,7 @@ def job_status(
         progress_message=f.get(JOB_PROGRESS_MESSAGE),
         last_error=last_error,
         waits_for=sorted(waits) if state == JobState.DEFERRED else [],
+        priority=priority_of_id(job_id),
     )
 
 

@@ -362,6 +362,7 @@ class JobStatus(_Model):
     progress_message: str | None = None  # the message of that report
     last_error: str | None = None  # a job not dead that failed: its last error line
     waits_for: list[str] = Field(default_factory=list)  # a deferred job's dependencies left
+    priority: int = 0  # its priority in its queue (``queueworks.priorities``)
 
 
 class JobDetail(JobStatus):

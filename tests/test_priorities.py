@@ -14,8 +14,8 @@ from click.testing import CliRunner
 
 from queueworks import AsyncClient, Client
 from queueworks.cli import main
-from queueworks.examples import add
 from queueworks.dashboard.queue_reader import QueueReader
+from queueworks.examples import add
 from queueworks.job_lists import plan_job_counts
 from queueworks.models import JobState
 from queueworks.priorities import HIGHEST, LOWEST, priority_of_id
@@ -176,7 +176,11 @@ def test_prioritised_jobs_are_counted_listed_cancelled_and_emptied(
     assert page.total == 6
     assert [j.id for j in page.jobs] == [high.id, *(j.id for j in extra), plain.id, low.id]
     assert q.jobs("queued", limit=2, offset=3).jobs[0].id == extra[2].id
-    assert high.status().state == JobState.QUEUED
+    assert (high.status().state, high.status().priority, plain.status().priority) == (
+        JobState.QUEUED,
+        5,
+        0,
+    )
     assert high.cancel() is True
     assert high.status().state == JobState.CANCELLED
     assert q.status().backlog == 5
@@ -226,4 +230,6 @@ def test_cli_enqueue_takes_a_priority(redis_url: str, prefix: str, client: Clien
     assert priority_of_id(res.output.strip()) == 4
     bad = CliRunner().invoke(main, [*args[:-1], "9"], env=env, prog_name="queueworks")
     assert bad.exit_code == 2 and "--priority" in bad.output and "9" in bad.output
+    shown = CliRunner().invoke(main, ["job", f"cli/{res.output.strip()}"], env=env)
+    assert "priority  4" in shown.output, shown.output
     assert client.queue("cli").status().backlog == 1

@@ -29,6 +29,8 @@ def render(ref: str, d: JobDetail) -> str:
     """A job as ``queueworks job`` prints it."""
     lines = [f"job {ref}  {d.state.value}  {d.handler}"]
     lines.append(f"  attempts  {d.attempts}" + (f"  (worker {d.worker})" if d.worker else ""))
+    if d.priority:
+        lines.append(f"  priority  {d.priority}")
     times = [("enqueued", d.enqueued_at), ("runs at", d.run_at), ("started", d.started_at)]
     times.append(("finished", d.finished_at))
     lines += [f"  {name:<9} {_at(ts)}" for name, ts in times if ts is not None]
