@@ -155,7 +155,9 @@ def group_pump(
     keys = [tk.groups, tk.groups_held, tk.groups_waiting, tk.stream]
     args: list[Any] = [limit, len(back), *back]
     for group in sorted(heads):
-        keys += [tk.group_wait(group), *(tk.job(j) for j in heads[group])]
+        keys.append(tk.group_wait(group))
+        for j in heads[group]:  # its record, and the stream of its band
+            keys += (tk.job(j), tk.stream_of(j))
         args += [group, len(heads[group])]
     return Call("group_pump", keys, args, int)
 

@@ -233,3 +233,18 @@ def test_cli_enqueue_takes_a_priority(redis_url: str, prefix: str, client: Clien
     shown = CliRunner().invoke(main, ["job", f"cli/{res.output.strip()}"], env=env)
     assert "priority  4" in shown.output, shown.output
     assert client.queue("cli").status().backlog == 1
+
+
+def test_a_prioritised_job_that_waited_for_its_group_slot_keeps_its_priority(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    q = client.queue("grouped", group_limit=1)
+    log = f"{client.keys.prefix}:log"
+    q.enqueue(LOG, {"log": log, "tag": "warm"}, priority=3)
+    backlog = backlog_of(q, log, 400, 0.02)
+    holder = q.enqueue(LOG, {"log": log, "tag": "holder", "seconds": 1}, priority=3, group="g")
+    waiter = q.enqueue(LOG, {"log": log, "tag": "waiter"}, priority=3, group="g")
+    cluster.worker(allow=ALLOW, extra=[*BEAT, "--concurrency", "2"])
+    assert waiter.result(timeout=60) == "waiter"
+    assert holder.status().state == JobState.DONE
+    assert q.job(backlog[200].id).status().state == JobState.QUEUED

@@ -11,8 +11,9 @@
 -- (settle_jobs.lua), after a cancel, and by the leader's backstop; idempotent.
 -- KEYS[1] groups hash   KEYS[2] held hash   KEYS[3] waiting hash (group -> jobs in its list)
 -- KEYS[4] the queue's stream
--- KEYS[5..] per group of ARGV, in order: its wait list, then the records of the heads of
---   that list the caller read (n of them, oldest first)
+-- KEYS[5..] per group of ARGV, in order: its wait list, then for each head of that list the
+--   caller read (n of them, oldest first) its record and the stream it goes back onto (its
+--   priority band's: queueworks.priorities)
 -- ARGV[1] group_limit   ARGV[2] n: jobs that give their slot back first (a job cancelled
 --   while it held one on the stream), then their n ids, then per group: its name and the
 --   number of heads read
@@ -31,7 +32,7 @@ local moved, k = 0, 5
 for a = 3 + n_back, #ARGV, 2 do
   local g, list, heads = ARGV[a], KEYS[k], tonumber(ARGV[a + 1])
   local n = tonumber(redis.call('HGET', KEYS[1], g) or '0')
-  for h = k + 1, k + heads do
+  for h = k + 1, k + 2 * heads, 2 do
     if n >= limit then
       break
     end
@@ -46,7 +47,7 @@ for a = 3 + n_back, #ARGV, 2 do
         if tonumber(redis.call('HGET', KEYS[3], g) or '0') > 0 then
           redis.call('HINCRBY', KEYS[3], g, -1)
         end
-        local eid = redis.call('XADD', KEYS[4], '*', unpack(item.f))
+        local eid = redis.call('XADD', KEYS[h + 1], '*', unpack(item.f))
         redis.call('HSET', KEYS[h], '${JOB_ENTRY}', eid)
         redis.call('HDEL', KEYS[h], '${JOB_WHY}')
         redis.call('HSET', KEYS[2], item.j, g)
@@ -59,6 +60,6 @@ for a = 3 + n_back, #ARGV, 2 do
   if redis.call('LLEN', list) == 0 then
     redis.call('HDEL', KEYS[3], g)
   end
-  k = k + 1 + heads
+  k = k + 1 + 2 * heads
 end
 return moved
