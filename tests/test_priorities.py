@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from queueworks import AsyncClient, Client
 from queueworks.cli import main
+from queueworks.commands.options import given_options
 from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.examples import add
 from queueworks.job_lists import plan_job_counts
@@ -248,3 +249,9 @@ def test_a_prioritised_job_that_waited_for_its_group_slot_keeps_its_priority(
     assert waiter.result(timeout=60) == "waiter"
     assert holder.status().state == JobState.DONE
     assert q.job(backlog[200].id).status().state == JobState.QUEUED
+
+
+def test_a_pool_passes_the_queue_weights_on_to_its_members() -> None:
+    argv = ["--processes", "2", "--queues", "high:3, default"]
+    ctx = main.commands["worker"].make_context("worker", argv)
+    assert given_options(ctx, skip={"processes"}) == ["--queues", "high:3,default"]

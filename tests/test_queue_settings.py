@@ -51,8 +51,9 @@ def test_enqueue_has_an_option_for_every_setting() -> None:
     options = {p.name: p for p in enqueue.params if isinstance(p, click.Option)}
     settings = [name for name in options if name in SETTINGS]
     assert settings == DECLARED
-    for name in DECLARED:
-        assert options[name].opts == ["--" + name.replace("_", "-")]
+    for name in DECLARED:  # (the queue's priority: --priority is the job's there)
+        flag = "--queue-priority" if name == "priority" else "--" + name.replace("_", "-")
+        assert options[name].opts == [flag]
         assert options[name].help == SETTINGS[name].help
 
 

@@ -177,6 +177,8 @@ def given_options(ctx: click.Context, *, skip: set[str]) -> list[str]:
                 args += [flag, str(item)]
         elif isinstance(value, list):  # a comma-separated list, split by its callback
             args += [flag, ",".join(value)]
+        elif isinstance(value, dict):  # --queues: names with their weights
+            args += [flag, ",".join(k if w == 1 else f"{k}:{w}" for k, w in value.items())]
         else:
             args += [flag, str(value)]
     return args
