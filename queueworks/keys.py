@@ -186,6 +186,12 @@ class TaskKeys:
     def bands(self) -> str:
         return f"{self._base}:bands"
 
+    @property
+    def band_pattern(self) -> str:
+        """Every band's stream of the queue (a pattern: with ``task_id`` ``*``, every
+        queue's), as keyspace notifications name them."""
+        return f"{self._base}:band:*"
+
     def band_streams(self) -> list[str]:
         """Every band's stream but the queue's own, highest first."""
         return [self.band(p) for p in range(HIGHEST, LOWEST - 1, -1) if p != DEFAULT]

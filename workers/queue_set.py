@@ -512,12 +512,17 @@ class QueueSet:
             self.ready.told(None)
         elif event == "xadd":
             name = name_in(key, lambda q: self.parts.keys.task(q).stream)
+            if name is None:  # a priority band's stream (``queueworks.priorities``)?
+                head, _, _ = key.rpartition(":")
+                name = name_in(head + ":*", lambda q: self.parts.keys.task(q).band_pattern)
             if name is not None:
                 self.ready.told(name)
 
-    def stream_pattern(self) -> str:
-        """The keys ``on_stream`` is told about: every queue's stream."""
-        return self.parts.keys.task("*").stream
+    def stream_patterns(self) -> list[str]:
+        """The keys ``on_stream`` is told about: every queue's stream, and its priority
+        bands' streams."""
+        tk = self.parts.keys.task("*")
+        return [tk.stream, tk.band_pattern]
 
     def on_epoch(self, key: str) -> None:
         """A keyspace notification of a queue's epoch (the watcher's thread): its members

@@ -226,13 +226,15 @@ class Worker:
         """Subscribe to (``on``) or drop the notifications of every queue's stream (a worker
         serving many queues reads only those told of: ``workers.ready``); True if they
         come: the watcher listens and the server sends stream events (flag ``t``)."""
-        pattern = self.queue_set.stream_pattern()
+        patterns = self.queue_set.stream_patterns()
         if not on:
-            self.watcher.unwatch(pattern, pattern=True)
+            for pattern in patterns:
+                self.watcher.unwatch(pattern, pattern=True)
             return False
         if not self.watcher.enabled or not streams_notified(self.r):
             return False
-        self.watcher.watch(pattern, self.queue_set.on_stream, pattern=True)
+        for pattern in patterns:
+            self.watcher.watch(pattern, self.queue_set.on_stream, pattern=True)
         return True
 
     def _on_member_heartbeat(self, key: str, event: str) -> None:
