@@ -128,7 +128,7 @@ KINDS = ("unit", "integration", "system")
 REDIS_FIXTURES = {"redis_url", "r", "client"}
 # Most tests wait (heartbeat TTLs, processes starting, Redis restarts), so the suite runs
 # on more workers than this 2-core machine has cores.
-XDIST_WORKERS = 6
+XDIST_WORKERS = 8
 
 
 @pytest.hookimpl(tryfirst=True)
