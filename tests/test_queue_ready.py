@@ -99,6 +99,14 @@ def test_two_thousand_idle_queues_are_not_read_each_round(
         time.sleep(0.05)
     waits.sort()
     assert waits[len(waits) // 2] < 0.5, waits  # at once: not when a check comes round
+    # a prioritised job waits on its priority's stream: its XADD is told too (the backstop
+    # alone would come round to a queue once in 2,000 / 50 = 40 s)
+    for name in rng.sample(names, 3):
+        job = client.queue(name).enqueue("tests.handlers:double", {"x": 5}, priority=3)
+        assert job.result(timeout=10) == 10
+        status = job.status()
+        assert status.started_at is not None and status.enqueued_at is not None
+        assert status.started_at - status.enqueued_at < 2.0, (name, status)
     later = client.queue(names[61]).enqueue("tests.handlers:double", {"x": 3}, delay=1.0)
     assert later.result(timeout=20) == 6
     status = later.status()

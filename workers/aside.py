@@ -71,6 +71,15 @@ class Aside:
     def look_due(self, now: float) -> bool:
         return now - self.looked_at >= LOOK_SECONDS
 
+    def reads_stream(self, stream: str) -> bool:
+        """Whether this member reads ``stream`` (an aside stream or a band's) already."""
+        return stream in self.streams
+
+    def stale(self) -> None:
+        """Look at the aside and bands sets at the next check (any thread: a band this
+        member does not read yet was told of a job)."""
+        self.looked_at = float("-inf")
+
     LOOKS = 2  # the replies ``look_on`` puts on a pipe
 
     def look_on(self, pipe: Any) -> None:

@@ -515,6 +515,13 @@ class QueueSet:
             if name is None:  # a priority band's stream (``queueworks.priorities``)?
                 head, _, _ = key.rpartition(":")
                 name = name_in(head + ":*", lambda q: self.parts.keys.task(q).band_pattern)
+                member = self.members.get(name) if name is not None else None
+                if member is not None and not member.loop.aside.reads_stream(key):
+                    # a band new to this member: its next check reads the bands set (else
+                    # that look would come only with the queue's capped checks, seconds
+                    # apart with many queues)
+                    member.loop.aside.stale()
+                    self.ready.flag(member.name)
             if name is not None:
                 self.ready.told(name)
 
