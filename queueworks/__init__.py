@@ -5,8 +5,7 @@ workers that can grow, shrink, lose a node or give nodes away while the task run
 """
 
 from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
-from queueworks.client import Client, SubmitError, Task, TaskNotFound
-from queueworks.connection import RedisUnavailable
+from queueworks.client import Client, Task
 from queueworks.context import (
     Cancelled,
     Fenced,
@@ -16,7 +15,15 @@ from queueworks.context import (
     Suspended,
     on_rebalance,
 )
-from queueworks.eviction import EvictingRedis
+from queueworks.errors import (
+    EvictingRedis,
+    JobFailed,
+    QueueNotFound,
+    QueueworksError,
+    RedisUnavailable,
+    SubmitError,
+    TaskNotFound,
+)
 from queueworks.job_functions import AsyncJobFunction, Call, JobFunction, job
 from queueworks.models import (
     JobState,
@@ -29,8 +36,6 @@ from queueworks.models import (
     TaskStatus,
 )
 from queueworks.queue_handle import Job, Queue
-from queueworks.queues import JobFailed
-from queueworks.vanished import QueueNotFound
 
 __all__ = [
     "AsyncClient",
@@ -52,6 +57,7 @@ __all__ = [
     "Queue",
     "QueueNotFound",
     "QueueStatus",
+    "QueueworksError",
     "RedisUnavailable",
     "Role",
     "Schedule",

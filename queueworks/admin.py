@@ -24,8 +24,9 @@ from typing import Any
 from redis.commands.core import Script
 
 from queueworks import events
-from queueworks.client import Client, TaskNotFound
+from queueworks.client import Client
 from queueworks.connection import text
+from queueworks.errors import AdminError, TaskNotFound
 from queueworks.jobrecords import DEAD_JOB, DEAD_PAYLOAD
 from queueworks.keys import check_task_id
 from queueworks.messages import partition_of
@@ -33,10 +34,6 @@ from queueworks.models import StoredSpec, TaskState
 from queueworks.scripts import ACTIVE, _source
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")  # goes into a key: the hash tag must hold
-
-
-class AdminError(ValueError):
-    """An operator action that cannot be done; the message says why."""
 
 
 @dataclass(frozen=True)

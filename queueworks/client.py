@@ -15,7 +15,8 @@ from queueworks.client_plans import (
     worker_records,
 )
 from queueworks.connection import Connection, connect
-from queueworks.eviction import CLIENT_OVERRIDE, EvictingRedis, judge, read_policies
+from queueworks.errors import EvictingRedis, NotReplicated, SubmitError, TaskNotFound
+from queueworks.eviction import CLIENT_OVERRIDE, judge, read_policies
 from queueworks.keys import Keys, check_task_id
 from queueworks.logs import get_logger
 from queueworks.lost_workers import WINDOW, LostWorker, plan_lost_workers
@@ -26,7 +27,6 @@ from queueworks.queue_plans import plan_job_status_of, plan_queues, plan_running
 from queueworks.queue_settings import DEFAULTS, QueueOptions, check_queue_settings
 from queueworks.queues import RUNNING_SHOWN, UNSET, job_ref
 from queueworks.records import BadRecord
-from queueworks.replication import NotReplicated
 from queueworks.runner import run
 from queueworks.scripts import Scripts
 from queueworks.settings import Settings
@@ -34,13 +34,12 @@ from queueworks.submit import (
     SUBMIT_BATCH,
     SUBMIT_LEASE_MS,
     SUBMIT_PIPELINE,
-    SubmitError,
     check_replicated,
     plan_submit,
     submit_task_id,
     sync_subtasks,
 )
-from queueworks.tasks import Task, TaskNotFound
+from queueworks.tasks import Task
 from queueworks.wire import Line
 
 __all__ = [

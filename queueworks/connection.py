@@ -33,6 +33,8 @@ from redis.exceptions import (
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 
+from queueworks.errors import BadUrl, RedisUnavailable
+
 if TYPE_CHECKING:
     from queueworks.settings import Settings
 
@@ -181,12 +183,6 @@ def sentinel_options(target: Target, kwargs: dict[str, Any]) -> dict[str, Any]:
     return sentinel_kwargs
 
 
-class RedisUnavailable(redis.ConnectionError):
-    """No connection to Redis could be made: one line naming the server (its URL, the
-    password masked) and why. A ``redis.ConnectionError``: whatever catches those (every
-    loop of the processes) catches it too."""
-
-
 def unreachable(where: str, exc: Exception) -> Exception:
     """A failure to connect to ``where`` as ``RedisUnavailable``; a refused login stays the
     ``AuthenticationError`` it is."""
@@ -215,10 +211,6 @@ def reaching(base: type[Any], where: str) -> type[Any]:
 
 def _no_retry() -> Retry:
     return Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), 0)
-
-
-class BadUrl(ValueError):
-    """A URL we refuse; the message never contains the credentials."""
 
 
 @dataclass(frozen=True)

@@ -23,26 +23,16 @@ import redis
 from redis.cluster import RedisCluster
 
 from queueworks.connection import UNAVAILABLE, Connection
+from queueworks.errors import (
+    NOEVICTION,
+    EvictingRedis,
+)
 
-NOEVICTION = "noeviction"
 POLICY = "maxmemory-policy"
 PROCESS_OVERRIDE = "start it with --allow-eviction (QUEUEWORKS_ALLOW_EVICTION=1) to run anyway"
 CLIENT_OVERRIDE = "make the client with allow_eviction=True to write anyway"
 
 Policies = dict[str, str | None]  # node -> its maxmemory-policy (None: it could not be read)
-
-
-class EvictingRedis(RuntimeError):
-    """The Redis server (a node of it) may evict keys: queueworks would lose work silently.
-    ``policy`` and ``node`` say which."""
-
-    def __init__(self, node: str, policy: str, override: str) -> None:
-        super().__init__(
-            f"Redis at {node} has maxmemory-policy {policy}: it can evict queueworks' keys "
-            f"(jobs, heartbeats, results) silently; set maxmemory-policy {NOEVICTION}, "
-            f"or {override}"
-        )
-        self.node, self.policy = node, policy
 
 
 # -- no I/O: what the replies say -----------------------------------------------------------

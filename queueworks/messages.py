@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from json.encoder import c_make_encoder, encode_basestring  # type: ignore[attr-defined]
 from typing import Any
 
+from queueworks.errors import NotJSON
+
 SUBTASK_INDEX = "i"
 SUBTASK_PAYLOAD = "p"
 SUBTASK_KEY = "k"
@@ -75,10 +77,6 @@ def _nested(what: str) -> str:
 
 class BadMessage(ValueError):
     """A subtask entry that cannot be decoded; the text is the dead-letter reason."""
-
-
-class NotJSON(ValueError):
-    """A payload or result that JSON cannot carry."""
 
 
 def _no_constant(name: str) -> Any:

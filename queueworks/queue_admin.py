@@ -32,6 +32,7 @@ from queueworks import script_calls as calls
 from queueworks.aside_jobs import aside_handlers
 from queueworks.connection import text
 from queueworks.dependencies import plan_drain
+from queueworks.errors import TaskNotFound
 from queueworks.flow import Limits, plan_pump, wait_item
 from queueworks.jobrecords import DEAD_JOB, JOB_ID, entry_job
 from queueworks.keys import Keys, TaskKeys, check_task_id
@@ -39,7 +40,6 @@ from queueworks.models import StoredSpec, TaskState
 from queueworks.plans import Plan, Trip, alone
 from queueworks.priorities import bands_of
 from queueworks.queues import CANCELLED_LAST
-from queueworks.tasks import TaskNotFound
 
 BATCH = 100  # entries a round trip goes through
 

@@ -17,12 +17,12 @@ from typing import Any
 
 from queueworks import events
 from queueworks import script_calls as calls
+from queueworks.errors import TaskNotFound
 from queueworks.keys import Keys
 from queueworks.models import StoredSpec
 from queueworks.plans import Plan, Trip, alone
 from queueworks.queue_admin import queue_spec
 from queueworks.queue_settings import QueueSettings, check_live_settings, configured_spec
-from queueworks.tasks import TaskNotFound
 
 TRIES = 10  # configure_queue calls: each but the last found the spec changed meanwhile
 

@@ -16,6 +16,7 @@ from queueworks import script_calls as calls
 from queueworks.aside_jobs import plan_aside_counts
 from queueworks.connection import UNAVAILABLE, text
 from queueworks.dependencies import Dependency, plan_drain, plan_register
+from queueworks.errors import JobFailed, NotFinished, TaskNotFound
 from queueworks.flow import plan_pump
 from queueworks.job_keys import plan_job_keys
 from queueworks.job_stops import ask_stop
@@ -32,8 +33,6 @@ from queueworks.queues import (
     LAST_PAUSE,
     OUTAGE_FIRST_PAUSE,
     OUTAGE_LAST_PAUSE,
-    JobFailed,
-    NotFinished,
     band_counts,
     band_reads,
     cancelled,
@@ -63,7 +62,7 @@ from queueworks.queues import (
 )
 from queueworks.replication import NO_WAIT, Replicas, barrier
 from queueworks.script_calls import EnqueueBatch, NewJob
-from queueworks.tasks import TaskNotFound, plan_status
+from queueworks.tasks import plan_status
 from queueworks.tracing import hooks
 from queueworks.vanished import QUEUE_CHECK_SECONDS, QueueGone, no_group, record_gone
 

@@ -29,6 +29,7 @@ from queueworks.aside_jobs import NONE as NO_ASIDE
 from queueworks.aside_jobs import Aside, with_aside
 from queueworks.connection import text
 from queueworks.dependencies import Dependency, dependencies
+from queueworks.errors import JobFailed, NotFinished, NotJSON
 from queueworks.flow import flow_reads, flow_status
 from queueworks.job_functions import Call, JobFunctionBase, function_path
 from queueworks.job_options import JobOptions
@@ -41,7 +42,7 @@ from queueworks.jobrecords import (
     waiting_record,
 )
 from queueworks.keys import PARKED, Keys, TaskKeys
-from queueworks.messages import NotJSON, from_json, to_json
+from queueworks.messages import from_json, to_json
 from queueworks.models import (
     JobState,
     JobStatus,
@@ -73,25 +74,6 @@ class Unset(Enum):
 
 
 UNSET = Unset.UNSET  # "as the queue has it" (or the default, when it is created)
-
-
-class JobFailed(Exception):
-    """The job is dead (or was cancelled): ``reason`` says why, ``traceback`` how. The
-    message is the reason and the traceback's last line (the last error's type and
-    message: ``job J: failed 3 times: KeyError: 'to'``), as ``queueworks`` prints it."""
-
-    def __init__(self, job_id: str, reason: str, traceback: str = "") -> None:
-        error = last_line(traceback)
-        said = f"{reason}: {error}" if error and error != reason else reason
-        super().__init__(f"job {job_id}: {said}")
-        self.job_id, self.reason, self.traceback = job_id, reason, traceback
-        self.summary = said  # the message without the job's id
-
-
-def last_line(error: str) -> str:
-    """The last line of a traceback (its error's type and message), at most 300 characters."""
-    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
 
 
 # as jobrecords.JOB_ID (a prioritised job's ends with its band)
@@ -437,11 +419,6 @@ def finished(
     if s == JobState.CANCELLED:
         raise JobFailed(job_id, "cancelled")
     return None
-
-
-class NotFinished(TimeoutError):
-    """A job's result was waited for ``timeout`` s: the message says the job's state (and
-    why it waits, where its status says), as the last look read it."""
 
 
 def not_finished(job_id: str, replies: Sequence[Any], timeout: float | None) -> NotFinished:

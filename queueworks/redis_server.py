@@ -26,6 +26,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from queueworks.errors import NoServerBinary
+
 _LIVE: set[subprocess.Popen[bytes]] = set()
 
 
@@ -69,11 +71,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-class NoServerBinary(RuntimeError):
-    """No Redis-compatible server program to start: none installed, nor the ``server``
-    extra's (the message says how to get one)."""
 
 
 def find_server_binary() -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from queueworks.errors import NotReplicated
 from queueworks.keys import TaskKeys
 from queueworks.plans import Trip
 
@@ -51,44 +52,6 @@ def check_wait(replicas: int, timeout: float, what: str) -> Replicas:
     if not isinstance(timeout, int | float) or not timeout > 0:
         raise ValueError(f"{what}: need wait_timeout > 0, got {timeout!r}")
     return Replicas(replicas, float(timeout))
-
-
-class NotReplicated(RuntimeError):
-    """Written to the primary, but fewer than ``wanted`` replicas acknowledged it within
-    ``timeout`` s: a failover now could lose it. For ``submit(wait_replicas=n)``: ``task``
-    is the task's handle. For a queue's enqueue: ``jobs`` are the handles of the jobs
-    written (queued on the primary), ``job_ids`` their ids; ``task`` is None."""
-
-    def __init__(
-        self,
-        task: Any = None,
-        acked: int = 0,
-        wanted: int = 0,
-        timeout: float = 0.0,
-        *,
-        jobs: Sequence[Any] = (),
-        queue: str | None = None,
-    ) -> None:
-        self.task, self.acked, self.wanted, self.timeout = task, acked, wanted, timeout
-        self.jobs = list(jobs)
-        self.job_ids: list[str] = [job.id for job in self.jobs]
-        self.queue = queue
-        super().__init__(self._message())
-
-    def _message(self) -> str:
-        if self.task is not None or not self.jobs:
-            what, it = f"task {getattr(self.task, 'id', None)}", "it"
-        elif len(self.job_ids) == 1:
-            what, it = f"job {self.job_ids[0]} of queue {self.queue}", "it"
-        else:
-            shown = ", ".join(self.job_ids[:5]) + (", ..." if len(self.job_ids) > 5 else "")
-            what = f"{len(self.job_ids)} jobs of queue {self.queue} ({shown})"
-            it = "them"
-        verb = "is" if it == "it" else "are"
-        return (
-            f"{what} {verb} written but only {self.acked} of {self.wanted} replica(s) "
-            f"acknowledged {it} within {self.timeout} s: a failover now could lose {it}"
-        )
 
 
 def jobs_not_replicated(

@@ -66,11 +66,6 @@ from queueworks.keys import TaskKeys
 from queueworks.models import Role, StoredSpec
 
 
-class StepAborted(Exception):
-    """The step, or forming the group, did not complete on this member: a peer vanished, a
-    collective timed out, or the node set changed. No attempt of the shard is spent."""
-
-
 @dataclass(frozen=True)
 class Generation:
     """One group of the node set: a role (rank, world size, epoch) and a round within it."""

@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any
 
 from queueworks import events
 from queueworks import script_calls as calls
+from queueworks.errors import NotJSON, NotReplicated, SubmitError
 from queueworks.job_functions import Call
 from queueworks.keys import Keys, TaskKeys, check_task_id
-from queueworks.messages import NotJSON, partition_of, to_json
+from queueworks.messages import partition_of, to_json
 from queueworks.models import TaskSpec
 from queueworks.plans import Chunk, Plan, Step, Trip, alone
 from queueworks.records import new_task
-from queueworks.replication import NotReplicated
 
 if TYPE_CHECKING:
     from queueworks.aio.tasks import AsyncTask
@@ -37,10 +37,6 @@ SUBMIT_PIPELINE = 8  # Lua calls per round trip
 SUBMIT_LEASE_MS = 120_000
 
 Message = tuple[int, int, str, str]  # (stream number, index, payload JSON, key)
-
-
-class SubmitError(ValueError):
-    """A task that cannot be submitted; the message names the field or subtask."""
 
 
 def plan_submit(

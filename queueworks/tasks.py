@@ -11,6 +11,7 @@ from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import Connection, text
 from queueworks.dependencies import plan_bury
+from queueworks.errors import TaskNotFound
 from queueworks.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
@@ -31,10 +32,6 @@ from queueworks.scripts import Scripts
 from queueworks.validate import check_priority, check_resize
 
 T = TypeVar("T")
-
-
-class TaskNotFound(LookupError):
-    pass
 
 
 class Line(Protocol):

@@ -19,18 +19,10 @@ from typing import Any
 import redis
 
 from queueworks.connection import text
+from queueworks.errors import QueueNotFound
 from queueworks.models import TaskState
-from queueworks.tasks import TaskNotFound
 
 QUEUE_CHECK_SECONDS = 1.0  # a job's result wait looks at its queue's record this often
-
-
-class QueueNotFound(TaskNotFound):
-    """The queue is gone and its handle cannot create it again (it was cancelled, or the
-    handle does not know its settings); the message says which."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
 
 
 class QueueGone(Exception):

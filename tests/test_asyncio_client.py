@@ -30,7 +30,7 @@ from queueworks import (
     TaskSpec,
     TaskState,
 )
-from queueworks.client import NotReplicated
+from queueworks.errors import NotReplicated
 from queueworks.keys import Keys
 from queueworks.scripts import DeadEntry
 from tests import handlers

@@ -21,9 +21,9 @@ from queueworks.controller.allocator import (
     matches,
     why_waiting,
 )
+from queueworks.errors import JobFailed
 from queueworks.keys import Keys
 from queueworks.models import UNUSABLE, JobState, Refusal
-from queueworks.queues import JobFailed
 from queueworks.scripts import Scripts
 from tests.conftest import Cluster, wait_for
 from tests.test_cli import cli, one_line_error

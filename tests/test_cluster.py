@@ -31,8 +31,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.client import NotReplicated
 from queueworks.connection import UNAVAILABLE, connect
+from queueworks.errors import NotReplicated
 from queueworks.jobrecords import decode_entry
 from queueworks.keys import Keys
 from queueworks.redis_server import free_port

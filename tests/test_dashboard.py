@@ -29,10 +29,11 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from queueworks import Client, SubtaskContext, TaskSpec, TaskState
-from queueworks.admin import Admin, AdminError
+from queueworks.admin import Admin
 from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
 from queueworks.dashboard.pages import chart
 from queueworks.dashboard.throughput import Throughput
+from queueworks.errors import AdminError
 from queueworks.keys import Keys
 from queueworks.messages import partition_of
 from queueworks.models import WorkerRecord

@@ -13,9 +13,9 @@ import redis
 
 from queueworks import AsyncClient, Client, TaskSpec
 from queueworks.dependencies import MAX_DEPENDENCIES, plan_drain
+from queueworks.errors import JobFailed
 from queueworks.keys import Keys
 from queueworks.models import JobState
-from queueworks.queues import JobFailed
 from queueworks.runner import run, send_trip
 from tests.conftest import Cluster, wait_for
 

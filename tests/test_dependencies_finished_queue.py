@@ -13,9 +13,9 @@ import redis
 
 from queueworks import Client
 from queueworks.dependencies import DRAIN_BATCH, plan_task_backstop
+from queueworks.errors import JobFailed
 from queueworks.keys import Keys
 from queueworks.models import JobState, TaskState
-from queueworks.queues import JobFailed
 from queueworks.runner import run
 from tests.conftest import Cluster, wait_for
 

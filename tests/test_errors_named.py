@@ -15,9 +15,8 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskSpec
-from queueworks.connection import RedisUnavailable
+from queueworks.errors import JobFailed, RedisUnavailable
 from queueworks.keys import Keys
-from queueworks.queues import JobFailed
 from queueworks.redis_server import RedisServer
 from tests.conftest import Cluster
 

@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.client import TaskNotFound
 from queueworks.dashboard.reader import Reader, history_entry
+from queueworks.errors import TaskNotFound
 from queueworks.keys import Keys
 from queueworks.messages import BadMessage, decode_entry, to_json
 from queueworks.models import StoredSpec, WorkerRecord, parse_handler_path

@@ -14,8 +14,8 @@ import redis
 
 from queueworks import Client
 from queueworks.aio.client import AsyncClient
+from queueworks.errors import JobFailed
 from queueworks.models import JobState
-from queueworks.queues import JobFailed
 from tests.conftest import Cluster
 from tests.test_cli import cli
 

@@ -24,9 +24,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from queueworks import Client, TaskSpec
 from queueworks.dashboard.templating import quantile_text
 from queueworks.dashboard.views import LatencyBucket, QueueDetail
+from queueworks.errors import JobFailed
 from queueworks.keys import Keys
 from queueworks.models import JobState, TaskState
-from queueworks.queues import JobFailed
 from queueworks.redis_server import free_port
 from tests.conftest import Cluster, wait_for
 from tests.test_cli import cli, one_line_error

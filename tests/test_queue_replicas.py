@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.client import NotReplicated
+from queueworks.errors import NotReplicated
 from queueworks.jobrecords import JOB_RESULT, JOB_STATE
 from queueworks.redis_server import RedisServer
 

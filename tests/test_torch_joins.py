@@ -101,8 +101,9 @@ def test_a_rendezvous_has_one_fate_even_when_a_member_gives_up_as_the_last_one_c
     import torch
     from torch._C._distributed_c10d import TCPStore
 
+    from queueworks.errors import StepAborted
     from queueworks.models import Role
-    from queueworks.steps import Generation, StepAborted
+    from queueworks.steps import Generation
     from queueworks.torch.options import TorchOptions
     from queueworks.torch.rendezvous import Group
 

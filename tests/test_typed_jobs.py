@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Call, Client, TaskSpec
+from queueworks.errors import JobFailed
 from queueworks.job_functions import Signature
-from queueworks.queues import JobFailed
 from tests.conftest import ROOT, Cluster
 from tests.handlers_typed import (
     Color,

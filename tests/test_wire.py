@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.connection import RedisUnavailable
+from queueworks.errors import RedisUnavailable
 from queueworks.keys import Keys
 from queueworks.queues import xadd_now
 from queueworks.redis_server import RedisServer

@@ -26,10 +26,11 @@ from redis.exceptions import ResponseError
 from queueworks.connection import text
 from queueworks.context import Cancelled, JobContext, Suspended, call_ended
 from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
+from queueworks.errors import NotJSON
 from queueworks.flow import Limits
 from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.logs import writes_info
-from queueworks.messages import NotJSON, from_json, to_json
+from queueworks.messages import from_json, to_json
 from queueworks.models import NOT_ALLOWED, StoredSpec, parse_handler_path
 from queueworks.queue_settings import MAX_GROUP_LIMIT
 from queueworks.records import QUEUE_PAUSED, QUEUE_SETTINGS

@@ -61,12 +61,13 @@ import redis
 from queueworks import events
 from queueworks import script_calls as calls
 from queueworks.connection import text
-from queueworks.messages import BadMessage, NotJSON, decode_entry, to_json
+from queueworks.errors import NotJSON, StepAborted
+from queueworks.messages import BadMessage, decode_entry, to_json
 from queueworks.models import Role, TaskState
 from queueworks.script_calls import Call, StepEnd
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, Queued, read_replies
 from queueworks.signals import ColdStop
-from queueworks.steps import Generation, StepAborted, StepContext, StepInfo, StepTrainer
+from queueworks.steps import Generation, StepContext, StepInfo, StepTrainer
 from queueworks.wire import Line, Sent, pack_any
 
 from .ledger import Ledger

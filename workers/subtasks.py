@@ -10,7 +10,8 @@ from typing import Any
 
 from queueworks.connection import text
 from queueworks.context import SubtaskContext, Suspended
-from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
+from queueworks.errors import NotJSON
+from queueworks.messages import BadMessage, Subtask, decode_entry, to_json
 from queueworks.records import TASK_TRACE
 from queueworks.retry_policy import RetryPolicy
 from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of

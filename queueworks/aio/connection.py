@@ -26,7 +26,6 @@ from redis.exceptions import RedisClusterException
 from queueworks.connection import (
     _URL_HELP,
     SOCKET_TIMEOUT,
-    BadUrl,
     Target,
     client_options,
     parse_target,
@@ -34,6 +33,7 @@ from queueworks.connection import (
     sentinel_options,
     unreachable,
 )
+from queueworks.errors import BadUrl
 
 AsyncConnection: TypeAlias = "redis.asyncio.Redis | RedisCluster"
 

@@ -29,6 +29,7 @@ from typing_extensions import TypeVar
 from queueworks.aio.runner import arun
 from queueworks.aio.tasks import AsyncBackend, AsyncTask
 from queueworks.connection import UNAVAILABLE, text
+from queueworks.errors import NotFinished, NotReplicated
 from queueworks.job_functions import Call
 from queueworks.job_lists import plan_job_detail, plan_jobs
 from queueworks.job_options import JobOptions
@@ -65,13 +66,12 @@ from queueworks.queues import (
     OUTAGE_LAST_PAUSE,
     RUNNING_SHOWN,
     HandlerPaths,
-    NotFinished,
     checked_call,
     deferred_on,
     new_job,
     outage_pause,
 )
-from queueworks.replication import NO_WAIT, NotReplicated, Replicas, jobs_not_replicated
+from queueworks.replication import NO_WAIT, Replicas, jobs_not_replicated
 from queueworks.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.script_calls import NewJob
 from queueworks.vanished import QueueGone

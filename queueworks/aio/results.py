@@ -25,16 +25,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from queueworks.aio.connection import AsyncConnection
+from queueworks.errors import JobFailed
 from queueworks.jobrecords import RESULT_FIELDS
 from queueworks.keys import TaskKeys
-from queueworks.queues import (
-    FIRST_PAUSE,
-    LAST_PAUSE,
-    JobFailed,
-    finished,
-    not_finished,
-    result_reads,
-)
+from queueworks.queues import FIRST_PAUSE, LAST_PAUSE, finished, not_finished, result_reads
 from queueworks.replication import NO_WAIT, Replicas, barrier
 from queueworks.topology import queue_replication_wait
 from queueworks.vanished import QUEUE_CHECK_SECONDS

@@ -10,13 +10,13 @@ from queueworks.aio.connection import AsyncConnection
 from queueworks.aio.results import ResultWatcher
 from queueworks.aio.runner import arun
 from queueworks.connection import text
+from queueworks.errors import TaskNotFound
 from queueworks.keys import Keys
 from queueworks.messages import from_json
 from queueworks.models import DeadLetter, NodeInfo, TaskStatus
 from queueworks.plans import Plan
 from queueworks.scripts import AsyncScripts
 from queueworks.tasks import (
-    TaskNotFound,
     plan_cancel,
     plan_change,
     plan_dead_letters,

@@ -26,8 +26,8 @@ from queueworks.commands.options import (
     settings_from_flags,
     task_id_param,
 )
+from queueworks.errors import last_line
 from queueworks.models import DeadLetter, TaskState, TaskStatus
-from queueworks.queues import last_line
 
 ALL = "*"  # --requeue without a job id: every listed dead letter
 FIRST_REASONS = 3  # distinct reasons that `submit --wait` prints

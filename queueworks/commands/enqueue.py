@@ -52,7 +52,7 @@ def wait_for_job(
 ) -> Outcome | None:
     """Wait for job ``job_id`` of ``queue`` to finish; None if ``timeout`` s passed first."""
     from queueworks.commands.info import ControllerWatch
-    from queueworks.queues import JobFailed
+    from queueworks.errors import JobFailed
 
     job = queue.job(job_id)
     deadline = None if timeout is None else time.monotonic() + timeout
@@ -195,7 +195,8 @@ def enqueue(
     higher one runs first (docs/queues.md, Priorities). A typed job
     function (@job) takes --args and --kwargs instead of --json: its worker checks them
     against the function's signature."""
-    from queueworks.messages import NotJSON, from_json
+    from queueworks.errors import NotJSON
+    from queueworks.messages import from_json
     from queueworks.models import parse_handler_path
 
     given = {k: v for k in SETTINGS if (v := flags.pop(k)) is not None}

@@ -18,12 +18,17 @@ import click
 import pydantic
 import redis
 
-from queueworks.admin import AdminError
-from queueworks.client import BadRecord, SubmitError, TaskNotFound
-from queueworks.connection import UNAVAILABLE, RedisUnavailable
-from queueworks.eviction import EvictingRedis
-from queueworks.redis_server import NoServerBinary
-from queueworks.vanished import QueueNotFound
+from queueworks.client import BadRecord
+from queueworks.connection import UNAVAILABLE
+from queueworks.errors import (
+    AdminError,
+    EvictingRedis,
+    NoServerBinary,
+    QueueNotFound,
+    RedisUnavailable,
+    SubmitError,
+    TaskNotFound,
+)
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2

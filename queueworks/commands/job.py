@@ -13,8 +13,8 @@ import click
 
 from queueworks.commands.errors import EXIT_UNFINISHED, BadInput, CliError
 from queueworks.commands.options import client_for, common, option, seconds, settings_from_flags
+from queueworks.errors import last_line
 from queueworks.models import JobDetail, JobState
-from queueworks.queues import last_line
 
 RESULT_SHOWN = 2000  # characters of a result the text shows (--json: all of it)
 

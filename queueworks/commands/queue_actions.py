@@ -102,9 +102,9 @@ def queue(
     `run JOB_ID` runs a scheduled job now; `set --OPTION VALUE ...` changes its live
     settings (its workers start their next jobs with them within a second; running jobs
     keep theirs)."""
+    from queueworks.errors import TaskNotFound
     from queueworks.queue_handle import Queue
     from queueworks.queue_settings import DEFAULTS
-    from queueworks.tasks import TaskNotFound
 
     given = {name: flags.pop(name) for name in LIVE}
     if action != "set" and any(v is not None for v in given.values()):

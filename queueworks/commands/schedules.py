@@ -59,7 +59,8 @@ def schedule(
     payload, every --every seconds or at each time of --cron (UTC), enqueued by the leading
     controller, one per due time. A schedule of the same NAME is replaced. QUEUE is created
     (default settings) when it does not exist. Prints the schedule as JSON."""
-    from queueworks.messages import NotJSON, from_json
+    from queueworks.errors import NotJSON
+    from queueworks.messages import from_json
 
     try:
         value = from_json(payload, "--json")

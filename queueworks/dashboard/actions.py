@@ -22,13 +22,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from queueworks.admin import AdminError
-from queueworks.client import TaskNotFound
 from queueworks.dashboard import job_actions
 from queueworks.dashboard.reader import ENTRY_ID
 from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, local_path, same_origin
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import json_response
+from queueworks.errors import AdminError, TaskNotFound
 from queueworks.keys import check_task_id, check_worker_id
 from queueworks.plans import Plan
 from queueworks.queue_admin import (

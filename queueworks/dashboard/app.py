@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from queueworks.client import Client, TaskNotFound
+from queueworks.client import Client
 from queueworks.connection import connect
 from queueworks.dashboard import actions, api, pages
 from queueworks.dashboard.actions import MAX_BODY
@@ -34,6 +34,7 @@ from queueworks.dashboard.security import (
 )
 from queueworks.dashboard.state import Dashboard, DashboardConfig, dash_of
 from queueworks.dashboard.templating import json_response, render, templates
+from queueworks.errors import TaskNotFound
 from queueworks.logs import get_logger
 
 PUBLIC = ("/static/", "/login", "/healthz")

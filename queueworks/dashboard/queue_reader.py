@@ -23,7 +23,7 @@ from queueworks.aside_jobs import (
     aside_reads,
     with_aside,
 )
-from queueworks.client import Client, TaskNotFound
+from queueworks.client import Client
 from queueworks.connection import Connection, redact_url, text
 from queueworks.dashboard.health import queue_warnings
 from queueworks.dashboard.reader import (
@@ -42,6 +42,7 @@ from queueworks.dashboard.views import (
     QueueDetail,
     QueueSummary,
 )
+from queueworks.errors import TaskNotFound
 from queueworks.flow import flow_reads, flow_status
 from queueworks.job_lists import plan_find_jobs, plan_job_counts, plan_job_detail, plan_jobs
 from queueworks.jobrecords import (

@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from queueworks.client import Client, TaskNotFound
+from queueworks.client import Client
 from queueworks.connection import Connection, redact_url, text
 from queueworks.dashboard.views import (
     EventView,
@@ -30,9 +30,10 @@ from queueworks.dashboard.views import (
     TaskSummary,
     WorkerView,
 )
+from queueworks.errors import NotJSON, TaskNotFound
 from queueworks.keys import GROUP, check_task_id
 from queueworks.lost_workers import LostWorker
-from queueworks.messages import NotJSON, from_json
+from queueworks.messages import from_json
 from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
 from queueworks.pools import PoolRecord, read_pools
 from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_record

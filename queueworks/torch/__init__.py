@@ -36,7 +36,8 @@ belongs to the application.
 
 from __future__ import annotations
 
-from queueworks.steps import Generation, StepAborted, StepContext, StepInfo
+from queueworks.errors import StepAborted
+from queueworks.steps import Generation, StepContext, StepInfo
 from queueworks.torch.options import LossFn, StepRecord, TorchOptions
 from queueworks.torch.trainer import ElasticTrainer, load_checkpoint, wait_released
 

@@ -15,9 +15,10 @@ from typing import Any
 
 from queueworks.allow import allowed
 from queueworks.client import Client
+from queueworks.errors import NotJSON
 from queueworks.job_lists import plan_job_detail
 from queueworks.keys import check_task_id
-from queueworks.messages import NotJSON, to_json
+from queueworks.messages import to_json
 from queueworks.models import JobDetail
 from queueworks.priorities import HIGHEST, LOWEST
 from queueworks.queue_handle import Queue
