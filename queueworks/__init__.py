@@ -4,8 +4,11 @@ A target task is split into subtasks on Redis streams and processed by a node se
 workers that can grow, shrink, lose a node or give nodes away while the task runs.
 """
 
-from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
-from queueworks.client import Client, Task
+from queueworks.client.aio import AsyncClient
+from queueworks.client.aio_queue_handle import AsyncJob, AsyncQueue
+from queueworks.client.aio_tasks import AsyncTask
+from queueworks.client.queue_handle import Job, Queue
+from queueworks.client.sync import Client, Task
 from queueworks.context import (
     Cancelled,
     Fenced,
@@ -25,7 +28,7 @@ from queueworks.errors import (
     TaskNotFound,
 )
 from queueworks.job_functions import AsyncJobFunction, Call, JobFunction, job
-from queueworks.models import (
+from queueworks.protocol.models import (
     JobState,
     JobStatus,
     QueueStatus,
@@ -35,7 +38,6 @@ from queueworks.models import (
     TaskState,
     TaskStatus,
 )
-from queueworks.queue_handle import Job, Queue
 
 __all__ = [
     "AsyncClient",

@@ -1,3 +1,3 @@
-from queueworks.cli import main
+from queueworks.cli.main import main
 
 main(prog_name="queueworks")

@@ -35,7 +35,7 @@ from typing_extensions import TypedDict, TypeVar
 
 from queueworks.context import JobContext, SubtaskContext
 from queueworks.errors import BadArguments
-from queueworks.models import parse_handler_path
+from queueworks.protocol.models import parse_handler_path
 
 P = ParamSpec("P")
 R = TypeVar("R", default=Any)

@@ -53,7 +53,7 @@ from rq.command import PUBSUB_CHANNEL_TEMPLATE, send_command
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 
-from queueworks.client import Client, Task, sync_subtasks
+from queueworks.client.sync import Client, Task, sync_subtasks
 from queueworks.errors import (
     NotJSON,
     SubmitError,
@@ -61,8 +61,8 @@ from queueworks.errors import (
     TargetTaskFailed,
     TaskNotFound,
 )
-from queueworks.messages import to_json
-from queueworks.models import TaskSpec, TaskState, TaskStatus, parse_handler_path
+from queueworks.protocol.messages import to_json
+from queueworks.protocol.models import TaskSpec, TaskState, TaskStatus, parse_handler_path
 
 RQ_JOB_FIELD = "rq_job"  # field of the task record that names its RQ job
 POLL = 0.2  # seconds between two looks at the task

@@ -15,7 +15,7 @@ import redis
 
 from queueworks import Cancelled, Client, JobContext
 from queueworks.errors import JobFailed
-from queueworks.models import JobState
+from queueworks.protocol.models import JobState
 from tests.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.system

@@ -31,12 +31,12 @@ import structlog
 from click.testing import CliRunner
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.cli import main
-from queueworks.keys import Keys
-from queueworks.models import WorkerRecord
-from queueworks.queue_settings import QueueSettings
-from queueworks.records import registered_worker
-from queueworks.redis_server import RedisServer, free_port
+from queueworks.cli.main import main
+from queueworks.contrib.redis_server import RedisServer, free_port
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import WorkerRecord
+from queueworks.protocol.records import registered_worker
+from queueworks.queue.queue_settings import QueueSettings
 from queueworks.settings import Settings
 from tests.conftest import ROOT, Cluster, wait_for
 
@@ -191,7 +191,7 @@ def test_missing_dashboard_extra_names_the_pip_line(redis_url: str) -> None:
     way to make an import fail), as in an install without the dashboard extra."""
     code = (
         "import sys; sys.modules['uvicorn'] = None; "
-        "from queueworks.cli import main; main(prog_name='queueworks')"
+        "from queueworks.cli.main import main; main(prog_name='queueworks')"
     )
     res = cli(["dashboard"], redis_url, code=code)
     one_line_error(res, 1, "dashboard extra", "'uvicorn'", "pip install 'queueworks[dashboard]'")

@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskSpec
+from queueworks.contrib.redis_server import RedisServer
 from queueworks.errors import JobFailed, RedisUnavailable
-from queueworks.keys import Keys
-from queueworks.redis_server import RedisServer
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster
 
 

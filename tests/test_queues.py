@@ -13,8 +13,8 @@ import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.errors import JobFailed
-from queueworks.keys import Keys
-from queueworks.models import JobState
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
 from tests import handlers
 from tests.conftest import Cluster, wait_for
 

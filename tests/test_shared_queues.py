@@ -11,7 +11,7 @@ import redis
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.errors import JobFailed
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster, wait_for
 
 

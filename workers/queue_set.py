@@ -31,15 +31,15 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from queueworks import events
-from queueworks.connection import text
-from queueworks.keys import GROUP
-from queueworks.records import queue_memberships
-from queueworks.signals import ColdStop
-from queueworks.vanished import gone_stream, stream_gone
-from queueworks.wire import StreamReads
+from queueworks.process import ColdStop
+from queueworks.protocol import events
+from queueworks.protocol.keys import GROUP
+from queueworks.protocol.messages import text
+from queueworks.protocol.records import queue_memberships
+from queueworks.queue.vanished import gone_stream, stream_gone
+from queueworks.transport.wire import StreamReads
 
-from .flow import BandGate, RateGate
+from .flow_gate import BandGate, RateGate
 from .inflight import Call, InFlight
 from .queue_loop import BLOCK_MS, QueueLoop, halted
 from .queue_scout import Scout
@@ -84,7 +84,8 @@ class QueueSet:
         self.turn = 0  # who goes first this round (round robin)
         self.cluster = hasattr(parts.r, "get_node_from_key")
         self.flight: Flight | None = None  # with --concurrency > 1
-        # a read with nothing else to carry: pre-built on a kept connection (queueworks.wire)
+        # a read with nothing else to carry: pre-built on a kept connection
+        # (queueworks.transport.wire)
         self.reads = StreamReads.of(parts.r, GROUP, self.me)
         # which queues a round looks at and reads (``workers.ready``): all, or with many
         # queues and stream notifications, those that may have jobs
@@ -512,7 +513,7 @@ class QueueSet:
             self.ready.told(None)
         elif event == "xadd":
             name = name_in(key, lambda q: self.parts.keys.task(q).stream)
-            if name is None:  # a priority band's stream (``queueworks.priorities``)?
+            if name is None:  # a priority band's stream (``queueworks.protocol.priorities``)?
                 head, _, _ = key.rpartition(":")
                 name = name_in(head + ":*", lambda q: self.parts.keys.task(q).band_pattern)
             if name is not None:
