@@ -1,3 +1,3 @@
-from queueworks.cli.main import main
+from queueworks.cli import main
 
 main(prog_name="queueworks")

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVER = r"""
 import io, json, os, runpy, select, signal, sys
 
-import queueworks.cli.main, queueworks.workers.worker, queueworks.controller.main  # shared
+import queueworks.cli, queueworks.workers.worker, queueworks.controller.main  # shared
 
 BASE_PATH = [p for p in sys.path if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
 wake_r, wake_w = os.pipe()

@@ -23,8 +23,8 @@ import redis
 from click.testing import CliRunner
 
 from queueworks import Client, TaskSpec, TaskState
+from queueworks.cli import main as cli
 from queueworks.cli.info import wanted_line
-from queueworks.cli.main import main as cli
 from queueworks.contrib.autoscaler import Hysteresis, command_for, program_of, run_command
 from queueworks.controller.wanted import Need, wanted, workers_for
 from queueworks.protocol import wanted as published

@@ -31,7 +31,7 @@ import structlog
 from click.testing import CliRunner
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.cli.main import main
+from queueworks.cli import main
 from queueworks.contrib.redis_server import RedisServer, free_port
 from queueworks.protocol.keys import Keys
 from queueworks.protocol.models import WorkerRecord
@@ -191,7 +191,7 @@ def test_missing_dashboard_extra_names_the_pip_line(redis_url: str) -> None:
     way to make an import fail), as in an install without the dashboard extra."""
     code = (
         "import sys; sys.modules['uvicorn'] = None; "
-        "from queueworks.cli.main import main; main(prog_name='queueworks')"
+        "from queueworks.cli import main; main(prog_name='queueworks')"
     )
     res = cli(["dashboard"], redis_url, code=code)
     one_line_error(res, 1, "dashboard extra", "'uvicorn'", "pip install 'queueworks[dashboard]'")

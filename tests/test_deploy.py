@@ -355,7 +355,7 @@ def test_dockerfile_builds_one_non_root_image_from_the_context(tmp_path: Path) -
 
     wheel = context_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("queueworks/cli/main.py", "queueworks/lua/join.lua", "queueworks/examples.py"):
+    for needed in ("queueworks/cli/group.py", "queueworks/lua/join.lua", "queueworks/examples.py"):
         assert needed in names, needed
     # one top-level import name: the worker and controller packages are installed under it
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}

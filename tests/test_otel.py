@@ -463,7 +463,7 @@ class NoOtel:
         return None
 sys.meta_path.insert(0, NoOtel())
 sys.argv[0] = "queueworks"
-from queueworks.cli.main import main
+from queueworks.cli import main
 main()
 """
 
@@ -513,7 +513,7 @@ def test_queueworks_and_its_worker_import_nothing_of_opentelemetry() -> None:
     which is not ours (the attempts are blocked, so that none is hidden by a module that
     redis-py loaded first)."""
     code = NO_OTEL.split("sys.argv[0]")[0] + (
-        "import queueworks, queueworks.cli.main, queueworks.workers.worker, queueworks.client.aio\n"
+        "import queueworks, queueworks.cli, queueworks.workers.worker, queueworks.client.aio\n"
         "from queueworks.logs import configure\n"
         "configure()\n"
         "print('imported')\n"

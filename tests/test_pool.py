@@ -17,8 +17,8 @@ import redis
 from click.testing import CliRunner
 
 from queueworks import Client, JobFailed, Queue
+from queueworks.cli import main as cli
 from queueworks.cli.info import render
-from queueworks.cli.main import main as cli
 from queueworks.cli.options import given_options
 from queueworks.protocol.keys import Keys
 from queueworks.transport.pools import PoolRecord, read_pool

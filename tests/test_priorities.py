@@ -13,7 +13,7 @@ import redis
 from click.testing import CliRunner
 
 from queueworks import AsyncClient, Client
-from queueworks.cli.main import main
+from queueworks.cli import main
 from queueworks.cli.options import given_options
 from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.examples import add

@@ -82,7 +82,7 @@ def load(source: Path | bytes, cfg: Config) -> tuple[float, dict[str, int]]:
 
 def test_import_queueworks_does_not_import_torch() -> None:
     code = (
-        "import sys, queueworks, queueworks.client.sync, queueworks.cli.main, "
+        "import sys, queueworks, queueworks.client.sync, queueworks.cli, "
         "queueworks.workers.worker, "
         "queueworks.workers.lockstep; assert 'torch' not in sys.modules, 'torch imported'"
     )
