@@ -134,3 +134,26 @@ def test_no_module_name_means_two_things() -> None:
     names += [p.stem for p in (ROOT / "queueworks").rglob("*.py") if "workers" not in p.parts]
     for name in ("flow", "membership", "steps", "errors", "settings", "plans"):
         assert names.count(name) <= 1, name
+
+
+NOT_OURS = {"_replace", "_asdict", "_make", "_getframe", "_exit", "_fields"}
+
+
+@pytest.mark.unit
+def test_no_private_method_is_called_from_another_class() -> None:
+    """``x._name(...)`` only on ``self`` or ``cls``: what one class asks of another is public
+    (a named method), never a private one reached into."""
+    reached: list[str] = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            attr, owner = node.func.attr, node.func.value
+            if not attr.startswith("_") or attr.startswith("__") or attr in NOT_OURS:
+                continue
+            if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                continue
+            if isinstance(owner, ast.Call) and ast.unparse(owner.func) == "super":
+                continue
+            reached.append(f"{name}:{node.lineno}: {ast.unparse(node.func)}")
+    assert reached == []

@@ -450,13 +450,16 @@ class AsyncJob(Generic[R]):
     def __repr__(self) -> str:
         return f"AsyncJob({self.queue.name!r}, {self.id!r})"
 
+    async def _run(self, plan: Plan[T]) -> T:
+        return await arun(self.queue.client.redis, self.queue.client.scripts, plan)
+
     async def status(self) -> JobStatus:
-        return await self.queue._run(plan_job_status(self.queue.ref, self.id))
+        return await self._run(plan_job_status(self.queue.ref, self.id))
 
     async def detail(self) -> JobDetail:
         """Its status with its payload (while kept), result and traceback."""
         keys = self.queue.client.keys
-        return await self.queue._run(plan_job_detail(keys, self.queue.name, self.id))
+        return await self._run(plan_job_detail(keys, self.queue.name, self.id))
 
     async def result(self, timeout: float | None = None) -> R:
         """The job's result once it is done (a typed job's as its function's return
@@ -473,10 +476,12 @@ class AsyncJob(Generic[R]):
                 value = await watcher.result(self.queue.name, self.queue.keys, self.id, left, wait)
                 return value if self.typed is None else self.typed.decode(value)
             except QueueGone:
-                await self.queue._revive()  # its entry runs once its group is there again
+                await self._run(
+                    plan_revive(self.queue.ref)
+                )  # its entry runs once its group is there again
             except NotFinished as exc:  # said again from its status (running, why it waits)
                 plan = plan_unfinished(self.queue.ref, self.id, timeout, exc)
-                raise await self.queue._run(plan) from None
+                raise await self._run(plan) from None
             except UNAVAILABLE as exc:  # Redis is away: look again until the timeout
                 await asyncio.sleep(outage_pause(exc, deadline, outage))
                 outage = min(OUTAGE_LAST_PAUSE, outage * 2)
@@ -487,7 +492,7 @@ class AsyncJob(Generic[R]):
         def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
         checks finishes, its outcome dropped) and never run again. Whether the job will not
         run (again): False if it had finished."""
-        return await self.queue._run(plan_job_cancel(self.queue.ref, self.id))
+        return await self._run(plan_job_cancel(self.queue.ref, self.id))
 
 
 async def open_queue(

@@ -466,18 +466,21 @@ class Job(Generic[R]):
     def __repr__(self) -> str:
         return f"Job({self.queue.name!r}, {self.id!r})"
 
+    def _run(self, plan: Plan[T]) -> T:
+        return run(self.queue.client.redis, self.queue.client.scripts, plan)
+
     def status(self) -> JobStatus:
-        return self.queue._run(plan_job_status(self.queue.ref, self.id))
+        return self._run(plan_job_status(self.queue.ref, self.id))
 
     def detail(self) -> JobDetail:
         """Its status with its payload (while kept), result and traceback."""
-        return self.queue._run(plan_job_detail(self.queue.client.keys, self.queue.name, self.id))
+        return self._run(plan_job_detail(self.queue.client.keys, self.queue.name, self.id))
 
     def result(self, timeout: float | None = None) -> R:
         """The job's result once it is done (a typed job's as its function's return
         annotation says); ``JobFailed`` if it is dead or cancelled; ``TimeoutError`` after
         ``timeout`` s."""
-        value = self.queue._run(plan_job_result(self.queue.ref, self.id, timeout))
+        value = self._run(plan_job_result(self.queue.ref, self.id, timeout))
         return value if self.typed is None else self.typed.decode(value)
 
     def cancel(self) -> bool:
@@ -485,7 +488,7 @@ class Job(Generic[R]):
         def`` handler at once, a plain one at its next ``ctx.checkpoint()``; one that never
         checks finishes, its outcome dropped) and never run again. Whether the job will not
         run (again): False if it had finished."""
-        return self.queue._run(plan_job_cancel(self.queue.ref, self.id))
+        return self._run(plan_job_cancel(self.queue.ref, self.id))
 
 
 def open_queue(client: Backend, name: str, given: dict[str, Any], reopen: bool = False) -> Queue:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
+from importlib import resources
 from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from queueworks.protocol.events import EVENTS_MAXLEN
@@ -828,45 +829,15 @@ def fenced(keys: Sequence[str], args: Sequence[Any]) -> Call[list[int]]:
     return Call("fenced", list(keys), list(args), lambda reply: [int(x) for x in reply])
 
 
-NAMES = (
-    "step",
-    "enqueue",
-    "join",
-    "depart",
-    "fenced_read",
-    "settle",
-    "reclaim",
-    "set_state",
-    "bury_waiters",
-    "lease",
-    "expire_finished",
-    "expire_jobs",
-    "keep_jobs",
-    "sweep_lost",
-    "record_task",
-    "enqueue_jobs",
-    "enqueue_unique",
-    "release_unique",
-    "settle_jobs",
-    "retry_later",
-    "promote_due",
-    "cancel_job",
-    "set_aside",
-    "reopen_queue",
-    "requeue_job",
-    "job_progress",
-    "defer_job",
-    "depend",
-    "release_job",
-    "pause_queue",
-    "configure_queue",
-    "lease_acquire",
-    "submit_small",
-    "rate_read",
-    "band_read",
-    "group_take",
-    "group_pump",
-    "fenced",  # composed with set_state and expire_finished when loaded (scripts._source)
+# one script per file of ``queueworks/lua/``: the folder is the list. A helper is composed
+# into another script as it is loaded (``bound._source``), never run alone.
+HELPERS = frozenset({"fire_schedule"})
+NAMES = tuple(
+    sorted(
+        name
+        for entry in resources.files("queueworks").joinpath("lua").iterdir()
+        if (name := entry.name.removesuffix(".lua")) != entry.name and name not in HELPERS
+    )
 )
 
 

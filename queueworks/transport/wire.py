@@ -255,14 +255,14 @@ class Line:
                 receive(sock, reader, parser._buffer)
                 reply = reader.gets()
         except BaseException:
-            self._drop(conn)
+            self.drop(conn)
             raise
         if isinstance(reply, redis.RedisError):
-            self._check(conn, reply)
+            self.check_error(conn, reply)
             if isinstance(reply, redis.ResponseError):
-                self._keep(conn, sock, poll)
+                self.keep(conn, sock, poll)
                 raise reply
-        self._keep(conn, sock, poll)
+        self.keep(conn, sock, poll)
         return reply
 
     def call_all(self, packed: bytes, n: int) -> list[Any]:
@@ -277,21 +277,21 @@ class Line:
         try:
             send(sock.fileno(), packed)
         except BaseException:
-            self._drop(conn)
+            self.drop(conn)
             raise
         return Sent(self, conn, sock, poll, n)
 
-    def _check(self, conn: Any, reply: redis.RedisError) -> None:
+    def check_error(self, conn: Any, reply: redis.RedisError) -> None:
         """Drop ``conn`` and raise ``ConnectionError`` for an error reply that says the
         connection is no good (LOADING; READONLY through a sentinel's pool), as redis-py."""
         if isinstance(reply, redis.ConnectionError):  # LOADING: as redis-py, drop it
-            self._drop(conn)
+            self.drop(conn)
             raise reply
         if self.sentinel and isinstance(reply, ReadOnlyError):
-            self._drop(conn)
+            self.drop(conn)
             raise redis.ConnectionError("The previous master is now a slave")
 
-    def _keep(self, conn: Any, sock: Any, poll: Any) -> None:
+    def keep(self, conn: Any, sock: Any, poll: Any) -> None:
         if len(self.idle) < self.kept:
             self.idle.append((conn, sock, poll))
         else:
@@ -309,7 +309,7 @@ class Line:
                 break
             if conn._sock is sock and not poll.poll(0):
                 return conn, sock, poll
-            self._drop(conn)
+            self.drop(conn)
         conn = self.pool.get_connection()
         try:
             sock = conn._sock
@@ -317,7 +317,7 @@ class Line:
             poll = select.poll()
             poll.register(sock, _STALE)
         except BaseException:
-            self._drop(conn)
+            self.drop(conn)
             raise
         return conn, sock, poll
 
@@ -326,11 +326,11 @@ class Line:
         try:
             release(sock, conn.socket_timeout)
         except OSError:
-            self._drop(conn)
+            self.drop(conn)
             return
         self.pool.release(conn)
 
-    def _drop(self, conn: Any) -> None:
+    def drop(self, conn: Any) -> None:
         conn.disconnect()
         self.pool.release(conn)
 
@@ -363,12 +363,12 @@ class Sent:
                     reply = reader.gets()
                 replies.append(reply)
         except BaseException:
-            line._drop(conn)
+            line.drop(conn)
             raise
         for reply in replies:
             if isinstance(reply, redis.RedisError):
-                line._check(conn, reply)
-        line._keep(conn, sock, self.poll)
+                line.check_error(conn, reply)
+        line.keep(conn, sock, self.poll)
         return replies
 
 
