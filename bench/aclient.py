@@ -23,8 +23,8 @@ from typing import Any
 
 from bench.common import private_redis
 from queueworks import AsyncClient, Client
-from queueworks.aio.queue_handle import AsyncJob, AsyncQueue
-from queueworks.queues import (
+from queueworks.client.aio_queue_handle import AsyncJob, AsyncQueue
+from queueworks.queue.queues import (
     FIRST_PAUSE,
     LAST_PAUSE,
     RESULT_FIELDS,

@@ -48,7 +48,7 @@ from bench.peers import run as peers
 from bench.peers.run import DriverRun, System
 from bench.peers.venvs import DEFAULT_DIR
 from bench.queue import Bench, _spread, finish, paired
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out" / "asyncpeers"

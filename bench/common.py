@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -30,8 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from queueworks import Client, TaskSpec  # noqa: E402
-from queueworks.models import WorkerRecord  # noqa: E402
-from queueworks.redis_server import RedisServer, free_port  # noqa: E402
+from queueworks.contrib.redis_server import RedisServer, free_port  # noqa: E402
+from queueworks.protocol.models import WorkerRecord  # noqa: E402
 
 LIMIT_MS = 300.0
 TRACEBACK = (

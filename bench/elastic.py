@@ -22,7 +22,7 @@ import redis
 
 from bench.common import Procs, pct, private_redis, wait_for, wait_workers
 from queueworks import Client, TaskSpec
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 
 
 def runs(r: redis.Redis, log: str) -> list[tuple[int, str, float]]:

@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 from bench.resp_floor import xadd_head
 from queueworks import AsyncClient, Client
+from queueworks.contrib.redis_server import RedisServer
 from queueworks.examples import typed_noop
-from queueworks.redis_server import RedisServer
 
 NOOP = "queueworks.examples:noop"
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 CORE = os.environ.get("BENCH_CORE", "0")  # the core every process is pinned to
 ALLOW = "queueworks.examples"

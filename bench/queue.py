@@ -50,7 +50,7 @@ from bench import job_cpu
 from bench.peers import run as peers
 from bench.peers.run import SYSTEMS, DriverRun, System
 from bench.peers.venvs import DEFAULT_DIR, VENVS, ensure
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "bench" / "out"

@@ -14,7 +14,7 @@ import uuid
 from typing import Any
 
 from queueworks import Client
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 
 def synced(replica: RedisServer) -> None:

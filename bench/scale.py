@@ -54,7 +54,7 @@ import redis
 
 from bench.common import ROOT, pct
 from queueworks import Client, TaskSpec
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 OUT = ROOT / "bench" / "out" / "scale"
 FRESH_WORKERS = 10

@@ -27,11 +27,11 @@ from typing import Any
 
 import redis
 
-from queueworks import events
-from queueworks.keys import Keys
-from queueworks.models import WorkerRecord
-from queueworks.records import idle_worker, registered_worker
-from queueworks.scripts import Scripts
+from queueworks.protocol import events
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import WorkerRecord
+from queueworks.protocol.records import idle_worker, registered_worker
+from queueworks.scripts.bound import Scripts
 
 SEEN = "bench:seen"
 TTL_MS = 3000

@@ -30,8 +30,8 @@ from queueworks.controller.fence import Fence
 from queueworks.controller.scheduler import Scheduler
 from queueworks.controller.tally import Tally
 from queueworks.logs import get_logger
-from queueworks.schedules import member
-from queueworks.scripts import Scripts
+from queueworks.queue.schedules import member
+from queueworks.scripts.bound import Scripts
 
 
 def timed(fn: object, passes: int) -> list[float]:

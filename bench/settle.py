@@ -9,7 +9,7 @@ Both scripts run against one private Redis, on identical tasks (``--n`` subtasks
 with XREADGROUP COUNT 100 beforehand, settled in batches of 100), alternating, so the
 ratio is what the per-index completion check costs on the hot path. With
 ``--python-against``, both sides run today's settle.lua, one through today's
-``Scripts.settle``, the other through REV's ``queueworks/scripts.py``: the ratio is what
+``Scripts.settle``, the other through REV's ``queueworks/scripts/bound.py``: the ratio is what
 the Python side of the call costs. ``--no-redis`` times that Python side alone: each
 script replaced by a function returning a constant reply, ``--calls`` calls of 100 each,
 the best of ``--repeat`` rounds per side.
@@ -27,7 +27,7 @@ from typing import Any
 
 from bench.common import ROOT, private_redis
 from queueworks import Client, TaskSpec
-from queueworks.scripts import Scripts
+from queueworks.scripts.bound import Scripts
 
 BATCH = 100
 BEFORE_BY_INDEX = "1add547"  # the last revision that completed by count
@@ -75,7 +75,7 @@ def run_old_python(url: str, n: int, source: str) -> float:
     """Today's settle.lua through the ``Scripts`` class of another revision's scripts.py."""
     module = types.ModuleType("bench_old_scripts")
     sys.modules[module.__name__] = module  # its dataclasses look their module up
-    exec(compile(source, "old queueworks/scripts.py", "exec"), module.__dict__)
+    exec(compile(source, "old queueworks/scripts/bound.py", "exec"), module.__dict__)
     client = Client.from_url(url, prefix=f"s{uuid.uuid4().hex[:6]}")
     scripts = module.Scripts(client.redis)
     tk, batches = _prepared(client, n)
@@ -97,7 +97,7 @@ class _ConstantReplies:
 def python_side(source: str, calls: int, repeat: int, against: str) -> None:
     module = types.ModuleType("bench_old_scripts")
     sys.modules[module.__name__] = module
-    exec(compile(source, "old queueworks/scripts.py", "exec"), module.__dict__)
+    exec(compile(source, "old queueworks/scripts/bound.py", "exec"), module.__dict__)
     sides = {"now": Scripts(_ConstantReplies()), against: module.Scripts(_ConstantReplies())}
     tk = Client.from_url("redis://unused").keys.task("t")
     ok = [(f"{i}-0", i, "0") for i in range(BATCH)]
@@ -135,11 +135,11 @@ def main() -> None:
     if args.no_redis:
         if not args.python_against:
             ap.error("--no-redis needs --python-against REV")
-        source = _git_show(against, "queueworks/scripts.py")
+        source = _git_show(against, "queueworks/scripts/bound.py")
         python_side(source, args.calls, args.repeat, against)
         return
     if args.python_against:
-        source = _git_show(against, "queueworks/scripts.py")
+        source = _git_show(against, "queueworks/scripts/bound.py")
         other = run_old_python
         what = f"settle.lua, Scripts.settle now vs {against}'s"
     else:

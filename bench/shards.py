@@ -23,9 +23,9 @@ from typing import Any
 
 from bench.common import Procs, wait_for
 from queueworks import Client, TaskSpec
-from queueworks.connection import connect
-from queueworks.redis_server import RedisServer
-from queueworks.topology import SlotMap, read_slot_map, slot_of
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.transport.connection import connect
+from queueworks.transport.topology import SlotMap, read_slot_map, slot_of
 from tests.cluster_fixtures import LocalCluster
 
 

@@ -53,8 +53,8 @@ import redis
 
 from bench.common import Procs, private_redis, wait_workers
 from queueworks import Client, TaskSpec
-from queueworks.models import TaskState
-from queueworks.queue_handle import Queue
+from queueworks.client.queue_handle import Queue
+from queueworks.protocol.models import TaskState
 
 NOOP = "bench.shared_jobs:noop"
 NAP = "bench.shared_jobs:nap"

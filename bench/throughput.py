@@ -22,9 +22,9 @@ import redis
 from bench.common import Procs, private_redis, wait_for, wait_workers
 from queueworks import Client, Task, TaskSpec
 from queueworks.examples import noop
-from queueworks.keys import Keys
-from queueworks.messages import decode_entry, to_json
-from queueworks.scripts import Scripts
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import decode_entry, to_json
+from queueworks.scripts.bound import Scripts
 
 
 def run_workers(url: str, n: int, workers: int) -> float:
@@ -120,7 +120,7 @@ def run_submit(url: str, n: int) -> float:
 
 def fsync_compare(n: int, repeat: int) -> None:
     """The price of durability: the same 2-worker run against AOF off, everysec, always."""
-    from queueworks.redis_server import RedisServer
+    from queueworks.contrib.redis_server import RedisServer
 
     rows: dict[str, list[float]] = {"aof off": [], "everysec": [], "always": []}
     servers = {

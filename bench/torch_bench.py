@@ -30,7 +30,7 @@ import redis
 from bench.common import pct, private_redis, wait_for, wait_workers
 from examples.elastic_training import Config, Local, task_spec
 from queueworks import Client
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 
 
 def rows(r: redis.Redis, key: str) -> list[dict[str, Any]]:
@@ -148,7 +148,7 @@ def _bare(rank: int, world: int, port: int, steps: int, out: Any) -> None:
 
 
 def bare_gloo(world: int, steps: int) -> float:
-    from queueworks.redis_server import free_port
+    from queueworks.contrib.redis_server import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()

@@ -94,7 +94,7 @@ from bench.torchrun_job import (
     shard_loss,
 )
 from queueworks import Client, Task, TaskSpec
-from queueworks.redis_server import free_port
+from queueworks.contrib.redis_server import free_port
 from queueworks.torch import ElasticTrainer, StepContext, StepRecord, wait_released
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,7 +20,7 @@ import timeit
 from collections.abc import Callable
 
 from queueworks.examples import noop, typed_noop
-from queueworks.queues import payload_json
+from queueworks.queue.queues import payload_json
 
 
 def per_call(call: Callable[[], object], n: int, rounds: int) -> float:

@@ -52,7 +52,7 @@ from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from queueworks.models import UNUSABLE, Refusal
+from queueworks.protocol.models import UNUSABLE, Refusal
 
 from .board import Board
 from .views import (

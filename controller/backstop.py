@@ -19,8 +19,9 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.transport.connection import Connection
 
 from .mirror import Mirror
 from .reads import WorkerRead, all_ids, read_workers

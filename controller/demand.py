@@ -23,9 +23,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from queueworks import wanted as published
-from queueworks.connection import Connection
-from queueworks.keys import Keys
+from queueworks.protocol import wanted as published
+from queueworks.protocol.keys import Keys
+from queueworks.transport.connection import Connection
 
 from .fence import Batch, Fence
 from .mirror import Mirror, TaskRow

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from queueworks import schedules as sched
-from queueworks.connection import Connection
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
+from queueworks.queue import schedules as sched
+from queueworks.transport.connection import Connection
 
 from .tally import Tally
 

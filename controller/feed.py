@@ -23,8 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.transport.connection import Connection
 
 from .tally import Tally
 

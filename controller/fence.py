@@ -34,9 +34,9 @@ from redis.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import NoScriptError, ResponseError
 
-from queueworks.connection import Connection
-from queueworks.keys import Keys
-from queueworks.scripts import ACTIVE, Scripts
+from queueworks.protocol.keys import Keys
+from queueworks.scripts.bound import ACTIVE, Scripts
+from queueworks.transport.connection import Connection
 
 from .tally import Tally
 

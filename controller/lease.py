@@ -15,10 +15,11 @@ import threading
 import time
 from typing import Any
 
-from queueworks import events
-from queueworks.connection import UNAVAILABLE, Connection, text
-from queueworks.keys import Keys
-from queueworks.scripts import Scripts
+from queueworks.protocol import events
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.scripts.bound import Scripts
+from queueworks.transport.connection import UNAVAILABLE, Connection
 
 from .tally import Tally
 

@@ -27,12 +27,13 @@ from typing import Any
 
 import redis
 
-from queueworks.connection import Connection, text
-from queueworks.job_keys import plan_job_keys
-from queueworks.keys import Keys
-from queueworks.plans import Plan, Trip
-from queueworks.runner import send_trip
-from queueworks.scripts import Scripts
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.queue.job_keys import plan_job_keys
+from queueworks.scripts.bound import Scripts
+from queueworks.transport.connection import Connection
+from queueworks.transport.plans import Plan, Trip
+from queueworks.transport.runner import send_trip
 
 from .fence import Batch, Fence
 from .tally import Tally

@@ -28,13 +28,13 @@ import time
 import uuid
 from typing import Any
 
-from queueworks.connection import UNAVAILABLE, connect_settings, redact_url
-from queueworks.eviction import PolicyWatch, refuse_evicting
-from queueworks.keys import Keys
 from queueworks.logs import get_logger
 from queueworks.process import freeze_heap
-from queueworks.scripts import Scripts
+from queueworks.protocol.keys import Keys
+from queueworks.scripts.bound import Scripts
 from queueworks.settings import Settings
+from queueworks.transport.connection import UNAVAILABLE, connect_settings, redact_url
+from queueworks.transport.eviction import PolicyWatch, refuse_evicting
 
 from .demand import Demand
 from .emptied import Emptied
@@ -142,7 +142,7 @@ class Controller:
         self.r.close()
 
     def _policy(self) -> PolicyWatch:
-        """Redis's maxmemory-policy, refused if it evicts (``queueworks.eviction``), and
+        """Redis's maxmemory-policy, refused if it evicts (``queueworks.transport.eviction``), and
         read again now and then."""
         allow, interval = self.settings.allow_eviction, self.settings.policy_check_interval
         return PolicyWatch(refuse_evicting(self.r, allow=allow, log=self.log), interval, self.log)

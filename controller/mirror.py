@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from queueworks.models import Refusal, TaskState
+from queueworks.protocol.models import Refusal, TaskState
 
 from .allocator import TaskView, WorkerView
 from .board import Board

@@ -17,9 +17,10 @@ from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
-from queueworks.records import MEMBER_OF, TASK_FIELDS
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.protocol.records import MEMBER_OF, TASK_FIELDS
+from queueworks.transport.connection import Connection
 
 from .tally import Tally
 

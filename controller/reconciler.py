@@ -22,9 +22,10 @@ from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
-from queueworks.models import TaskState, describe_error
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import TaskState, describe_error
+from queueworks.transport.connection import Connection
 
 from .allocator import Plan, allocate
 from .backstop import Backstop

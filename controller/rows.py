@@ -1,4 +1,4 @@
-"""Reads made into mirror rows, through the records' codecs (``queueworks.records``)."""
+"""Reads made into mirror rows, through the records' codecs (``queueworks.protocol.records``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from queueworks.connection import text
-from queueworks.models import Refusal, StoredSpec, TaskState, WorkerRecord
-from queueworks.records import TASK_FIELDS, task_fields
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import Refusal, StoredSpec, TaskState, WorkerRecord
+from queueworks.protocol.records import TASK_FIELDS, task_fields
 
 from .mirror import TaskRow, WorkerRow
 from .reads import TaskRead, WorkerRead

@@ -37,9 +37,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from queueworks import schedules as sched
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.queue import schedules as sched
+from queueworks.transport.connection import Connection
 
 from .fence import Batch, Fence
 from .tally import Tally

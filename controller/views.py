@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from queueworks.allow import covers
+from queueworks.protocol.allow import covers
 
 FitKey = tuple[tuple[tuple[str, str], ...], tuple[str, ...], frozenset[str]]
 

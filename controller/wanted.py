@@ -1,5 +1,5 @@
 """Wanted workers: a pure function from the demand of every active task and queue to the
-workers each node selector needs (``queueworks.wanted`` is the published value).
+workers each node selector needs (``queueworks.protocol.wanted`` is the published value).
 
 One task or queue with work wants:
 
@@ -33,7 +33,7 @@ class Need:
     """What one active task or queue asks of the pool."""
 
     id: str
-    selector: str  # its selector's name (``queueworks.wanted.selector_name``)
+    selector: str  # its selector's name (``queueworks.protocol.wanted.selector_name``)
     queue: bool
     min_nodes: int
     max_nodes: int | None

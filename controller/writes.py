@@ -13,12 +13,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from queueworks import events
-from queueworks.events import EVENTS_MAXLEN
-from queueworks.keys import Keys
-from queueworks.lost_workers import KEPT as LOST_KEPT
-from queueworks.lost_workers import lost_entry
-from queueworks.models import TaskState
+from queueworks.protocol import events
+from queueworks.protocol.events import EVENTS_MAXLEN
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import TaskState
+from queueworks.transport.lost_workers import KEPT as LOST_KEPT
+from queueworks.transport.lost_workers import lost_entry
 
 from .fence import Batch
 from .mirror import Mirror, TaskRow

@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)  # the reference run at the end is tiny, as the workers' steps
 
-    from queueworks.redis_server import RedisServer
+    from queueworks.contrib.redis_server import RedisServer
 
     server = None
     if args.redis is None:

@@ -4,9 +4,11 @@ A target task is split into subtasks on Redis streams and processed by a node se
 workers that can grow, shrink, lose a node or give nodes away while the task runs.
 """
 
-from queueworks.aio import AsyncClient, AsyncJob, AsyncQueue, AsyncTask
-from queueworks.client import Client, SubmitError, Task, TaskNotFound
-from queueworks.connection import RedisUnavailable
+from queueworks.client.aio import AsyncClient
+from queueworks.client.aio_queue_handle import AsyncJob, AsyncQueue
+from queueworks.client.aio_tasks import AsyncTask
+from queueworks.client.queue_handle import Job, Queue
+from queueworks.client.sync import Client, Task
 from queueworks.context import (
     Cancelled,
     Fenced,
@@ -16,9 +18,17 @@ from queueworks.context import (
     Suspended,
     on_rebalance,
 )
-from queueworks.eviction import EvictingRedis
+from queueworks.errors import (
+    EvictingRedis,
+    JobFailed,
+    QueueNotFound,
+    QueueworksError,
+    RedisUnavailable,
+    SubmitError,
+    TaskNotFound,
+)
 from queueworks.job_functions import AsyncJobFunction, Call, JobFunction, job
-from queueworks.models import (
+from queueworks.protocol.models import (
     JobState,
     JobStatus,
     QueueStatus,
@@ -28,9 +38,6 @@ from queueworks.models import (
     TaskState,
     TaskStatus,
 )
-from queueworks.queue_handle import Job, Queue
-from queueworks.queues import JobFailed
-from queueworks.vanished import QueueNotFound
 
 __all__ = [
     "AsyncClient",
@@ -52,6 +59,7 @@ __all__ = [
     "Queue",
     "QueueNotFound",
     "QueueStatus",
+    "QueueworksError",
     "RedisUnavailable",
     "Role",
     "Schedule",

@@ -9,7 +9,7 @@ from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from queueworks.models import Role
+from queueworks.protocol.models import Role
 
 
 class Suspended(Exception):

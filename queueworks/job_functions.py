@@ -34,7 +34,8 @@ from pydantic_core import PydanticSerializationError, PydanticSerializationUnexp
 from typing_extensions import TypedDict, TypeVar
 
 from queueworks.context import JobContext, SubtaskContext
-from queueworks.models import parse_handler_path
+from queueworks.errors import BadArguments
+from queueworks.protocol.models import parse_handler_path
 
 P = ParamSpec("P")
 R = TypeVar("R", default=Any)
@@ -64,22 +65,6 @@ class Call(Generic[R]):
         """The job's result (JSON) as the function's return annotation says."""
         result: R = self.signature.decode_result(value)
         return result
-
-
-class BadArguments(ValueError):
-    """Arguments that do not fit a job function's signature: the message names each
-    parameter that is wrong (``errors``: pydantic's list), on one line."""
-
-    def __init__(self, name: str, error: ValidationError) -> None:
-        self.errors = error.errors(include_url=False)
-        said = "; ".join(_said(e) for e in self.errors)
-        super().__init__(f"{name}(): {said}")
-
-
-def _said(error: Any) -> str:
-    where = ".".join(str(part) for part in error["loc"]) or "arguments"
-    given = "" if error["type"] == "missing" else f" (given {error['input']!r:.80})"
-    return f"{where}: {error['msg']}{given}"
 
 
 class Signature:

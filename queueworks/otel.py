@@ -336,20 +336,20 @@ def log_fields(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMappi
 # -- the clients' producer spans ------------------------------------------------------------
 
 _CLIENT_METHODS = [
-    ("queueworks.queue_handle", "Queue.enqueue", False, False),
-    ("queueworks.queue_handle", "Queue.enqueue_many", False, True),
-    ("queueworks.aio.queue_handle", "AsyncQueue.enqueue", True, False),
-    ("queueworks.aio.queue_handle", "AsyncQueue.enqueue_many", True, True),
+    ("queueworks.client.queue_handle", "Queue.enqueue", False, False),
+    ("queueworks.client.queue_handle", "Queue.enqueue_many", False, True),
+    ("queueworks.client.aio_queue_handle", "AsyncQueue.enqueue", True, False),
+    ("queueworks.client.aio_queue_handle", "AsyncQueue.enqueue_many", True, True),
 ]
 _SUBMITS = [
-    ("queueworks.client", "Client.submit", False),
-    ("queueworks.aio.client", "AsyncClient.submit", True),
+    ("queueworks.client.sync", "Client.submit", False),
+    ("queueworks.client.aio", "AsyncClient.submit", True),
 ]
 
 
 _CANCELS = [
-    ("queueworks.queue_handle", "Job.cancel", False),
-    ("queueworks.aio.queue_handle", "AsyncJob.cancel", True),
+    ("queueworks.client.queue_handle", "Job.cancel", False),
+    ("queueworks.client.aio_queue_handle", "AsyncJob.cancel", True),
 ]
 
 

@@ -53,9 +53,16 @@ from rq.command import PUBSUB_CHANNEL_TEMPLATE, send_command
 from rq.exceptions import InvalidJobOperation
 from rq.job import Job, JobStatus
 
-from queueworks.client import Client, SubmitError, Task, TaskNotFound, sync_subtasks
-from queueworks.messages import NotJSON, to_json
-from queueworks.models import TaskSpec, TaskState, TaskStatus, parse_handler_path
+from queueworks.client.sync import Client, Task, sync_subtasks
+from queueworks.errors import (
+    NotJSON,
+    SubmitError,
+    TargetTaskCancelled,
+    TargetTaskFailed,
+    TaskNotFound,
+)
+from queueworks.protocol.messages import to_json
+from queueworks.protocol.models import TaskSpec, TaskState, TaskStatus, parse_handler_path
 
 RQ_JOB_FIELD = "rq_job"  # field of the task record that names its RQ job
 POLL = 0.2  # seconds between two looks at the task
@@ -64,14 +71,6 @@ STOP_COMMANDS = ("stop-job", "stop-execution")
 FIRST_DEAD_LETTERS = 3  # dead letters quoted in a summary
 JOB_STOPPED, JOB_CANCELED, JOB_DELETED = "RQ job stopped", "RQ job canceled", "RQ job deleted"
 TASK_CANCELLED = "task cancelled in queueworks"
-
-
-class TargetTaskFailed(RuntimeError):
-    """The target task ended ``failed``; the message is its dead-letter summary."""
-
-
-class TargetTaskCancelled(RuntimeError):
-    """The target task was cancelled (through its RQ job, or from queueworks)."""
 
 
 class Target(BaseModel):

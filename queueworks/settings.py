@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from queueworks.validate import PREFIX_PATTERN
+from queueworks.protocol.validate import PREFIX_PATTERN
 
 HOUR, DAY = 3600.0, 86400.0  # bounds of the intervals: finite, so a sleep never overflows
 

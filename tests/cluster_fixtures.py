@@ -29,7 +29,7 @@ from typing import Any
 import redis
 
 from queueworks.context import SubtaskContext
-from queueworks.redis_server import RedisServer, find_server_binary, free_port
+from queueworks.contrib.redis_server import RedisServer, find_server_binary, free_port
 
 NODE_TIMEOUT_MS = 1000  # cluster-node-timeout: how soon a dead primary is failed over
 

@@ -51,8 +51,8 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.keys import Keys
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.protocol.keys import Keys
 from tests import forkserver
 
 ROOT = Path(__file__).resolve().parent.parent

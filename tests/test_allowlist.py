@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from queueworks import Client, SubmitError, TaskSpec, TaskState
-from queueworks.models import parse_handler_path
+from queueworks.protocol.models import parse_handler_path
 from queueworks.workers.handlers import HandlerRefused, allowed, resolve
 from tests.conftest import ROOT, Cluster
 from tests.handlers_poison import NOT_JSON

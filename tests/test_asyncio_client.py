@@ -30,9 +30,9 @@ from queueworks import (
     TaskSpec,
     TaskState,
 )
-from queueworks.client import NotReplicated
-from queueworks.keys import Keys
-from queueworks.scripts import DeadEntry
+from queueworks.errors import NotReplicated
+from queueworks.protocol.keys import Keys
+from queueworks.scripts.bound import DeadEntry
 from tests import handlers
 from tests.conftest import Cluster
 
@@ -207,7 +207,7 @@ def test_every_script_runs_alike_through_both_executors(
     """The async executor runs the same calls as the sync one: a member's whole path
     (join, fenced read, settle with a dead letter, reclaim, depart) through each, on two
     identical tasks, gives the same replies and the same records."""
-    from queueworks.scripts import AsyncScripts, Scripts
+    from queueworks.scripts.bound import AsyncScripts, Scripts
 
     assert {n for n in dir(Scripts) if not n.startswith("_")} == {
         n for n in dir(AsyncScripts) if not n.startswith("_")

@@ -1,5 +1,5 @@
 """Autoscaling: the wanted-workers count (``controller.wanted``), the autoscaler's
-hysteresis and command (``queueworks.autoscaler``), and the whole loop with real processes:
+hysteresis and command (``queueworks.contrib.autoscaler``), and the whole loop with real processes:
 a controller, ``queueworks autoscale`` and a stand-in scale command that starts and stops
 local workers (``tests/scale_workers.py``) -- from zero, a backlog brings a worker, a task
 with ``min_nodes=3`` brings three, idleness takes them back to zero through graceful leaves,
@@ -23,12 +23,12 @@ import redis
 from click.testing import CliRunner
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks import wanted as published
-from queueworks.autoscaler import Hysteresis, command_for, program_of, run_command
 from queueworks.cli import main as cli
-from queueworks.commands.info import wanted_line
+from queueworks.cli.info import wanted_line
+from queueworks.contrib.autoscaler import Hysteresis, command_for, program_of, run_command
 from queueworks.controller.wanted import Need, wanted, workers_for
-from queueworks.keys import Keys
+from queueworks.protocol import wanted as published
+from queueworks.protocol.keys import Keys
 from tests.conftest import ROOT, Cluster, wait_for
 from tests.scale_workers import alive
 
@@ -333,7 +333,7 @@ def test_autoscale_refuses_bad_input_by_name() -> None:
 def test_the_dashboard_and_info_show_the_published_count(
     client: Client, r: redis.Redis, keys: Keys
 ) -> None:
-    from queueworks.commands.info import render
+    from queueworks.cli.info import render
     from tests.test_dashboard import make_app
 
     with make_app(client) as web:

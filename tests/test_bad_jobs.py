@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import redis
 
-from queueworks import AsyncClient, Client, TaskState, events
+from queueworks import AsyncClient, Client, TaskState
 from queueworks.controller.allocator import (
     Snapshot,
     TaskView,
@@ -21,10 +21,11 @@ from queueworks.controller.allocator import (
     matches,
     why_waiting,
 )
-from queueworks.keys import Keys
-from queueworks.models import UNUSABLE, JobState, Refusal
-from queueworks.queues import JobFailed
-from queueworks.scripts import Scripts
+from queueworks.errors import JobFailed
+from queueworks.protocol import events
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import UNUSABLE, JobState, Refusal
+from queueworks.scripts.bound import Scripts
 from tests.conftest import Cluster, wait_for
 from tests.test_cli import cli, one_line_error
 

@@ -14,8 +14,8 @@ import pytest
 import redis
 
 from queueworks import Cancelled, Client, JobContext
-from queueworks.models import JobState
-from queueworks.queues import JobFailed
+from queueworks.errors import JobFailed
+from queueworks.protocol.models import JobState
 from tests.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.system

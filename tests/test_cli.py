@@ -32,11 +32,11 @@ from click.testing import CliRunner
 
 from queueworks import Client, TaskSpec, TaskState
 from queueworks.cli import main
-from queueworks.keys import Keys
-from queueworks.models import WorkerRecord
-from queueworks.queue_settings import QueueSettings
-from queueworks.records import registered_worker
-from queueworks.redis_server import RedisServer, free_port
+from queueworks.contrib.redis_server import RedisServer, free_port
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import WorkerRecord
+from queueworks.protocol.records import registered_worker
+from queueworks.queue.queue_settings import QueueSettings
 from queueworks.settings import Settings
 from tests.conftest import ROOT, Cluster, wait_for
 
@@ -138,7 +138,7 @@ def test_unreachable_redis_is_one_line(closed_url: str, args: list[str]) -> None
 def test_debug_shows_the_traceback(closed_url: str) -> None:
     res = cli(["--debug", "info"], closed_url)
     assert res.returncode == 1 and "Traceback" in res.stderr, res.stderr[-800:]
-    assert "queueworks.connection.RedisUnavailable: cannot reach Redis at" in res.stderr
+    assert "queueworks.errors.RedisUnavailable: cannot reach Redis at" in res.stderr
 
 
 def test_auth_failure_is_one_line_without_the_password(locked: RedisServer) -> None:

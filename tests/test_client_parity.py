@@ -19,9 +19,9 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskSpec
-from queueworks.redis_server import RedisServer
-from queueworks.script_calls import NAMES
-from queueworks.scripts import _source
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.scripts.bound import _source
+from queueworks.scripts.calls import NAMES
 
 pytestmark = pytest.mark.integration
 

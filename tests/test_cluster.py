@@ -31,13 +31,13 @@ import redis
 from redis.cluster import RedisCluster
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.client import NotReplicated
-from queueworks.connection import UNAVAILABLE, connect
-from queueworks.jobrecords import decode_entry
-from queueworks.keys import Keys
-from queueworks.redis_server import free_port
-from queueworks.scripts import JobBatch
-from queueworks.topology import SlotMap, read_slot_map, slot_of
+from queueworks.contrib.redis_server import free_port
+from queueworks.errors import NotReplicated
+from queueworks.protocol.jobrecords import decode_entry
+from queueworks.protocol.keys import Keys
+from queueworks.scripts.bound import JobBatch
+from queueworks.transport.connection import UNAVAILABLE, connect
+from queueworks.transport.topology import SlotMap, read_slot_map, slot_of
 from tests.cluster_fixtures import LocalCluster, executions
 from tests.conftest import REDIS_INSTALL, ROOT, Cluster, need_program, wait_for
 
@@ -389,10 +389,10 @@ def test_fenced_writes_on_a_cluster_refuse_every_older_term(rc: RedisCluster, pr
     """Issue 19: a new leader seals every slot with its term before it reads; from then on
     a write of an older term is refused wherever it goes (an assignment, a task record, the
     events), and its own land."""
-    from queueworks import events
     from queueworks.controller.fence import Batch, Fence, Fenced
     from queueworks.controller.tally import Tally
-    from queueworks.scripts import Scripts
+    from queueworks.protocol import events
+    from queueworks.scripts.bound import Scripts
 
     keys, scripts = Keys(prefix), Scripts(rc)
     assign, record = keys.assign("w1"), keys.task("t1").record

@@ -11,7 +11,7 @@ import pytest
 import redis
 
 from queueworks import Client, JobFailed, TaskSpec, TaskState
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.system

@@ -51,8 +51,8 @@ import redis
 import yaml
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
-from queueworks.redis_server import free_port
+from queueworks.contrib.redis_server import free_port
+from queueworks.protocol.keys import Keys
 from queueworks.settings import Settings
 from tests.conftest import ROOT, await_setup, wait_for
 from tests.test_deploy import duration, load_compose

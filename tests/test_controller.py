@@ -9,7 +9,7 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.system
@@ -185,9 +185,9 @@ def stand_in(
 ) -> None:
     """A live worker's keys, written by hand: its record says which queues it is a member
     of (what a worker writes when it joins or leaves one), with an event naming it."""
-    from queueworks import events
-    from queueworks.models import WorkerRecord
-    from queueworks.records import registered_worker
+    from queueworks.protocol import events
+    from queueworks.protocol.models import WorkerRecord
+    from queueworks.protocol.records import registered_worker
 
     now = time.time()
     record = WorkerRecord(

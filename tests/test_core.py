@@ -11,8 +11,8 @@ import redis
 from pydantic import ValidationError
 
 from queueworks import Client, SubmitError, TaskSpec, TaskState
-from queueworks.keys import Keys
-from queueworks.scripts import Scripts
+from queueworks.protocol.keys import Keys
+from queueworks.scripts.bound import Scripts
 from tests.conftest import Cluster, wait_for
 
 
@@ -294,7 +294,7 @@ def test_a_worker_takes_up_a_task_reopened_by_a_requeue(
     cluster: Cluster, client: Client, r: redis.Redis
 ) -> None:
     """A requeued dead letter reopens a completed task; the worker that ran it runs it again."""
-    from queueworks.admin import Admin
+    from queueworks.client.admin import Admin
 
     cluster.controller()
     cluster.worker()

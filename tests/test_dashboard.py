@@ -29,15 +29,16 @@ import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
 from queueworks import Client, SubtaskContext, TaskSpec, TaskState
-from queueworks.admin import Admin, AdminError
+from queueworks.client.admin import Admin
+from queueworks.contrib.redis_server import RedisServer, free_port
 from queueworks.dashboard import BindRefused, DashboardConfig, check_bind, create_app
 from queueworks.dashboard.pages import chart
 from queueworks.dashboard.throughput import Throughput
-from queueworks.keys import Keys
-from queueworks.messages import partition_of
-from queueworks.models import WorkerRecord
-from queueworks.records import MEMBER_OF, registered_worker
-from queueworks.redis_server import RedisServer, free_port
+from queueworks.errors import AdminError
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import partition_of
+from queueworks.protocol.models import WorkerRecord
+from queueworks.protocol.records import MEMBER_OF, registered_worker
 from tests.conftest import ROOT, Cluster, wait_for
 
 TOKEN = "tok-3f9a7c1e5b"
@@ -550,7 +551,7 @@ def test_no_page_or_api_shows_the_redis_password(tmp_path: Any, prefix: str) -> 
 
 def _dead_letter(client: Client, task_id: str, partitions: int = 0) -> None:
     """Dead-letter the first unread entry of each stream the way a worker does (settle.lua)."""
-    from queueworks.scripts import DeadEntry
+    from queueworks.scripts.bound import DeadEntry
 
     tk = client.keys.task(task_id)
     for stream in tk.streams(partitions):
@@ -884,7 +885,7 @@ def test_a_killed_worker_shows_as_lost_with_what_was_reclaimed_a_leaver_does_not
     kinds = [e["kind"] for e in web.get("/api/events?count=1000").json()["events"]]
     assert "worker_lost" in kinds
 
-    from queueworks.commands.info import render
+    from queueworks.cli.info import render
 
     text = render(client)
     line = next(x for x in text.splitlines() if x.strip().startswith("w-doomed"))

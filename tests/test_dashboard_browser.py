@@ -21,7 +21,7 @@ import redis
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.redis_server import free_port
+from queueworks.contrib.redis_server import free_port
 from tests.conftest import ROOT, Cluster, need_program, wait_for
 
 pytestmark = pytest.mark.system

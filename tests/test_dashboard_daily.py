@@ -19,8 +19,8 @@ from queueworks import Client
 from queueworks.dashboard.arguments import positional_names
 from queueworks.dashboard.templating import clock, took
 from queueworks.job_functions import arguments_of
-from queueworks.models import JobState
-from queueworks.tasks import node_infos
+from queueworks.protocol.models import JobState
+from queueworks.task.tasks import node_infos
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard import make_app
 from workers.ledger import failed_reason

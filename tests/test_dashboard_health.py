@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.keys import Keys
-from queueworks.models import JobState
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard import FAST_BEAT, make_app
 

@@ -14,8 +14,8 @@ import redis
 from playwright.sync_api import Browser
 
 from queueworks import Client
-from queueworks.keys import Keys
-from queueworks.models import JobState
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard_browser import browser, start_dashboard, wait_js
 from tests.test_job_views import H, read_one, settle

@@ -15,7 +15,7 @@ import redis
 from queueworks import Client, TaskSpec
 from queueworks.dashboard import history
 from queueworks.dashboard.throughput import Throughput
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 from tests.test_dashboard import make_app
 
 

@@ -23,9 +23,9 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec
-from queueworks.connection import redact_url
-from queueworks.jobrecords import JOB_PROGRESS, JOB_PROGRESS_MESSAGE
-from queueworks.keys import Keys
+from queueworks.protocol.jobrecords import JOB_PROGRESS, JOB_PROGRESS_MESSAGE
+from queueworks.protocol.keys import Keys
+from queueworks.transport.connection import redact_url
 from tests.test_dashboard import TOKEN, csrf_of, make_app
 
 MARK = "QWX"

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.models import JobState
+from queueworks.protocol.models import JobState
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard import make_app, post
 

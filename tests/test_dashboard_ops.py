@@ -11,9 +11,9 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.keys import Keys
-from queueworks.models import JobState
-from queueworks.queue_settings import LIVE
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
+from queueworks.queue.queue_settings import LIVE
 from tests.test_dashboard import csrf_of, make_app, post
 
 pytestmark = pytest.mark.integration

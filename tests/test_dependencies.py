@@ -12,11 +12,11 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskSpec
-from queueworks.dependencies import MAX_DEPENDENCIES, plan_drain
-from queueworks.keys import Keys
-from queueworks.models import JobState
-from queueworks.queues import JobFailed
-from queueworks.runner import run, send_trip
+from queueworks.errors import JobFailed
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
+from queueworks.task.dependencies import MAX_DEPENDENCIES, plan_drain
+from queueworks.transport.runner import run, send_trip
 from tests.conftest import Cluster, wait_for
 
 DOUBLE = "tests.handlers:double"
@@ -84,9 +84,9 @@ def test_bad_dependencies_are_refused_and_leave_nothing(
 def test_a_cycle_is_refused(client: Client, r: redis.Redis, keys: Keys) -> None:
     """A new job cannot be named before it exists: a job naming itself (as a unique key's
     existing job could) is refused at its registration."""
-    from queueworks.dependencies import Dependency, plan_register
-    from queueworks.queue_plans import plan_defer
-    from queueworks.queues import new_job
+    from queueworks.queue.queue_plans import plan_defer
+    from queueworks.queue.queues import new_job
+    from queueworks.task.dependencies import Dependency, plan_register
 
     q = client.queue("deps-cycle")
     job_id = run(r, client.scripts, plan_defer(q.ref, new_job(DOUBLE, {}, None, None), []))
@@ -103,10 +103,10 @@ def test_a_two_cycle_of_racing_clients_is_refused(
     written before either registers), their round trips in any order: neither is left
     deferred: a registration that finds the other job waiting for its own is refused as a
     cycle, and one that finds the other taken back as no such job."""
-    from queueworks import queue_plans
-    from queueworks.dependencies import Dependency
-    from queueworks.queue_plans import plan_defer
-    from queueworks.queues import new_job
+    from queueworks.queue import queue_plans
+    from queueworks.queue.queue_plans import plan_defer
+    from queueworks.queue.queues import new_job
+    from queueworks.task.dependencies import Dependency
 
     qa, qb = client.queue("deps-2cycle-a"), client.queue("deps-2cycle-b")
     ids = iter(["aaaa", "bbbb"])

@@ -12,11 +12,12 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.dependencies import DRAIN_BATCH, plan_task_backstop
-from queueworks.keys import Keys
-from queueworks.models import JobState, TaskState
-from queueworks.queues import JobFailed
-from queueworks.runner import run
+from queueworks.errors import JobFailed
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState, TaskState
+from queueworks.scripts.calls import DRAIN_BATCH
+from queueworks.task.dependencies import plan_task_backstop
+from queueworks.transport.runner import run
 from tests.conftest import Cluster, wait_for
 
 DOUBLE = "tests.handlers:double"

@@ -23,8 +23,8 @@ import redis
 import yaml
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
-from queueworks.redis_server import free_port
+from queueworks.contrib.redis_server import free_port
+from queueworks.protocol.keys import Keys
 from tests.conftest import ROOT, Cluster, Proc, await_setup, need_program, wait_for
 
 pytestmark = pytest.mark.system
@@ -355,7 +355,7 @@ def test_dockerfile_builds_one_non_root_image_from_the_context(tmp_path: Path) -
 
     wheel = context_wheel(tmp_path)
     names = set(zipfile.ZipFile(wheel).namelist())
-    for needed in ("queueworks/cli.py", "queueworks/lua/join.lua", "queueworks/examples.py"):
+    for needed in ("queueworks/cli/group.py", "queueworks/lua/join.lua", "queueworks/examples.py"):
         assert needed in names, needed
     # one top-level import name: the worker and controller packages are installed under it
     top = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}

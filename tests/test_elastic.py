@@ -15,9 +15,9 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
-from queueworks.messages import partition_of
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import partition_of
 from tests.conftest import Cluster, Proc, wait_for
 
 pytestmark = pytest.mark.system

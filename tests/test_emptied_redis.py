@@ -19,14 +19,14 @@ import redis
 from structlog.testing import capture_logs
 
 from queueworks import AsyncClient, Client, TaskNotFound, TaskSpec, TaskState
+from queueworks.contrib.redis_server import RedisServer
 from queueworks.controller.emptied import Emptied
 from queueworks.controller.lease import Lease
 from queueworks.controller.tally import Tally
-from queueworks.keys import Keys
 from queueworks.logs import get_logger
-from queueworks.redis_server import RedisServer
-from queueworks.scripts import Scripts
-from queueworks.vanished import gone_stream, stream_gone
+from queueworks.protocol.keys import Keys
+from queueworks.queue.vanished import gone_stream, stream_gone
+from queueworks.scripts.bound import Scripts
 from queueworks.workers.reclaim import Reclaim
 from tests.conftest import Cluster, wait_for
 

@@ -15,10 +15,9 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskSpec
-from queueworks.connection import RedisUnavailable
-from queueworks.keys import Keys
-from queueworks.queues import JobFailed
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.errors import JobFailed, RedisUnavailable
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster
 
 

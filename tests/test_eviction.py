@@ -16,8 +16,8 @@ import redis
 from structlog.testing import capture_logs
 
 from queueworks import AsyncClient, Client, EvictingRedis, TaskSpec
-from queueworks.keys import Keys
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.protocol.keys import Keys
 from tests.cluster_fixtures import LocalCluster
 from tests.conftest import Cluster, Proc, wait_for
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 import redis
 
-from queueworks.redis_server import free_port
+from queueworks.contrib.redis_server import free_port
 from tests.conftest import Cluster, need_module, wait_for
 
 pytestmark = pytest.mark.system

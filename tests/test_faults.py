@@ -17,8 +17,8 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster, Proc, wait_for
 
 pytestmark = pytest.mark.system

@@ -14,7 +14,7 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 from tests.conftest import ROOT
 
 

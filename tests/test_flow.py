@@ -1,4 +1,4 @@
-"""Flow control (``queueworks.flow``): a queue's ``rate_limit`` (a token bucket in Redis,
+"""Flow control (``queueworks.queue.flow``): a queue's ``rate_limit`` (a token bucket in Redis,
 taken atomically with the read) and ``group_limit`` (slots per group, held by the job,
 given back by its settle and handed to the oldest waiting job of the group). The scripts
 on a real Redis, then real worker processes."""
@@ -15,20 +15,21 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.commands.info import _queues
+from queueworks.cli.info import _queues
 from queueworks.controller.feed import Feed
 from queueworks.controller.fence import Fence
 from queueworks.controller.reconciler import Reconciler
 from queueworks.controller.tally import Tally
-from queueworks.flow import burst_of, plan_pump
-from queueworks.job_options import JobOptions
-from queueworks.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decode_entry
-from queueworks.keys import GROUP, Keys, TaskKeys
 from queueworks.logs import get_logger
-from queueworks.queue_settings import check_queue_settings
-from queueworks.runner import run
-from queueworks.scripts import JobBatch, Scripts
-from queueworks.workers.flow import Pump, sweep_held
+from queueworks.protocol.job_options import JobOptions
+from queueworks.protocol.jobrecords import JOB_ENTRY, JOB_STATE, JOB_WHY, JobEntry, decode_entry
+from queueworks.protocol.keys import GROUP, Keys, TaskKeys
+from queueworks.queue.flow import plan_pump
+from queueworks.queue.queue_settings import check_queue_settings
+from queueworks.scripts.bound import JobBatch, Scripts
+from queueworks.scripts.flow_calls import burst_of
+from queueworks.transport.runner import run
+from queueworks.workers.flow_gate import Pump, sweep_held
 from tests.conftest import Cluster, wait_for
 from tests.handlers_flow import read_log
 from tests.test_cli import cli, one_line_error

@@ -29,12 +29,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.client import TaskNotFound
 from queueworks.dashboard.reader import Reader, history_entry
-from queueworks.keys import Keys
-from queueworks.messages import BadMessage, decode_entry, to_json
-from queueworks.models import StoredSpec, WorkerRecord, parse_handler_path
-from queueworks.records import worker_record
+from queueworks.errors import TaskNotFound
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import BadMessage, decode_entry, to_json
+from queueworks.protocol.models import StoredSpec, WorkerRecord, parse_handler_path
+from queueworks.protocol.records import worker_record
 from queueworks.workers.handlers import HandlerRefused, resolve
 from tests.conftest import EXAMPLES, Cluster, wait_for
 

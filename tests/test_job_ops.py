@@ -13,9 +13,9 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.aio.client import AsyncClient
-from queueworks.models import JobState
-from queueworks.queues import JobFailed
+from queueworks.client.aio import AsyncClient
+from queueworks.errors import JobFailed
+from queueworks.protocol.models import JobState
 from tests.conftest import Cluster
 from tests.test_cli import cli
 

@@ -1,4 +1,4 @@
-"""A job's own options (``queueworks.job_options``): checked where they enter, carried as
+"""A job's own options (``queueworks.protocol.job_options``): checked where they enter, carried as
 one ``o`` field on the job's entry (or its record while it waits off the stream), absent
 for a job that has none."""
 
@@ -12,8 +12,8 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.job_options import JobOptions
-from queueworks.keys import Keys
+from queueworks.protocol.job_options import JobOptions
+from queueworks.protocol.keys import Keys
 
 NOOP = "tests.handlers:double"
 

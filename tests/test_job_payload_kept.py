@@ -14,8 +14,8 @@ import json
 import pytest
 
 from queueworks import Client
-from queueworks.jobrecords import DONE_PAYLOAD_KEPT
-from queueworks.models import JobState
+from queueworks.protocol.jobrecords import DONE_PAYLOAD_KEPT
+from queueworks.protocol.models import JobState
 from tests import handlers_typed
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard import make_app

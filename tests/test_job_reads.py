@@ -10,10 +10,10 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.jobrecords import JOB_PAYLOAD, JOB_RESULT, STATUS_FIELDS
-from queueworks.keys import Keys
-from queueworks.models import JobState
-from queueworks.queues import JobFailed
+from queueworks.errors import JobFailed
+from queueworks.protocol.jobrecords import JOB_PAYLOAD, JOB_RESULT, STATUS_FIELDS
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
 from tests.test_job_views import H, read_one, settle
 
 pytestmark = pytest.mark.integration

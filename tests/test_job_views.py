@@ -1,6 +1,6 @@
 """A queue's jobs by state, a page at a time, one job in full, and the whole queue's
 actions (pause, resume, empty, requeue / delete every dead letter, run a scheduled job now):
-``Queue`` and ``AsyncQueue`` (``queueworks.job_lists``, ``queueworks.queue_admin``).
+``Queue`` and ``AsyncQueue`` (``queueworks.queue.job_lists``, ``queueworks.queue.queue_admin``).
 
 A member is played by hand (as in ``test_unique.py``): what these read and write is
 Redis, not timing. One test runs a real worker to show a paused queue's members stop
@@ -18,10 +18,10 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.jobrecords import DONE_KEPT, decode_entry
-from queueworks.keys import Keys, TaskKeys
-from queueworks.models import JobState
-from queueworks.scripts import JobBatch
+from queueworks.protocol.jobrecords import DONE_KEPT, decode_entry
+from queueworks.protocol.keys import Keys, TaskKeys
+from queueworks.protocol.models import JobState
+from queueworks.scripts.bound import JobBatch
 from tests.conftest import Cluster, wait_for
 from tests.test_unique import MEMBER, Settling
 

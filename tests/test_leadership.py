@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster, Proc, wait_for
 
 pytestmark = pytest.mark.system

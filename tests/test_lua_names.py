@@ -1,4 +1,5 @@
-"""The Lua scripts get every job field name from its codec (``queueworks.jobrecords``), never
+"""The Lua scripts get every job field name from its codec (``queueworks.protocol.jobrecords``),
+never
 retype one: a quoted literal that is one of those names fails here, and the scripts as
 loaded (``${NAME}`` substituted) must still hold the real names."""
 
@@ -9,8 +10,9 @@ from importlib import resources
 
 import pytest
 
-from queueworks import jobrecords, scripts
-from queueworks.script_calls import NAMES
+from queueworks.protocol import jobrecords
+from queueworks.scripts import bound as scripts
+from queueworks.scripts.calls import NAMES
 
 pytestmark = pytest.mark.unit
 

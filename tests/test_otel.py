@@ -21,8 +21,8 @@ import redis
 
 from queueworks import Client, JobFailed, TaskSpec
 from queueworks.dashboard import DashboardConfig
-from queueworks.job_options import JobOptions
 from queueworks.logs import default_format
+from queueworks.protocol.job_options import JobOptions
 from tests.conftest import ROOT, Cluster, missing, wait_for
 from tests.test_dashboard import make_app
 
@@ -322,7 +322,7 @@ def test_a_job_cancelled_while_it_ran_ends_its_span_with_a_cancelled_event(
     """``job.cancel()`` on a running job: its ``process`` span ends with a ``cancelled``
     event, not as a failure (no error status, no exception, no retry); the worker's lines
     about the stop name the job."""
-    from queueworks.models import JobState
+    from queueworks.protocol.models import JobState
 
     name = f"otel-cancel-{uuid.uuid4().hex[:6]}"
     w = cluster.worker(allow=(ALLOW,), extra=["--otel"], env=otel_env(receiver, "worker-svc"))
@@ -513,7 +513,7 @@ def test_queueworks_and_its_worker_import_nothing_of_opentelemetry() -> None:
     which is not ours (the attempts are blocked, so that none is hidden by a module that
     redis-py loaded first)."""
     code = NO_OTEL.split("sys.argv[0]")[0] + (
-        "import queueworks, queueworks.cli, queueworks.workers.worker, queueworks.aio\n"
+        "import queueworks, queueworks.cli, queueworks.workers.worker, queueworks.client.aio\n"
         "from queueworks.logs import configure\n"
         "configure()\n"
         "print('imported')\n"

@@ -16,7 +16,7 @@ import pytest
 
 from bench.peers import harness, report
 from bench.peers.peer_queueworks import Driver
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 PeerFactory = Callable[[], AbstractContextManager[Driver]]
 

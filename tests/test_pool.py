@@ -18,10 +18,10 @@ from click.testing import CliRunner
 
 from queueworks import Client, JobFailed, Queue
 from queueworks.cli import main as cli
-from queueworks.commands.info import render
-from queueworks.commands.options import given_options
-from queueworks.keys import Keys
-from queueworks.pools import PoolRecord, read_pool
+from queueworks.cli.info import render
+from queueworks.cli.options import given_options
+from queueworks.protocol.keys import Keys
+from queueworks.transport.pools import PoolRecord, read_pool
 from queueworks.workers.watchdog import EXIT_HUNG
 from tests.conftest import Cluster, Proc, wait_for
 from tests.test_dashboard import make_app

@@ -14,13 +14,13 @@ from click.testing import CliRunner
 
 from queueworks import AsyncClient, Client
 from queueworks.cli import main
-from queueworks.commands.options import given_options
+from queueworks.cli.options import given_options
 from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.examples import add
-from queueworks.job_lists import plan_job_counts
-from queueworks.models import JobState
-from queueworks.priorities import HIGHEST, LOWEST, priority_of_id
-from queueworks.runner import run
+from queueworks.protocol.models import JobState
+from queueworks.protocol.priorities import HIGHEST, LOWEST, priority_of_id
+from queueworks.queue.job_lists import plan_job_counts
+from queueworks.transport.runner import run
 from tests.conftest import Cluster, wait_for
 
 pytestmark = pytest.mark.system

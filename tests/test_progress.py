@@ -13,8 +13,8 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, JobFailed
-from queueworks.commands.info import render
-from queueworks.models import JobState, JobStatus
+from queueworks.cli.info import render
+from queueworks.protocol.models import JobState, JobStatus
 from tests.conftest import Cluster, wait_for
 from tests.test_dashboard import make_app
 

@@ -15,10 +15,10 @@ import redis
 
 from queueworks import Client
 from queueworks.context import JobContext, call_ended, checked_progress
-from queueworks.jobrecords import JobEntry, decode_entry
-from queueworks.keys import Keys, TaskKeys
-from queueworks.models import JobState, Role
-from queueworks.scripts import JobBatch, Scripts
+from queueworks.protocol.jobrecords import JobEntry, decode_entry
+from queueworks.protocol.keys import Keys, TaskKeys
+from queueworks.protocol.models import JobState, Role
+from queueworks.scripts.bound import JobBatch, Scripts
 from queueworks.workers.progress import ProgressWriter
 from tests.conftest import wait_for
 

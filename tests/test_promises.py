@@ -21,10 +21,10 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.client import SUBMIT_LEASE_MS
-from queueworks.connection import redact_url
-from queueworks.keys import Keys
-from queueworks.redis_server import RedisServer, free_port
+from queueworks.client.sync import SUBMIT_LEASE_MS
+from queueworks.contrib.redis_server import RedisServer, free_port
+from queueworks.protocol.keys import Keys
+from queueworks.transport.connection import redact_url
 from tests.conftest import Cluster, Proc, wait_for
 
 # -- 1. completion is by index ----------------------------------------------------------------
@@ -496,7 +496,7 @@ def test_settle_counts_a_stray_apart_and_never_completes_the_task(
     read = r.xreadgroup(tk.group, "w", {tk.stream: ">"}, count=10)
     ids = [e[0].decode() for e in read[0][1]]
     assert ids[-1] == stray
-    from queueworks.scripts import DeadEntry
+    from queueworks.scripts.bound import DeadEntry
 
     s = client.scripts.settle(
         tk,

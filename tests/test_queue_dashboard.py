@@ -22,12 +22,12 @@ import redis
 from prometheus_client.parser import text_string_to_metric_families
 
 from queueworks import Client, TaskSpec
+from queueworks.contrib.redis_server import free_port
 from queueworks.dashboard.templating import quantile_text
 from queueworks.dashboard.views import LatencyBucket, QueueDetail
-from queueworks.keys import Keys
-from queueworks.models import JobState, TaskState
-from queueworks.queues import JobFailed
-from queueworks.redis_server import free_port
+from queueworks.errors import JobFailed
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState, TaskState
 from tests.conftest import Cluster, wait_for
 from tests.test_cli import cli, one_line_error
 from tests.test_dashboard import links, make_app, metric_values, post

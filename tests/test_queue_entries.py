@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, JobFailed
-from queueworks.connection import connect, one_command
-from queueworks.keys import Keys
-from queueworks.models import JobState
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
+from queueworks.transport.connection import connect, one_command
 
 pytestmark = pytest.mark.integration
 

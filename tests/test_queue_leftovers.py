@@ -11,16 +11,17 @@ from dataclasses import dataclass
 import pytest
 import redis
 
-from queueworks import Client, job_keys
+from queueworks import Client
 from queueworks.controller import leftovers
 from queueworks.controller.feed import Feed
 from queueworks.controller.leftovers import Leftovers
 from queueworks.controller.reconciler import Reconciler
-from queueworks.jobrecords import JobEntry, decode_entry
-from queueworks.keys import GROUP, Keys
 from queueworks.logs import get_logger
-from queueworks.models import JobState
-from queueworks.scripts import JobBatch, Scripts
+from queueworks.protocol.jobrecords import JobEntry, decode_entry
+from queueworks.protocol.keys import GROUP, Keys
+from queueworks.protocol.models import JobState
+from queueworks.queue import job_keys
+from queueworks.scripts.bound import JobBatch, Scripts
 from tests.conftest import Cluster, wait_for
 from tests.test_flow import _leader
 

@@ -14,10 +14,10 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.keys import Keys
-from queueworks.queues import ENQUEUE_BATCH, ENQUEUE_PIPELINE
-from queueworks.redis_server import RedisServer
-from queueworks.scripts import Scripts
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.protocol.keys import Keys
+from queueworks.queue.queues import ENQUEUE_BATCH, ENQUEUE_PIPELINE
+from queueworks.scripts.bound import Scripts
 from tests import handlers
 from tests.conftest import Cluster, wait_for
 

@@ -18,9 +18,9 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.client import NotReplicated
-from queueworks.jobrecords import JOB_RESULT, JOB_STATE
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.errors import NotReplicated
+from queueworks.protocol.jobrecords import JOB_RESULT, JOB_STATE
 
 pytestmark = pytest.mark.integration
 

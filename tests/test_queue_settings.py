@@ -13,13 +13,13 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from queueworks.aio.client import AsyncClient
-from queueworks.client import Client
-from queueworks.commands.enqueue import enqueue
+from queueworks.cli.enqueue import enqueue
+from queueworks.client.aio import AsyncClient
+from queueworks.client.sync import Client
 from queueworks.dashboard.queue_reader import RECORD_SETTINGS, shown_settings
 from queueworks.dashboard.views import QueueDetail
-from queueworks.models import StoredSpec
-from queueworks.queue_settings import (
+from queueworks.protocol.models import StoredSpec
+from queueworks.queue.queue_settings import (
     DEFAULTS,
     SETTINGS,
     QueueOptions,
@@ -136,7 +136,7 @@ def test_settings_are_checked_in_declared_order_and_unknown_ones_refused() -> No
 
 
 def test_configure_takes_the_live_settings_with_their_types() -> None:
-    from queueworks.queue_settings import LIVE, LiveOptions
+    from queueworks.queue.queue_settings import LIVE, LiveOptions
 
     assert set(LiveOptions.__annotations__) == set(LIVE)
     hints = get_type_hints(QueueSettings)

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
-from queueworks.models import JobState
-from queueworks.queues import JobFailed
+from queueworks.errors import JobFailed
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
 from tests import handlers
 from tests.conftest import Cluster, wait_for
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from queueworks.redis_server import free_port
+from queueworks.contrib.redis_server import free_port
 from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_packages, wait_for
 
 pytestmark = pytest.mark.system

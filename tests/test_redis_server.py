@@ -1,4 +1,4 @@
-"""Tests for queueworks.redis_server: a real private server process, no fakes."""
+"""Tests for queueworks.contrib.redis_server: a real private server process, no fakes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from queueworks.redis_server import (
+from queueworks.contrib.redis_server import (
     EPHEMERAL_RANGE,
     LOWEST_PORT,
     RedisServer,

@@ -11,12 +11,12 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec
-from queueworks.job_options import JobOptions
-from queueworks.keys import Keys
-from queueworks.models import JobState, StoredSpec
-from queueworks.queue_settings import DEFAULTS, QueueSettings, check_queue_settings
-from queueworks.queues import JobFailed
-from queueworks.retry_policy import JITTER_LOW, RetryPolicy
+from queueworks.errors import JobFailed
+from queueworks.protocol.job_options import JobOptions
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState, StoredSpec
+from queueworks.protocol.retry_policy import JITTER_LOW, RetryPolicy
+from queueworks.queue.queue_settings import DEFAULTS, QueueSettings, check_queue_settings
 from tests.conftest import Cluster, wait_for
 from tests.handlers_retry import starts
 

@@ -13,12 +13,12 @@ import redis
 import structlog
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import PARKED
-from queueworks.models import StoredSpec
-from queueworks.scripts import DeadEntry, Scripts
+from queueworks.protocol.keys import PARKED
+from queueworks.protocol.models import StoredSpec
+from queueworks.scripts.bound import DeadEntry, Scripts
 from queueworks.workers.heartbeat import NodeState
 from queueworks.workers.ledger import Ledger
-from queueworks.workers.membership import Membership
+from queueworks.workers.member import Membership
 from queueworks.workers.reclaim import Reclaim
 from queueworks.workers.work import Work
 
@@ -331,7 +331,7 @@ def test_a_step_commit_overrides_an_abort_and_takes_the_steps_ahead(
     of a shard guarded by the decision then counts. The end takes a shard for each step
     ahead asked for, recorded under that step's field, in order; an abort takes nothing,
     and a member pruned from the node set decides nothing."""
-    from queueworks import script_calls as calls
+    from queueworks.scripts import calls
 
     tid = _task(client, 5, mode="step")
     a, b = Member(client, tid, "a"), Member(client, tid, "b")
@@ -383,9 +383,9 @@ def test_a_step_end_sent_before_redis_has_step_lua_still_settles_its_shard(
     a committed step stays pending, to be reclaimed and trained again."""
     from redis.exceptions import NoScriptError
 
-    from queueworks import script_calls as calls
-    from queueworks.scripts import read_replies
-    from queueworks.wire import Line, pack_any
+    from queueworks.scripts import calls
+    from queueworks.scripts.bound import read_replies
+    from queueworks.transport.wire import Line, pack_any
 
     tid = _task(client, 2, mode="step")
     a = Member(client, tid, "a")

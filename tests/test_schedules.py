@@ -20,15 +20,15 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, Queue, Schedule
-from queueworks import schedules as sched
+from queueworks.contrib.redis_server import RedisServer
 from queueworks.controller.fence import Fence, Fenced
 from queueworks.controller.scheduler import Scheduler
 from queueworks.controller.tally import Tally
-from queueworks.keys import Keys
 from queueworks.logs import get_logger
-from queueworks.models import JobState
-from queueworks.redis_server import RedisServer
-from queueworks.scripts import Scripts
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
+from queueworks.queue import schedules as sched
+from queueworks.scripts.bound import Scripts
 from tests.conftest import Cluster, Proc, wait_for
 
 HANDLER = "queueworks.examples:double"
@@ -134,7 +134,7 @@ def test_the_wait_for_a_due_time_ends_on_this_clock_not_on_a_block() -> None:
 
 @pytest.mark.unit
 def test_job_id_is_a_job_id_and_depends_on_queue_name_and_due_time() -> None:
-    from queueworks.jobrecords import JOB_ID
+    from queueworks.protocol.jobrecords import JOB_ID
 
     a = sched.job_id("q", "digest", 1000)
     assert JOB_ID.match(a.encode()) and len(a) == 40

@@ -20,7 +20,7 @@ from urllib.parse import quote
 import pytest
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.redis_server import RedisServer, make_tls_files
+from queueworks.contrib.redis_server import RedisServer, make_tls_files
 from tests.conftest import REDIS_INSTALL, ROOT, Cluster, need_program, wait_for
 
 pytestmark = pytest.mark.system

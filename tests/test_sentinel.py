@@ -28,8 +28,8 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskSpec, TaskState, TaskStatus
-from queueworks.client import NotReplicated
-from queueworks.connection import UNAVAILABLE, connect, redact_url
+from queueworks.errors import NotReplicated
+from queueworks.transport.connection import UNAVAILABLE, connect, redact_url
 from tests.cluster_fixtures import LocalSentinel, executions
 from tests.conftest import Cluster
 

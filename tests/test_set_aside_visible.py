@@ -15,8 +15,8 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, TaskState
-from queueworks.keys import Keys
-from queueworks.models import JobState
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.models import JobState
 from tests.conftest import Cluster, wait_for
 from tests.test_cli import cli
 from tests.test_dashboard import make_app, metric_values

@@ -10,8 +10,8 @@ import pytest
 import redis
 
 from queueworks import Client, TaskSpec, TaskState
-from queueworks.keys import Keys
-from queueworks.queues import JobFailed
+from queueworks.errors import JobFailed
+from queueworks.protocol.keys import Keys
 from tests.conftest import Cluster, wait_for
 
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from queueworks import Client, TaskState
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 from tests.conftest import ROOT, TORCH_INSTALL, Cluster, need_packages, wait_for
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]  # torch is slow to start
@@ -82,8 +82,9 @@ def load(source: Path | bytes, cfg: Config) -> tuple[float, dict[str, int]]:
 
 def test_import_queueworks_does_not_import_torch() -> None:
     code = (
-        "import sys, queueworks, queueworks.client, queueworks.cli, queueworks.workers.worker, "
-        "queueworks.workers.steps; assert 'torch' not in sys.modules, 'torch imported'"
+        "import sys, queueworks, queueworks.client.sync, queueworks.cli, "
+        "queueworks.workers.worker, "
+        "queueworks.workers.lockstep; assert 'torch' not in sys.modules, 'torch imported'"
     )
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
 

@@ -20,7 +20,7 @@ import redis
 import structlog
 
 from queueworks import Client, Task
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
 from tests.conftest import TORCH_INSTALL, Cluster, Proc, need_packages, wait_for
 
 pytestmark = [pytest.mark.timeout(600)]
@@ -65,8 +65,8 @@ def test_a_failed_group_init_leaves_the_next_group_named_as_its_peers_name_it(
     import torch.distributed as dist
     from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-    from queueworks.models import Role
-    from queueworks.steps import Generation
+    from queueworks.protocol.models import Role
+    from queueworks.task.steps import Generation
     from queueworks.torch.options import TorchOptions
     from queueworks.torch.rendezvous import Group
 
@@ -101,8 +101,9 @@ def test_a_rendezvous_has_one_fate_even_when_a_member_gives_up_as_the_last_one_c
     import torch
     from torch._C._distributed_c10d import TCPStore
 
-    from queueworks.models import Role
-    from queueworks.steps import Generation, StepAborted
+    from queueworks.errors import StepAborted
+    from queueworks.protocol.models import Role
+    from queueworks.task.steps import Generation
     from queueworks.torch.options import TorchOptions
     from queueworks.torch.rendezvous import Group
 

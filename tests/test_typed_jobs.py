@@ -19,8 +19,8 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Call, Client, TaskSpec
+from queueworks.errors import JobFailed
 from queueworks.job_functions import Signature
-from queueworks.queues import JobFailed
 from tests.conftest import ROOT, Cluster
 from tests.handlers_typed import (
     Color,
@@ -103,7 +103,7 @@ def test_a_wrong_argument_names_the_parameter_and_nothing_is_sent(
 
 @pytest.mark.unit
 def test_the_allow_list_decides_for_the_decorated_functions_module() -> None:
-    from queueworks.models import NOT_ALLOWED
+    from queueworks.protocol.models import NOT_ALLOWED
     from workers.handlers import HandlerRefused, resolve
 
     found = resolve("tests.handlers_typed:add", ["tests.handlers_typed"])

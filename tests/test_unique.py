@@ -19,10 +19,10 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client, JobFailed
-from queueworks.jobrecords import JobEntry, decode_entry
-from queueworks.keys import Keys, TaskKeys
-from queueworks.models import JobState
-from queueworks.scripts import JobBatch
+from queueworks.protocol.jobrecords import JobEntry, decode_entry
+from queueworks.protocol.keys import Keys, TaskKeys
+from queueworks.protocol.models import JobState
+from queueworks.scripts.bound import JobBatch
 from tests.conftest import Cluster, wait_for
 
 NOOP = "tests.handlers:double"

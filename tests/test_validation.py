@@ -34,11 +34,11 @@ from queueworks import (
     TaskSpec,
     TaskState,
 )
-from queueworks.keys import Keys
-from queueworks.messages import MAX_DEPTH
-from queueworks.models import StoredSpec
-from queueworks.queue_settings import QueueSettings
-from queueworks.redis_server import RedisServer, free_port
+from queueworks.contrib.redis_server import RedisServer, free_port
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import MAX_DEPTH
+from queueworks.protocol.models import StoredSpec
+from queueworks.queue.queue_settings import QueueSettings
 from tests.conftest import ROOT, Cluster, wait_for
 from tests.test_asyncio_client import run
 

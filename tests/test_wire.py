@@ -1,4 +1,4 @@
-"""``queueworks.wire``: the enqueue of a job to run now, as pre-built RESP on a kept
+"""``queueworks.transport.wire``: the enqueue of a job to run now, as pre-built RESP on a kept
 connection, against a real server: the same bytes as redis-py's ``XADD``, and the same
 errors (a bad payload, an error reply, a dropped connection, a read-only server)."""
 
@@ -12,12 +12,12 @@ import pytest
 import redis
 
 from queueworks import AsyncClient, Client
-from queueworks.connection import RedisUnavailable
-from queueworks.keys import Keys
-from queueworks.queues import xadd_now
-from queueworks.redis_server import RedisServer
-from queueworks.script_calls import NewJob
-from queueworks.wire import (
+from queueworks.contrib.redis_server import RedisServer
+from queueworks.errors import RedisUnavailable
+from queueworks.protocol.keys import Keys
+from queueworks.queue.queues import xadd_now
+from queueworks.scripts.calls import NewJob
+from queueworks.transport.wire import (
     Forks,
     Line,
     Sent,
@@ -364,9 +364,8 @@ def test_a_step_end_runs_on_the_line_else_again_on_a_pipeline(r: redis.Redis, pr
     sends them again on a pipeline (redis-py's retry, as before the line)."""
     from types import SimpleNamespace
 
-    from queueworks import script_calls as calls
-    from queueworks.scripts import Scripts
-    from queueworks.workers.steps import _replies, _run_all, _send_all
+    from queueworks.scripts.bound import Scripts, calls
+    from queueworks.workers.lockstep import _replies, _run_all, _send_all
 
     run = SimpleNamespace(
         r=r, scripts=Scripts(r), log=SimpleNamespace(warning=lambda *a, **k: None)

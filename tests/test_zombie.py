@@ -16,10 +16,10 @@ import pytest
 import redis
 
 from queueworks import Client, Fenced, JobContext, Role
-from queueworks.jobrecords import JobEntry, decode_entry
-from queueworks.keys import GROUP, Keys
 from queueworks.logs import get_logger
-from queueworks.scripts import JobBatch, Scripts
+from queueworks.protocol.jobrecords import JobEntry, decode_entry
+from queueworks.protocol.keys import GROUP, Keys
+from queueworks.scripts.bound import JobBatch, Scripts
 from queueworks.workers.eventloop import EventLoop
 from queueworks.workers.heartbeat import NodeState
 from queueworks.workers.running_job import RunningJob

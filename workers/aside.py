@@ -18,7 +18,7 @@ backstop takes a wedged member's; a leaving member parks what it holds. An aside
 names its job (``j``) and the starts it had before it was set aside (``a``), so attempts
 count on; a settle (``settle_jobs.lua``) writes its record, counted once.
 
-A queue's priority bands (``queueworks.priorities``) are read the same way: the look reads
+A queue's priority bands (``queueworks.protocol.priorities``) are read the same way: the look reads
 the queue's bands set with its aside set, and every band in use is a stream this member
 reads, takes over, backstops and hands back as it does an aside stream's. ``read`` is in
 the order a member reads its streams (``TaskKeys.read_order``: the highest band first).
@@ -33,11 +33,12 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from queueworks import events
-from queueworks.connection import UNAVAILABLE, text
-from queueworks.jobrecords import ENTRY_STARTS, JobEntry, starts_before
-from queueworks.models import parse_handler_path
-from queueworks.priorities import bands_of
+from queueworks.protocol import events
+from queueworks.protocol.jobrecords import ENTRY_STARTS, JobEntry, starts_before
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import parse_handler_path
+from queueworks.protocol.priorities import bands_of
+from queueworks.transport.connection import UNAVAILABLE
 
 from .loop import Run
 from .work import Entries, Gone, Work, in_stream_order

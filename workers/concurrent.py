@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Protocol
 
-from queueworks.signals import ColdStop
+from queueworks.process import ColdStop
 
 from .handlers import HandlerRefused
 from .inflight import Call, InFlight

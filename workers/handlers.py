@@ -17,9 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from queueworks.allow import allowed
 from queueworks.job_functions import JobFunctionBase
-from queueworks.models import NOT_ALLOWED, UNUSABLE, parse_handler_path
+from queueworks.protocol.allow import allowed
+from queueworks.protocol.models import NOT_ALLOWED, UNUSABLE, parse_handler_path
 
 
 class HandlerRefused(Exception):

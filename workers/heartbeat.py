@@ -21,13 +21,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from queueworks import events
-from queueworks.connection import UNAVAILABLE, Connection
-from queueworks.eviction import PolicyWatch
-from queueworks.job_stops import stops_of, take_stops
-from queueworks.keys import Keys
-from queueworks.membership import Roster, read_roster
-from queueworks.scripts import Scripts
+from queueworks.protocol import events
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.membership import Roster, read_roster
+from queueworks.queue.job_stops import stops_of, take_stops
+from queueworks.scripts.bound import Scripts
+from queueworks.transport.connection import UNAVAILABLE, Connection
+from queueworks.transport.eviction import PolicyWatch
 
 from .lost import LOOK_COMMANDS, LostWorkers
 
@@ -47,7 +47,7 @@ class NodeState:
     seats: dict[str, Seat] = field(default_factory=dict)  # task id -> our seat in its set
     # a seat found fenced (its key): what this worker runs there is stopped (the worker's)
     on_fenced: Callable[[str], None] = lambda key: None
-    # jobs cancelled while they ran here, (queue, job id): stopped (``queueworks.job_stops``)
+    # jobs cancelled while they ran here, (queue, job id): stopped (``queueworks.queue.job_stops``)
     on_cancelled: Callable[[list[tuple[str, str]]], None] = lambda jobs: None
     # a queue's seat was flagged (its key: pruned, revoked, a new epoch): its loop looks at
     # it soon (``workers.ready``; any thread)

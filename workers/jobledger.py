@@ -5,7 +5,7 @@ subtasks (``Attempts``). Outcomes are kept by the stream their entry is on: the 
 own, or a handler's aside stream (``workers.aside``), each settled by its own call.
 
 A failed attempt is retried at once on this member, unless the queue's retry schedule (or
-the job's own: ``queueworks.retry_policy``) says to wait: then it is settled as a retry
+the job's own: ``queueworks.protocol.retry_policy``) says to wait: then it is settled as a retry
 that waits (``retry_later.lua``, on the same pipeline as the settle), and the job leaves
 the stream for the queue's scheduled zset, blocking nothing while it waits."""
 
@@ -19,20 +19,20 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from queueworks import events
-from queueworks.dependencies import plan_drain
-from queueworks.flow import Limits
-from queueworks.job_options import JobOptions
-from queueworks.jobrecords import entry_job, entry_payload
-from queueworks.messages import safe_text
-from queueworks.models import StoredSpec
-from queueworks.records import LATENCY_BUCKETS
-from queueworks.retry_policy import RetryPolicy
-from queueworks.runner import run
-from queueworks.scripts import JobBatch
+from queueworks.protocol import events
+from queueworks.protocol.job_options import JobOptions
+from queueworks.protocol.jobrecords import entry_job, entry_payload
+from queueworks.protocol.messages import safe_text
+from queueworks.protocol.models import StoredSpec
+from queueworks.protocol.records import LATENCY_BUCKETS
+from queueworks.protocol.retry_policy import RetryPolicy
+from queueworks.queue.flow import Limits
+from queueworks.scripts.bound import JobBatch
+from queueworks.task.dependencies import plan_drain
 from queueworks.tracing import hooks
+from queueworks.transport.runner import run
 
-from .flow import Pump
+from .flow_gate import Pump
 from .ledger import Attempts, failed_reason
 from .running_job import RunningJob
 from .work import Gone, Work

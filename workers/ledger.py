@@ -14,14 +14,14 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from queueworks import events
-from queueworks.connection import Connection
-from queueworks.dependencies import plan_drain
-from queueworks.keys import Keys, TaskKeys
-from queueworks.messages import SUBTASK_PAYLOAD, safe_text
-from queueworks.models import StoredSpec
-from queueworks.runner import run
-from queueworks.scripts import DeadEntry, Scripts, Settled
+from queueworks.protocol import events
+from queueworks.protocol.keys import Keys, TaskKeys
+from queueworks.protocol.messages import SUBTASK_PAYLOAD, safe_text
+from queueworks.protocol.models import StoredSpec
+from queueworks.scripts.bound import DeadEntry, Scripts, Settled
+from queueworks.task.dependencies import plan_drain
+from queueworks.transport.connection import Connection
+from queueworks.transport.runner import run
 
 from .heartbeat import Seat
 from .work import Gone, Work

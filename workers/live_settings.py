@@ -1,4 +1,4 @@
-"""A queue's live settings on one member (``Queue.configure``: ``queueworks.queue_configure``).
+"""A queue's live settings on one member (``Queue.configure``: ``queueworks.queue.configure``).
 
 The queue's record keeps a settings version that each configure bumps. The member reads it
 with the membership check it already makes (no command of its own: one field more on a read
@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from queueworks.models import StoredSpec
+from queueworks.protocol.models import StoredSpec
 
 from .loop import Run
 

@@ -10,16 +10,16 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from queueworks.connection import Connection
-from queueworks.keys import Keys, TaskKeys
-from queueworks.models import StoredSpec
-from queueworks.scripts import Scripts
+from queueworks.protocol.keys import Keys, TaskKeys
+from queueworks.protocol.models import StoredSpec
+from queueworks.scripts.bound import Scripts
+from queueworks.transport.connection import Connection
 
 from .handlers import Handler, HandlerRefused
 from .heartbeat import Seat
 from .inflight import EventLoop
 from .ledger import Attempts
-from .membership import Membership
+from .member import Membership
 from .reclaim import Reclaim
 from .stopping import Running
 from .watchdog import Watchdog

@@ -24,12 +24,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from queueworks import events
-from queueworks import script_calls as calls
-from queueworks.connection import Connection, text
-from queueworks.keys import GROUP, Keys
-from queueworks.lost_workers import KEPT as LOST_KEPT
-from queueworks.scripts import Queued, Scripts
+from queueworks.protocol import events
+from queueworks.protocol.keys import GROUP, Keys
+from queueworks.protocol.messages import text
+from queueworks.scripts import calls
+from queueworks.scripts.bound import Queued, Scripts
+from queueworks.transport.connection import Connection
+from queueworks.transport.lost_workers import KEPT as LOST_KEPT
 
 LOOK = 16  # candidates looked at per tick (the most recent first)
 PRUNE_BATCH = 500  # departures per pipeline

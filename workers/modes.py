@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from .lockstep import StepLoop
 from .loop import ModeLoop, Run
 from .queue_loop import QueueLoop
-from .steps import StepLoop
 from .subtasks import SubtaskLoop
 
 Mode = Callable[[Run], ModeLoop]

@@ -6,7 +6,7 @@ an id of its own (``<pool>-<n>``, n counting every start), so each is a full wor
 own heartbeat, memberships and watchdog. ``QUEUEWORKS_POOL_MEMBER`` in its environment
 (the pool's id) makes it one worker process, whatever ``--processes`` says. The
 supervisor runs no handler and imports none; it starts members, watches them exit, and
-writes the pool's record (``queueworks.pools``).
+writes the pool's record (``queueworks.transport.pools``).
 
 * A member that exits for any reason (its handler hung past the hard limit, a crash, an
   OOM kill, SIGKILL, a retirement after ``--max-jobs-per-child``) is replaced within a
@@ -34,10 +34,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from queueworks.connection import UNAVAILABLE, Connection
-from queueworks.keys import Keys
 from queueworks.logs import get_logger
-from queueworks.pools import PoolRecord, forget_pool, write_pool
+from queueworks.protocol.keys import Keys
+from queueworks.transport.connection import UNAVAILABLE, Connection
+from queueworks.transport.pools import PoolRecord, forget_pool, write_pool
 
 from .watchdog import EXIT_HUNG
 

@@ -22,8 +22,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from queueworks.context import PROGRESS_SECONDS, Report
-from queueworks.keys import TaskKeys
-from queueworks.scripts import Scripts
+from queueworks.protocol.keys import TaskKeys
+from queueworks.scripts.bound import Scripts
 
 FLUSHER_IDLE = 1.0  # s the flusher waits with nothing to write before it stops
 

@@ -23,23 +23,23 @@ from typing import Any, cast
 
 from redis.exceptions import ResponseError
 
-from queueworks.connection import text
 from queueworks.context import Cancelled, JobContext, Suspended, call_ended
-from queueworks.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
-from queueworks.flow import Limits
-from queueworks.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
+from queueworks.errors import NotJSON
 from queueworks.logs import writes_info
-from queueworks.messages import NotJSON, from_json, to_json
-from queueworks.models import NOT_ALLOWED, StoredSpec, parse_handler_path
-from queueworks.queue_settings import MAX_GROUP_LIMIT
-from queueworks.records import QUEUE_PAUSED, QUEUE_SETTINGS
-from queueworks.runner import run as run_plan
-from queueworks.signals import ColdStop
+from queueworks.process import ColdStop
+from queueworks.protocol.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
+from queueworks.protocol.messages import from_json, text, to_json
+from queueworks.protocol.models import NOT_ALLOWED, StoredSpec, parse_handler_path
+from queueworks.protocol.records import QUEUE_PAUSED, QUEUE_SETTINGS
+from queueworks.queue.flow import Limits
+from queueworks.queue.queue_settings import MAX_GROUP_LIMIT
+from queueworks.queue.vanished import gone_stream
+from queueworks.task.dependencies import TASKS_SECONDS, plan_drain, plan_task_backstop
 from queueworks.tracing import hooks
-from queueworks.vanished import gone_stream
+from queueworks.transport.runner import run as run_plan
 
 from .aside import Aside
-from .flow import BandGate, GroupSlots, RateGate
+from .flow_gate import BandGate, GroupSlots, RateGate
 from .handlers import Handler, HandlerRefused, resolve
 from .heartbeat import Seat
 from .inflight import Call, is_async
@@ -508,7 +508,7 @@ def settle_wait(now: float, last_flush: float, rate: float, waiting: int) -> flo
 class LeaderDuties:
     """What a queue's leader does besides running jobs, every ``DUTY_SECONDS`` (at once when
     a delayed job is due): move due delayed jobs onto the stream, and the backstop of
-    dependents (``queueworks.dependencies``): its queue's outbox drained when it is not
+    dependents (``queueworks.task.dependencies``): its queue's outbox drained when it is not
     empty, a few tasks' every ``TASKS_SECONDS``. Every member's own look around (the queue
     cancelled? a wedged member's jobs?) rides on the same tick."""
 

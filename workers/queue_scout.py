@@ -22,10 +22,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from queueworks.allow import covers
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
-from queueworks.models import ACTIVE_STATES, StoredSpec
+from queueworks.protocol.allow import covers
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import ACTIVE_STATES, StoredSpec
+from queueworks.transport.connection import Connection
 
 ACTIVE = frozenset(s.value for s in ACTIVE_STATES)
 FULL_SECONDS = 30.0  # every queue is read again this often (a backstop for the events) ...

@@ -31,15 +31,15 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from queueworks import events
-from queueworks.connection import text
-from queueworks.keys import GROUP
-from queueworks.records import queue_memberships
-from queueworks.signals import ColdStop
-from queueworks.vanished import gone_stream, stream_gone
-from queueworks.wire import StreamReads
+from queueworks.process import ColdStop
+from queueworks.protocol import events
+from queueworks.protocol.keys import GROUP
+from queueworks.protocol.messages import text
+from queueworks.protocol.records import queue_memberships
+from queueworks.queue.vanished import gone_stream, stream_gone
+from queueworks.transport.wire import StreamReads
 
-from .flow import BandGate, RateGate
+from .flow_gate import BandGate, RateGate
 from .inflight import Call, InFlight
 from .queue_loop import BLOCK_MS, QueueLoop, halted
 from .queue_scout import Scout
@@ -84,7 +84,8 @@ class QueueSet:
         self.turn = 0  # who goes first this round (round robin)
         self.cluster = hasattr(parts.r, "get_node_from_key")
         self.flight: Flight | None = None  # with --concurrency > 1
-        # a read with nothing else to carry: pre-built on a kept connection (queueworks.wire)
+        # a read with nothing else to carry: pre-built on a kept connection
+        # (queueworks.transport.wire)
         self.reads = StreamReads.of(parts.r, GROUP, self.me)
         # which queues a round looks at and reads (``workers.ready``): all, or with many
         # queues and stream notifications, those that may have jobs
@@ -142,18 +143,18 @@ class QueueSet:
         return "stopping" if state.stopping else "assigned"
 
     def _round(self) -> None:
-        self._rerank(self._visit())
+        self.rerank(self.choose_visits())
         for member in self.visiting:
-            self._safe_point(member)
+            self.safe_point(member)
         held = [m for m in self.visiting if m.run.held and m.name in self.members]
         for member in held:
             member.run.use()
             member.loop.run_held()
         if not held and self.members:
             self._read_and_run()
-        self._after()
+        self.note_round()
 
-    def _ordered(self) -> list[Member]:
+    def in_turn(self) -> list[Member]:
         """This round's queues, who goes first turning each round (round robin)."""
         members = self.visiting
         if not members:
@@ -161,7 +162,7 @@ class QueueSet:
         k = self.turn % len(members)
         return members[k:] + members[:k]
 
-    def _visit(self) -> list[Member]:
+    def choose_visits(self) -> list[Member]:
         """Choose this round's queues (``workers.ready``): every one, or with many queues
         and stream notifications, those that may have jobs or need a look."""
         self.read_names, self.brought = set(), set()
@@ -181,7 +182,7 @@ class QueueSet:
         self.visiting = [members[n] for n in names if n in members]
         return self.visiting
 
-    def _after(self) -> None:
+    def note_round(self) -> None:
         """Note what this round found of each queue it looked at: read again next round
         (it brought jobs), looked at every round (it holds work here, or its seat is
         flagged: a new epoch, a prune)."""
@@ -206,7 +207,7 @@ class QueueSet:
             read = m.name in self.read_names
             ready.after(m.name, read=read, brought=m.name in self.brought, busy=busy)
 
-    def _rerank(self, members: list[Member]) -> None:
+    def rerank(self, members: list[Member]) -> None:
         """The queues of ``members`` whose members changed (a new epoch) take their new
         roles now, their rosters (and their streams' consumers, for the leader's take-over)
         read for all of them in one MULTI: a worker joining or dying costs each other
@@ -235,7 +236,7 @@ class QueueSet:
             except Leave as why:
                 self._close(m.name, str(why))
 
-    def _safe_point(self, member: Member) -> None:
+    def safe_point(self, member: Member) -> None:
         """The queue's safe point and its duties; a queue whose run ends here is left."""
         member.run.use()
         try:
@@ -270,10 +271,10 @@ class QueueSet:
         call for; waiting if ``block``, ``most_ms`` at most), carrying each queue's settle
         and checks when due: the reply and which member each stream is of. A rate-limited
         queue is read through its gate (``workers.flow``) on the same pipeline, when due.
-        Only this round's queues (``_visit``); reading some of many, the read never blocks
+        Only this round's queues (``choose_visits``); reading some of many, the read never blocks
         on the streams: it waits on the wake event, which a stream's notification sets."""
         now = time.monotonic()
-        members = [m for m in self._ordered() if m.name in self.members]  # (none left)
+        members = [m for m in self.in_turn() if m.name in self.members]  # (none left)
         self.turn += 1
         if not members:
             self._idle([], now, most_ms if most_ms is not None else (BLOCK_MS if block else 0))
@@ -512,7 +513,7 @@ class QueueSet:
             self.ready.told(None)
         elif event == "xadd":
             name = name_in(key, lambda q: self.parts.keys.task(q).stream)
-            if name is None:  # a priority band's stream (``queueworks.priorities``)?
+            if name is None:  # a priority band's stream (``queueworks.protocol.priorities``)?
                 head, _, _ = key.rpartition(":")
                 name = name_in(head + ":*", lambda q: self.parts.keys.task(q).band_pattern)
                 member = self.members.get(name) if name is not None else None
@@ -700,12 +701,12 @@ class Flight:
 
     def turn(self) -> None:
         queues, flight = self.queues, self.flight
-        visiting = queues._visit()
+        visiting = queues.choose_visits()
         if flight.running and (queues.parts.state.stopping or any(map(_halted, visiting))):
             self.drain()
-        queues._rerank(visiting)
+        queues.rerank(visiting)
         for member in queues.visiting:
-            queues._safe_point(member)
+            queues.safe_point(member)
         self._record(flight.collect(0))
         self._start_held()
         held = sum(len(m.run.held) for m in queues.visiting)
@@ -727,14 +728,14 @@ class Flight:
         for member in queues.visiting:
             if time.monotonic() > member.loop.ledger.last_flush + FLUSH_SECONDS:
                 member.loop.ledger.flush()
-        queues._after()
+        queues.note_round()
 
     def _start_held(self) -> None:
         """Start what the queues hold, one job of each in turn, while there is room."""
         flight = self.flight
         queues = self.queues
         lanes: deque[Member] = deque(
-            m for m in queues._ordered() if m.run.held and m.name in queues.members
+            m for m in queues.in_turn() if m.run.held and m.name in queues.members
         )
         while lanes and flight.free:
             member = lanes.popleft()

@@ -22,11 +22,12 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from queueworks.connection import Connection, text
-from queueworks.jobrecords import starts_before
-from queueworks.keys import PARKED, TaskKeys
-from queueworks.scripts import Claimed, Scripts
-from queueworks.vanished import stream_gone
+from queueworks.protocol.jobrecords import starts_before
+from queueworks.protocol.keys import PARKED, TaskKeys
+from queueworks.protocol.messages import text
+from queueworks.queue.vanished import stream_gone
+from queueworks.scripts.bound import Claimed, Scripts
+from queueworks.transport.connection import Connection
 
 from .work import Gone, Work
 

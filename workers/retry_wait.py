@@ -1,5 +1,5 @@
 """A member's subtask retries that wait for their time (the task's ``retry_delay``,
-``retry_backoff``, ``retry_max_delay``: ``queueworks.retry_policy``).
+``retry_backoff``, ``retry_max_delay``: ``queueworks.protocol.retry_policy``).
 
 A failed subtask's next attempt is charged at once (``Attempts.retry``) and its entry stays
 pending on this member; it waits here, off the member's path, while the member reads and

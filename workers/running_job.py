@@ -1,9 +1,9 @@
 """A queue's job on a member, from its read to its settle: one object (``RunningJob``).
 
-It is the entry in hand (``Work``) decoded (``queueworks.jobrecords.JobEntry``), the call
+It is the entry in hand (``Work``) decoded (``queueworks.protocol.jobrecords.JobEntry``), the call
 that runs its handler (an ``eventloop.Call``: on the member's thread, or in flight with
 ``--concurrency``), and, once it ran, its outcome, which the ledger settles as it is
-(``settle_jobs``). Not ``Job``: that is the client's handle (``queueworks.queues.Job``).
+(``settle_jobs``). Not ``Job``: that is the client's handle (``queueworks.queue.queues.Job``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from queueworks.context import JobContext
-from queueworks.jobrecords import JobEntry
+from queueworks.protocol.jobrecords import JobEntry
 
 from .eventloop import Call
 from .work import Work

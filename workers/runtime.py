@@ -20,21 +20,22 @@ from typing import Any
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
-from queueworks import events
-from queueworks.connection import UNAVAILABLE, Connection, text
-from queueworks.keys import Keys
-from queueworks.membership import Roster
-from queueworks.models import Refusal, Role, StoredSpec, TaskState, describe_error
-from queueworks.script_calls import NodeSetFull
-from queueworks.scripts import Scripts
-from queueworks.vanished import stream_gone
+from queueworks.protocol import events
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.membership import Roster
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import Refusal, Role, StoredSpec, TaskState, describe_error
+from queueworks.queue.vanished import stream_gone
+from queueworks.scripts.bound import Scripts
+from queueworks.scripts.calls import NodeSetFull
+from queueworks.transport.connection import UNAVAILABLE, Connection
 
 from .handlers import Handler, HandlerRefused, resolve
 from .heartbeat import Heartbeat, NodeState, Seat
 from .inflight import EventLoop
 from .ledger import Attempts
 from .loop import ModeLoop, ReadsAtJoin
-from .membership import Membership
+from .member import Membership
 from .modes import MODES
 from .reclaim import Consumers, Reclaim
 from .stopping import Running

@@ -3,7 +3,7 @@ finished (``Running.stop``), whatever the reason (``queueworks.context.Stopped``
 was fenced). A stopped job is no longer this worker's: nothing of it is settled (no ack, no
 result, no group slot or unique key given back); its outcome, when its call ends, is dropped.
 
-A job cancelled while it ran (``queueworks.job_stops``: ``Cancelled``) is stopped the same
+A job cancelled while it ran (``queueworks.queue.job_stops``: ``Cancelled``) is stopped the same
 way, its cancel having settled it already; but a plain handler that does not stop is left
 to finish (its outcome dropped) unless ``cancel_ends_process``.
 
@@ -29,9 +29,10 @@ from typing import Any
 
 from redis.exceptions import ResponseError
 
-from queueworks.connection import Connection, text
 from queueworks.context import Cancelled, Fenced, Stopped
-from queueworks.keys import GROUP
+from queueworks.protocol.keys import GROUP
+from queueworks.protocol.messages import text
+from queueworks.transport.connection import Connection
 
 from .eventloop import EventLoop
 from .heartbeat import Seat
@@ -106,7 +107,7 @@ class Running:
             self.watchdog.stopped(job.label, STOP_GRACE if ctx is not None else 0.0)
 
     def cancelled(self, jobs: list[tuple[str, str]]) -> None:
-        """Jobs cancelled while they ran (``queueworks.job_stops``: (queue, job id)): each
+        """Jobs cancelled while they ran (``queueworks.queue.job_stops``: (queue, job id)): each
         that runs here is stopped. Their cancel settled them already (their entries are
         gone: nobody runs them again); a plain handler that does not stop finishes, its
         outcome dropped (``cancel_ends_process``: the process ends instead, for a

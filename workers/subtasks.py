@@ -8,13 +8,13 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from queueworks.connection import text
 from queueworks.context import SubtaskContext, Suspended
-from queueworks.messages import BadMessage, NotJSON, Subtask, decode_entry, to_json
-from queueworks.records import TASK_TRACE
-from queueworks.retry_policy import RetryPolicy
-from queueworks.scripts import READ_EPOCH_MOVED, READ_FENCED, fields_of
-from queueworks.signals import ColdStop
+from queueworks.errors import NotJSON
+from queueworks.process import ColdStop
+from queueworks.protocol.messages import BadMessage, Subtask, decode_entry, text, to_json
+from queueworks.protocol.records import TASK_TRACE
+from queueworks.protocol.retry_policy import RetryPolicy
+from queueworks.scripts.bound import READ_EPOCH_MOVED, READ_FENCED, fields_of
 from queueworks.tracing import hooks
 
 from .concurrent import Concurrently

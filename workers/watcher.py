@@ -34,8 +34,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException
 
-from queueworks.connection import Connection
-from queueworks.topology import SlotMap, node_client, read_slot_map
+from queueworks.transport.connection import Connection
+from queueworks.transport.topology import SlotMap, node_client, read_slot_map
 
 # K: keyspace channel; $: string commands (SET/INCR); g: generic (DEL, EXPIRE); x: expired.
 NEEDED_FLAGS = "K$gx"

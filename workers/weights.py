@@ -9,7 +9,7 @@ again (and waited on) the next round, so a lighter queue never waits on a heavie
 is empty. Without weights (``--queues a,b``, or none) every queue is read every round.
 
 Weights order the queues a worker serves against each other; a job's priority orders the
-jobs inside one queue (``queueworks.priorities``).
+jobs inside one queue (``queueworks.protocol.priorities``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from queueworks.messages import BadMessage, decode_entry
+from queueworks.protocol.messages import BadMessage, decode_entry
 
 Fields = dict[bytes, bytes]
 Entries = list[tuple[bytes, Fields]]  # (entry id, fields) as XREADGROUP returns them

@@ -15,17 +15,18 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-from queueworks import events
-from queueworks.connection import UNAVAILABLE, connect_settings, redact_url, text
-from queueworks.eviction import PolicyWatch, refuse_evicting
-from queueworks.keys import Keys, check_worker_id
 from queueworks.logs import get_logger
-from queueworks.models import ACTIVE_STATES, WorkerRecord
 from queueworks.process import freeze_heap
-from queueworks.records import registered_worker
-from queueworks.scripts import Scripts
+from queueworks.protocol import events
+from queueworks.protocol.keys import Keys, check_worker_id
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import ACTIVE_STATES, WorkerRecord
+from queueworks.protocol.records import registered_worker
+from queueworks.protocol.validate import check_names
+from queueworks.scripts.bound import Scripts
 from queueworks.settings import Settings
-from queueworks.validate import check_names
+from queueworks.transport.connection import UNAVAILABLE, connect_settings, redact_url
+from queueworks.transport.eviction import PolicyWatch, refuse_evicting
 
 from .heartbeat import Heartbeat, NodeState
 from .queue_scout import Scout
@@ -191,7 +192,7 @@ class Worker:
                 time.sleep(1.0)
 
     def _policy(self) -> PolicyWatch:
-        """Redis's maxmemory-policy, refused if it evicts (``queueworks.eviction``), and
+        """Redis's maxmemory-policy, refused if it evicts (``queueworks.transport.eviction``), and
         read again now and then by the heartbeat."""
         allow, interval = self.settings.allow_eviction, self.settings.policy_check_interval
         return PolicyWatch(refuse_evicting(self.r, allow=allow, log=self.log), interval, self.log)

@@ -27,8 +27,8 @@ from pathlib import Path
 from bench.common import Procs
 from bench.peers.harness import Peer, produce
 from queueworks import AsyncClient, Client, Task, TaskNotFound, TaskSpec
-from queueworks.aio.queue_handle import AsyncQueue
-from queueworks.queue_handle import Job
+from queueworks.client.aio_queue_handle import AsyncQueue
+from queueworks.client.queue_handle import Job
 
 NOOP = "queueworks.examples:noop"
 QUEUE = "bench"

@@ -371,7 +371,7 @@ NOTES: dict[tuple[str, str], str] = {
     ("*", "enqueue rate"): (
         "queueworks submits 1,000 subtasks per Lua call, 8 calls per round trip; a peer ahead"
         " here pipelines more per round trip. What it would take: larger `SUBMIT_BATCH` /"
-        " `SUBMIT_PIPELINE` in `queueworks/client.py`."
+        " `SUBMIT_PIPELINE` in `queueworks/client/sync.py`."
     ),
     ("*", "recovery time"): (
         "queueworks re-runs a dead member's subtask within heartbeat TTL (3 s) + one tick (1 s);"

@@ -31,7 +31,7 @@ from typing import Any
 from bench.peers import report
 from bench.peers.driver import RESULT_PREFIX
 from bench.peers.venvs import DEFAULT_DIR, VENVS, ensure
-from queueworks.redis_server import RedisServer
+from queueworks.contrib.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("queueworks", "controller", "workers", "bench")  # what the snapshot holds

@@ -22,25 +22,24 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from queueworks.admin import AdminError
-from queueworks.client import TaskNotFound
 from queueworks.dashboard import job_actions
 from queueworks.dashboard.reader import ENTRY_ID
 from queueworks.dashboard.security import CSRF_FIELD, CSRF_HEADER, local_path, same_origin
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import json_response
-from queueworks.keys import check_task_id, check_worker_id
-from queueworks.plans import Plan
-from queueworks.queue_admin import (
+from queueworks.errors import AdminError, TaskNotFound
+from queueworks.protocol.keys import check_task_id, check_worker_id
+from queueworks.queue.configure import plan_configure
+from queueworks.queue.queue_admin import (
     plan_delete_dead,
     plan_empty,
     plan_pause,
     plan_requeue_dead,
     plan_run_now,
 )
-from queueworks.queue_configure import plan_configure
-from queueworks.queue_settings import LIVE, SETTINGS
-from queueworks.runner import run
+from queueworks.queue.queue_settings import LIVE, SETTINGS
+from queueworks.transport.plans import Plan
+from queueworks.transport.runner import run
 
 T = TypeVar("T")
 

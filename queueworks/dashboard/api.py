@@ -25,10 +25,10 @@ from queueworks.dashboard.views import (
     TaskSummary,
     WorkerView,
 )
-from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
-from queueworks.models import JobState
-from queueworks.wanted import parse_selector
-from queueworks.wanted import read as read_wanted
+from queueworks.protocol.models import JobState
+from queueworks.protocol.wanted import parse_selector
+from queueworks.protocol.wanted import read as read_wanted
+from queueworks.queue.job_lists import MAX_LIMIT as MAX_JOBS
 
 MAX_LIMIT = 10_000
 JOBS_SHOWN = 20  # a page of a queue's jobs, unless ``limit`` says otherwise

@@ -20,8 +20,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, RedirectRespons
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from queueworks.client import Client, TaskNotFound
-from queueworks.connection import connect
+from queueworks.client.sync import Client
 from queueworks.dashboard import actions, api, pages
 from queueworks.dashboard.actions import MAX_BODY
 from queueworks.dashboard.reader import BadQuery
@@ -34,7 +33,9 @@ from queueworks.dashboard.security import (
 )
 from queueworks.dashboard.state import Dashboard, DashboardConfig, dash_of
 from queueworks.dashboard.templating import json_response, render, templates
+from queueworks.errors import TaskNotFound
 from queueworks.logs import get_logger
+from queueworks.transport.connection import connect
 
 PUBLIC = ("/static/", "/login", "/healthz")
 CSP = (

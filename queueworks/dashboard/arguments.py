@@ -4,7 +4,7 @@ A payload sent by name (as a Python producer sends it) names its own arguments; 
 by position (``{"args": [4, 5]}``, as a producer in another language may) is named by the
 handler's signature, read from the job function itself. The dashboard imports a handler's
 module only under the module prefixes it was started with (``queueworks dashboard
---allow``), as a worker does (``queueworks.allow``); outside them, or when the import
+--allow``), as a worker does (``queueworks.protocol.allow``); outside them, or when the import
 fails, the arguments are shown by position (``#0``, ``#1``...).
 """
 
@@ -14,10 +14,10 @@ import importlib
 from collections.abc import Sequence
 from functools import lru_cache
 
-from queueworks.allow import allowed
 from queueworks.job_functions import JobFunctionBase, arguments_of
 from queueworks.logs import get_logger
-from queueworks.models import parse_handler_path
+from queueworks.protocol.allow import allowed
+from queueworks.protocol.models import parse_handler_path
 
 
 def job_arguments(

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from queueworks.connection import Connection, text
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.transport.connection import Connection
 
 MINUTE = 60
 KEPT = 24 * 60  # minutes kept: a day

@@ -11,10 +11,10 @@ from typing import Any
 
 import redis
 
-from queueworks.connection import text
 from queueworks.dashboard.state import Dashboard
-from queueworks.jobrecords import DEAD_JOB, JOB_STATE
-from queueworks.models import JobDetail, JobState
+from queueworks.protocol.jobrecords import DEAD_JOB, JOB_STATE
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import JobDetail, JobState
 
 FINISHED = (JobState.DEAD, JobState.DONE, JobState.CANCELLED)
 LETTERS_READ = 1000  # dead letters read a round trip, looking for a job's

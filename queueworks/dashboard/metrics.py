@@ -8,7 +8,7 @@ they are counters of what this dashboard process has seen, as Prometheus expects
 counters (they restart with the process).
 
 ``queueworks_workers_wanted{selector=...}`` is what the leading controller publishes
-(``queueworks.wanted``): what an autoscaler (``queueworks autoscale``, KEDA) scales to.
+(``queueworks.protocol.wanted``): what an autoscaler (``queueworks autoscale``, KEDA) scales to.
 
 Queues are not counted as tasks: they have families of their own (``queueworks_queue_*``:
 backlog, scheduled, running, jobs by outcome, nodes, and the enqueue -> start histogram that
@@ -26,9 +26,9 @@ from typing import Any
 from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.dashboard.reader import Reader, history_entry, task_counts
 from queueworks.dashboard.views import QueueSummary, TaskSummary, WorkerView
-from queueworks.pools import PoolRecord
-from queueworks.wanted import Wanted
-from queueworks.wanted import read as read_wanted
+from queueworks.protocol.wanted import Wanted
+from queueworks.protocol.wanted import read as read_wanted
+from queueworks.transport.pools import PoolRecord
 
 PAUSE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 RECLAIM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

@@ -10,19 +10,19 @@ from typing import Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
-from queueworks.client import TaskNotFound
 from queueworks.dashboard import history
 from queueworks.dashboard.arguments import job_arguments
 from queueworks.dashboard.reader import BadQuery, TaskRef, dead_before, task_counts
 from queueworks.dashboard.state import Dashboard, dash_of
 from queueworks.dashboard.templating import clock, render, segment
 from queueworks.dashboard.views import TaskSummary
-from queueworks.job_lists import LISTED
-from queueworks.job_lists import MAX_LIMIT as MAX_JOBS
-from queueworks.keys import check_task_id
-from queueworks.lost_workers import WINDOW as LOST_WINDOW
-from queueworks.models import ACTIVE_STATES, JobState, TaskState
-from queueworks.validate import NAME_PATTERN
+from queueworks.errors import TaskNotFound
+from queueworks.protocol.keys import check_task_id
+from queueworks.protocol.models import ACTIVE_STATES, JobState, TaskState
+from queueworks.protocol.validate import NAME_PATTERN
+from queueworks.queue.job_lists import LISTED
+from queueworks.queue.job_lists import MAX_LIMIT as MAX_JOBS
+from queueworks.transport.lost_workers import WINDOW as LOST_WINDOW
 
 T = TypeVar("T", TaskRef, TaskSummary)
 STATE_FILTERS = ("all", "active", *(s.value for s in TaskState))

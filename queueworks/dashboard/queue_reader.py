@@ -14,17 +14,7 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from queueworks.aside_jobs import NONE as NO_ASIDE
-from queueworks.aside_jobs import (
-    READS,
-    Aside,
-    aside_counts,
-    aside_handlers,
-    aside_reads,
-    with_aside,
-)
-from queueworks.client import Client, TaskNotFound
-from queueworks.connection import Connection, redact_url, text
+from queueworks.client.sync import Client
 from queueworks.dashboard.health import queue_warnings
 from queueworks.dashboard.reader import (
     HISTORY_SHOWN,
@@ -42,9 +32,8 @@ from queueworks.dashboard.views import (
     QueueDetail,
     QueueSummary,
 )
-from queueworks.flow import flow_reads, flow_status
-from queueworks.job_lists import plan_find_jobs, plan_job_counts, plan_job_detail, plan_jobs
-from queueworks.jobrecords import (
+from queueworks.errors import TaskNotFound
+from queueworks.protocol.jobrecords import (
     DEAD_ATTEMPTS,
     DEAD_ERROR,
     DEAD_HANDLER,
@@ -56,20 +45,33 @@ from queueworks.jobrecords import (
     JOB_ID,
     decode_dead_letter,
 )
-from queueworks.keys import check_task_id
-from queueworks.models import JobDetail, JobPage, Schedule
-from queueworks.priorities import bands_of
-from queueworks.queue_settings import SETTINGS, Setting
-from queueworks.queues import ENTRY_ID, band_counts, band_reads
-from queueworks.records import (
+from queueworks.protocol.keys import check_task_id
+from queueworks.protocol.messages import text
+from queueworks.protocol.models import JobDetail, JobPage, Schedule
+from queueworks.protocol.priorities import bands_of
+from queueworks.protocol.records import (
     QUEUE_PAUSED,
     TASK_FIELDS,
     latency_histogram,
     queue_counts,
     task_fields,
 )
-from queueworks.runner import run
-from queueworks.schedule_plans import plan_schedules
+from queueworks.queue.aside_jobs import NONE as NO_ASIDE
+from queueworks.queue.aside_jobs import (
+    READS,
+    Aside,
+    aside_counts,
+    aside_handlers,
+    aside_reads,
+    with_aside,
+)
+from queueworks.queue.flow import flow_reads, flow_status
+from queueworks.queue.job_lists import plan_find_jobs, plan_job_counts, plan_job_detail, plan_jobs
+from queueworks.queue.queue_settings import SETTINGS, Setting
+from queueworks.queue.queues import ENTRY_ID, band_counts, band_reads
+from queueworks.queue.schedule_plans import plan_schedules
+from queueworks.transport.connection import Connection, redact_url
+from queueworks.transport.runner import run
 
 INF = float("inf")
 SUMMARY_READS = (
@@ -371,7 +373,7 @@ class QueueReader:
         return run(self.r, self.client.scripts, plan_job_counts(self.keys, name))
 
     def jobs(self, name: str, state: str, limit: int, offset: int) -> JobPage:
-        """A page of the queue's jobs in ``state`` (``queueworks.job_lists``)."""
+        """A page of the queue's jobs in ``state`` (``queueworks.queue.job_lists``)."""
         if not self.is_queue(check_task_id(name)):
             raise TaskNotFound(f"queue {name}")
         return run(self.r, self.client.scripts, plan_jobs(self.keys, name, state, limit, offset))

@@ -16,8 +16,7 @@ from typing import Any
 
 import redis
 
-from queueworks.client import Client, TaskNotFound
-from queueworks.connection import Connection, redact_url, text
+from queueworks.client.sync import Client
 from queueworks.dashboard.views import (
     EventView,
     HistoryEntry,
@@ -30,14 +29,16 @@ from queueworks.dashboard.views import (
     TaskSummary,
     WorkerView,
 )
-from queueworks.keys import GROUP, check_task_id
-from queueworks.lost_workers import LostWorker
-from queueworks.messages import NotJSON, from_json
-from queueworks.models import ACTIVE_STATES, TaskState, WorkerState
-from queueworks.pools import PoolRecord, read_pools
-from queueworks.records import TASK_FIELDS, BadRecord, task_fields, worker_record
-from queueworks.tasks import dead_letter
-from queueworks.validate import NAME_PATTERN
+from queueworks.errors import NotJSON, TaskNotFound
+from queueworks.protocol.keys import GROUP, check_task_id
+from queueworks.protocol.messages import from_json, text
+from queueworks.protocol.models import ACTIVE_STATES, TaskState, WorkerState
+from queueworks.protocol.records import TASK_FIELDS, BadRecord, task_fields, worker_record
+from queueworks.protocol.validate import NAME_PATTERN
+from queueworks.task.tasks import dead_letter
+from queueworks.transport.connection import Connection, redact_url
+from queueworks.transport.lost_workers import LostWorker
+from queueworks.transport.pools import PoolRecord, read_pools
 
 INDEX_FIELDS = ("state", "created_at")
 _ACTIVE = {s.value.encode() for s in ACTIVE_STATES}

@@ -12,14 +12,14 @@ from urllib.parse import quote, unquote, urlsplit
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 
-from queueworks.admin import Admin
-from queueworks.client import Client
-from queueworks.connection import redact_url
+from queueworks.client.admin import Admin
+from queueworks.client.sync import Client
 from queueworks.dashboard.metrics import Metrics
 from queueworks.dashboard.queue_reader import QueueReader
 from queueworks.dashboard.reader import Reader
 from queueworks.dashboard.security import Guard, request_host
 from queueworks.dashboard.throughput import Throughput
+from queueworks.transport.connection import redact_url
 
 
 class DashboardConfig(BaseModel):

@@ -23,8 +23,8 @@ from starlette.responses import HTMLResponse, Response
 from starlette.templating import Jinja2Templates
 
 from queueworks.dashboard.views import QueueDetail
-from queueworks.jobrecords import DONE_PAYLOAD_KEPT
-from queueworks.queue_settings import LIVE, SETTINGS
+from queueworks.protocol.jobrecords import DONE_PAYLOAD_KEPT
+from queueworks.queue.queue_settings import LIVE, SETTINGS
 
 
 def age(ts: float | None, now: float | None = None) -> str:

@@ -21,9 +21,10 @@ import time
 from collections import deque
 from typing import Any
 
-from queueworks.connection import Connection, text
 from queueworks.dashboard.history import Minutes
-from queueworks.keys import Keys
+from queueworks.protocol.keys import Keys
+from queueworks.protocol.messages import text
+from queueworks.transport.connection import Connection
 
 
 class Throughput:

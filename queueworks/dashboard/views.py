@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from queueworks.models import (
+from queueworks.protocol.models import (
     DeadLetter,
     JobStatus,
     NodeInfo,
@@ -167,7 +167,7 @@ class QueueSummary(_View):
     created_at: float
     problems: list[str] = []  # record fields that did not decode (shown as their default)
     paused: bool = False  # its members read no new job (``Queue.pause``)
-    rate_limit: float | None = None  # jobs started per second at most (``queueworks.flow``)
+    rate_limit: float | None = None  # jobs started per second at most (``queueworks.queue.flow``)
     group_limit: int | None = None  # jobs of one group running at once at most
     limited: bool = False  # held back by its rate_limit now
     groups_running: dict[str, int] = {}  # slots held, by group

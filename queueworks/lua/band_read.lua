@@ -1,4 +1,4 @@
--- Read a queue's jobs highest priority first (queueworks.priorities): up to ARGV[3] entries
+-- Read a queue's jobs highest priority first (queueworks.protocol.priorities): up to ARGV[3] entries
 -- from the streams in the order given (its bands above 0, its own stream, its aside streams,
 -- its bands below 0), a lower one only while the read is not full; one missing is skipped.
 -- KEYS[1..] streams to read, in order

@@ -7,7 +7,7 @@
 -- it without an outcome too: they stay (frozen with it; a reopen releases them as usual).
 -- One HSCAN step a call (COUNT ${DRAIN_BATCH}: bounded, whatever the hash holds).
 -- set_state.lua runs the first step as a queue finishes (atomically with the finish);
--- queueworks.dependencies the next ones (the writer at once, the leaders' backstop if it
+-- queueworks.task.dependencies the next ones (the writer at once, the leaders' backstop if it
 -- died). A queue reopened since (active again) is left alone.
 -- KEYS[1] the queue record   KEYS[2] its waiters hash   KEYS[3] its outbox
 -- ARGV[1] the active states, comma-separated   ARGV[2] the HSCAN cursor ('0': the start)

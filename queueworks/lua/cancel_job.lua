@@ -13,7 +13,7 @@
 -- A deferred job (waiting for its dependencies) is cancelled as a delayed one: it never
 -- runs; the releases still to come from its dependencies count nothing (its set is gone).
 -- Dependents: a cancelled job's waiters (the queue's waiters hash) go to the outbox, to be
--- released dead ('cancelled'): queueworks.dependencies drains it after the call.
+-- released dead ('cancelled'): queueworks.task.dependencies drains it after the call.
 -- KEYS[1] the stream (the queue's, or the aside stream of ARGV[5])   KEYS[2] scheduled zset
 -- KEYS[3] the job's record   KEYS[4] aside set   KEYS[5] handler set
 -- KEYS[6] the job's dependencies set   KEYS[7] deferred zset   KEYS[8] waiters hash

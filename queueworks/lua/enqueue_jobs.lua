@@ -2,7 +2,7 @@
 -- enqueue time): its id is the entry's id, and it has no record until it settles
 -- (settle_jobs.lua) or is cancelled. A delayed job has an id of the caller's and a record
 -- holding its payload, and waits in the scheduled zset until it is due (promote_due.lua).
--- A prioritised job (queueworks.priorities: an id of the caller's, ending '.p<N>') has a
+-- A prioritised job (queueworks.protocol.priorities: an id of the caller's, ending '.p<N>') has a
 -- record too, and waits on its band's stream (made with the consumer group if it is not
 -- there) whose priority the queue's bands set then names; one to run now is an entry that
 -- names its job ('j'), as a delayed job's is once it is due.

@@ -55,7 +55,7 @@ if n_deps > 0 then
     '${JOB_OPTIONS}', options)
   redis.call('SADD', deps, unpack(ARGV, 10, 9 + n_deps))
   redis.call('ZADD', KEYS[#KEYS], now, id)
-elseif at == '' and id ~= '' then  -- prioritised (queueworks.priorities): on its band
+elseif at == '' and id ~= '' then  -- prioritised (queueworks.protocol.priorities): on its band
   local eid = redis.call('XADD', KEYS[#KEYS], '*', '${ENTRY_JOB}', id, '${ENTRY_HANDLER}',
     handler, '${ENTRY_PAYLOAD}', payload, '${ENTRY_ENQUEUED}', now, '${ENTRY_OPTIONS}', options)
   redis.call('HSET', KEYS[#KEYS - 1], '${JOB_STATE}', '${QUEUED}', '${JOB_HANDLER}', handler,

@@ -1,5 +1,5 @@
 -- Give the keys of some unfinished jobs of a finished queue (found through what the queue
--- indexes: queueworks.job_keys) the expiry its record has, so they go with its other keys:
+-- indexes: queueworks.queue.job_keys) the expiry its record has, so they go with its other keys:
 -- a key without an expiry, or with a later one, gets the record's. A queue that is active
 -- again (reopened), or whose record has no expiry, is left alone.
 -- KEYS[1] the queue's record   KEYS[2..] the jobs' keys (records, dependency sets, unique keys)

@@ -1,5 +1,5 @@
 -- Apply a batch of controller writes only while their writer leads (fenced writes).
--- Composed at load time (queueworks/scripts.py): set_state.lua, expire_finished.lua and
+-- Composed at load time (queueworks/scripts/bound.py): set_state.lua, expire_finished.lua and
 -- fire_schedule.lua are put before this text as the functions set_state(KEYS, ARGV),
 -- expire_finished(KEYS, ARGV) and fire_schedule(KEYS, ARGV), so each of those rules stays
 -- in one file.

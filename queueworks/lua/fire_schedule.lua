@@ -1,6 +1,6 @@
 -- Fire one due time of a queue's schedule: enqueue its job, exactly once, and advance it.
 -- Run only inside fenced.lua (composed before it as the function fire_schedule(KEYS, ARGV),
--- see queueworks/scripts.py): the writer's fence is checked first, as for every op there.
+-- see queueworks/scripts/bound.py): the writer's fence is checked first, as for every op there.
 -- The job is a named job, written as promote_due.lua writes a delayed job that became due
 -- (record: state queued, handler, enqueued time, entry; entry: j, h, p, t).
 -- KEYS[1] queue record   KEYS[2] stream   KEYS[3] schedules (definitions)

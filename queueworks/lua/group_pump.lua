@@ -13,7 +13,7 @@
 -- KEYS[4] the queue's stream
 -- KEYS[5..] per group of ARGV, in order: its wait list, then for each head of that list the
 --   caller read (n of them, oldest first) its record and the stream it goes back onto (its
---   priority band's: queueworks.priorities)
+--   priority band's: queueworks.protocol.priorities)
 -- ARGV[1] group_limit   ARGV[2] n: jobs that give their slot back first (a job cancelled
 --   while it held one on the stream), then their n ids, then per group: its name and the
 --   number of heads read

@@ -1,5 +1,5 @@
 -- Release a deferred job from one of its dependencies, in the job's slot (drained from the
--- dependency's outbox: queueworks.dependencies). Idempotent: only the first release of a
+-- dependency's outbox: queueworks.task.dependencies). Idempotent: only the first release of a
 -- given dependency counts (SREM == 1); a job cancelled or already buried counts nothing.
 -- 'done': the dependency is done; the last one done puts the job on its stream, as a named
 --   entry (as promote_due.lua writes it; 't' = now, when it became runnable), record queued.

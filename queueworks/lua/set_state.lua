@@ -3,7 +3,7 @@
 -- (its waiters '*') to its outbox, released 'done' if completed, else 'dead'; a queue's
 -- jobs that have no outcome then get none: the first batch of the jobs of other queues
 -- waiting for them goes to its outbox too, dead (bury_waiters.lua, put before this text
--- as the function bury_waiters(KEYS, ARGV) when it is loaded: queueworks/scripts.py; the
+-- as the function bury_waiters(KEYS, ARGV) when it is loaded: queueworks/scripts/bound.py; the
 -- queue's name is its keys' hash tag).
 -- KEYS[1] task record   KEYS[2] its waiters hash   KEYS[3] its outbox (both optional)
 -- ARGV[1] new state   ARGV[2] now (s)   ARGV[3] error text ("" = none)

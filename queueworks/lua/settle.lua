@@ -12,7 +12,7 @@
 -- KEYS[1] stream   KEYS[2] task record   KEYS[3] results   KEYS[4] dead-letter stream
 -- KEYS[5] settled bitmap   KEYS[6] waiters hash   KEYS[7] outbox (both optional: when this
 --   call finishes the task, the jobs waiting for it (waiters '*') go to the outbox, released
---   'done' if it completed, 'dead' if it failed: queueworks.dependencies)
+--   'done' if it completed, 'dead' if it failed: queueworks.task.dependencies)
 -- ARGV[1] group   ARGV[2] now (s)   ARGV[3] worker id   ARGV[4] active states, comma-separated
 -- ARGV[5] n_ok   ARGV[6] n_dead
 -- then n_ok triples:  entry id, index, result JSON

@@ -41,7 +41,7 @@
 --   (absent or 0: none), with the queue's waiters hash and outbox as the last two KEYS. Only
 --   when the waiters hash exists (one EXISTS per call) are the counted jobs looked up in it:
 --   the dependents of each go to the outbox, released 'done', or 'dead' with the job's
---   reason (queueworks.dependencies drains it)
+--   reason (queueworks.task.dependencies drains it)
 -- then, optionally (after the dependents block's flag, which must then be given), n_group,
 --   then n_group pairs of the settled jobs that have a group: entry id, job id; with the
 --   queue's groups hash and held hash as KEYS after the unique keys' indexes (before the

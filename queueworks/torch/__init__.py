@@ -9,7 +9,7 @@ factory that builds the trainer on every member::
         opt = torch.optim.Adam(model.parameters(), lr=1e-2)
         return ElasticTrainer(ctx, model, opt, loss_fn)   # loss_fn(model, payload) -> (loss, n)
 
-What it does for every generation of the node set (see ``queueworks.steps``):
+What it does for every generation of the node set (see ``queueworks.task.steps``):
 
 * **Rendezvous through Redis.** The leader (rank 0) opens a fresh ``TCPStore`` on a free
   port and publishes ``host:port`` with the generation under the task's ``rdzv`` key; the
@@ -36,7 +36,8 @@ belongs to the application.
 
 from __future__ import annotations
 
-from queueworks.steps import Generation, StepAborted, StepContext, StepInfo
+from queueworks.errors import StepAborted
+from queueworks.task.steps import Generation, StepContext, StepInfo
 from queueworks.torch.options import LossFn, StepRecord, TorchOptions
 from queueworks.torch.trainer import ElasticTrainer, load_checkpoint, wait_released
 

@@ -11,7 +11,7 @@ import threading
 import time
 from pathlib import Path
 
-from queueworks.steps import StepContext
+from queueworks.task.steps import StepContext
 from queueworks.torch.options import TorchOptions, short
 from queueworks.torch.state import TrainState
 

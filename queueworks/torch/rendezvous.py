@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import PrefixStore, TCPStore
 
-from queueworks.steps import Generation, StepAborted, StepContext
+from queueworks.errors import StepAborted
+from queueworks.task.steps import Generation, StepContext
 from queueworks.torch.options import TorchOptions, short
 
 RDZV_TTL = 7 * 24 * 3600  # the rendezvous key outlives any generation; deleted at the end

@@ -12,7 +12,7 @@ import io
 import torch
 import torch.distributed as dist
 
-from queueworks.steps import Generation
+from queueworks.task.steps import Generation
 from queueworks.torch.rendezvous import Group
 
 

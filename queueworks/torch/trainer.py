@@ -1,4 +1,4 @@
-"""``ElasticTrainer``: the step trainer (``queueworks.steps.StepTrainer``) for a torch
+"""``ElasticTrainer``: the step trainer (``queueworks.task.steps.StepTrainer``) for a torch
 model, optimizer and loss function; it forms each generation's group (``rendezvous``),
 keeps every member's state identical (``state``) and checkpoints (``checkpoints``).
 
@@ -25,9 +25,9 @@ import torch
 import torch._dynamo  # the first optimizer imports it (~1 s): pay before joining, not after
 import torch.distributed as dist
 
-from queueworks.models import TaskStatus
-from queueworks.steps import Generation, StepContext, StepInfo
-from queueworks.tasks import Task
+from queueworks.protocol.models import TaskStatus
+from queueworks.task.steps import Generation, StepContext, StepInfo
+from queueworks.task.tasks import Task
 from queueworks.torch.checkpoints import Checkpoints
 from queueworks.torch.options import LossFn, StepRecord, TorchOptions
 from queueworks.torch.rendezvous import Group
@@ -37,7 +37,7 @@ ENV_HOST = "QUEUEWORKS_TORCH_HOST"  # the address peers reach this worker at
 
 
 class ElasticTrainer:
-    """A ``queueworks.steps.StepTrainer`` for a torch model, optimizer and loss function.
+    """A ``queueworks.task.steps.StepTrainer`` for a torch model, optimizer and loss function.
 
     ``loss_fn(model, payload) -> (mean loss, sample count)`` computes the loss of one shard.
     ``on_step(record)`` is called after every step on every member (for logs, metrics).

@@ -13,15 +13,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from queueworks.allow import allowed
-from queueworks.client import Client
-from queueworks.job_lists import plan_job_detail
-from queueworks.keys import check_task_id
-from queueworks.messages import NotJSON, to_json
-from queueworks.models import JobDetail
-from queueworks.priorities import HIGHEST, LOWEST
-from queueworks.queue_handle import Queue
-from queueworks.runner import run
+from queueworks.client.queue_handle import Queue
+from queueworks.client.sync import Client
+from queueworks.errors import NotJSON
+from queueworks.protocol.allow import allowed
+from queueworks.protocol.keys import check_task_id
+from queueworks.protocol.messages import to_json
+from queueworks.protocol.models import JobDetail
+from queueworks.protocol.priorities import HIGHEST, LOWEST
+from queueworks.queue.job_lists import plan_job_detail
+from queueworks.transport.runner import run
 
 from .compat import TASKS
 from .results import (

@@ -13,8 +13,8 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from queueworks.allow import allowed
-from queueworks.models import JobDetail, JobState
+from queueworks.protocol.allow import allowed
+from queueworks.protocol.models import JobDetail, JobState
 
 from .compat import TASKS
 

@@ -17,8 +17,8 @@ import traceback
 from datetime import datetime
 from typing import Any
 
-from queueworks.allow import allowed
 from queueworks.context import JobContext
+from queueworks.protocol.allow import allowed
 
 from .compat import TASKS
 from .results import import_task, result_id, when
