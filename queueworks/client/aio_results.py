@@ -108,12 +108,13 @@ class ResultWatcher:
         ends = []
         now = time.monotonic()
         for wait in due:
-            wait.check = now - wait.checked >= QUEUE_CHECK_SECONDS
-            if wait.check:
-                wait.checked = now
-            if wait.first:
+            if wait.first:  # the record alone: no entry, no check of the queue's record
+                wait.check = False
                 pipe.hmget(wait.keys.job(wait.job_id), RESULT_FIELDS)
             else:
+                wait.check = now - wait.checked >= QUEUE_CHECK_SECONDS
+                if wait.check:
+                    wait.checked = now
                 result_reads(pipe, wait.keys, wait.job_id, wait.check)
             ends.append(len(pipe))
         try:
