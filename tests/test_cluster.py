@@ -516,11 +516,13 @@ def test_one_worker_serves_queues_on_every_shard(
     cc: Cluster, cclient: Client, rc: RedisCluster
 ) -> None:
     """A queue on each primary, one worker: it is a member of all three and runs every job
-    (on a cluster each queue's streams are read on their own, on one pipeline)."""
+    (on a cluster each queue's streams are read on their own, on one pipeline). A second
+    worker joins all three; a task takes one of the two, whose three queues the other
+    re-ranks at once (one MULTI per slot, never one across slots): both serve on."""
     slot_map = read_slot_map(rc)
     names = [task_id_on(slot_map, node) for node in sorted(slot_map.primaries)]
     queues = [cclient.queue(name) for name in names]
-    cc.worker("spread", allow=ALLOW)
+    spread = cc.worker("spread", allow=ALLOW)
     jobs = [
         job
         for q in queues
@@ -534,6 +536,22 @@ def test_one_worker_serves_queues_on_every_shard(
         10,
         "a member of every queue",
     )
+    second = cc.worker("spread-2", allow=ALLOW)
+    both = ["spread", "spread-2"]
+    wait_for(
+        lambda: all(sorted(n.worker for n in q.status().nodes) == both for q in queues),
+        30,
+        "both workers members of every queue",
+    )
+    cc.controller()  # a task takes one of them: the other's three queues re-rank at once
+    task = cclient.submit(
+        TaskSpec(name="t", handler="queueworks.examples:double", subtasks=[{"x": 1}]),
+        task_id=task_id_on(slot_map, sorted(slot_map.primaries)[0]),
+    )
+    assert task.wait(timeout=30).state == TaskState.COMPLETED
+    more = [q.enqueue("queueworks.examples:double", {"x": 3}) for q in queues]
+    assert [j.result(timeout=30) for j in more] == [6, 6, 6]
+    assert spread.alive() and second.alive(), cc.logs()
 
 
 @pytest.mark.system

@@ -115,7 +115,7 @@ def check_whole_scenario(run: dict[str, Any], reference: float) -> None:
         assert c["sizes_seen"][-1] == c["size"], (name, c)
     # every sample in exactly one update of the final model
     assert (run["lost_samples"], run["twice_samples"]) == (0, 0), (name, run)
-    assert 0 < run["wall"] < 120 and 0 < run["startup"] < 60, (name, run)
+    assert 0 < run["wall"] < 240 and 0 < run["startup"] < 60, (name, run)
     assert run["samples_per_s"] > 0
     # the logs account for the model: replaying them gives the final model's loss
     assert math.isfinite(run["final_loss"])

@@ -29,6 +29,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redis.cluster import RedisCluster
+from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from queueworks.process import ColdStop
@@ -213,6 +215,16 @@ class QueueSet:
         read for all of them in one MULTI: a worker joining or dying costs each other
         member one round trip for all the queues they share, not a few for each."""
         due = [m for m in members if m.name in self.members and _rerank_due(m)]
+        if isinstance(self.r, RedisCluster):  # a MULTI holds one slot's keys: one per slot
+            slots: dict[int, list[Member]] = {}
+            for m in due:
+                slots.setdefault(key_slot(m.run.tk.record.encode()), []).append(m)
+            for together in slots.values():
+                self._rerank(together)
+        else:
+            self._rerank(due)
+
+    def _rerank(self, due: list[Member]) -> None:
         if len(due) < 2:
             return  # (one: its safe point re-ranks it, as alone)
         pipe = self.r.pipeline(transaction=True)
