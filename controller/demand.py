@@ -8,7 +8,9 @@ at is measured here, from the settled counts of the last ``WINDOW`` s, and kept 
 task or queue has no workers (so a backlog after an idle spell asks for what it needs at
 once). With no active task or queue, a pass reads nothing. A pass reads at most
 ``READS_PER_PASS`` of them, in turn, and counts the others as last read: with many queues
-its cost stays level, and each is read again every ``n / READS_PER_PASS`` passes.
+its cost stays level, and each is read again every ``n / READS_PER_PASS`` passes. A pass
+whose reads changed no count nor rate, while the mirror's ``demand_version`` stayed, counts
+nothing again: idle, the count costs its reads alone, however many queues there are.
 
 The result goes to ``qw:autoscale:wanted`` through the fence (``controller.fence``: only
 while this controller leads), when it changes and at least every ``REFRESH`` s, with an
@@ -62,6 +64,14 @@ class Demand:
         self.per_worker: dict[str, float] = {}  # the last rate measured, per task or queue
         self.counts: dict[str, tuple[int | None, int | None]] = {}  # as last read
         self.turn = 0  # where the next pass's reads start (with more than READS_PER_PASS)
+        # the mirror and its ``demand_version`` the last count was made from, the rows it
+        # sorted, those it reads, and that count: a pass whose reads changed nothing and
+        # whose mirror did not change counts nothing again (10,000 idle queues cost their
+        # reads alone)
+        self.seen: tuple[Mirror, int] | None = None
+        self.rows: list[TaskRow] = []
+        self.readable: list[TaskRow] = []
+        self.last: dict[str, int] = {}
 
     def reset(self) -> None:
         """A new term: write again at the next pass (rates measured so far stay true)."""
@@ -77,9 +87,18 @@ class Demand:
         if now - self.at < self.interval:
             return None
         self.at = now
-        rows = sorted(mirror.tasks.values(), key=lambda row: row.id)
-        needs = self._needs(rows, mirror, now)
-        counts = wanted(needs, self.target_s)
+        seen = (mirror, mirror.demand_version)
+        same = self.seen is not None and self.seen[0] is seen[0] and self.seen[1] == seen[1]
+        if not same:
+            self.rows = sorted(mirror.tasks.values(), key=lambda row: row.id)
+            self.readable = [row for row in self.rows if row.queue or mirror.nodes.get(row.id)]
+            self._forget(set(mirror.tasks))
+        changed = self._read(now, mirror)
+        if same and not changed and self.seen is not None:
+            counts = self.last
+        else:
+            counts = wanted(self._needs(mirror), self.target_s)
+            self.seen, self.last = seen, counts
         if self.written and self.written[1] == counts and now - self.written[0] < REFRESH:
             return None
         value = published.Wanted(
@@ -93,13 +112,16 @@ class Demand:
         self.written = (now, counts)
         return counts
 
-    def _needs(self, rows: list[TaskRow], mirror: Mirror, now: float) -> list[Need]:
-        read = [row for row in rows if row.queue or mirror.nodes.get(row.id)]
-        readable = {row.id for row in read}
+    def _read(self, now: float, mirror: Mirror) -> bool:
+        """Read this pass's turn of the tasks and queues to read (``READS_PER_PASS`` at
+        most): their counts, and the rates measured from them. Whether any changed."""
+        read = self.readable
         if len(read) > READS_PER_PASS:
             start = self.turn % len(read)
             read = (read[start:] + read[:start])[:READS_PER_PASS]
             self.turn = start + READS_PER_PASS
+        if not read:
+            return False
         pipe = self.r.pipeline(transaction=False)
         for row in read:
             tk = self.keys.task(row.id)
@@ -107,18 +129,25 @@ class Demand:
             if row.queue:
                 pipe.xlen(tk.stream)
                 pipe.zcount(tk.scheduled, "-inf", time.time())
-        replies = iter(self.tally.run(pipe) if read else [])
-        fresh = {row.id: _work(row, replies) for row in read}
-        self.counts.update(fresh)
-        self._forget(set(mirror.tasks))
-        needs = []
-        for row in rows:
-            settled, work = (None, None)
-            if row.id in readable:  # (a task without nodes needs no read)
-                settled, work = self.counts.get(row.id, (None, None))
-            nodes = len((mirror.members if row.queue else mirror.nodes).get(row.id, ()))
-            if settled is not None and row.id in fresh:
+        replies = iter(self.tally.run(pipe))
+        changed = False
+        for row in read:
+            counts = _work(row, replies)
+            changed = changed or self.counts.get(row.id) != counts
+            self.counts[row.id] = counts
+            settled = counts[0]
+            if settled is not None:
+                nodes = len((mirror.members if row.queue else mirror.nodes).get(row.id, ()))
+                rate = self.per_worker.get(row.id)
                 self._measure(row.id, settled, nodes, now)
+                changed = changed or self.per_worker.get(row.id) != rate
+        return changed
+
+    def _needs(self, mirror: Mirror) -> list[Need]:
+        readable = {row.id for row in self.readable}  # (a task without nodes needs no read)
+        needs = []
+        for row in self.rows:
+            work = self.counts.get(row.id, (None, None))[1] if row.id in readable else None
             needs.append(
                 Need(
                     id=row.id,

@@ -61,11 +61,16 @@ class Mirror:
         self.members: dict[str, set[str]] = {}  # queue id -> live workers that are members
         self.refusers: dict[str, set[str]] = {}  # worker -> tasks it has a refusal of
         self.pool = 0  # bumped whenever the live workers or their views change
+        # bumped whenever what ``controller.demand`` counts from changes: a task's or queue's
+        # sizing fields, its nodes or members, a task added or dropped
+        self.demand_version = 0
 
     # -- tasks ----------------------------------------------------------------------------
 
     def put_task(self, row: TaskRow) -> None:
         old = self.tasks.get(row.id)
+        if old is None or _sizing(old) != _sizing(row):
+            self.demand_version += 1
         if old is not None:
             for wid in old.refusals:
                 self.refusers.get(wid, set()).discard(row.id)
@@ -78,6 +83,7 @@ class Mirror:
         row = self.tasks.pop(task_id, None)
         if row is None:
             return None
+        self.demand_version += 1
         for wid in row.refusals:
             self.refusers.get(wid, set()).discard(task_id)
         self.board.drop_task(task_id)
@@ -157,6 +163,7 @@ class Mirror:
     def _move(self, worker_id: str, old: str, new: str) -> None:
         if old == new:
             return
+        self.demand_version += 1
         if old:
             held = self.nodes.get(old, set())
             held.discard(worker_id)
@@ -168,6 +175,8 @@ class Mirror:
             self._refresh(new)
 
     def _member(self, worker_id: str, old: frozenset[str], new: frozenset[str]) -> None:
+        if old != new:
+            self.demand_version += 1
         for qid in old - new:
             held = self.members.get(qid, set())
             held.discard(worker_id)
@@ -177,3 +186,8 @@ class Mirror:
         for qid in new - old:
             self.members.setdefault(qid, set()).add(worker_id)
             self._refresh(qid)
+
+
+def _sizing(row: TaskRow) -> tuple[object, ...]:
+    """What the count of wanted workers reads of a row."""
+    return (row.selector, row.queue, row.min_nodes, row.max_nodes, row.partitions, row.priority)

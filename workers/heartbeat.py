@@ -264,8 +264,16 @@ class Heartbeat(threading.Thread):
     def tick(self) -> None:
         s, k = self.state, self._keys
         now = time.time()
-        # a queue's seat has no heartbeat, epoch or successor of its own to tick
-        seats = [(seat, seat.key, seat.successor) for seat in s.members() if not seat.queue]
+        # a queue's seat has no heartbeat, epoch or successor of its own to tick (one look at
+        # the seats: a worker may hold thousands of queues')
+        seats, queued = [], False
+        for seat in list(s.seats.values()):
+            if seat.task_id is None:
+                continue
+            if seat.queue:
+                queued = True
+            else:
+                seats.append((seat, seat.key, seat.successor))
         pipe = self._r.pipeline(transaction=False)
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
@@ -282,8 +290,7 @@ class Heartbeat(threading.Thread):
         pipe.get(k.assign(s.worker_id))
         pipe.hget(k.worker(s.worker_id), "drain")
         take_stops(pipe, k, s.worker_id)
-        queues = [seat for seat in s.members() if seat.queue]
-        if queues:  # gone: a finder took it, having found us dead (``workers.lost``)
+        if queued:  # gone: a finder took it, having found us dead (``workers.lost``)
             pipe.exists(k.worker_queues(s.worker_id))
         looked = self.lost.look_on(pipe, now, self.interval)
         for _, task_id, successor in seats:
@@ -310,9 +317,9 @@ class Heartbeat(threading.Thread):
             s.stopping = True
             s.suspend_all()
         at = 7
-        if queues:
+        if queued:
             if not replies[at]:
-                self._pruned_from_queues(queues)
+                self._pruned_from_queues([seat for seat in s.members() if seat.queue])
             at += 1
         dead, soon = looked(replies)
         if soon is not None:  # look again the moment that worker's beat runs out

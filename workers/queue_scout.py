@@ -71,9 +71,11 @@ class Scout:
         self.cursor: str | None = None  # the last event read (None: read everything next)
         self.full_at = 0.0  # monotonic time of the last full read
         self.touched: set[str] = set()  # queues paused, resumed or changed since last asked
+        self.changes = 0  # bumped whenever ``serves`` changes
 
-    def eligible(self) -> list[str]:
-        """The queues this worker may serve now, by name."""
+    def eligible(self) -> set[str]:
+        """The queues this worker may serve now, by name (``changes`` says whether that
+        differs from the last call's)."""
         every = max(FULL_SECONDS, len(self.serves) / FULL_READS_PER_SECOND)
         if self.cursor is None or time.monotonic() - self.full_at >= every:
             return self._full()
@@ -103,15 +105,15 @@ class Scout:
                 self.touched.add(text(task))
         if names:
             found = self._read(sorted(names))
-            self.serves = (self.serves - names) | set(found)
-        return sorted(self.serves)
+            self._serve((self.serves - names) | set(found))
+        return self.serves
 
     def take_touched(self) -> set[str]:
         """The queues paused, resumed or changed since the last call."""
         touched, self.touched = self.touched, set()
         return touched
 
-    def _full(self) -> list[str]:
+    def _full(self) -> set[str]:
         """Read every queue (from the events that follow, only what they name)."""
         self.full_at = time.monotonic()
         last: Any = self.r.xrevrange(self.keys.events, count=1)
@@ -119,8 +121,12 @@ class Scout:
         names = sorted(text(n) for n in self.r.smembers(self.keys.queues))
         if self.only is not None:
             names = [n for n in names if n in self.only]
-        self.serves = set(self._read(names))
-        return sorted(self.serves)
+        self._serve(set(self._read(names)))
+        return self.serves
+
+    def _serve(self, names: set[str]) -> None:
+        if names != self.serves:
+            self.serves, self.changes = names, self.changes + 1
 
     def _read(self, names: list[str]) -> list[str]:
         """Of ``names``, the queues this worker may serve now (their records read)."""

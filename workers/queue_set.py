@@ -82,6 +82,9 @@ class QueueSet:
         self.closing = False  # leaving every queue at once (the worker stops or has a task)
         self.turned_away: dict[str, float] = {}  # queue -> when it last did (monotonic)
         self.scouted_at = float("-inf")
+        self.scouted = -1  # the scout's ``changes`` when its queues were last compared with ours
+        self.joins = 0  # bumped whenever ``members`` changes (a queue joined or left)
+        self.published_joins = -1  # ``joins`` when the worker record was last written
         self.published: list[str] | None = None  # the memberships the worker record shows
         self.turn = 0  # who goes first this round (round robin)
         self.cluster = hasattr(parts.r, "get_node_from_key")
@@ -191,12 +194,16 @@ class QueueSet:
         if not self.selective:
             return
         ready, flight = self.ready, self.flight
+        now = time.monotonic()
         for m in self.visiting:
             if m.name not in self.members:
                 continue
             loop, run = m.loop, m.run
             busy = (
                 bool(run.held)
+                # its check is still due (a round that ran held jobs made no read, and the
+                # check rides on the read): a queue poked for a new epoch keeps its turn
+                or loop.check_due(now)
                 or loop.ledger.pending()
                 or loop.gate is not None
                 or len(loop.aside.read) > 1
@@ -557,15 +564,16 @@ class QueueSet:
         if time.monotonic() - self.scouted_at < SCOUT_SECONDS:
             return
         self.scouted_at = time.monotonic()
-        wanted = self.scout.eligible()
-        keep = set(wanted)  # (a look in a list, for each of 10,000 queues, twice a second)
-        for name in list(self.members):
-            if name not in keep:
-                self.members[name].run.state.revoke()
-                self._close(name, "revoked")
+        keep = self.scout.eligible()
+        if self.scout.changes != self.scouted:  # (else no member is outside it: none to revoke)
+            self.scouted = self.scout.changes
+            for name in list(self.members):
+                if name not in keep:
+                    self.members[name].run.state.revoke()
+                    self._close(name, "revoked")
         now = time.monotonic()
         if len(self.members) < len(keep):  # (else every queue wanted is one of ours)
-            for name in wanted:
+            for name in sorted(keep):
                 if name in self.members or name in self.leaving:
                     continue
                 if now - self.turned_away.get(name, -1e9) < REJOIN_SECONDS:
@@ -587,6 +595,7 @@ class QueueSet:
                 run.close(opened, "revoked")
             return
         self.members[name] = Member(run, opened)
+        self.joins += 1
         self.turned_away.pop(name, None)
 
     def _close(self, name: str, reason: str) -> None:
@@ -594,6 +603,7 @@ class QueueSet:
         leaves with its jobs still running), once they are recorded; the other queues'
         jobs go on meanwhile."""
         member = self.members.pop(name, None)
+        self.joins += member is not None
         if member is None:
             return
         if self.flight is not None and self.flight.runs(member):
@@ -624,8 +634,11 @@ class QueueSet:
 
     def _publish(self) -> None:
         """The worker record shows the queues we are a member of (when that changes)."""
-        names = sorted(self.members)
+        if self.joins == self.published_joins:
+            return
+        joins, names = self.joins, sorted(self.members)
         if names == self.published:
+            self.published_joins = joins
             return
         self.ready.serve(names)
         want = len(names) > FEW and not self.cluster
@@ -640,7 +653,7 @@ class QueueSet:
         pipe.hset(self.parts.keys.worker(self.me), mapping=queue_memberships(names))
         events.emit(pipe, self.parts.keys, "memberships", worker=self.me, queues=",".join(names))
         pipe.execute()
-        self.published = names
+        self.published, self.published_joins = names, joins
 
 
 def woke(read: Any, owner: dict[str, Member]) -> None:
