@@ -6,6 +6,7 @@ Redis, real worker processes, a real SIGKILL."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -22,6 +23,7 @@ from queueworks.protocol.priorities import HIGHEST, LOWEST, priority_of_id
 from queueworks.queue.job_lists import plan_job_counts
 from queueworks.transport.runner import run
 from tests.conftest import Cluster, wait_for
+from tests.test_queue_ready import monitored
 
 pytestmark = pytest.mark.system
 
@@ -127,6 +129,35 @@ def test_retries_delayed_and_dependent_jobs_keep_their_priority(
     assert q.job(backlog[200].id).status().state == JobState.QUEUED
     started = said(r, log)
     assert started.count("retry") == 2 and started.index("dependent") > started.index("first")
+
+
+def test_an_idle_member_reads_the_bands_set_only_when_a_band_is_added(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """An idle member's look at its queue reads the aside set, not the bands set: that it
+    reads only when the queue's record says a band was added, so an idle look costs what
+    it did without priorities. A job on a new band starts at once all the same, and so does
+    a dependent one, whose band was made when it was enqueued."""
+    q = client.queue("idle")
+    log = f"{client.keys.prefix}:log"
+    q.enqueue(LOG, {"log": log, "tag": "warm"}, priority=2)
+    cluster.worker(allow=ALLOW, extra=BEAT)
+    wait_for(lambda: said(r, log) == ["warm"], 60, "the first job run")
+    time.sleep(0.5)  # (its settle)
+    tk = client.keys.task("idle")
+    seen = monitored(r, 2.0)
+    looks = [line for line in seen if f'"SMEMBERS" "{tk.aside}"'.encode() in line]
+    assert len(looks) >= 2, "the member looked at its queue"  # (every 0.25 s)
+    assert not [line for line in seen if f'"SMEMBERS" "{tk.bands}"'.encode() in line]
+    first = q.enqueue(LOG, {"log": log, "tag": "first", "seconds": 0.3})
+    dependent = q.enqueue(LOG, {"log": log, "tag": "dependent"}, priority=-3, depends_on=[first])
+    assert dependent.result(timeout=10) == "dependent"
+    for p in (4, -1):
+        job = q.enqueue(LOG, {"log": log, "tag": str(p)}, priority=p)
+        assert job.result(timeout=10) == str(p)
+        status = job.status()
+        assert status.started_at is not None and status.enqueued_at is not None
+        assert status.started_at - status.enqueued_at < 2.0, status
 
 
 def test_a_dead_prioritised_job_requeued_runs_on_its_band(

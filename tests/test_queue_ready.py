@@ -13,6 +13,8 @@ import pytest
 import redis
 
 from queueworks import Client
+from queueworks.workers.queue_scout import FULL_SECONDS, Scout
+from queueworks.workers.queue_set import SCOUT_SECONDS
 from tests.conftest import Cluster, wait_for
 
 TTL = ["--heartbeat-interval", "0.5", "--heartbeat-ttl", "1.5"]
@@ -34,9 +36,8 @@ def members_in(r: redis.Redis, client: Client, names: list[str], n: int) -> int:
     return sum(1 for c in pipe.execute() if c >= n)
 
 
-def streams_per_read(r: redis.Redis, seconds: float) -> list[int]:
-    """Watch the server (``MONITOR``) for ``seconds``: how many streams each
-    ``XREADGROUP`` named."""
+def monitored(r: redis.Redis, seconds: float) -> list[bytes]:
+    """Watch the server (``MONITOR``) for ``seconds``: the commands it ran, a line each."""
     kw = r.connection_pool.connection_kwargs
     sock = socket.create_connection((kw.get("host", "localhost"), kw.get("port", 6379)))
     sock.settimeout(0.2)
@@ -52,8 +53,14 @@ def streams_per_read(r: redis.Redis, seconds: float) -> list[int]:
             break
         buf += chunk
     sock.close()
+    return buf.split(b"\r\n")
+
+
+def streams_per_read(r: redis.Redis, seconds: float) -> list[int]:
+    """Watch the server (``MONITOR``) for ``seconds``: how many streams each
+    ``XREADGROUP`` named."""
     out = []
-    for line in buf.split(b"\r\n"):
+    for line in monitored(r, seconds):
         if b'"XREADGROUP"' not in line.upper():
             continue
         words = line.split(b'" "')
@@ -184,3 +191,29 @@ def test_a_round_takes_the_told_busy_and_poked_queues_and_a_few_in_turn() -> Non
     in_turn = ready.take(101.0)  # a second later: the rest, and 50 a second in turn
     rest = [n for n in names[:50] if n not in ("q0007", "q0009")]  # (each once a round)
     assert in_turn == ["q0007", "q0009", *flagged[POKES_PER_ROUND:], *rest]
+
+
+@pytest.mark.integration
+def test_the_scouts_backstop_reads_every_queue_in_turn_a_few_at_each_look(
+    client: Client, r: redis.Redis
+) -> None:
+    """The scout reads every queue at its first look, then, as the backstop for a missed
+    event, a few queues at each look, in turn: every one again within ``FULL_SECONDS``
+    (a queue cancelled with no event is seen), never all of them at once (thousands of
+    commands in one burst with thousands of queues, every worker's at the same time)."""
+    names = [f"scout{i:03d}" for i in range(300)]
+    make_queues(client, names)
+    scout = Scout(r, client.keys, labels={}, allow=["tests"])
+    t = 1000.0  # (the scout's clock: monotonic seconds, given)
+    assert sorted(scout.eligible(t)) == names
+    r.hset(client.keys.task(names[7]).record, "state", "cancelled")  # (and no event)
+    looks = int(2 * FULL_SECONDS / SCOUT_SECONDS) + 2  # two backstop periods, and a look
+    read = []
+    for k in range(1, looks + 1):
+        before = r.info("commandstats").get("cmdstat_hmget", {}).get("calls", 0)
+        served = scout.eligible(t + k * SCOUT_SECONDS)
+        read.append(r.info("commandstats")["cmdstat_hmget"]["calls"] - before)
+    assert sorted(served) == names[:7] + names[8:]
+    share = len(names) / FULL_SECONDS * SCOUT_SECONDS  # 5 a look
+    assert len(names) <= sum(read) <= len(names) + 2 * share, read  # (a round, a period after)
+    assert max(read) <= share + 1, read

@@ -18,10 +18,14 @@ backstop takes a wedged member's; a leaving member parks what it holds. An aside
 names its job (``j``) and the starts it had before it was set aside (``a``), so attempts
 count on; a settle (``settle_jobs.lua``) writes its record, counted once.
 
-A queue's priority bands (``queueworks.protocol.priorities``) are read the same way: the look reads
-the queue's bands set with its aside set, and every band in use is a stream this member
-reads, takes over, backstops and hands back as it does an aside stream's. ``read`` is in
-the order a member reads its streams (``TaskKeys.read_order``: the highest band first).
+A queue's priority bands (``queueworks.protocol.priorities``) are read the same way, but the
+look reads the queue's bands set only when it may have changed: the queue record's bands
+version (bumped by each band its jobs first use) changed since the last look, which the
+membership check reads with the fields it reads anyway (``seen``); or a job came on a band
+this member does not read yet (``stale``: told from the watcher's thread). So an idle look
+costs what it did before priorities. Every band in use is a stream this member reads, takes
+over, backstops and hands back as it does an aside stream's. ``read`` is in the order a
+member reads its streams (``TaskKeys.read_order``: the highest band first).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from queueworks.protocol.jobrecords import ENTRY_STARTS, JobEntry, starts_before
 from queueworks.protocol.messages import text
 from queueworks.protocol.models import parse_handler_path
 from queueworks.protocol.priorities import bands_of
+from queueworks.protocol.records import QUEUE_BANDS
 from queueworks.transport.connection import UNAVAILABLE
 
 from .loop import Run
@@ -58,14 +63,20 @@ class Aside:
         self.known: frozenset[str] = frozenset()  # the aside set, as last looked at
         self.streams: dict[str, str] = {}  # aside stream -> handler ('': a band), we read
         self.bands: list[int] = []  # the priority bands in use, as last looked at
+        self.bands_version: Any = None  # the queue record's bands version, as last seen
+        self.bands_due = True  # the next look reads the bands set (any thread sets it)
         self.read: dict[Any, Any] = {self.main: ">"}  # what a read covers, in its order
         self.looked_at = float("-inf")
         self.taken_epoch: int | None = None  # the epoch whose take-over was done
         self.adopted: set[str] = set()  # aside streams whose own old entries we took back
         self.backstop_at = time.monotonic()
         pipe = run.r.pipeline(transaction=False)  # the bands in use before the first read
+        pipe.hget(run.tk.record, QUEUE_BANDS)  # (before the set: a band added later bumps it)
         self.look_on(pipe)
-        self.looked(pipe.execute(raise_on_error=False), float("-inf"))
+        version, *looks = pipe.execute(raise_on_error=False)
+        if not isinstance(version, Exception):
+            self.bands_version = version
+        self.looked(looks, float("-inf"))
 
     # -- looking ----------------------------------------------------------------------------
 
@@ -79,24 +90,40 @@ class Aside:
     def stale(self) -> None:
         """Look at the aside and bands sets at the next check (any thread: a band this
         member does not read yet was told of a job)."""
+        self.bands_due = True
         self.looked_at = float("-inf")
 
-    LOOKS = 2  # the replies ``look_on`` puts on a pipe
+    def seen(self, version: Any) -> bool:
+        """The queue record's bands version, as a membership check read it: True if it
+        changed (the next look reads the bands set)."""
+        if version == self.bands_version:
+            return False
+        self.bands_version = version
+        self.stale()
+        return True
 
-    def look_on(self, pipe: Any) -> None:
+    def look_on(self, pipe: Any) -> int:
+        """Put the look on ``pipe``: the aside set, and the bands set when it may have
+        changed (``bands_due``). Returns how many replies it takes (for ``looked``)."""
         pipe.smembers(self.run.tk.aside)
+        if not self.bands_due:
+            return 1
+        self.bands_due = False  # (one told meanwhile is read by this look: sent later)
         pipe.smembers(self.run.tk.bands)
+        return 2
 
     def looked(self, replies: Sequence[Any], now: float) -> None:
-        """The aside and bands sets, as ``look_on`` read them: read the streams of the
-        handlers set aside that this member may run, and of the bands in use (taken over
-        before the first read of each)."""
+        """The aside set, and the bands set if it was read, as ``look_on`` read them: read
+        the streams of the handlers set aside that this member may run, and of the bands
+        in use (taken over before the first read of each)."""
         self.looked_at = now
-        reply, bands_reply = replies
-        if isinstance(reply, Exception) or isinstance(bands_reply, Exception):
+        reply, *read_bands = replies
+        if isinstance(reply, Exception) or any(isinstance(b, Exception) for b in read_bands):
+            if read_bands:
+                self.bands_due = True  # (read them again next time)
             return
         handlers = frozenset(text(h) for h in reply)
-        bands = bands_of(bands_reply)
+        bands = bands_of(read_bands[0]) if read_bands else self.bands
         if handlers == self.known and bands == self.bands:
             return
         self.known, self.bands = handlers, bands
@@ -119,6 +146,7 @@ class Aside:
         a stream that stays missing costs a failed read that often, no more)."""
         self.known, self.streams, self.bands = frozenset(), {}, []
         self.read = {self.main: ">"}
+        self.bands_due = True
         self.looked_at = now
 
     def works(self, reply: Reply) -> list[Work]:

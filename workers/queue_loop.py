@@ -30,7 +30,7 @@ from queueworks.process import ColdStop
 from queueworks.protocol.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.protocol.messages import from_json, text, to_json
 from queueworks.protocol.models import NOT_ALLOWED, StoredSpec, parse_handler_path
-from queueworks.protocol.records import QUEUE_PAUSED, QUEUE_SETTINGS
+from queueworks.protocol.records import QUEUE_BANDS, QUEUE_PAUSED, QUEUE_SETTINGS
 from queueworks.queue.flow import Limits
 from queueworks.queue.queue_settings import MAX_GROUP_LIMIT
 from queueworks.queue.vanished import gone_stream
@@ -134,8 +134,9 @@ class QueueLoop:
 
     def put_looks(self, pipe: Any, now: float, settle: bool) -> Callable[[list[Any]], None]:
         """Put on ``pipe`` what this member's next read carries besides the read: the settle
-        of what ran (``settle``), and when due the membership check and the look at the
-        aside set. Returns what takes their replies (the pipe's, all of them)."""
+        of what ran (``settle``), and when due the membership check (with the queue record's
+        flags and versions) and the look at the aside set (``workers.aside``). Returns what
+        takes their replies (the pipe's, all of them)."""
         run = self.run
         check = self.check_due(now)
         look = check and self.aside.look_due(now)
@@ -146,9 +147,8 @@ class QueueLoop:
         if check:
             pipe.zscore(run.tk.members, run.me)
             pipe.get(run.tk.epoch)
-            pipe.hmget(run.tk.record, [QUEUE_PAUSED, QUEUE_SETTINGS])
-        if look:
-            self.aside.look_on(pipe)
+            pipe.hmget(run.tk.record, [QUEUE_PAUSED, QUEUE_SETTINGS, QUEUE_BANDS])
+        looks = self.aside.look_on(pipe) if look else 0
 
         def looked(replies: list[Any]) -> None:
             self.ledger.settled(replies[start:base])
@@ -158,7 +158,7 @@ class QueueLoop:
                     if isinstance(reply, Exception):
                         raise reply
                 if not isinstance(flags, list):  # (a record that is no hash: none set)
-                    flags = [None, None]
+                    flags = [None, None, None]
                 # a change suspends us: what was read stays ours, run after the re-rank
                 self.checked_at = now
                 run.membership.fence(member, epoch)
@@ -167,9 +167,11 @@ class QueueLoop:
                 spec = self.live.changed()  # before any job this read brings starts
                 if spec is not None:
                     self.reconfigure(spec)
+                if self.aside.seen(flags[2]):  # a band more: the next round looks again
+                    self.touched()
             if look:
                 at = base + 3 if check else base
-                self.aside.looked(replies[at : at + self.aside.LOOKS], now)
+                self.aside.looked(replies[at : at + looks], now)
 
         return looked
 

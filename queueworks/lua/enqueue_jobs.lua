@@ -4,10 +4,12 @@
 -- holding its payload, and waits in the scheduled zset until it is due (promote_due.lua).
 -- A prioritised job (queueworks.protocol.priorities: an id of the caller's, ending '.p<N>') has a
 -- record too, and waits on its band's stream (made with the consumer group if it is not
--- there) whose priority the queue's bands set then names; one to run now is an entry that
--- names its job ('j'), as a delayed job's is once it is due.
+-- there) whose priority the queue's bands set then names (a priority new there bumps the
+-- queue record's bands version: its members read the set again only then); one to run now is
+-- an entry that names its job ('j'), as a delayed job's is once it is due.
 -- KEYS[1] stream   KEYS[2] scheduled zset   KEYS[3] bands set ('' when no job is prioritised)
--- KEYS[4..] per job with an id, in order: its record, then (prioritised) its band's stream
+-- KEYS[4] the queue's record
+-- KEYS[5..] per job with an id, in order: its record, then (prioritised) its band's stream
 -- ARGV[1] now (s)   then per job 5: job id ('' for a job to run now of priority 0),
 --   handler, payload JSON, run at (s; '' = now), its own options JSON ('' = none: no 'o')
 -- On a queue that finished (a kept handle's enqueue, before its keys expire) the records
@@ -19,7 +21,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
 end
 local now = ARGV[1]
 local ids = {}
-local record = 4
+local record = 5
 local function band(id)  -- a prioritised job's stream (the next key), made if need be
   local priority = string.match(id, '%.p(%-?%d+)$$')
   if not priority then
@@ -29,7 +31,9 @@ local function band(id)  -- a prioritised job's stream (the next key), made if n
   if redis.call('EXISTS', stream) == 0 then
     redis.call('XGROUP', 'CREATE', stream, '${GROUP}', '0', 'MKSTREAM')
   end
-  redis.call('SADD', KEYS[3], priority)
+  if redis.call('SADD', KEYS[3], priority) == 1 and redis.call('EXISTS', KEYS[4]) == 1 then
+    redis.call('HINCRBY', KEYS[4], '${QUEUE_BANDS}', 1)
+  end
   return stream
 end
 for b = 2, #ARGV, 5 do
@@ -67,7 +71,7 @@ for b = 2, #ARGV, 5 do
 end
 local ttl = redis.call('PTTL', KEYS[1])
 if ttl > 0 then  -- a finished queue's (its stream expires with it): the records go with it
-  for i = 4, record - 1 do  -- (a band's stream too: it goes with the queue)
+  for i = 5, record - 1 do  -- (a band's stream too: it goes with the queue)
     redis.call('PEXPIRE', KEYS[i], ttl)
   end
 end

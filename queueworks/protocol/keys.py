@@ -14,7 +14,8 @@ key                                type          meaning
                                                  its own stream), same group; made (with the
                                                  group) by the first enqueue of that priority
 ``qw:task:{Q}:bands``              set           the priorities other than 0 a queue's jobs have
-                                                 used: the bands its members read
+                                                 used: the bands its members read (each one
+                                                 added bumps the record's ``bands`` version)
 ``qw:task:{T}:members``            zset          member worker ids, score = join sequence (= epoch
                                                  at join); ascending order = rank
 ``qw:task:{T}:hb:<W>``             string + TTL  member W's heartbeat in this task (a queue's

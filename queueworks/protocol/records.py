@@ -78,6 +78,10 @@ TASK_FIELDS = (
 )
 
 
+QUEUE_PAUSED = "paused"  # a queue record's flag: its members read no new job while it is "1"
+QUEUE_SETTINGS = "settings"  # a queue record's settings version: bumped by each configure
+QUEUE_BANDS = "bands"  # a queue record's bands version: bumped by each band its jobs first use
+
 # Fields of the task record and of a task's history entries that a Lua script writes and
 # that are spelled like a job format's (``queueworks.protocol.jobrecords``): the scripts get these
 # from here too (``queueworks.scripts.bound``), so none retypes a name a codec owns.
@@ -86,11 +90,10 @@ LUA_NAMES = {
     "TASK_FIELD_REASON": "reason",
     "HISTORY_WORKER": "worker",
     "HISTORY_TS": "ts",
+    "QUEUE_BANDS": QUEUE_BANDS,
 }
 
 
-QUEUE_PAUSED = "paused"  # a queue record's flag: its members read no new job while it is "1"
-QUEUE_SETTINGS = "settings"  # a queue record's settings version: bumped by each configure
 MEMBER_OF = "member_of"  # the worker hash field of the queues a worker is a member of
 _NAMES = TypeAdapter(list[str])
 

@@ -19,6 +19,7 @@ from queueworks.protocol.keys import Keys, check_task_id
 from queueworks.protocol.messages import text
 from queueworks.protocol.models import JobState, JobStatus, QueueStatus, StoredSpec
 from queueworks.protocol.priorities import DEFAULT, bands_of, priority_of_id
+from queueworks.protocol.records import QUEUE_BANDS
 from queueworks.queue.aside_jobs import plan_aside_counts
 from queueworks.queue.flow import plan_pump
 from queueworks.queue.job_keys import plan_job_keys
@@ -227,14 +228,21 @@ def linked(options: str) -> str:
 def plan_band(ref: QueueRef, job_id: str) -> Plan[None]:
     """Make the band of a prioritised job (``queueworks.protocol.priorities``; none for another):
     its stream with the consumer group, and its priority in the queue's bands set (the
-    scripts that write it without ``enqueue_jobs``, which makes it itself, need it there)."""
+    scripts that write it without ``enqueue_jobs``, which makes it itself, need it there);
+    a priority new there bumps the queue record's bands version, as ``enqueue_jobs`` does
+    (the queue's members read the set again only then)."""
     priority = priority_of_id(job_id)
     if priority == DEFAULT:
         return
     trip = Trip(errors=True)
     trip.xgroup_create(ref.qk.band(priority), ref.qk.group, id="0", mkstream=True)
     trip.sadd(ref.qk.bands, priority)
-    check_created((yield trip))
+    replies = yield trip
+    check_created(replies)
+    if replies[1] == 1:
+        bump = Trip()
+        bump.hincrby(ref.qk.record, QUEUE_BANDS, 1)
+        yield bump
 
 
 def plan_defer(ref: QueueRef, job: NewJob, deps: Sequence[Dependency]) -> Plan[str]:

@@ -119,7 +119,7 @@ class EnqueueBatch:
 
     def __init__(self, tk: TaskKeys) -> None:
         self.tk = tk
-        self.keys: list[str] = [tk.stream, tk.scheduled, tk.bands]
+        self.keys: list[str] = [tk.stream, tk.scheduled, tk.bands, tk.record]
         self.args: list[Any] = [""]  # ARGV[1] (now) is set when it is sent
 
     def add(self, handler: str, payload: str, options: str = "") -> None:
@@ -445,7 +445,7 @@ def enqueue_jobs(tk: TaskKeys, jobs: Sequence[NewJob], now: float, client: Any =
     pipelined (not on a cluster pipeline, as for ``enqueue``). Replies the jobs' ids
     (``job_ids``), or None if the queue's stream is gone (nothing written)."""
     argv: list[Any] = [repr(now)]
-    keys = [tk.stream, tk.scheduled, tk.bands]
+    keys = [tk.stream, tk.scheduled, tk.bands, tk.record]
     for job in jobs:
         at = "" if job.at is None else repr(job.at)
         argv += (job.id, job.handler, job.payload, at, job.options)
