@@ -47,6 +47,7 @@ LONG = "tests.handlers:sleep_for"
 NOOP = "tests.handlers:double"
 HB = ["--heartbeat-interval", "1", "--heartbeat-ttl", "3"]
 TTL_S = 3.0
+POLL_S = 0.2  # s between two looks at the members while the gap is measured
 
 
 def cpu_seconds(pid: int) -> float:
@@ -97,12 +98,14 @@ def gap(url: str, args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(1.0)
         start = time.time()
         w3 = procs.worker("w3", *HB)
-        wait_for(lambda: "w3" in members(client, "fast"), 60)
+        # polled at 5 Hz: a status read every 10 ms would take the workers' CPU and show
+        # as their gaps on a small machine
+        wait_for(lambda: "w3" in members(client, "fast"), 60, interval=POLL_S)
         time.sleep(args.w3_life)
         w3.send_signal(signal.SIGKILL)
         w3.wait()
         killed = time.time()
-        wait_for(lambda: "w3" not in members(client, "fast"), 60)
+        wait_for(lambda: "w3" not in members(client, "fast"), 60, interval=POLL_S)
         pruned = time.time()
         time.sleep(2.0)
         end = time.time()
