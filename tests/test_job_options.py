@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from queueworks import Client
-from queueworks.protocol.job_options import JobOptions
+from queueworks.protocol.job_options import NO_OPTIONS, JobOptions
+from queueworks.protocol.jobrecords import decode_entry, entry_job
 from queueworks.protocol.keys import Keys
 
 NOOP = "tests.handlers:double"
@@ -53,6 +54,22 @@ def test_options_round_trip_and_bad_stored_values_read_as_none() -> None:
         JobOptions()
     )
     assert JobOptions.parse("not json") == JobOptions.parse("[1]") == JobOptions()
+
+
+@pytest.mark.unit
+def test_an_entrys_options_are_parsed_once_with_it_and_a_plain_one_makes_none() -> None:
+    plain = {b"h": b"m:f", b"p": b"{}", b"t": b"1.5"}
+    own = {**plain, b"o": b'{"group":"g","key":"k","retry_delay":2}'}
+    traced = {**plain, b"o": b'{"tp":"00-' + b"1" * 32 + b"-" + b"2" * 16 + b'-01"}'}
+    for decode in (decode_entry, entry_job):
+        entry = decode("1-0", own)
+        assert entry is not None and entry.options == own[b"o"].decode()
+        assert entry.job_options == JobOptions(retry_delay=2.0, key="k", group="g")
+        for fields in (plain, traced):  # the shared object: nothing made
+            other = decode("1-0", fields)
+            assert other is not None and other.job_options is NO_OPTIONS
+    assert decode_entry("1-0", plain).options == ""
+    assert decode_entry("1-0", own)._replace(payload="x").job_options.group == "g"
 
 
 @pytest.mark.integration

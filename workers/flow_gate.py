@@ -16,7 +16,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from queueworks.protocol.job_options import JobOptions
 from queueworks.protocol.jobrecords import JOB_STATE, JobEntry
 from queueworks.protocol.keys import TaskKeys
 from queueworks.protocol.messages import text
@@ -141,10 +140,6 @@ class GroupSlots:
         self.cursor, freed = sweep_held(run.r, run.scripts, run.tk, self.limit, self.cursor)
         if freed:
             run.log.warning("group_slots_freed", jobs=freed)
-
-    @staticmethod
-    def group_of(entry: JobEntry) -> str | None:
-        return JobOptions.parse(entry.options).group if entry.options else None
 
     def take(self, work: Work, entry: JobEntry, group: str) -> int:
         """1: the job holds a slot of ``group`` (run it); 0: it waits for one; -1: the

@@ -24,8 +24,9 @@ from queueworks.protocol.models import NOT_ALLOWED, UNUSABLE, parse_handler_path
 
 class HandlerRefused(Exception):
     """The handler cannot be used; the message is the reason, ``kind`` says which, and
-    ``imported`` whether its module imported here (then the path itself is at fault: no
-    such function, not a function, a wrong signature — not this worker)."""
+    ``imported`` whether the path itself is at fault, not this worker: it is no
+    ``module:function`` path, or its module imported here and it names no such function,
+    not a function, one of a wrong signature."""
 
     def __init__(self, message: str, kind: str = UNUSABLE, *, imported: bool = False) -> None:
         super().__init__(message)
@@ -43,8 +44,8 @@ class Handler:
 def resolve(path: str, prefixes: Sequence[str]) -> Handler:
     try:
         module_name, attr = parse_handler_path(path)
-    except ValueError as exc:
-        raise HandlerRefused(str(exc)) from None
+    except ValueError as exc:  # the path's own fault, not this worker's
+        raise HandlerRefused(str(exc), imported=True) from None
     if not allowed(module_name, prefixes):
         raise HandlerRefused(
             f"handler {path!r} is outside the allowed module prefixes {list(prefixes)}",

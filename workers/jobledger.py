@@ -20,7 +20,6 @@ from typing import Any
 from redis.exceptions import NoScriptError
 
 from queueworks.protocol import events
-from queueworks.protocol.job_options import JobOptions
 from queueworks.protocol.jobrecords import entry_job, entry_payload
 from queueworks.protocol.messages import safe_text
 from queueworks.protocol.models import StoredSpec
@@ -128,7 +127,7 @@ class JobLedger(Attempts):
         if work.attempt >= self.spec.max_attempts:
             self.bury(job, failed_reason(work.attempt), tb)
             return None
-        wait = self.retries.for_job(JobOptions.parse(job.entry.options)).wait(work.attempt)
+        wait = self.retries.for_job(job.entry.job_options).wait(work.attempt)
         if wait > 0:
             self._batch(work.stream).later.append((job, time.time() + wait, tb[-8000:]))
             self.log.info(
@@ -229,7 +228,7 @@ class JobLedger(Attempts):
         freed: dict[str, int] = {}
         for b in batches:
             for job in (*b.ok, *b.dead):
-                if job.entry.options and (g := JobOptions.parse(job.entry.options).group):
+                if g := job.entry.job_options.group:
                     freed[g] = freed.get(g, 0) + 1
         return freed
 

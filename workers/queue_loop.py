@@ -29,7 +29,7 @@ from queueworks.logs import writes_info
 from queueworks.process import ColdStop
 from queueworks.protocol.jobrecords import ENTRY_PAYLOAD, BadEntry, JobEntry, decode_entry
 from queueworks.protocol.messages import from_json, text, to_json
-from queueworks.protocol.models import NOT_ALLOWED, StoredSpec, parse_handler_path
+from queueworks.protocol.models import NOT_ALLOWED, StoredSpec
 from queueworks.protocol.records import QUEUE_BANDS, QUEUE_PAUSED, QUEUE_SETTINGS
 from queueworks.queue.flow import Limits
 from queueworks.queue.queue_settings import MAX_GROUP_LIMIT
@@ -296,7 +296,7 @@ class QueueLoop:
         """Whether the job may run now: it has no group, or it holds a slot of its group
         (else it waits for one off the stream, or is no job of ours)."""
         assert self.slots is not None
-        group = self.slots.group_of(entry)
+        group = entry.job_options.group  # (parsed once, with the entry)
         if group is None:
             return True
         took = self.slots.take(work, entry, group)
@@ -463,8 +463,7 @@ class QueueLoop:
         found = self.handlers.get(path)
         if found is None:
             try:
-                parse_handler_path(path)
-                found = resolve(path, self.run.allow)
+                found = resolve(path, self.run.allow)  # (the path parsed there, once)
             except HandlerRefused as exc:
                 found = exc
             except ValueError as exc:

@@ -6,7 +6,9 @@ alone) its uniqueness (``key``, ``unique_for``) and its ``group`` (at most the q
 A job that has any carries them as one compact JSON object, in its stream entry's ``o``
 field and, while it waits off the stream (delayed, deferred, a retry waiting for its time),
 in its record's ``o`` field; a job without any has no ``o`` at all, so the plain enqueue
-stays one bare ``XADD`` of three fields. ``JobOptions.parse`` reads it back on a worker.
+stays one bare ``XADD`` of three fields. ``JobOptions.parse`` reads it back: a worker
+parses a job's once, as it decodes its entry (``queueworks.protocol.jobrecords``:
+``JobEntry.job_options``), and reads that from then on.
 """
 
 from __future__ import annotations
@@ -104,7 +106,7 @@ class JobOptions:
             else check_number("unique_for", unique_for, 0.0, MAX_TTL, above_low=True),
             None if group is None else check_group(group),
         )
-        return options if options != _NONE else None
+        return options if options != NO_OPTIONS else None
 
     def given_only(self) -> dict[str, Any]:
         """The options given (set), by name."""
@@ -122,18 +124,18 @@ class JobOptions:
         """An ``o`` field read back; a value that is not what ``json`` writes (written by
         hand, or by another version) counts as none of the options it holds badly."""
         if not raw:
-            return _NONE
+            return NO_OPTIONS
         if isinstance(raw, str):
             if not any(name in raw for name in _NAMES):
-                return _NONE  # none of ours (a traced job's context alone: queueworks.tracing)
+                return NO_OPTIONS  # none of ours (a traced job's context: queueworks.tracing)
         elif not any(name in raw for name in _BNAMES):
-            return _NONE
+            return NO_OPTIONS
         try:
             found = json.loads(raw)
         except ValueError:
-            return _NONE
+            return NO_OPTIONS
         if not isinstance(found, dict):
-            return _NONE
+            return NO_OPTIONS
         kept: dict[str, Any] = {}
         for f in fields(cls):
             value: Any = found.get(f.name)
@@ -145,10 +147,10 @@ class JobOptions:
                     kept[f.name] = value
             elif _number(value):
                 kept[f.name] = float(value)
-        return cls(**kept)
+        return cls(**kept) if kept else NO_OPTIONS
 
 
-_NONE = JobOptions()
+NO_OPTIONS = JobOptions()  # of a job that has none of its own (a plain job: no 'o')
 _NAMES = tuple(f'"{f.name}"' for f in fields(JobOptions))  # what ``json`` may write
 _BNAMES = tuple(n.encode() for n in _NAMES)
 

@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from queueworks.protocol.job_options import NO_OPTIONS, JobOptions
 from queueworks.protocol.keys import PARKED
 from queueworks.protocol.models import JobState, JobStatus
 from queueworks.protocol.priorities import priority_of_id
@@ -45,6 +46,11 @@ class JobEntry(NamedTuple):
     ``a``  an aside entry's only: the starts the job had before it was set aside
     ``o``  the job's own options, JSON (``queueworks.protocol.job_options``); absent: none
     =====  ==========================================================================
+
+    ``job_options`` is ``o`` parsed (``JobOptions.parse``), once, by the function that
+    decoded the entry: what a worker reads of a job's options (its group, its retry
+    schedule, its unique key), from its read to its settle. A job without ``o`` gets the
+    shared ``NO_OPTIONS``: nothing parsed, nothing made.
     """
 
     entry_id: str
@@ -53,7 +59,8 @@ class JobEntry(NamedTuple):
     payload: str  # JSON, as enqueued
     enqueued: str  # 't', as written
     named: bool  # the entry names its job ('j')
-    options: str = ""  # its 'o': the job's own options, JSON ('' = none)
+    options: str = ""  # its 'o': the job's own options, JSON ('' = none), as written
+    job_options: JobOptions = NO_OPTIONS  # its 'o' parsed
 
 
 class BadEntry(ValueError):
@@ -83,12 +90,12 @@ def decode_entry(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry:
     except UnicodeDecodeError as exc:
         raise BadEntry(f"malformed entry: {exc}") from None
     payload = raw_payload.decode(errors="replace")
-    options = fields.get(_O)
-    if options is None:
+    raw = fields.get(_O)
+    if raw is None:
         return JobEntry(entry_id, job_id, handler, payload, enqueued, bool(named))
-    return JobEntry(
-        entry_id, job_id, handler, payload, enqueued, bool(named), options.decode(errors="replace")
-    )
+    options = raw.decode(errors="replace")
+    parsed = JobOptions.parse(options)
+    return JobEntry(entry_id, job_id, handler, payload, enqueued, bool(named), options, parsed)
 
 
 def entry_job(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry | None:
@@ -97,6 +104,8 @@ def entry_job(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry | None:
     path, named = fields.get(_H), fields.get(_J)
     if not path or _P not in fields:
         return None
+    raw = fields.get(_O)
+    options = "" if raw is None else raw.decode(errors="replace")
     return JobEntry(
         entry_id,
         named.decode(errors="replace") if named else entry_id,
@@ -104,7 +113,8 @@ def entry_job(entry_id: str, fields: Mapping[bytes, bytes]) -> JobEntry | None:
         fields[_P].decode(errors="replace"),
         fields.get(_T, b"").decode(errors="replace"),
         bool(named),
-        fields.get(_O, b"").decode(errors="replace"),
+        options,
+        JobOptions.parse(options),
     )
 
 

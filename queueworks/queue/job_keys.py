@@ -81,7 +81,7 @@ def _stream(qk: TaskKeys, stream: str, keep: bool) -> Plan[Walked]:
         for entry_id, fields in entries:
             entry = entry_job(text(entry_id), fields)
             if entry is not None:
-                jobs.append(Job(entry.job_id, JobOptions.parse(entry.options).key))
+                jobs.append(Job(entry.job_id, entry.job_options.key))
         if jobs and not (yield from _apply(qk, jobs, keep)):
             return done, False
         done += len(jobs)

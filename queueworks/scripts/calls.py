@@ -522,7 +522,7 @@ def settle_jobs(
     if not (held and release_keys(tk, held, keys, argv)):
         argv.append(0)  # no unique key to free
     argv.append("1")  # the dependents block: the waiters hash and outbox, last
-    grouped = [(e.entry_id, e.job_id) for e in held if JobOptions.parse(e.options).group]
+    grouped = [(e.entry_id, e.job_id) for e in held if e.job_options.group]
     if grouped:  # the group block: the slots these jobs hold go back
         argv.append(len(grouped))
         argv += [x for pair in grouped for x in pair]
@@ -565,14 +565,15 @@ def release_keys(tk: TaskKeys, held: Sequence[JobEntry], keys: list[str], argv: 
     """``settle_jobs``' optional section: the unique keys the settled jobs ``held`` (those
     with options of their own) free, as they finished (added to ``keys`` and ``argv``);
     nothing, and False, if none holds one."""
-    released = [(e, options) for e in held if (options := JobOptions.parse(e.options)).key]
+    released = [e for e in held if e.job_options.key]
     if not released:
         return False
     argv.append(len(released))
-    for e, options in released:
-        assert options.key is not None
-        keys.append(tk.unique(options.key))
-        argv += (e.entry_id, e.job_id, unique_ms(options.unique_for))
+    for e in released:
+        key, unique_for = e.job_options.key, e.job_options.unique_for
+        assert key is not None
+        keys.append(tk.unique(key))
+        argv += (e.entry_id, e.job_id, unique_ms(unique_for))
     return True
 
 
