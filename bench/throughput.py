@@ -23,7 +23,7 @@ from bench.common import Procs, private_redis, wait_for, wait_workers
 from queueworks import Client, Task, TaskSpec
 from queueworks.examples import noop
 from queueworks.protocol.keys import Keys
-from queueworks.protocol.messages import decode_entry, to_json
+from queueworks.protocol.messages import decode_subtask, to_json
 from queueworks.scripts.bound import Scripts
 
 
@@ -76,7 +76,7 @@ def _baseline_consumer(url: str, prefix: str, task_id: str, name: str) -> None:
         ok = []
         for entry_id, fields in reply[0][1]:
             # the same per-subtask work as the worker: decode, run the handler, encode
-            sub = decode_entry(entry_id.decode(), fields)
+            sub = decode_subtask(entry_id.decode(), fields)
             ok.append((sub.entry_id, sub.index, to_json(noop(sub.payload), "result")))
         scripts.settle(tk, tk.stream, name, time.time(), ok)
 

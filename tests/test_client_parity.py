@@ -65,7 +65,20 @@ def run_sync(url: str, prefix: str) -> None:
         client.task("big").resize(1, 4)
         client.task("parts").set_priority(5)
         assert [t.id for t in client.tasks()] == ["none", "three", "big", "parts"]
-        assert [s.name for s in client.queues()] == ["mail"]
+        routes = client.queue("routes")
+        routes.enqueue(HANDLER, {"x": 0})  # the queue knows the handler: the bare XADDs follow
+        later = routes.enqueue(HANDLER, {"x": 1}, delay=3600)
+        assert routes.enqueue(HANDLER, {"x": 2}, group="g", retry_delay=5).created
+        held = routes.enqueue(HANDLER, {"x": 3}, key="k")
+        again = routes.enqueue(HANDLER, {"x": 4}, key="k")
+        assert (held.created, again.created, again.id) == (True, False, held.id)
+        deferred = routes.enqueue(HANDLER, {"x": 5}, depends_on=[f"routes/{later.id}"])
+        routes.enqueue(HANDLER, {"x": 6}, key="k2", depends_on=[f"routes/{later.id}"])
+        routes.enqueue(HANDLER, {"x": 7}, priority=2)
+        routes.enqueue(HANDLER, {"x": 8}, wait_replicas=0)
+        routes.enqueue_many([(HANDLER, {"x": i}) for i in range(3)], group="g", priority=-1)
+        assert deferred.status().state == "deferred"
+        assert [s.name for s in client.queues()] == ["mail", "routes"]
 
 
 async def run_async(url: str, prefix: str) -> None:
@@ -87,7 +100,20 @@ async def run_async(url: str, prefix: str) -> None:
         await client.task("big").resize(1, 4)
         await client.task("parts").set_priority(5)
         assert [t.id for t in await client.tasks()] == ["none", "three", "big", "parts"]
-        assert [s.name for s in await client.queues()] == ["mail"]
+        routes = await client.queue("routes")
+        await routes.enqueue(HANDLER, {"x": 0})
+        later = await routes.enqueue(HANDLER, {"x": 1}, delay=3600)
+        assert (await routes.enqueue(HANDLER, {"x": 2}, group="g", retry_delay=5)).created
+        held = await routes.enqueue(HANDLER, {"x": 3}, key="k")
+        again = await routes.enqueue(HANDLER, {"x": 4}, key="k")
+        assert (held.created, again.created, again.id) == (True, False, held.id)
+        deferred = await routes.enqueue(HANDLER, {"x": 5}, depends_on=[f"routes/{later.id}"])
+        await routes.enqueue(HANDLER, {"x": 6}, key="k2", depends_on=[f"routes/{later.id}"])
+        await routes.enqueue(HANDLER, {"x": 7}, priority=2)
+        await routes.enqueue(HANDLER, {"x": 8}, wait_replicas=0)
+        await routes.enqueue_many([(HANDLER, {"x": i}) for i in range(3)], group="g", priority=-1)
+        assert (await deferred.status()).state == "deferred"
+        assert [s.name for s in await client.queues()] == ["mail", "routes"]
 
 
 # -- what is compared ---------------------------------------------------------------------
@@ -163,7 +189,8 @@ def commands(r: redis.Redis) -> dict[str, int]:
 
 def test_both_clients_leave_the_same_state() -> None:
     """The same keys, contents and events, sent by the same commands (the small-task path
-    of submit, one XADD for a job to run now...), on a server of the test's own."""
+    of submit, one XADD for a job to run now, each route of an enqueue: options, a unique
+    key, dependencies, a priority...), on a server of the test's own."""
     ps, pa = f"ps{uuid.uuid4().hex[:8]}", f"pa{uuid.uuid4().hex[:8]}"
     with RedisServer() as server:
         server.start()

@@ -32,7 +32,7 @@ from queueworks import Client, TaskSpec, TaskState
 from queueworks.dashboard.reader import Reader, history_entry
 from queueworks.errors import TaskNotFound
 from queueworks.protocol.keys import Keys
-from queueworks.protocol.messages import BadMessage, decode_entry, to_json
+from queueworks.protocol.messages import BadMessage, decode_subtask, to_json
 from queueworks.protocol.models import StoredSpec, WorkerRecord, parse_handler_path
 from queueworks.protocol.records import worker_record
 from queueworks.workers.handlers import HandlerRefused, resolve
@@ -111,9 +111,9 @@ def _check_reader(read: Any) -> Any:
 @example({b"i": b"9" * 5000, b"p": b"1"})
 @example({b"i": b"1", b"p": b"\xff"})
 @example({})
-def test_decode_entry_gives_a_subtask_or_bad_message(fields: dict[bytes, bytes]) -> None:
+def test_decode_subtask_gives_a_subtask_or_bad_message(fields: dict[bytes, bytes]) -> None:
     try:
-        sub = decode_entry("1-0", fields)
+        sub = decode_subtask("1-0", fields)
     except BadMessage as exc:
         assert str(exc)
         return
@@ -125,9 +125,9 @@ def test_decode_entry_gives_a_subtask_or_bad_message(fields: dict[bytes, bytes])
 
 @pytest.mark.unit
 @pytest.mark.parametrize("kind", ["list", "dict"])
-def test_decode_entry_deeply_nested_payload_is_bad_message(kind: str) -> None:
+def test_decode_subtask_deeply_nested_payload_is_bad_message(kind: str) -> None:
     with pytest.raises(BadMessage, match="not valid JSON"):
-        decode_entry("1-0", {b"i": b"1", b"p": _deep(kind)})
+        decode_subtask("1-0", {b"i": b"1", b"p": _deep(kind)})
 
 
 # -- the stored spec ----------------------------------------------------------------------
@@ -348,7 +348,7 @@ def garbage_entries(n: int, seed: int) -> list[dict[bytes, bytes]]:
         if rng.random() < 0.5:
             fields[b"i"] = str(rng.randint(0, 99)).encode()
         try:
-            decode_entry("0-1", fields)
+            decode_subtask("0-1", fields)
         except BadMessage:
             out.append(fields)
     return out

@@ -61,7 +61,7 @@ import redis
 from queueworks.errors import NotJSON, StepAborted
 from queueworks.process import ColdStop
 from queueworks.protocol import events
-from queueworks.protocol.messages import BadMessage, decode_entry, text, to_json
+from queueworks.protocol.messages import BadMessage, decode_subtask, text, to_json
 from queueworks.protocol.models import Role, TaskState
 from queueworks.scripts import calls
 from queueworks.scripts.bound import READ_EPOCH_MOVED, READ_FENCED, Queued, read_replies
@@ -579,7 +579,7 @@ class StepLoop:
         """Decode the shard and run ``prepare``; None if it failed (retry or dead letter)."""
         run = self.run
         try:
-            sub = decode_entry(work.entry_id, work.fields)
+            sub = decode_subtask(work.entry_id, work.fields)
         except BadMessage as exc:
             self.ledger.bury(work, None, "malformed entry", str(exc))
             return None

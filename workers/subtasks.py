@@ -11,7 +11,7 @@ from typing import Any
 from queueworks.context import SubtaskContext, Suspended
 from queueworks.errors import NotJSON
 from queueworks.process import ColdStop
-from queueworks.protocol.messages import BadMessage, Subtask, decode_entry, text, to_json
+from queueworks.protocol.messages import BadMessage, Subtask, decode_subtask, text, to_json
 from queueworks.protocol.records import TASK_TRACE
 from queueworks.protocol.retry_policy import RetryPolicy
 from queueworks.scripts.bound import READ_EPOCH_MOVED, READ_FENCED, fields_of
@@ -227,7 +227,7 @@ class SubtaskLoop:
                 flush_at = ledger.last_flush + FLUSH_SECONDS
             entry_id = raw_id.decode()
             try:
-                sub = decode_entry(entry_id, fields)
+                sub = decode_subtask(entry_id, fields)
             except BadMessage as exc:
                 work = Work(stream, entry_id, fields, attempt)
                 ledger.bury(work, None, "malformed entry", str(exc))
@@ -277,7 +277,7 @@ class SubtaskLoop:
 
     def call_for(self, work: Work) -> Call | None:
         try:
-            sub = decode_entry(work.entry_id, work.fields)
+            sub = decode_subtask(work.entry_id, work.fields)
         except BadMessage as exc:
             self.ledger.bury(work, None, "malformed entry", str(exc))
             return None

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from queueworks.protocol.messages import BadMessage, decode_entry
+from queueworks.protocol.messages import BadMessage, decode_subtask
 
 Fields = dict[bytes, bytes]
 Entries = list[tuple[bytes, Fields]]  # (entry id, fields) as XREADGROUP returns them
@@ -27,7 +27,7 @@ class Work:
     def index(self) -> int | None:
         """The subtask index it names, or None if it does not decode."""
         try:
-            return decode_entry(self.entry_id, self.fields).index
+            return decode_subtask(self.entry_id, self.fields).index
         except BadMessage:
             return None
 

@@ -5,7 +5,9 @@
 ``await q.enqueue(...)`` is one round trip, as the sync one. A call alone goes out at once
 (one ``XADD``); calls made while one is in flight on the same handle go out together after
 it, in one Lua call (``JobWriter``), so a thousand gathered enqueues cost a few round trips
-and a connection or two, not a thousand. Each job is still written once.
+and a connection or two, not a thousand. Each job is still written once. A job with a
+unique key or dependencies goes by the enqueue plan both clients run
+(``queueworks.queue.enqueue``).
 """
 
 from __future__ import annotations
@@ -32,8 +34,9 @@ from queueworks.job_functions import Call
 from queueworks.protocol.job_options import JobOptions
 from queueworks.protocol.messages import text
 from queueworks.protocol.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
-from queueworks.protocol.priorities import DEFAULT, check_priority
+from queueworks.protocol.priorities import DEFAULT, check_priority, prioritised_id
 from queueworks.queue.configure import plan_configure
+from queueworks.queue.enqueue import enqueue_of, many_of, plan_enqueue
 from queueworks.queue.job_lists import plan_job_detail, plan_jobs
 from queueworks.queue.queue_admin import (
     plan_delete_dead,
@@ -44,7 +47,6 @@ from queueworks.queue.queue_admin import (
 )
 from queueworks.queue.queue_plans import (
     QueueRef,
-    plan_defer,
     plan_job_cancel,
     plan_job_status,
     plan_open,
@@ -53,10 +55,9 @@ from queueworks.queue.queue_plans import (
     plan_running,
     plan_send,
     plan_unfinished,
-    plan_unique,
     plan_write,
 )
-from queueworks.queue.queue_settings import LiveOptions, QueueSettings, queue_wait
+from queueworks.queue.queue_settings import LiveOptions, QueueSettings
 from queueworks.queue.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
@@ -65,9 +66,8 @@ from queueworks.queue.queues import (
     RUNNING_SHOWN,
     HandlerPaths,
     checked_call,
-    deferred_on,
-    new_job,
     outage_pause,
+    payload_json,
 )
 from queueworks.queue.schedule_plans import plan_schedule, plan_schedules, plan_unschedule
 from queueworks.queue.vanished import QueueGone
@@ -75,7 +75,12 @@ from queueworks.scripts.calls import NewJob
 from queueworks.transport.aio_runner import arun
 from queueworks.transport.connection import UNAVAILABLE
 from queueworks.transport.plans import Plan
-from queueworks.transport.replication import NO_WAIT, Replicas, jobs_not_replicated
+from queueworks.transport.replication import (
+    NO_WAIT,
+    Replicas,
+    jobs_not_replicated,
+    replicated,
+)
 from queueworks.transport.wire import XaddBytes
 
 T = TypeVar("T")
@@ -162,30 +167,28 @@ class AsyncQueue:
             unique_for=unique_for,
             group=group,
         )
-        band = DEFAULT if priority is None else check_priority(priority)
         if isinstance(handler, Call):
-            typed: Call[R] | None = handler
-            body = checked_call(handler, payload)
-            job = new_job(handler.path, None, delay, at, options, body, band)
+            path, body, typed = handler.path, checked_call(handler, payload), handler
         else:
-            path = self._path(handler)
-            typed, job = None, new_job(path, payload, delay, at, options, priority=band)
-        deps = [] if depends_on is None else deferred_on(depends_on, delay, at)
-        if deps and (options is None or options.key is None):
-            return AsyncJob(self, await self._run(plan_defer(self.ref, job, deps)), typed=typed)
-        if options is not None and options.key is not None:
-            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
-            plan = plan_unique(self.ref, job, options.key, wait, deps)
-            job_id, made, acked = await self._run(plan)
-            handle = AsyncJob(self, job_id, made, typed)
-            error = jobs_not_replicated(self.name, [handle], acked, wait)
-            if error is not None:
-                raise error
-            return handle
-        wait = NO_WAIT
-        if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
-            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
-        return AsyncJob(self, await self._writer.write(job, wait), typed=typed)
+            path, body, typed = self._path(handler), None, None
+        band = DEFAULT if priority is None else check_priority(priority)
+        job, deps, key, wait = enqueue_of(
+            self.settings,
+            path,
+            payload,
+            body,
+            options,
+            band,
+            delay=delay,
+            at=at,
+            depends_on=depends_on,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
+        if key is None and not deps:  # with the enqueues in flight on this handle (``JobWriter``)
+            return AsyncJob(self, await self._writer.write(job, wait), typed=typed)
+        job_id, made, acked = await self._run(plan_enqueue(self.ref, job, deps, key, wait))
+        return replicated(self.name, [AsyncJob(self, job_id, made, typed)], acked, wait)[0]
 
     async def enqueue_many(
         self,
@@ -200,9 +203,7 @@ class AsyncQueue:
         handles typed), from an iterable or an async iterable, in batches, pipelined.
         ``group``, ``priority`` and ``wait_replicas`` as for ``Queue.enqueue_many``:
         every job's group and priority; one WAIT, after the last batch."""
-        options = JobOptions.given(group=group)
-        band = DEFAULT if priority is None else check_priority(priority)
-        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+        options, band, wait = many_of(self.settings, group, priority, wait_replicas, wait_timeout)
         ids: list[str] = []
         batches: list[list[NewJob]] = [[]]
         typed: list[Call[R] | None] = []  # each job's call, if typed (decodes its result)
@@ -214,22 +215,20 @@ class AsyncQueue:
                     batches = []
                 batches.append([])
             if isinstance(one, Call):
+                path, body = one.path, one.body
                 typed.append(one)
-                batches[-1].append(new_job(one.path, None, None, None, options, one.body, band))
             else:
                 handler, payload = one
+                path, body = self._path(handler), payload_json(payload)
                 typed.append(None)
-                path = self._path(handler)
-                batches[-1].append(new_job(path, payload, None, None, options, priority=band))
+            job_id = prioritised_id(band) if band else ""
+            batches[-1].append(NewJob(job_id, path, body, None, options))
         last, acked = await self._run(plan_write(self.ref, batches, wait))
         handles = [
             AsyncJob(self, job_id, typed=call)
             for job_id, call in zip(ids + last, typed, strict=True)
         ]
-        error = jobs_not_replicated(self.name, handles, acked, wait)
-        if error is not None:
-            raise error
-        return handles
+        return replicated(self.name, handles, acked, wait)
 
     async def _write(
         self, jobs: Sequence[NewJob], waits: Sequence[Replicas]
@@ -238,11 +237,9 @@ class AsyncQueue:
         each job's id, or the error that names it if too few replicas acknowledged it."""
         wait = strongest(waits)
         if not wait.replicas:
-            line, job = self.client.line, jobs[0]
-            lone = len(jobs) == 1 and job.at is None and not job.id
-            lone = lone and job.handler in self.ref.known
-            if line is not None and lone:
-                reply = await line.call(self._xadd_bytes(job, time.time()))
+            line = self.client.line
+            if line is not None and len(jobs) == 1 and self.ref.bare(jobs[0]):
+                reply = await line.call(self._xadd_bytes(jobs[0], time.time()))
                 if reply is not None:  # nil: the queue's stream is gone (the plan revives it)
                     return [text(reply)]
             return list(await self._run(plan_send(self.ref, [jobs])))
@@ -349,6 +346,8 @@ async def each(items: Iterable[T] | AsyncIterable[T]) -> AsyncIterator[T]:
 
 def strongest(waits: Sequence[Replicas]) -> Replicas:
     """One WAIT for enqueues gathered together: the most replicas, the longest timeout."""
+    if len(waits) == 1:  # a call alone, the commonest
+        return waits[0]
     asking = [w for w in waits if w.replicas]
     if not asking:
         return NO_WAIT

@@ -1,9 +1,10 @@
 """``Queue`` and ``Job``: the sync handles of a queue and of one of its jobs
 (``queueworks.queue.queues`` says what a queue is). Each method runs a plan of
-``queueworks.queue.queue_plans`` (the ones ``AsyncQueue`` and ``AsyncJob`` run) with
-``queueworks.transport.runner.run``; two strategies are this client's own: ``enqueue`` of a job to
-run now sends its ``XADD`` (``xadd_now``) itself, the hottest call of the client, and
-``enqueue_many`` builds the next pipeline while a thread sends the one before (``_Sender``).
+``queueworks.queue.queue_plans`` (the ones ``AsyncQueue`` and ``AsyncJob`` run; an enqueue's:
+``queueworks.queue.enqueue``) with ``queueworks.transport.runner.run``; two strategies are this
+client's own: ``enqueue`` of a job to run now sends its ``XADD`` (``xadd_now``) itself, the
+hottest call of the client, and ``enqueue_many`` builds the next pipeline while a thread sends
+the one before (``_Sender``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from queueworks.protocol.messages import text
 from queueworks.protocol.models import JobDetail, JobPage, JobStatus, QueueStatus, Schedule
 from queueworks.protocol.priorities import DEFAULT, check_priority, prioritised_id
 from queueworks.queue.configure import plan_configure
+from queueworks.queue.enqueue import enqueue_of, many_of, plan_enqueue
 from queueworks.queue.job_lists import plan_job_detail, plan_jobs
 from queueworks.queue.queue_admin import (
     plan_delete_dead,
@@ -34,7 +36,6 @@ from queueworks.queue.queue_admin import (
 )
 from queueworks.queue.queue_plans import (
     QueueRef,
-    plan_defer,
     plan_job_cancel,
     plan_job_result,
     plan_job_status,
@@ -44,20 +45,15 @@ from queueworks.queue.queue_plans import (
     plan_revive,
     plan_running,
     plan_send,
-    plan_unique,
-    plan_write,
 )
-from queueworks.queue.queue_settings import LiveOptions, QueueSettings, queue_wait
+from queueworks.queue.queue_settings import LiveOptions, QueueSettings
 from queueworks.queue.queues import (
     ENQUEUE_BATCH,
     ENQUEUE_PIPELINE,
     RUNNING_SHOWN,
     HandlerPaths,
-    batch_options,
     checked_call,
-    deferred_on,
     enqueued,
-    new_job,
     payload_json,
     tell_handlers,
     xadd_now,
@@ -69,7 +65,7 @@ from queueworks.task.tasks import Backend, Task
 from queueworks.tracing import hooks
 from queueworks.transport.connection import one_command
 from queueworks.transport.plans import Plan, Trip
-from queueworks.transport.replication import Replicas, jobs_not_replicated
+from queueworks.transport.replication import replicated
 from queueworks.transport.runner import run, send_trip
 from queueworks.transport.wire import XaddBytes
 
@@ -165,30 +161,25 @@ class Queue:
             now_job = self._enqueue_now(path, payload, body, typed, carried)
             if now_job is not None:
                 return now_job
-        job = new_job(path, payload, delay, at, options, body, band)
-        deps = [] if depends_on is None else deferred_on(depends_on, delay, at)
-        if deps and (options is None or options.key is None):
-            return Job(self, self._run(plan_defer(self.ref, job, deps)), typed=typed)
-        if options is not None and options.key is not None:
-            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
-            plan = plan_unique(self.ref, job, options.key, wait, deps)
-            job_id, made, acked = self._run(plan)
-            return self._replicated([Job(self, job_id, made, typed)], acked, wait)[0]
-        if self.settings.wait_replicas or wait_replicas is not None or wait_timeout is not None:
-            wait = queue_wait(self.settings, wait_replicas, wait_timeout)
-            if wait.replicas:
-                ids, acked = self._run(plan_write(self.ref, [[job]], wait))
-                return self._replicated([Job(self, ids[0], typed=typed)], acked, wait)[0]
-        return self._send(job, typed)
-
-    def _send(self, job: NewJob, typed: Call[R] | None = None) -> Job[R]:
-        """``job`` enqueued without waiting for replicas: by ``_xadd`` if it runs now and
-        its handler is known (nothing is written if the stream is gone), else by script."""
-        if job.at is None and not job.id and job.handler in self.ref.known:
+        job, deps, key, wait = enqueue_of(
+            self.settings,
+            path,
+            payload,
+            body,
+            options,
+            band,
+            delay=delay,
+            at=at,
+            depends_on=depends_on,
+            wait_replicas=wait_replicas,
+            wait_timeout=wait_timeout,
+        )
+        if key is None and not deps and not wait.replicas and self.ref.bare(job):
             reply = self._xadd(job)
-            if reply is not None:
+            if reply is not None:  # nil: the queue's stream is gone (the plan revives it)
                 return Job(self, text(reply), typed=typed)
-        return Job(self, self._run(plan_send(self.ref, [[job]]))[0], typed=typed)
+        job_id, made, acked = self._run(plan_enqueue(self.ref, job, deps, key, wait))
+        return replicated(self.name, [Job(self, job_id, made, typed)], acked, wait)[0]
 
     def _enqueue_now(
         self,
@@ -222,12 +213,6 @@ class Queue:
             return one_command(self.client.redis, *xadd_now(self.keys, job, time.time()))
         return line.call(self._xadd_bytes(job, time.time()))
 
-    def _replicated(self, jobs: list[Job[R]], acked: int | None, wait: Replicas) -> list[Job[R]]:
-        error = jobs_not_replicated(self.name, jobs, acked, wait)
-        if error is not None:
-            raise error
-        return jobs
-
     def enqueue_many(
         self,
         jobs: Iterable[tuple[str | Callable[..., Any], Any]] | Iterable[Call[R]],
@@ -245,9 +230,7 @@ class Queue:
         ``enqueue``: one WAIT, after the last batch (it covers the ones before it);
         ``NotReplicated`` names every job written."""
         r, scripts, ref = self.client.redis, self.client.scripts, self.ref
-        options = batch_options(group)
-        band = DEFAULT if priority is None else check_priority(priority)
-        wait = queue_wait(self.settings, wait_replicas, wait_timeout)
+        options, band, wait = many_of(self.settings, group, priority, wait_replicas, wait_timeout)
         sender, trip = _Sender(), Trip()
         batch, queued = EnqueueBatch(self.keys), 0
         told: set[str] = set()  # handlers the trips tell the queue about
@@ -288,7 +271,7 @@ class Queue:
             sender.close()
         made = zip(ids.ids, typed, strict=True)
         handles = [Job(self, job_id, typed=call) for job_id, call in made]
-        return self._replicated(handles, ids.acked, wait)
+        return replicated(self.name, handles, ids.acked, wait)
 
     def _revive(self) -> None:
         """The queue is gone (or its stream): made again with this handle's settings."""

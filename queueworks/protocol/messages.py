@@ -132,7 +132,7 @@ class Subtask:
     raw_payload: str
 
 
-def decode_entry(entry_id: str, fields: dict[bytes, bytes]) -> Subtask:
+def decode_subtask(entry_id: str, fields: dict[bytes, bytes]) -> Subtask:
     """Decode one stream entry; raise ``BadMessage`` for anything malformed."""
     if not fields:
         raise BadMessage("entry has no fields (payload gone: deleted or trimmed)")

@@ -67,7 +67,7 @@ from queueworks.task.tasks import plan_status
 from queueworks.tracing import hooks
 from queueworks.transport.connection import UNAVAILABLE
 from queueworks.transport.plans import Plan, Sleep, Trip, alone
-from queueworks.transport.replication import NO_WAIT, Replicas, barrier
+from queueworks.transport.replication import NO_WAIT, Replicas, acknowledged, barrier
 
 
 class QueueRef:
@@ -79,6 +79,11 @@ class QueueRef:
         self.keys, self.name, self.settings, self.revives = keys, name, settings, revives
         self.qk = keys.task(name)
         self.known: set[str] = set()
+
+    def bare(self, job: NewJob) -> bool:
+        """Whether ``job`` is written by its ``XADD`` alone (``xadd_now``): it runs now, has
+        no id of its own, and its handler is one this handle told the queue about."""
+        return job.at is None and not job.id and job.handler in self.known
 
 
 def plan_open(
@@ -188,8 +193,7 @@ def plan_write(
     if new:
         tell_handlers(trip, ref.keys, ref.qk, sorted(new))
     first = len(trip)
-    one = batches[0][0]
-    lone = not new and len(batches) == 1 and len(batches[0]) == 1 and one.at is None and not one.id
+    lone = len(batches) == 1 and len(batches[0]) == 1 and ref.bare(batches[0][0])
     if lone:  # the entry is all of it: its id is the job's, or nil if the stream is gone
         trip.execute_command(*xadd_now(ref.qk, batches[0][0], now))
     else:
@@ -197,7 +201,7 @@ def plan_write(
             trip.call(calls.enqueue_jobs(ref.qk, batch, now))
     waited = wait.add(trip, [ref.qk.stream])
     sent = list((yield trip))
-    acked = None if waited is None else int(sent[waited])
+    acked = acknowledged(sent, waited)
     replies = sent[first : len(sent) if waited is None else waited]
     if lone:
         replies = [None if replies[0] is None else [replies[0]]]
@@ -277,7 +281,7 @@ def plan_resend(
     trip.call(calls.enqueue_batch(batch, time.time()))
     waited = wait.add(trip, [ref.qk.stream])
     replies = yield trip
-    return replies[0], None if waited is None else int(replies[waited])
+    return replies[0], acknowledged(replies, waited)
 
 
 FINISHED = frozenset(s.value.encode() for s in JobState if s.finished)
@@ -542,5 +546,5 @@ def plan_unique(
         else:
             if reply.made and deps:
                 yield from plan_register(ref.keys, ref.qk, reply.job_id, deps)
-            return reply.job_id, reply.made, None if waited is None else int(replies[waited])
+            return reply.job_id, reply.made, acknowledged(replies, waited)
     raise RuntimeError(f"queue {ref.name!r}: key {key!r} changed hands {UNIQUE_TRIES} times")

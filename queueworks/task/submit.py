@@ -25,6 +25,7 @@ from queueworks.protocol.models import TaskSpec
 from queueworks.protocol.records import new_task
 from queueworks.scripts import calls
 from queueworks.transport.plans import Chunk, Plan, Step, Trip, alone
+from queueworks.transport.replication import Replicas, acknowledged
 
 if TYPE_CHECKING:
     from queueworks.client.aio_tasks import AsyncTask
@@ -52,7 +53,7 @@ def plan_submit(
     ``wait_replicas``. ``SubmitError`` naming a bad subtask: nothing is left behind."""
     tk = keys.task(task_id)
     streams = tk.streams(spec.partitions)
-    wait = Replicas(wait_replicas, int(wait_timeout * 1000), keys, tk)
+    wait = Replicas(wait_replicas, wait_timeout)
     source = subtask_source(spec)
     head = messages(spec.partitions, 0, (yield Chunk(source, SUBMIT_BATCH + 1)))
     if len(head) <= SUBMIT_BATCH:
@@ -68,20 +69,10 @@ def plan_submit(
     return acked
 
 
-class Replicas:
-    """``wait_replicas``: the WAIT a submit's last trip ends with (none for 0)."""
-
-    def __init__(self, replicas: int, timeout_ms: int, keys: Keys, tk: TaskKeys) -> None:
-        self.replicas, self.timeout_ms = replicas, timeout_ms
-        self.keys = [tk.record, keys.queue, keys.tasks, keys.events]
-
-    def add(self, trip: Trip) -> None:
-        """After the last write on each node: WAIT covers all before it."""
-        if self.replicas:
-            trip.wait_replicas(self.replicas, self.timeout_ms, self.keys)
-
-    def acked(self, replies: Sequence[Any]) -> int | None:
-        return int(replies[-1]) if self.replicas else None
+def wait_keys(keys: Keys, tk: TaskKeys) -> list[str]:
+    """What a submit's WAIT (``Replicas.add``, at the end of its last trip) waits on: every
+    node that holds one of the task's record, the queue of tasks, the index, the events."""
+    return [tk.record, keys.queue, keys.tasks, keys.events]
 
 
 def submit_small(
@@ -105,13 +96,13 @@ def submit_small(
             raise task_exists(tk.task_id)
         trip = Trip()
         publish_task(trip, keys, tk.task_id, now, event)
-        wait.add(trip)
-        return wait.acked((yield trip))
-    wait.add(trip)
+        waited = wait.add(trip, wait_keys(keys, tk))
+        return acknowledged((yield trip), waited)
+    waited = wait.add(trip, wait_keys(keys, tk))
     replies = yield trip
     if not replies[0]:
         raise task_exists(tk.task_id)
-    return wait.acked(replies)
+    return acknowledged(replies, waited)
 
 
 def submit_large(
@@ -146,8 +137,8 @@ def submit_large(
     # on a cluster this runs at once: the record exists before anything lists the task
     trip.call(calls.record_task(tk, streams, new_task(spec, total, now)))
     record_steps(trip, keys, spec, tk.task_id, total, now)
-    wait.add(trip)
-    return total, wait.acked((yield trip))
+    waited = wait.add(trip, wait_keys(keys, tk))
+    return total, acknowledged((yield trip), waited)
 
 
 def write_subtasks(

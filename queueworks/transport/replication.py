@@ -10,11 +10,13 @@ them the write survives the loss of the primary.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from queueworks.errors import NotReplicated
 from queueworks.protocol.keys import TaskKeys
 from queueworks.transport.plans import Trip
+
+J = TypeVar("J")
 
 
 class Replicas(NamedTuple):
@@ -33,6 +35,12 @@ class Replicas(NamedTuple):
         if not self.replicas:
             return None
         return trip.wait_replicas(self.replicas, self.timeout_ms, keys)
+
+
+def acknowledged(replies: Sequence[Any], waited: int | None) -> int | None:
+    """How many replicas a trip's WAIT saw (``waited``: its reply's position, as
+    ``Replicas.add`` gave it); None where the trip had none."""
+    return None if waited is None else int(replies[waited])
 
 
 NO_WAIT = Replicas(0, 1.0)
@@ -61,3 +69,12 @@ def jobs_not_replicated(
     if acked is None or acked >= wait.replicas:
         return None
     return NotReplicated(None, acked, wait.replicas, wait.timeout, jobs=jobs, queue=queue)
+
+
+def replicated(queue: str, jobs: list[J], acked: int | None, wait: Replicas) -> list[J]:
+    """``jobs`` of ``queue``, written; ``NotReplicated`` naming them if fewer than
+    ``wait.replicas`` acknowledged (``acked``; None: not asked)."""
+    error = jobs_not_replicated(queue, jobs, acked, wait)
+    if error is not None:
+        raise error
+    return jobs
