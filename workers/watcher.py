@@ -40,10 +40,13 @@ from queueworks.transport.topology import SlotMap, node_client, read_slot_map
 # K: keyspace channel; $: string commands (SET/INCR); g: generic (DEL, EXPIRE); x: expired.
 NEEDED_FLAGS = "K$gx"
 # z: sorted sets (a delayed job added to a queue's ``scheduled``: its leader looks at once).
+# Enabled where the server lets us; without it a queue's duties come round as they do.
+OPTIONAL_FLAGS = "z"
 # t: streams (a job added to a queue's stream: a worker serving many queues reads it).
-# Enabled where the server lets us; without z a queue's duties come round as they do,
-# without t a worker reads every queue it serves (``workers.ready``).
-OPTIONAL_FLAGS = "zt"
+# Enabled only once a worker serves that many (``enable_stream_notifications``): every XADD
+# and XDEL of every job costs the server a notification while it is on. Without it such a
+# worker reads every queue it serves (``workers.ready``).
+STREAM_FLAG = "t"
 TOPOLOGY_INTERVAL = 2.0  # s between slot-map reads in a cluster (and at once on a drop)
 MIN_RECHECK = 0.5  # s at least between two slot-map reads
 
@@ -71,6 +74,20 @@ def enable_notifications(r: redis.Redis, log: Any) -> bool:
             fallback="polling every heartbeat tick",
         )
         return False
+
+
+def enable_stream_notifications(r: Any) -> bool:
+    """Add flag ``t`` to ``notify-keyspace-events`` (a worker begins to serve many queues);
+    whether the server sends stream events now."""
+    if streams_notified(r):
+        return True
+    try:
+        current = r.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
+        flags = current.decode() if isinstance(current, bytes) else str(current)
+        r.config_set("notify-keyspace-events", flags + STREAM_FLAG)
+    except redis.RedisError:
+        return False
+    return streams_notified(r)
 
 
 def streams_notified(r: Any) -> bool:

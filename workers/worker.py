@@ -33,7 +33,7 @@ from .queue_scout import Scout
 from .queue_set import QueueSet
 from .runtime import TaskRun, WorkerParts
 from .watchdog import EXIT_HUNG, Watchdog
-from .watcher import Watcher, streams_notified
+from .watcher import Watcher, enable_stream_notifications
 from .weights import Weights
 
 REFUSE_AGAIN = 5.0  # s between two refusals of a task the controller keeps giving us
@@ -232,7 +232,7 @@ class Worker:
             for pattern in patterns:
                 self.watcher.unwatch(pattern, pattern=True)
             return False
-        if not self.watcher.enabled or not streams_notified(self.r):
+        if not self.watcher.enabled or not enable_stream_notifications(self.r):
             return False
         for pattern in patterns:
             self.watcher.watch(pattern, self.queue_set.on_stream, pattern=True)
