@@ -103,6 +103,48 @@ def test_a_hung_handler_costs_its_member_a_moment_and_the_sibling_keeps_serving(
     assert proc.terminate(30) == 0
 
 
+def deaf(payload: dict[str, Any]) -> str:
+    """Says it ran, runs ``seconds`` with no safe point (it cannot be asked to stop), then
+    says it is done."""
+    r = redis.Redis.from_url(os.environ["QUEUEWORKS_REDIS_URL"])
+    try:
+        r.rpush(payload["key"], "ran")
+        time.sleep(float(payload["seconds"]))
+        r.rpush(payload["key"], "done")
+    finally:
+        r.close()
+    return "finished"
+
+
+@pytest.mark.system
+def test_a_cancelled_handler_that_cannot_hear_is_stopped_by_its_members_replacement(
+    cluster: Cluster, client: Client, r: redis.Redis
+) -> None:
+    """In a pool, ``job.cancel()`` on a plain handler with no safe point stops it at once:
+    its call is interrupted, or else its member's process ends (the supervisor starts a
+    fresh one at once). The handler never finishes, the job stays cancelled and never
+    runs again, and the pool serves on."""
+    proc = pool(cluster, "cn", "--processes", "2", "--allow", "tests.test_pool")
+    first = members(r, cluster, "cn", 2)
+    q = client.queue("cancel-deaf", job_timeout=120)
+    warm(q)
+    key = f"{cluster.prefix}:said"
+    job = q.enqueue(deaf, {"seconds": 5, "key": key})
+    wait_for(lambda: r.lrange(key, 0, -1) == [b"ran"], 60, "the handler running")
+    victim = job.status().worker
+    assert victim in first
+    assert job.cancel() is True
+    time.sleep(6.5)  # past the handler's own end: had it run on, it would have said so
+    assert r.lrange(key, 0, -1) == [b"ran"]  # it never finished
+    exited = [e for e in events(proc, "pool_member_exited") if e["member"] == victim]
+    assert all(e["exit_code"] == EXIT_HUNG for e in exited), exited  # (ended, or its process)
+    assert [q.enqueue("tests.handlers:double", {"x": i}).result(timeout=60) for i in range(4)] == [
+        0, 2, 4, 6,
+    ]  # fmt: skip
+    assert job.status().state == "cancelled"
+    assert proc.terminate(30) == 0
+
+
 @pytest.mark.system
 def test_a_member_that_overruns_on_its_last_attempt_is_dead_lettered_saying_so(
     cluster: Cluster, client: Client, r: redis.Redis

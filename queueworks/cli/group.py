@@ -256,6 +256,8 @@ def worker(
         )
     except ValueError as exc:  # the URL or the worker id
         raise BadInput(str(exc)) from None
+    if pool_member:  # a cancelled handler that does not stop ends its process: its pool
+        w.parts.running.cancel_ends_process = True  # starts a fresh one at once
     if id_file:
         Path(id_file).write_text(w.id)
     install_stop_signals(w.stop, settings.grace_period)
