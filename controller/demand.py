@@ -87,14 +87,14 @@ class Demand:
         if now - self.at < self.interval:
             return None
         self.at = now
-        seen = (mirror, mirror.demand_version)
-        same = self.seen is not None and self.seen[0] is seen[0] and self.seen[1] == seen[1]
+        seen = (mirror, mirror.demand_version)  # (a Mirror compares by identity)
+        same = self.seen == seen
         if not same:
             self.rows = sorted(mirror.tasks.values(), key=lambda row: row.id)
             self.readable = [row for row in self.rows if row.queue or mirror.nodes.get(row.id)]
             self._forget(set(mirror.tasks))
         changed = self._read(now, mirror)
-        if same and not changed and self.seen is not None:
+        if same and not changed:
             counts = self.last
         else:
             counts = wanted(self._needs(mirror), self.target_s)

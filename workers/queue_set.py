@@ -29,8 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from redis.cluster import RedisCluster
-from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 from queueworks.process import ColdStop
@@ -39,6 +37,7 @@ from queueworks.protocol.keys import GROUP
 from queueworks.protocol.messages import text
 from queueworks.protocol.records import queue_memberships
 from queueworks.queue.vanished import gone_stream, stream_gone
+from queueworks.transport.topology import slot_of
 from queueworks.transport.wire import StreamReads
 
 from .flow_gate import BandGate, RateGate
@@ -219,13 +218,14 @@ class QueueSet:
     def rerank(self, members: list[Member]) -> None:
         """The queues of ``members`` whose members changed (a new epoch) take their new
         roles now, their rosters (and their streams' consumers, for the leader's take-over)
-        read for all of them in one MULTI: a worker joining or dying costs each other
-        member one round trip for all the queues they share, not a few for each."""
+        read for all of them in one MULTI (on a cluster, one for each slot): a worker
+        joining or dying costs each other member one round trip for all the queues they
+        share, not a few for each."""
         due = [m for m in members if m.name in self.members and _rerank_due(m)]
-        if isinstance(self.r, RedisCluster):  # a MULTI holds one slot's keys: one per slot
+        if self.cluster:  # a MULTI holds one slot's keys: one per slot
             slots: dict[int, list[Member]] = {}
             for m in due:
-                slots.setdefault(key_slot(m.run.tk.record.encode()), []).append(m)
+                slots.setdefault(slot_of(m.run.tk.record), []).append(m)
             for together in slots.values():
                 self._rerank(together)
         else:

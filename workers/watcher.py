@@ -56,8 +56,7 @@ Callback = Callable[[str, str], None]  # (key, event name)
 def enable_notifications(r: redis.Redis, log: Any) -> bool:
     """Make sure ``notify-keyspace-events`` has what we need; False if we cannot."""
     try:
-        current = r.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
-        flags = current.decode() if isinstance(current, bytes) else str(current)
+        flags = _flags(r)
         has_all = "A" in flags
         missing = [f for f in NEEDED_FLAGS if f not in flags and not (has_all and f in "$gxz")]
         optional = [f for f in OPTIONAL_FLAGS if f not in flags and not has_all]
@@ -79,11 +78,10 @@ def enable_notifications(r: redis.Redis, log: Any) -> bool:
 def enable_stream_notifications(r: Any) -> bool:
     """Add flag ``t`` to ``notify-keyspace-events`` (a worker begins to serve many queues);
     whether the server sends stream events now."""
-    if streams_notified(r):
-        return True
     try:
-        current = r.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
-        flags = current.decode() if isinstance(current, bytes) else str(current)
+        flags = _flags(r)
+        if _streams_in(flags):
+            return True
         r.config_set("notify-keyspace-events", flags + STREAM_FLAG)
     except redis.RedisError:
         return False
@@ -94,10 +92,18 @@ def streams_notified(r: Any) -> bool:
     """Whether the server sends keyspace notifications of stream commands (flags ``K`` and
     ``t``, or ``A``); False if it will not say."""
     try:
-        current = r.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
+        return _streams_in(_flags(r))
     except redis.RedisError:
         return False
-    flags = current.decode() if isinstance(current, bytes) else str(current)
+
+
+def _flags(r: Any) -> str:
+    """The server's ``notify-keyspace-events``, as a string."""
+    current = r.config_get("notify-keyspace-events").get("notify-keyspace-events", "")
+    return current.decode() if isinstance(current, bytes) else str(current)
+
+
+def _streams_in(flags: str) -> bool:
     return "K" in flags and ("t" in flags or "A" in flags)
 
 
