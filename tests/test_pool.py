@@ -24,6 +24,7 @@ from queueworks.protocol.keys import Keys
 from queueworks.transport.pools import PoolRecord, read_pool
 from queueworks.workers.watchdog import EXIT_HUNG
 from tests.conftest import Cluster, Proc, wait_for
+from tests.test_cancel_running import deaf
 from tests.test_dashboard import make_app
 
 
@@ -103,19 +104,6 @@ def test_a_hung_handler_costs_its_member_a_moment_and_the_sibling_keeps_serving(
     assert proc.terminate(30) == 0
 
 
-def deaf(payload: dict[str, Any]) -> str:
-    """Says it ran, runs ``seconds`` with no safe point (it cannot be asked to stop), then
-    says it is done."""
-    r = redis.Redis.from_url(os.environ["QUEUEWORKS_REDIS_URL"])
-    try:
-        r.rpush(payload["key"], "ran")
-        time.sleep(float(payload["seconds"]))
-        r.rpush(payload["key"], "done")
-    finally:
-        r.close()
-    return "finished"
-
-
 @pytest.mark.system
 def test_a_cancelled_handler_that_cannot_hear_is_stopped_by_its_members_replacement(
     cluster: Cluster, client: Client, r: redis.Redis
@@ -124,12 +112,12 @@ def test_a_cancelled_handler_that_cannot_hear_is_stopped_by_its_members_replacem
     its call is interrupted, or else its member's process ends (the supervisor starts a
     fresh one at once). The handler never finishes, the job stays cancelled and never
     runs again, and the pool serves on."""
-    proc = pool(cluster, "cn", "--processes", "2", "--allow", "tests.test_pool")
+    proc = pool(cluster, "cn", "--processes", "2", "--allow", "tests.test_cancel_running")
     first = members(r, cluster, "cn", 2)
     q = client.queue("cancel-deaf", job_timeout=120)
     warm(q)
     key = f"{cluster.prefix}:said"
-    job = q.enqueue(deaf, {"seconds": 5, "key": key})
+    job = q.enqueue(deaf, {"seconds": 5, "key": key})  # says "ran", then "done" 5 s on
     wait_for(lambda: r.lrange(key, 0, -1) == [b"ran"], 60, "the handler running")
     victim = job.status().worker
     assert victim in first
