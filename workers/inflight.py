@@ -38,6 +38,18 @@ def _is_async(fn: Callable[..., Any]) -> bool:
     return inspect.iscoroutinefunction(fn)
 
 
+class Ended(queue.SimpleQueue[Call]):
+    """The calls that ended, for the member's thread; ``told`` is called after each is
+    handed back (``queueworks.transport.unblock``: it ends the member thread's wait)."""
+
+    told: Callable[[], None] | None = None
+
+    def put(self, item: Call, block: bool = True, timeout: float | None = None) -> None:
+        super().put(item, block, timeout)
+        if self.told is not None:
+            self.told()
+
+
 class InFlight:
     """Up to ``n`` calls at once; ``collect`` gives back the finished ones, in the order
     they finished.
@@ -48,7 +60,7 @@ class InFlight:
 
     def __init__(self, n: int, loop: EventLoop, watchdog: Watchdog) -> None:
         self.n, self._loop, self._watchdog = n, loop, watchdog
-        self._finished: queue.SimpleQueue[Call] = queue.SimpleQueue()
+        self._finished = Ended()
         self._work: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._unlaunched: list[Call] = []  # coroutines for the loop's next turn
@@ -59,6 +71,14 @@ class InFlight:
     def of(cls, run: Any) -> InFlight | None:
         """The run's (``--concurrency`` > 1), else None: one at a time on its own thread."""
         return cls(run.concurrency, run.aio, run.watchdog) if run.concurrency > 1 else None
+
+    def on_end(self, told: Callable[[], None]) -> None:
+        """Call ``told`` (from the call's thread) whenever a call ends."""
+        self._finished.told = told
+
+    def ended(self) -> bool:
+        """Whether a call ended that ``collect`` has not given back yet."""
+        return not self._finished.empty()
 
     @property
     def free(self) -> int:

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from redis import Redis
 from redis.exceptions import ResponseError
 
 from queueworks.process import ColdStop
@@ -38,6 +39,7 @@ from queueworks.protocol.messages import text
 from queueworks.protocol.records import queue_memberships
 from queueworks.queue.vanished import gone_stream, stream_gone
 from queueworks.transport.topology import slot_of
+from queueworks.transport.unblock import ReadWaker, pool_client_id
 from queueworks.transport.wire import StreamReads
 
 from .flow_gate import BandGate, RateGate
@@ -54,6 +56,11 @@ CLUSTER_WAIT = 0.01  # s an empty round waits on a cluster (no read there blocks
 REJOIN_SECONDS = 1.0  # a queue that turned us away (full, finished) is not tried sooner
 COALESCE_JOBS = 8  # under load, a read that brought fewer jobs than this ...
 COALESCE_SECONDS = 0.0005  # ... is followed by this pause before the next read
+# a read that would block less than this (the settle's short wait) does not block: Redis
+# ends a blocking command's wait only when its event loop next wakes (up to 1/hz: 100 ms
+# by default) if nothing else comes, and a reader that re-sends its read goes to the back
+# of the stream's waiting readers; it reads at once, then waits here, on the wake event
+LOCAL_WAIT_MS = 10
 
 
 @dataclass
@@ -88,6 +95,7 @@ class QueueSet:
         self.turn = 0  # who goes first this round (round robin)
         self.cluster = hasattr(parts.r, "get_node_from_key")
         self.flight: Flight | None = None  # with --concurrency > 1
+        self.waker: ReadWaker | None = None  # ... ends a waiting read when a call ends
         # a read with nothing else to carry: pre-built on a kept connection
         # (queueworks.transport.wire)
         self.reads = StreamReads.of(parts.r, GROUP, self.me)
@@ -111,6 +119,9 @@ class QueueSet:
         state = self.parts.state
         flight = InFlight.of(self.parts)
         self.flight = Flight(self, flight) if flight is not None else None
+        if flight is not None:
+            self.waker = ReadWaker(self.r, state.wake, flight.ended, self.log)
+            flight.on_end(self.waker.wake)
         try:
             while not state.stopping and not state.assign:
                 self._scout()
@@ -303,7 +314,7 @@ class QueueSet:
         if wait is not None and most_ms is not None:
             wait = min(wait, most_ms)
         idle_wait = None
-        if self.selective and wait is not None:
+        if wait is not None and (self.selective or wait < LOCAL_WAIT_MS):
             idle_wait, wait = wait, None
         count = count or min(m.loop.read_count() for m in members)
         streams: dict[Any, Any] = {}
@@ -357,8 +368,12 @@ class QueueSet:
         for bands in ordered:
             bands.put(pipe, count)
         if streams:
-            pipe.xreadgroup(GROUP, self.me, streams, count=count, block=wait)
-        replies = pipe.execute(raise_on_error=False)
+            pipe.xreadgroup(GROUP, self.me, streams, count=count, block=self._pinned(pipe, wait))
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        finally:
+            if self.waker is not None:
+                self.waker.done()
         for looked in looks:
             looked(replies)
         read: list[Any] = []
@@ -416,11 +431,37 @@ class QueueSet:
     def _xreadgroup(self, streams: dict[Any, Any], count: int, block: int | None) -> Any:
         try:
             if self.reads is not None:
-                return self.reads(streams, count, block)
-            return self.r.xreadgroup(GROUP, self.me, streams, count=count, block=block)
+                return self.reads(streams, count, block, self.waker)
+            if self.waker is None or block is None or self.cluster:
+                return self.r.xreadgroup(GROUP, self.me, streams, count=count, block=block)
+            pipe = self.r.pipeline(transaction=False)
+            pipe.xreadgroup(GROUP, self.me, streams, count=count, block=self._pinned(pipe, block))
+            try:
+                return pipe.execute()[0]
+            finally:
+                self.waker.done()
         except ResponseError as exc:
             self._read_failed(exc, list(self.members.values()))
             return None
+
+    def woken(self) -> bool:
+        """Whether a call that ends ends the read's wait (``waker``): not on a cluster,
+        nor where the server refused ``CLIENT UNBLOCK``."""
+        return self.waker is not None and self.waker.allowed and not self.cluster
+
+    def _pinned(self, pipe: Any, wait: int | None) -> int | None:
+        """The wait of the read that ends ``pipe``: with calls in flight (``waker``) the
+        pipe gets its connection now, so that a call that ends can end the wait
+        (``queueworks.transport.unblock``); no wait if one ended already."""
+        if wait is None or self.waker is None or not isinstance(self.r, Redis):
+            return wait  # (on a cluster the turn's wait is short: ``Flight.turn``)
+        try:
+            pipe.connection = self.r.connection_pool.get_connection()
+            return wait if self.waker.blocking(pool_client_id(pipe.connection)) else None
+        except BaseException:
+            pipe.reset()  # (gives the connection back)
+            self.waker.done()
+            raise
 
     def _read_failed(self, error: Exception, members: list[Member]) -> None:
         """A read over many queues failed. A queue's stream or group is gone (Redis lost
@@ -709,6 +750,7 @@ def read_cluster(
 
 
 WAIT_SECONDS = 0.02  # how long a turn waits for a call to finish before looking around
+# (and how long its read waits while calls run where no call can end it: ``QueueSet.woken``)
 FLUSH_SECONDS = 0.05  # settle at least this often while calls run
 
 
@@ -737,11 +779,12 @@ class Flight:
         held = sum(len(m.run.held) for m in queues.visiting)
         waited = False
         if flight.free and held < flight.free and queues.members:
-            # blocked on the streams even while calls run (up to WAIT_SECONDS: a call that
-            # ends meanwhile is recorded that much later), so a free slot takes a job as
-            # soon as it comes, not at the next poll: fair among the members of a queue
+            # blocked on the streams even while calls run (a call that ends ends the wait:
+            # ``QueueSet.waker``), so a free slot takes a job as soon as it comes, and the
+            # read keeps its place among the queue's waiting readers: fair among the
+            # members of a queue
             waited = not held
-            most = int(WAIT_SECONDS * 1000) if flight.running else None
+            most = int(WAIT_SECONDS * 1000) if flight.running and not queues.woken() else None
             read, owner = queues.read(flight.free, block=not held, most_ms=most)
             for raw_stream, entries in read or ():
                 of = owner.get(text(raw_stream))

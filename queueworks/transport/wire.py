@@ -29,7 +29,7 @@ import os
 import select
 import socket
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis._parsers.hiredis import NOT_ENOUGH_DATA
@@ -48,9 +48,13 @@ from queueworks.protocol.keys import TaskKeys
 from queueworks.protocol.messages import text
 from queueworks.scripts.calls import NewJob
 
+if TYPE_CHECKING:
+    from .unblock import ReadWaker
+
 _ENQUEUED = b"$%d\r\n%s\r\n" % (len(ENTRY_ENQUEUED), ENTRY_ENQUEUED.encode())
 KEPT = 4  # connections a line keeps at most (more, at once, go back to the pool after use)
 _STALE = select.POLLIN | select.POLLHUP | select.POLLERR  # data nobody asked for, or closed
+_CLIENT_ID = b"*2\r\n$6\r\nCLIENT\r\n$2\r\nID\r\n"
 
 
 def bulk(value: bytes) -> bytes:
@@ -245,7 +249,36 @@ class Line:
     def call(self, packed: bytes) -> Any:
         """Send one packed command and return its raw reply (module docstring): as
         ``call_all(packed, 1)``, an error reply raised."""
-        conn, sock, poll = self._take()
+        return self.call_on(*self._take(), packed)
+
+    def take(self) -> tuple[Any, Any, Any]:
+        """A connection for ``call_on`` (and ``client_id``): what ``call`` takes."""
+        return self._take()
+
+    def client_id(self, conn: Any, sock: Any, poll: Any) -> int:
+        """The server's id of ``conn`` (``CLIENT ID``, asked once per socket): the id
+        ``CLIENT UNBLOCK`` takes. The connection stays taken."""
+        known = getattr(conn, "qw_client", None)
+        if known is not None and known[0] is sock:
+            return int(known[1])
+        try:
+            send(sock.fileno(), _CLIENT_ID)
+            parser = conn._parser
+            reply = parser._reader.gets()
+            while reply is NOT_ENOUGH_DATA:
+                receive(sock, parser._reader, parser._buffer)
+                reply = parser._reader.gets()
+        except BaseException:
+            self.drop(conn)
+            raise
+        if isinstance(reply, redis.RedisError):
+            self.drop(conn)
+            raise reply
+        conn.qw_client = (sock, reply)
+        return int(reply)
+
+    def call_on(self, conn: Any, sock: Any, poll: Any, packed: bytes) -> Any:
+        """``call`` on a connection ``take`` gave: it goes back to the line after."""
         try:
             send(sock.fileno(), packed)
             parser = conn._parser
@@ -388,9 +421,37 @@ class StreamReads:
         line = Line.of(r)
         return None if line is None else cls(line, group, consumer)
 
-    def __call__(self, streams: dict[Any, Any], count: int, block: int | None) -> Any:
+    def __call__(
+        self,
+        streams: dict[Any, Any],
+        count: int,
+        block: int | None,
+        waker: ReadWaker | None = None,
+    ) -> Any:
         """Read ``streams`` (name -> id), ``count`` entries each, waiting ``block`` ms (None:
-        no wait): ``[[stream, [(id, {field: value})]]]``, or None if none came."""
+        no wait): ``[[stream, [(id, {field: value})]]]``, or None if none came. A read
+        that waits tells ``waker`` on which connection (it may end the wait early)."""
+        line = self.line
+        taken = line.take()
+        if block is not None and waker is not None:
+            try:
+                if not waker.blocking(line.client_id(*taken)):
+                    block = None
+            except BaseException:
+                waker.done()
+                raise
+        try:
+            reply = line.call_on(*taken, self._packed(streams, count, block))
+        finally:
+            if waker is not None:
+                waker.done()
+        if not reply:
+            return None
+        if isinstance(reply, dict):  # (hiredis makes a map of the streams' pairs)
+            reply = reply.items()
+        return [[stream, [(eid, _fields(f)) for eid, f in entries]] for stream, entries in reply]
+
+    def _packed(self, streams: dict[Any, Any], count: int, block: int | None) -> bytes:
         key = (*streams.items(), count, block)
         packed = self.packed.get(key)
         if packed is None:
@@ -403,12 +464,7 @@ class StreamReads:
             packed = self.packed[key] = pack(
                 *words, "STREAMS", *names, *map(text, streams.values())
             )
-        reply = self.line.call(packed)
-        if not reply:
-            return None
-        if isinstance(reply, dict):  # (hiredis makes a map of the streams' pairs)
-            reply = reply.items()
-        return [[stream, [(eid, _fields(f)) for eid, f in entries]] for stream, entries in reply]
+        return packed
 
     def close(self) -> None:
         self.line.close()
