@@ -132,3 +132,38 @@ def test_a_job_on_its_own_is_settled_once_and_before_the_next(tmp_path: Path) ->
             cluster.close()
             client.close()
             r.close()
+
+
+@pytest.mark.integration
+def test_a_handle_opened_on_a_queue_that_knows_the_handler_enqueues_one_xadd(
+    client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """``client.queue(name).enqueue(...)`` once per request: opening the queue reads the
+    handlers it was told about, so the job is its ``XADD`` alone, not the handler told again
+    with a script (a handle that has not seen the handler still tells it)."""
+    client.queue("known").enqueue("tests.handlers:double", {"x": 1})  # (the queue learns it)
+    fresh = client.queue("known")
+    tk = keys.task("known")
+    seen: list[str] = []
+    ready, done = threading.Event(), threading.Event()
+
+    def monitor() -> None:
+        with r.monitor() as m:
+            ready.set()
+            for command in m.listen():
+                if tk.task_id in command["command"]:
+                    seen.append(command["command"].split()[0])
+                if done.is_set():
+                    return
+
+    watcher = threading.Thread(target=monitor, daemon=True)
+    watcher.start()
+    ready.wait(10)
+    fresh.enqueue("tests.handlers:double", {"x": 2})
+    other = fresh.enqueue("tests.handlers:job_logged", {"x": 3, "log": f"{tk.task_id}:log"})
+    done.set()
+    r.ping()
+    watcher.join(10)
+    assert seen[0] == "XADD", seen  # the known handler's job: its XADD alone
+    assert "SADD" in seen[1:], seen  # the new handler is told, with its job
+    assert len(r.xrange(tk.stream)) == 3 and other.id

@@ -96,11 +96,18 @@ class AsyncQueue:
     from Redis, it makes it again with its settings, as ``Queue`` does."""
 
     def __init__(
-        self, client: AsyncBackend, name: str, settings: QueueSettings, *, revives: bool = True
+        self,
+        client: AsyncBackend,
+        name: str,
+        settings: QueueSettings,
+        *,
+        revives: bool = True,
+        known: Iterable[str] = (),
     ) -> None:
         self.client, self.name, self.settings = client, name, settings
         self.revives = revives
         self.ref = QueueRef(client.keys, name, settings, revives)
+        self.ref.known.update(known)  # (the handlers the queue was told about, when opened)
         self.keys = self.ref.qk
         self._path = HandlerPaths()
         self._writer = JobWriter(self._write)
@@ -500,5 +507,5 @@ async def open_queue(
     """Create the queue ``name`` with ``given`` settings (the rest default), or open it
     (``queue_plans.plan_open``)."""
     plan = plan_open(client.keys, name, given, reopen)
-    settings = await arun(client.redis, client.scripts, plan)
-    return AsyncQueue(client, name, settings)
+    opened = await arun(client.redis, client.scripts, plan)
+    return AsyncQueue(client, name, opened.settings, known=opened.handlers)

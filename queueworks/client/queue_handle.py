@@ -79,11 +79,18 @@ class Queue:
     — unless ``revives`` is false (a listing's handle, which does not know them)."""
 
     def __init__(
-        self, client: Backend, name: str, settings: QueueSettings, *, revives: bool = True
+        self,
+        client: Backend,
+        name: str,
+        settings: QueueSettings,
+        *,
+        revives: bool = True,
+        known: Iterable[str] = (),
     ) -> None:
         self.client, self.name, self.settings = client, name, settings
         self.revives = revives
         self.ref = QueueRef(client.keys, name, settings, revives)
+        self.ref.known.update(known)  # (the handlers the queue was told about, when opened)
         self.keys = self.ref.qk
         self._path = HandlerPaths()
         self._xadd_bytes = XaddBytes(self.keys)
@@ -477,5 +484,5 @@ class Job(Generic[R]):
 def open_queue(client: Backend, name: str, given: dict[str, Any], reopen: bool = False) -> Queue:
     """Create the queue ``name`` with ``given`` settings (the rest default), or open it
     (``queue_plans.plan_open``)."""
-    settings = run(client.redis, client.scripts, plan_open(client.keys, name, given, reopen))
-    return Queue(client, name, settings)
+    opened = run(client.redis, client.scripts, plan_open(client.keys, name, given, reopen))
+    return Queue(client, name, opened.settings, known=opened.handlers)

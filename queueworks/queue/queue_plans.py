@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 
@@ -86,16 +86,25 @@ class QueueRef:
         return job.at is None and not job.id and job.handler in self.known
 
 
+class Opened(NamedTuple):
+    """A queue opened: its settings, and the handlers it has been told about (a handle's
+    ``known`` from the start: its first job of one of them is a bare ``XADD``)."""
+
+    settings: QueueSettings
+    handlers: frozenset[str]
+
+
 def plan_open(
     keys: Keys, name: str, given: Mapping[str, Any], reopen: bool = False
-) -> Plan[QueueSettings]:
+) -> Plan[Opened]:
     """Create the queue ``name`` with ``given`` settings (the rest default), or open it;
-    its settings. ``ValueError`` if it exists with other settings than ``given``, or has
-    finished and is not to be reopened (``reopen``)."""
+    its settings and handlers. ``ValueError`` if it exists with other settings than
+    ``given``, or has finished and is not to be reopened (``reopen``)."""
     tk = keys.task(name)
     trip = Trip()
     trip.hmget(tk.record, ["spec", "state"])
-    raw = (yield trip)[0]
+    trip.smembers(tk.handlers)
+    raw, handlers = yield trip
     if raw[0] is not None:
         settings = opened_settings(name, raw, given, reopen)
         if reopening(raw, reopen):
@@ -109,7 +118,7 @@ def plan_open(
                 trip = Trip()
                 queue_reopened(trip, keys, name, created)
                 yield trip
-        return settings
+        return Opened(settings, frozenset(map(text, handlers)))
     now = time.time()
     settings, record = new_queue(name, given, now)
     trip = Trip(errors=True)
@@ -117,7 +126,7 @@ def plan_open(
     trip.call(calls.record_task(tk, [tk.stream], record))
     queue_created(trip, keys, name, now)
     check_created((yield trip))
-    return settings
+    return Opened(settings, frozenset())
 
 
 def plan_revive(ref: QueueRef, also: Iterable[str] = ()) -> Plan[None]:
@@ -127,7 +136,7 @@ def plan_revive(ref: QueueRef, also: Iterable[str] = ()) -> Plan[None]:
     trip = Trip()
     trip.hget(ref.qk.record, "state")
     if record_gone(ref.name, (yield trip)[0], ref.revives):
-        yield from plan_open(ref.keys, ref.name, ref.settings.given())
+        yield from plan_open(ref.keys, ref.name, ref.settings.given())  # (it knows its own)
     trip = Trip(errors=True)
     trip.xgroup_create(ref.qk.stream, ref.qk.group, id="0", mkstream=True)
     if ref.known or also:
