@@ -80,10 +80,13 @@ class QueueRef:
         self.qk = keys.task(name)
         self.known: set[str] = set()
 
-    def bare(self, job: NewJob) -> bool:
+    def bare(self, job: NewJob, telling: Iterable[str] = ()) -> bool:
         """Whether ``job`` is written by its ``XADD`` alone (``xadd_now``): it runs now, has
-        no id of its own, and its handler is one this handle told the queue about."""
-        return job.at is None and not job.id and job.handler in self.known
+        no id of its own, and its handler is one this handle told the queue about (or
+        tells it about first, on the same round trip: ``telling``)."""
+        return (
+            job.at is None and not job.id and (job.handler in self.known or job.handler in telling)
+        )
 
 
 class Opened(NamedTuple):
@@ -202,7 +205,7 @@ def plan_write(
     if new:
         tell_handlers(trip, ref.keys, ref.qk, sorted(new))
     first = len(trip)
-    lone = len(batches) == 1 and len(batches[0]) == 1 and ref.bare(batches[0][0])
+    lone = len(batches) == 1 and len(batches[0]) == 1 and ref.bare(batches[0][0], new)
     if lone:  # the entry is all of it: its id is the job's, or nil if the stream is gone
         trip.execute_command(*xadd_now(ref.qk, batches[0][0], now))
     else:
