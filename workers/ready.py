@@ -28,6 +28,7 @@ Redis Cluster, whose patterns have no slot), every queue is read each round, as 
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 from collections.abc import Callable, Iterable
@@ -121,7 +122,7 @@ class Ready:
         self.hot |= told
         out: dict[str, None] = dict.fromkeys(sorted(self.hot))
         out.update(dict.fromkeys(sorted(self.busy)))
-        for name in list(self.poked)[:POKES_PER_ROUND]:
+        for name in list(itertools.islice(self.poked, POKES_PER_ROUND)):
             del self.poked[name]
             out[name] = None
         out.update(dict.fromkeys(self._turn(now)))
