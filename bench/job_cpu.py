@@ -4,6 +4,7 @@
     python -m bench.job_cpu --against REV --jobs 5000 --rounds 3
     python -m bench.job_cpu --typed                       # and a typed no-op job (@job)
     python -m bench.job_cpu --otel                        # and with tracing on, beside it
+    python -m bench.job_cpu --concurrency 4               # workers with --concurrency 4
 
 Each round runs every system in turn (their order reversed every other round), each on a
 fresh private redis-server: 2 workers (``queueworks worker``) and 1 producer that calls
@@ -223,10 +224,15 @@ def sdk_alone(jobs: int, sink: Sink, exported: bool = True) -> dict[str, float]:
 
 
 def spawn_workers(
-    tree: Path | None, url: str, n: int, env: dict[str, str], otel: bool = False
+    tree: Path | None,
+    url: str,
+    n: int,
+    env: dict[str, str],
+    otel: bool = False,
+    concurrency: int = 1,
 ) -> list[Any]:
     """``n`` worker processes of ``tree``'s queueworks (None: the floor's consumers);
-    ``otel``: started with ``--otel``."""
+    ``otel``: started with ``--otel``; ``concurrency``: with ``--concurrency``."""
     if tree is None:
         argvs = [
             [sys.executable, "-m", "bench.resp_floor", "consume", url, f"c{i}"] for i in range(n)
@@ -235,6 +241,7 @@ def spawn_workers(
     else:
         argv = [sys.executable, "-m", "queueworks", "worker", "--allow", ALLOW]
         argv += ["--otel"] if otel else []
+        argv += ["--concurrency", str(concurrency)] if concurrency > 1 else []
         argvs, cwd = [argv] * n, tree
         env = {**env, "QUEUEWORKS_REDIS_URL": url, "QUEUEWORKS_PREFIX": "qw"}
     return [
@@ -246,7 +253,12 @@ def spawn_workers(
 
 
 def one_run(
-    tree: Path | None, jobs: int, workers: int, typed: bool = False, sink: Sink | None = None
+    tree: Path | None,
+    jobs: int,
+    workers: int,
+    typed: bool = False,
+    sink: Sink | None = None,
+    concurrency: int = 1,
 ) -> dict[str, float]:
     """µs of CPU per job of producer, redis-server and workers, for ``tree``'s code (None:
     the floor); ``typed``: of a typed job function's jobs; with tracing on, exported to
@@ -273,7 +285,7 @@ def one_run(
             stdout=subprocess.PIPE,
             text=True,
         )
-        procs = spawn_workers(tree, url, workers, env, otel=sink is not None)
+        procs = spawn_workers(tree, url, workers, env, sink is not None, concurrency)
         try:
             assert producer.stdout is not None and producer.stdin is not None
             if producer.stdout.readline().strip() != "go":
@@ -350,7 +362,7 @@ def ratio_row(title: str, rows: list[dict[str, float]], base: list[dict[str, flo
 
 
 def measure(
-    trees: dict[str, Path | None], jobs: int, rounds: int, workers: int
+    trees: dict[str, Path | None], jobs: int, rounds: int, workers: int, concurrency: int = 1
 ) -> dict[str, list[dict[str, float]]]:
     """``rounds`` runs of each system (None: the floor; ``OTEL``: this tree traced), their
     order reversed every other round: µs of CPU per job of each part, per run."""
@@ -364,7 +376,9 @@ def measure(
                 runs[name].append(sdk_alone(jobs, sink, exported=name == SDK))
             else:
                 traced = sink if name == OTEL else None
-                runs[name].append(one_run(trees[name], jobs, workers, name == TYPED, traced))
+                runs[name].append(
+                    one_run(trees[name], jobs, workers, name == TYPED, traced, concurrency)
+                )
             print(f"round {k + 1} {name}: {runs[name][-1]}", file=sys.stderr)
     return runs
 
@@ -375,6 +389,7 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--concurrency", type=int, default=1, help="each worker's --concurrency")
     parser.add_argument("--typed", action="store_true", help="and a typed no-op job (@job)")
     parser.add_argument("--otel", action="store_true", help="this tree traced, beside it")
     args = parser.parse_args()
@@ -385,7 +400,7 @@ def main() -> None:
         trees[args.against] = checkout(args.against)
     if args.otel:
         trees[OTEL] = trees[SDK] = trees[SDK_BARE] = ROOT
-    runs = measure(trees, args.jobs, args.rounds, args.workers)
+    runs = measure(trees, args.jobs, args.rounds, args.workers, args.concurrency)
     print(table(runs, args.jobs, args.rounds))
 
 
