@@ -187,12 +187,18 @@ def test_a_user_without_client_unblock_still_runs_jobs_in_flight(
         try:
             with Client.from_url(url, prefix=prefix) as client:
                 q = client.queue("q")
-                cluster.worker("w1", extra=["--concurrency", "2", "--queues", "q"])
-                slow = q.enqueue("tests.handlers:sleep_for", {"seconds": 1.0})
-                for i in range(10):
-                    assert q.enqueue("tests.handlers:double", {"x": i}).result(timeout=30) == 2 * i
-                assert slow.result(timeout=30) is None
-            worker = cluster.procs[0]
+                worker = cluster.worker("w1", extra=["--concurrency", "2", "--queues", "q"])
+                # a job that ends while the worker waits for more asks for the unblock (one
+                # ending in the millisecond the read is sent again finds none to end: try
+                # again)
+                for _ in range(10):
+                    slow = q.enqueue("tests.handlers:sleep_for", {"seconds": 0.5})
+                    for i in range(5):
+                        job = q.enqueue("tests.handlers:double", {"x": i})
+                        assert job.result(timeout=30) == 2 * i
+                    assert slow.result(timeout=30) is None
+                    if "client_unblock_refused" in worker.log():
+                        break
             assert worker.alive(), cluster.logs()
             assert "client_unblock_refused" in worker.log(), worker.log()
         finally:
