@@ -367,9 +367,10 @@ class QueueSet:
             gate.put(pipe, count)
         for bands in ordered:
             bands.put(pipe, count)
-        if streams:
-            pipe.xreadgroup(GROUP, self.me, streams, count=count, block=self._pinned(pipe, wait))
         try:
+            if streams:
+                waits = self._pinned(pipe, wait)
+                pipe.xreadgroup(GROUP, self.me, streams, count=count, block=waits)
             replies = pipe.execute(raise_on_error=False)
         finally:
             if self.waker is not None:
@@ -435,8 +436,9 @@ class QueueSet:
             if self.waker is None or block is None or self.cluster:
                 return self.r.xreadgroup(GROUP, self.me, streams, count=count, block=block)
             pipe = self.r.pipeline(transaction=False)
-            pipe.xreadgroup(GROUP, self.me, streams, count=count, block=self._pinned(pipe, block))
             try:
+                block = self._pinned(pipe, block)
+                pipe.xreadgroup(GROUP, self.me, streams, count=count, block=block)
                 return pipe.execute()[0]
             finally:
                 self.waker.done()
@@ -452,7 +454,8 @@ class QueueSet:
     def _pinned(self, pipe: Any, wait: int | None) -> int | None:
         """The wait of the read that ends ``pipe``: with calls in flight (``waker``) the
         pipe gets its connection now, so that a call that ends can end the wait
-        (``queueworks.transport.unblock``); no wait if one ended already."""
+        (``queueworks.transport.unblock``); no wait if one ended already. The caller tells
+        the waker ``done`` after the read, or if this raises."""
         if wait is None or self.waker is None or not isinstance(self.r, Redis):
             return wait  # (on a cluster the turn's wait is short: ``Flight.turn``)
         try:
@@ -460,7 +463,6 @@ class QueueSet:
             return wait if self.waker.blocking(pool_client_id(pipe.connection)) else None
         except BaseException:
             pipe.reset()  # (gives the connection back)
-            self.waker.done()
             raise
 
     def _read_failed(self, error: Exception, members: list[Member]) -> None:

@@ -246,13 +246,22 @@ class Line:
             return None
         return cls(r)
 
-    def call(self, packed: bytes) -> Any:
+    def call(self, packed: bytes, taken: tuple[Any, Any, Any] | None = None) -> Any:
         """Send one packed command and return its raw reply (module docstring): as
-        ``call_all(packed, 1)``, an error reply raised."""
-        return self.call_on(*self._take(), packed)
+        ``call_all(packed, 1)``, an error reply raised. On the connection ``take`` gave
+        (``taken``), if given; it goes back to the line after."""
+        conn, sock, poll = taken or self._take()
+        reply = self._reply(conn, sock, packed)
+        if isinstance(reply, redis.RedisError):
+            self.check_error(conn, reply)
+            if isinstance(reply, redis.ResponseError):
+                self.keep(conn, sock, poll)
+                raise reply
+        self.keep(conn, sock, poll)
+        return reply
 
     def take(self) -> tuple[Any, Any, Any]:
-        """A connection for ``call_on`` (and ``client_id``): what ``call`` takes."""
+        """A connection for ``call`` (and ``client_id``): what ``call`` takes itself."""
         return self._take()
 
     def client_id(self, conn: Any, sock: Any, poll: Any) -> int:
@@ -261,24 +270,16 @@ class Line:
         known = getattr(conn, "qw_client", None)
         if known is not None and known[0] is sock:
             return int(known[1])
-        try:
-            send(sock.fileno(), _CLIENT_ID)
-            parser = conn._parser
-            reply = parser._reader.gets()
-            while reply is NOT_ENOUGH_DATA:
-                receive(sock, parser._reader, parser._buffer)
-                reply = parser._reader.gets()
-        except BaseException:
-            self.drop(conn)
-            raise
+        reply = self._reply(conn, sock, _CLIENT_ID)
         if isinstance(reply, redis.RedisError):
             self.drop(conn)
             raise reply
         conn.qw_client = (sock, reply)
         return int(reply)
 
-    def call_on(self, conn: Any, sock: Any, poll: Any, packed: bytes) -> Any:
-        """``call`` on a connection ``take`` gave: it goes back to the line after."""
+    def _reply(self, conn: Any, sock: Any, packed: bytes) -> Any:
+        """Send ``packed`` on a taken connection and read its one raw reply; the connection
+        is dropped if that fails."""
         try:
             send(sock.fileno(), packed)
             parser = conn._parser
@@ -290,12 +291,6 @@ class Line:
         except BaseException:
             self.drop(conn)
             raise
-        if isinstance(reply, redis.RedisError):
-            self.check_error(conn, reply)
-            if isinstance(reply, redis.ResponseError):
-                self.keep(conn, sock, poll)
-                raise reply
-        self.keep(conn, sock, poll)
         return reply
 
     def call_all(self, packed: bytes, n: int) -> list[Any]:
@@ -433,15 +428,10 @@ class StreamReads:
         that waits tells ``waker`` on which connection (it may end the wait early)."""
         line = self.line
         taken = line.take()
-        if block is not None and waker is not None:
-            try:
-                if not waker.blocking(line.client_id(*taken)):
-                    block = None
-            except BaseException:
-                waker.done()
-                raise
         try:
-            reply = line.call_on(*taken, self._packed(streams, count, block))
+            if waker is not None and block is not None:
+                block = block if waker.blocking(line.client_id(*taken)) else None
+            reply = line.call(self._packed(streams, count, block), taken)
         finally:
             if waker is not None:
                 waker.done()
