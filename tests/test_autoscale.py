@@ -312,6 +312,31 @@ def test_a_failing_scale_command_is_retried_with_backoff_not_looped(
 
 
 @pytest.mark.system
+def test_a_stop_does_not_wait_for_a_scale_command_under_way(
+    cluster: Cluster, r: redis.Redis, keys: Keys, tmp_path: Path
+) -> None:
+    """SIGTERM while the scale command runs (a ``docker compose up`` that waits on the engine):
+    the command gets SIGTERM and the scaler exits 0 at once, well within a container's grace
+    period, not when the command is done."""
+    value = published.Wanted(at=time.time(), by="test", target_s=60, selectors={"": 2})
+    r.set(keys.wanted, published.encode(value), px=60_000)
+    pid_file = tmp_path / "command.pid"
+    command = f"sh -c 'echo $$ > {pid_file}; exec sleep 120' scale {{n}}"
+    scaler = cluster.spawn(["autoscale", "--scale-command", command, "--max", "5"], "autoscale")
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 30, "the command")
+    pid = int(pid_file.read_text())
+    assert alive(pid)
+    t = time.monotonic()
+    assert scaler.terminate(10) == 0
+    took = time.monotonic() - t
+    assert took < 5, took
+    wait_for(lambda: not alive(pid), 5, "the command gone")
+    events = [json.loads(line) for line in scaler.log().splitlines() if line.startswith("{")]
+    stopped = [e for e in events if e["event"] == "scale_stopped"]
+    assert [e["to"] for e in stopped] == [2], events
+
+
+@pytest.mark.system
 def test_autoscale_refuses_bad_input_by_name() -> None:
     runner = CliRunner()
     res = runner.invoke(cli, ["autoscale", "--scale-command", "echo 1", "--max", "2"])

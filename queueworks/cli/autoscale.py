@@ -83,9 +83,9 @@ def autoscale(
 
     A scale-down must stop workers with SIGTERM (docker compose and Kubernetes do): each
     finishes or hands back what it holds, then leaves. A command that fails is logged and
-    tried again with a growing backoff. SIGTERM or SIGINT stops this loop (the workers
-    stay as they are)."""
-    from queueworks.contrib.autoscaler import Autoscaler, Hysteresis, command_for
+    tried again with a growing backoff. SIGTERM or SIGINT stops this loop at once (a
+    command under way gets SIGTERM; the workers stay as they are)."""
+    from queueworks.contrib.autoscaler import STOP_WAIT, Autoscaler, Hysteresis, command_for
     from queueworks.logs import get_logger
     from queueworks.process import ColdStop, install_stop_signals
     from queueworks.protocol.keys import Keys
@@ -110,7 +110,7 @@ def autoscale(
         interval=interval,
         timeout=command_timeout,
     )
-    install_stop_signals(scaler.stop, command_timeout + 5)
+    install_stop_signals(scaler.stop, STOP_WAIT + 2)
     try:
         scaler.run()
     except ColdStop:

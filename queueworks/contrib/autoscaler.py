@@ -22,10 +22,15 @@ logged (its exit code and program name, never its arguments or the Redis URL: th
 hold secrets) and tried again after a backoff that doubles up to ``MAX_BACKOFF`` s; a Redis
 that does not answer is logged and read again after the same kind of backoff. The count
 that runs is then taken as unknown until a command succeeds.
+
+A stop (SIGTERM, SIGINT) does not wait for a command under way: the command gets SIGTERM
+(``docker compose`` and ``kubectl`` end there; what they did stays done), ``STOP_WAIT`` s
+to exit, then SIGKILL, so the loop exits well within a container's grace period.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
 import threading
@@ -40,6 +45,8 @@ from queueworks.protocol.keys import Keys
 from queueworks.transport.connection import UNAVAILABLE, Connection
 
 MIN_BACKOFF, MAX_BACKOFF = 1.0, 60.0  # s: waits after a failure, doubling
+STOP_WAIT = 3.0  # s a command under way has to exit after SIGTERM when the loop stops
+STOP_LOOK = 0.1  # s between two looks for a stop while a command runs
 
 
 @dataclass
@@ -152,8 +159,12 @@ class Autoscaler:
             "scaling", to=count, running=self.decide.running, wanted=wanted, program=program
         )
         started = time.monotonic()
-        code = run_command(command, self.timeout)
+        code = run_command(command, self.timeout, self._stop)
         took = round(time.monotonic() - started, 3)
+        if code == "stopped":
+            self.decide.running = None
+            self.log.warning("scale_stopped", to=count, program=program, took_s=took)
+            return False
         if code != 0:
             self.decide.running = None  # what runs now is not known: the next count runs
             self.log.error(
@@ -177,17 +188,32 @@ class Autoscaler:
         return wait
 
 
-def run_command(command: Sequence[str] | str, timeout: float) -> int | str:
+def run_command(
+    command: Sequence[str] | str, timeout: float, stop: threading.Event | None = None
+) -> int | str:
     """Run it (its output goes where this process's does); its exit code, or why it did
-    not run: ``"timeout"`` (killed) or ``"not_found"``/the error's name."""
+    not run to its end: ``"timeout"`` (killed), ``"stopped"`` (``stop`` was set: SIGTERM,
+    then SIGKILL after ``STOP_WAIT`` s) or ``"not_found"``/the error's name."""
     shell = isinstance(command, str)
     try:
         proc = subprocess.Popen(command, shell=shell)  # a shell only when asked (--shell)
     except OSError as exc:
         return "not_found" if isinstance(exc, FileNotFoundError) else type(exc).__name__
+    deadline = time.monotonic() + timeout
     try:
-        return proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-        return "timeout"
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                return proc.wait(max(0.0, min(left, STOP_LOOK)) if stop else left)
+            except subprocess.TimeoutExpired:
+                if stop is not None and stop.is_set():
+                    proc.terminate()
+                    with contextlib.suppress(subprocess.TimeoutExpired):
+                        proc.wait(STOP_WAIT)
+                    return "stopped"
+                if time.monotonic() >= deadline:
+                    return "timeout"
+    finally:
+        if proc.poll() is None:  # timed out, stopped past STOP_WAIT, or a cold stop
+            proc.kill()
+            proc.wait()
