@@ -5,9 +5,11 @@
   (``SUSPECTS`` at most) are read again, each at most once a second: those whose heartbeat
   key is gone are lost. The score is the worker's clock, the TTL Redis's: a worker whose
   clock runs ahead is found by the sweep instead, or by its members (``member_lost``).
-- **The sweep.** Every active task and known worker is read again once per
-  ``full_pass_interval``, a page a second (ceil(ids / (interval / 1 s)), at least 50 ids),
-  so a missed event costs at most that long and a pass at most one page.
+- **The sweep.** Every active task and known worker is read again in turn, a page of
+  ``SWEEP_PAGE`` ids a second: its cost is level however many tasks, queues and workers
+  there are, and a missed event costs at most a round, ids / 50 s (60 s at 3,000, 200 s
+  at 10,000). ``full_pass_interval`` (0: none) bounds a round instead: the page is then
+  ceil(ids / interval), at least ``SWEEP_PAGE``, and grows with the ids.
 - **Expired index entries.** Finished tasks leave the index ``qw:tasks`` once their keys
   have expired (``qw:tasks:expiry`` says when), ``EXPIRED`` a second at most.
 """
@@ -31,6 +33,7 @@ from .writes import Writes
 SUSPECTS = 1000  # workers checked for a lost heartbeat per look
 EVERY = 1.0  # s between two looks for suspects, sweep pages, expired index entries
 EXPIRED = 200  # expired index entries handled per look
+SWEEP_PAGE = 50  # ids the sweep reads per look (at least, with a full_pass_interval)
 
 
 class Backstop:
@@ -75,8 +78,10 @@ class Backstop:
             ids = {f"t:{t}" for t in {*task_ids, *mirror.tasks}}
             ids |= {f"w:{w}" for w in {*worker_ids, *mirror.workers}}
             self._sweep = sorted(ids, reverse=True)
-            rounds = max(1.0, self.interval / EVERY)
-            self._page = max(50, math.ceil(len(self._sweep) / rounds))
+            self._page = SWEEP_PAGE
+            if self.interval > 0:
+                rounds = max(1.0, self.interval / EVERY)
+                self._page = max(SWEEP_PAGE, math.ceil(len(self._sweep) / rounds))
         page = set(self._sweep[-self._page :])
         del self._sweep[-self._page :]
         for item in page:

@@ -23,7 +23,7 @@ class Settings(BaseSettings):
     heartbeat_ttl: float = Field(default=3.0, gt=0, le=DAY)
     lease_ttl: float = Field(default=5.0, gt=0, le=DAY)
     reconcile_interval: float = Field(default=1.0, gt=0, le=HOUR)
-    full_pass_interval: float = Field(default=60.0, gt=0, le=DAY)  # the backstop sweep
+    full_pass_interval: float = Field(default=0.0, ge=0, le=DAY)  # sweep round; 0: 50 ids/s
     drain_target: float = Field(default=60.0, gt=0, le=DAY)  # s: wanted workers drain by then
     wanted_interval: float = Field(default=1.0, gt=0, le=HOUR)  # s between wanted counts
     stats_interval: float = Field(default=60.0, gt=0, le=DAY)  # s between `controller_stats`

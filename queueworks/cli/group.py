@@ -324,7 +324,8 @@ def run_pool(name: str | None, processes: int, id_file: str | None, flags: dict[
 @setting(
     "--full-pass-interval",
     "full_pass_interval",
-    "seconds over which the backstop sweep re-reads every task and worker",
+    "longest round of the backstop sweep, which re-reads every task and worker 50 a "
+    "second (0: no bound, a level cost; a bound reads more a second past 50 x it)",
     type=float,
 )
 @setting(
