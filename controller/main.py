@@ -28,6 +28,8 @@ import time
 import uuid
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from queueworks.logs import get_logger
 from queueworks.process import freeze_heap
 from queueworks.protocol.keys import Keys
@@ -35,6 +37,8 @@ from queueworks.scripts.bound import Scripts
 from queueworks.settings import Settings
 from queueworks.transport.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.transport.eviction import PolicyWatch, refuse_evicting
+from queueworks.workers.ready import name_in
+from queueworks.workers.watcher import Watcher, enable_stream_notifications
 
 from .demand import Demand
 from .emptied import Emptied
@@ -92,6 +96,8 @@ class Controller:
             target_s=settings.drain_target,
             interval=settings.wanted_interval,
         )
+        self.demand.listen = self._listen
+        self.watcher: Watcher | None = None
         self._stop = threading.Event()
         self._stats_at = time.monotonic()
         self.term = 0  # the lease term the reconciler's mirror was read under (0 = none)
@@ -136,6 +142,8 @@ class Controller:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 2.0)
         self.lease.stop()
+        if self.watcher is not None:
+            self.watcher.stop()
         if self.lease.is_alive():
             self.lease.join(timeout=5.0)
         self.log.info("controller_stats", **self.tally.snapshot())
@@ -206,6 +214,35 @@ class Controller:
             self.emptied.read()
         self.leftovers.step(bool(dirty.ended))
         self.demand.step(rec.mirror)
+
+    def _listen(self) -> bool:
+        """Keyspace notifications of every queue's stream, priority bands and delayed set,
+        for the count of wanted workers (``Demand``); True if they come. Not on a cluster
+        (a pattern there would need every node's)."""
+        if isinstance(self.r, RedisCluster):
+            return False
+        self.watcher = Watcher(self.r, self.log)
+        self.watcher.start()
+        if not self.watcher.enabled or not enable_stream_notifications(self.r):
+            return False
+        tk = self.keys.task("*")
+        for key in (tk.stream, tk.band_pattern, tk.scheduled):
+            self.watcher.watch(key, self._on_queue_key, pattern=True)
+        return True
+
+    def _on_queue_key(self, key: str, event: str) -> None:
+        """A notification (the watcher's thread): a job or a delayed job was added."""
+        if event == "resubscribed":
+            self.demand.told(None)
+            return
+        keys = self.keys
+        name = (
+            name_in(key, lambda q: keys.task(q).stream)
+            or name_in(key.rpartition(":")[0] + ":*", lambda q: keys.task(q).band_pattern)
+            or name_in(key, lambda q: keys.task(q).scheduled)
+        )
+        if name is not None and event in ("xadd", "zadd"):
+            self.demand.told((name,))
 
     def _log_pass(self, stats: PassStats, full: bool = False) -> None:
         self.passes += 1

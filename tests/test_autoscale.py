@@ -412,6 +412,52 @@ def test_the_controller_counts_a_backlog_without_any_worker(
     wait_for(lambda: published.read(r, keys).of("") == 2, 10, "2 once it is due")
 
 
+@pytest.mark.system
+@pytest.mark.slow(30)
+def test_among_many_idle_queues_a_job_on_any_is_counted_at_the_next_pass(
+    cluster: Cluster, client: Client, r: redis.Redis, keys: Keys
+) -> None:
+    """1,000 idle queues and no worker: the controller reads a few of them a second in turn
+    (not 200), yet a job on any of them, of any priority, is counted within a couple of
+    passes (notified; the turn would take 20 s), a delayed one once it is due, and the
+    count goes back to zero when the job goes."""
+    names = [f"tenant-{i:04d}" for i in range(1000)]
+    for name in names:
+        client.queue(name)
+    cluster.controller()
+    wait_for(lambda: published.read(r, keys), 30, "a first count")
+
+    def wanted_now() -> int:
+        value = published.read(r, keys)
+        return value.of("") if value is not None else -1
+
+    def xlen_calls() -> int:
+        stats: Any = r.info("commandstats")
+        return int(stats.get("cmdstat_xlen", {}).get("calls", 0))
+
+    wait_for(lambda: wanted_now() == 0, 30, "zero wanted")
+    time.sleep(2.0)  # the first passes read every queue once
+    before, t = xlen_calls(), time.monotonic()
+    time.sleep(3.0)
+    rate = (xlen_calls() - before) / (time.monotonic() - t)
+    assert rate < 120, f"{rate:.0f} XLEN/s with 1,000 idle queues (a turn of 200 reads 200/s)"
+
+    for name, kw in ((names[500], {}), (names[731], {"priority": 3}), (names[77], {"delay": 3.0})):
+        q = client.queue(name)
+        job = q.enqueue("tests.handlers:double", {"x": 1}, **kw)
+        t = time.monotonic()
+        if "delay" in kw:
+            time.sleep(1.5)
+            assert wanted_now() == 0  # not due yet
+        wait_for(lambda: wanted_now() >= 1, 6, f"{name}'s job counted ({kw})", interval=0.05)
+        took = time.monotonic() - t
+        assert took < (5.0 if "delay" in kw else 3.0), (name, kw, took)
+        assert job.cancel()
+        wait_for(lambda: wanted_now() == 0, 10, f"zero again after {name}'s job")
+
+    assert cluster.procs[-1].alive()
+
+
 def keda_manifest() -> list[dict[str, Any]]:
     """The ScaledObject and TriggerAuthentication that docs/deploy.md shows."""
     import yaml
