@@ -45,6 +45,9 @@ class NodeState:
     reported: int = 0  # of ``processed``, what the worker record has been told
     wake: threading.Event = field(default_factory=threading.Event)
     seats: dict[str, Seat] = field(default_factory=dict)  # task id -> our seat in its set
+    # of ``seats``, the tasks' (not queues'): what a tick looks at one by one (a worker may
+    # hold thousands of queues' seats, and a tick looks at none of them)
+    task_seats: dict[str, Seat] = field(default_factory=dict)
     # a seat found fenced (its key): what this worker runs there is stopped (the worker's)
     on_fenced: Callable[[str], None] = lambda key: None
     # jobs cancelled while they ran here, (queue, job id): stopped (``queueworks.queue.job_stops``)
@@ -59,11 +62,23 @@ class NodeState:
         found = self.seats.get(task_id)
         if found is None:
             found = self.seats[task_id] = Seat(self, task_id, queue=queue)
+            if not queue:
+                self.task_seats[task_id] = found
         return found
 
     def drop(self, seat: Seat) -> None:
         if self.seats.get(seat.key) is seat:
             del self.seats[seat.key]
+        if self.task_seats.get(seat.key) is seat:
+            del self.task_seats[seat.key]
+
+    def in_queues(self) -> bool:
+        """A member of some queue (stops at the first one found: no copy of the seats)."""
+        try:
+            return any(seat.queue and seat.task_id is not None for seat in self.seats.values())
+        except RuntimeError:  # (a seat came or went meanwhile)
+            seats = list(self.seats.values())
+            return any(seat.queue and seat.task_id is not None for seat in seats)
 
     def members(self) -> list[Seat]:
         """The seats we hold now (joined, not left)."""
@@ -101,7 +116,8 @@ class NodeState:
         """The controller's word: a task's seat whose task it is no longer is suspended (to
         leave); a queue's seats, when a task is given (the task takes the worker whole)."""
         self.assign = assign
-        for seat in list(self.seats.values()):
+        # (no task given: the queues' seats stay as they are, and only the tasks' are looked at)
+        for seat in list((self.seats if assign else self.task_seats).values()):
             if seat.queue:
                 if assign and seat.task_id is not None:
                     seat.revoke()
@@ -264,16 +280,13 @@ class Heartbeat(threading.Thread):
     def tick(self) -> None:
         s, k = self.state, self._keys
         now = time.time()
-        # a queue's seat has no heartbeat, epoch or successor of its own to tick (one look at
-        # the seats: a worker may hold thousands of queues')
-        seats, queued = [], False
-        for seat in list(s.seats.values()):
-            if seat.task_id is None:
-                continue
-            if seat.queue:
-                queued = True
-            else:
-                seats.append((seat, seat.key, seat.successor))
+        # a queue's seat has no heartbeat, epoch or successor of its own to tick
+        seats = [
+            (seat, seat.key, seat.successor)
+            for seat in list(s.task_seats.values())
+            if seat.task_id is not None
+        ]
+        queued = s.in_queues()
         pipe = self._r.pipeline(transaction=False)
         pipe.set(k.worker_heartbeat(s.worker_id), repr(now), px=self.ttl_ms)
         pipe.zadd(k.workers, {s.worker_id: now})
