@@ -203,11 +203,13 @@ def test_autoscale_from_zero_to_a_backlog_a_gang_and_back_to_zero(
     wait_for(lambda: calls.exists() and calls.read_text().split() == ["0"], 30, "a first 0")
     assert live_workers(scaled) == 0
 
-    # from zero: a backlog brings a worker within 5 s, and its jobs run
+    # from zero: a backlog brings a worker (counted within a pass, started by the scaler: ~2 s
+    # on a quiet machine, the figure below; a Python process's start-up alone took 4 s in a
+    # loaded suite), and its jobs run
     q = client.queue("mail")
     t0 = time.monotonic()
     jobs = q.enqueue_many(("tests.handlers:double", {"x": i}) for i in range(50))
-    wait_for(lambda: r.zcard(keys.workers) >= 1, 5, "a worker for the backlog, registered")
+    wait_for(lambda: r.zcard(keys.workers) >= 1, 15, "a worker for the backlog, registered")
     started_s = time.monotonic() - t0
     assert [j.result(timeout=60) for j in jobs] == [2 * i for i in range(50)]
 
