@@ -329,9 +329,9 @@ def test_a_stop_does_not_wait_for_a_scale_command_under_way(
     pid = int(pid_file.read_text())
     assert alive(pid)
     t = time.monotonic()
-    assert scaler.terminate(10) == 0
+    assert scaler.terminate(60) == 0
     took = time.monotonic() - t
-    assert took < 5, took
+    assert took < 30, took  # (a second or so alone; 7 s in a loaded suite; the command: 120 s)
     wait_for(lambda: not alive(pid), 5, "the command gone")
     events = [json.loads(line) for line in scaler.log().splitlines() if line.startswith("{")]
     stopped = [e for e in events if e["event"] == "scale_stopped"]
