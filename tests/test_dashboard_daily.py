@@ -131,10 +131,17 @@ def test_a_job_page_shows_its_duration_and_links_every_job_id(
     assert clock(status.finished_at) in page and " UTC" in page
     listing = web.get(f"/queues/{q.name}?jobs=done").text
     assert 'data-field="took"' in listing
-    queue_page = web.get(f"/queues/{q.name}").text
-    row = queue_page[queue_page.index('data-worker="w-daily"') :]
-    cell = row[row.index('data-field="current"') : row.index("</tr>")]
-    for b in busy:  # both jobs it runs at once, each a link to its page
-        assert f'<a href="/queues/{q.name}/jobs/{b.id}"><code>{b.id}</code></a>' in cell
+    links = [f'<a href="/queues/{q.name}/jobs/{b.id}"><code>{b.id}</code></a>' for b in busy]
+
+    def current() -> str:
+        """The worker's "current" cell, once it links both jobs ("" before)."""
+        queue_page = web.get(f"/queues/{q.name}").text
+        row = queue_page[queue_page.index('data-worker="w-daily"') :]
+        cell = row[row.index('data-field="current"') : row.index("</tr>")]
+        return cell if all(x in cell for x in links) else ""
+
+    # both jobs it runs at once, each a link to its page (the worker's record says what it
+    # runs at its next heartbeat, within a second or so of their start)
+    wait_for(current, 10, "both running jobs linked on the queue's page")
     last_job = wait_for(lambda: q.schedules()[0].last_job, 30, "the schedule's first job")
     assert f'href="/queues/{q.name}/jobs/{last_job}"' in web.get(f"/queues/{q.name}").text
