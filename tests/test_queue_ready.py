@@ -213,6 +213,36 @@ def test_a_round_takes_the_told_busy_and_poked_queues_and_a_few_in_turn() -> Non
     assert in_turn == ["q0007", "q0009", *flagged[POKES_PER_ROUND:], *rest]
 
 
+@pytest.mark.unit
+def test_a_set_of_queues_that_held_thousands_and_holds_few_is_made_anew() -> None:
+    """Every queue told (a reconnect) and every one poked: once read dry, the sets that
+    held them are made anew at their size, so a round does not walk 10,000 empty slots
+    (a set or dict keeps its table when entries go)."""
+    import sys
+    import threading
+
+    from workers.ready import Ready
+
+    ready = Ready(threading.Event())
+    names = [f"q{i:05d}" for i in range(10_000)]
+    ready.serve(names)
+    ready.visited_at = 100.0
+    ready.told(None)
+    for name in names:
+        ready.poke(name)
+    assert len(ready.take(100.0)) == 10_000
+    for name in names:
+        ready.after(name, read=True, brought=name == "q00042", busy=name == "q00007")
+    while ready.poked:
+        ready.take(100.0)
+    ready.told("q00500")
+    assert ready.take(100.0) == ["q00042", "q00500", "q00007"]
+    small = {"q00042", "q00500"}
+    assert sys.getsizeof(ready.hot) == sys.getsizeof(small)
+    assert sys.getsizeof(ready.busy) == sys.getsizeof({"q00007"})
+    assert sys.getsizeof(ready.poked) == sys.getsizeof({})
+
+
 @pytest.mark.integration
 def test_the_scouts_backstop_reads_every_queue_in_turn_a_few_at_each_look(
     client: Client, r: redis.Redis

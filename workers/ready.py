@@ -38,6 +38,7 @@ FEW = 16  # a worker serving at most this many queues reads them all, blocking
 VISITS_PER_SECOND = 50.0  # queues looked at in turn, a second, over all of them
 VISIT_SECONDS = 1.0  # ... each at least this often when there are few enough
 POKES_PER_ROUND = 256  # queues asked for, looked at per round at most (the rest wait)
+SHRINK_PAST = 64  # a set of queues that held more is made anew once it holds an eighth
 
 
 def streams_of(loop: Any) -> dict[Any, Any]:
@@ -65,6 +66,7 @@ class Ready:
         self.names: list[str] = []  # every queue served, in turn order
         self.cursor = 0
         self.visited_at = 0.0
+        self.peaks: dict[str, int] = {}  # the most ``hot``, ``busy``, ``poked`` held
 
     # -- from the watcher's thread --------------------------------------------------------
 
@@ -126,7 +128,28 @@ class Ready:
             del self.poked[name]
             out[name] = None
         out.update(dict.fromkeys(self._turn(now)))
+        self._shrink()
         return list(out)
+
+    def _shrink(self) -> None:
+        """A set or dict keeps its table when its entries go, and going through it walks
+        every slot: ``hot``, ``busy`` and ``poked`` held thousands once (every queue told
+        after a reconnect, busy while joining) and hold a few now, so each round walked
+        thousands of empty slots (0.15 ms at 10,000 queues). Once one holds under an
+        eighth of the most it held (or none), it is made anew, at its size."""
+        if self._shrinks("hot", len(self.hot)):
+            self.hot = set(self.hot)
+        if self._shrinks("busy", len(self.busy)):
+            self.busy = set(self.busy)
+        if self._shrinks("poked", len(self.poked)):
+            self.poked = dict(self.poked)
+
+    def _shrinks(self, name: str, now: int) -> bool:
+        """Whether the set ``name``, holding ``now``, is to be made anew (its peak noted)."""
+        peak = max(self.peaks.get(name, 0), now)
+        shrinks = not now or (peak > SHRINK_PAST and now * 8 < peak)  # (an empty one: cheap)
+        self.peaks[name] = now if shrinks else peak
+        return shrinks
 
     def _turn(self, now: float) -> list[str]:
         n = len(self.names)
