@@ -159,6 +159,22 @@ def test_allowed_handlers_resolve() -> None:
     assert not h.takes_ctx and h.fn({"a": 1}) == {"a": 1}
 
 
+@pytest.mark.unit
+def test_a_handler_is_resolved_once_a_process_and_a_refusal_each_time() -> None:
+    """A worker serving thousands of queues meets one path in each: it is resolved once
+    for the process (the same handler, for the same prefixes); a refusal is not kept."""
+    prefixes = ["tests.handlers_poison"]
+    first = resolve("tests.handlers_poison:mixed", prefixes)
+    assert resolve("tests.handlers_poison:mixed", list(prefixes)) is first
+    assert resolve("tests.handlers_poison:mixed", [*prefixes, "queueworks"]) is not first
+    refusals = []
+    for _ in range(2):
+        with pytest.raises(HandlerRefused) as refused:
+            resolve("tests.handlers_poison:nothing_here", prefixes)
+        refusals.append(refused.value)
+    assert refusals[0] is not refusals[1]
+
+
 # -- JSON only ----------------------------------------------------------------------------
 
 

@@ -41,7 +41,24 @@ class Handler:
     on_rebalance: Callable[..., Any] | None
 
 
+# the handlers found, by path and prefixes: each resolved once a process, not once a queue
+# (a worker serving thousands of queues meets one path in each of them)
+_found: dict[tuple[str, tuple[str, ...]], Handler] = {}
+
+
 def resolve(path: str, prefixes: Sequence[str]) -> Handler:
+    """The handler at ``path`` if the ``prefixes`` allow it (the module docstring);
+    ``HandlerRefused`` saying why not. One found is kept for the process: its module is
+    imported and its signature read once. A refusal is not kept (an import that failed may
+    succeed later)."""
+    key = (path, tuple(prefixes))
+    found = _found.get(key)
+    if found is None:
+        found = _found[key] = _resolve(path, prefixes)
+    return found
+
+
+def _resolve(path: str, prefixes: Sequence[str]) -> Handler:
     try:
         module_name, attr = parse_handler_path(path)
     except ValueError as exc:  # the path's own fault, not this worker's
