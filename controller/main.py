@@ -37,7 +37,7 @@ from queueworks.scripts.bound import Scripts
 from queueworks.settings import Settings
 from queueworks.transport.connection import UNAVAILABLE, connect_settings, redact_url
 from queueworks.transport.eviction import PolicyWatch, refuse_evicting
-from queueworks.workers.ready import name_in
+from queueworks.workers.ready import queue_of
 from queueworks.workers.watcher import Watcher, enable_stream_notifications
 
 from .demand import Demand
@@ -235,14 +235,9 @@ class Controller:
         if event == "resubscribed":
             self.demand.told(None)
             return
-        keys = self.keys
-        name = (
-            name_in(key, lambda q: keys.task(q).stream)
-            or name_in(key.rpartition(":")[0] + ":*", lambda q: keys.task(q).band_pattern)
-            or name_in(key, lambda q: keys.task(q).scheduled)
-        )
-        if name is not None and event in ("xadd", "zadd"):
-            self.demand.told((name,))
+        found = queue_of(self.keys, key) if event in ("xadd", "zadd") else None
+        if found is not None:
+            self.demand.told((found[0],))
 
     def _log_pass(self, stats: PassStats, full: bool = False) -> None:
         self.passes += 1

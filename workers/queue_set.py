@@ -46,7 +46,7 @@ from .flow_gate import BandGate, RateGate
 from .inflight import Call, InFlight
 from .queue_loop import BLOCK_MS, QueueLoop, halted
 from .queue_scout import Scout
-from .ready import FEW, Ready, name_in, streams_of
+from .ready import FEW, Ready, name_in, queue_of, streams_of
 from .runtime import TaskRun, WorkerParts
 from .weights import Weights
 from .work import Leave, Work
@@ -573,20 +573,16 @@ class QueueSet:
         if event == "resubscribed":  # (maybe another server now: does it send them?)
             self.ready.recheck = True
             self.ready.told(None)
-        elif event == "xadd":
-            name = name_in(key, lambda q: self.parts.keys.task(q).stream)
-            if name is None:  # a priority band's stream (``queueworks.protocol.priorities``)?
-                head, _, _ = key.rpartition(":")
-                name = name_in(head + ":*", lambda q: self.parts.keys.task(q).band_pattern)
-                member = self.members.get(name) if name is not None else None
-                if member is not None and not member.loop.aside.reads_stream(key):
-                    # a band new to this member: its next check reads the bands set (else
-                    # that look would come only with the queue's capped checks, seconds
-                    # apart with many queues)
-                    member.loop.aside.stale()
-                    self.ready.flag(member.name)
-            if name is not None:
-                self.ready.told(name)
+        elif event == "xadd" and (found := queue_of(self.parts.keys, key)) is not None:
+            name, kind = found
+            member = self.members.get(name) if kind == "band" else None
+            if member is not None and not member.loop.aside.reads_stream(key):
+                # a band new to this member: its next check reads the bands set (else that
+                # look would come only with the queue's capped checks, seconds apart with
+                # many queues)
+                member.loop.aside.stale()
+                self.ready.flag(member.name)
+            self.ready.told(name)
 
     def stream_patterns(self) -> list[str]:
         """The keys ``on_stream`` is told about: every queue's stream, and its priority

@@ -32,7 +32,9 @@ import itertools
 import math
 import threading
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Literal
+
+from queueworks.protocol.keys import Keys
 
 FEW = 16  # a worker serving at most this many queues reads them all, blocking
 VISITS_PER_SECOND = 50.0  # queues looked at in turn, a second, over all of them
@@ -183,4 +185,19 @@ def name_in(key: str, key_of: Callable[[str], str]) -> str | None:
     head, tail = key_of("\n").split("\n")
     if key.startswith(head) and key.endswith(tail) and len(key) > len(head) + len(tail):
         return key[len(head) : len(key) - len(tail)]
+    return None
+
+
+def queue_of(keys: Keys, key: str) -> tuple[str, Literal["stream", "band", "scheduled"]] | None:
+    """The queue whose stream, priority band's stream (``queueworks.protocol.priorities``)
+    or delayed jobs' zset ``key`` is, and which of them; None if it is none of those."""
+    name = name_in(key, lambda q: keys.task(q).stream)
+    if name is not None:
+        return name, "stream"
+    name = name_in(key.rpartition(":")[0] + ":*", lambda q: keys.task(q).band_pattern)
+    if name is not None:
+        return name, "band"
+    name = name_in(key, lambda q: keys.task(q).scheduled)
+    if name is not None:
+        return name, "scheduled"
     return None
