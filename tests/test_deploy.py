@@ -486,6 +486,40 @@ def test_scale_workers_2_6_1_4_while_a_task_runs(
     )
 
 
+def test_the_health_check_imports_no_client_and_no_other_command(cluster: Cluster) -> None:
+    """Every container runs ``queueworks health`` every few seconds: it imports what it
+    uses (its command, the options and failures, redis), not the client and every other
+    command (on a loaded host, a check that takes seconds to start times out)."""
+    code = (
+        "import sys\n"
+        "from queueworks.cli import main\n"
+        "try:\n"
+        "    main(['health', '--redis', sys.argv[1]], prog_name='queueworks')\n"
+        "except SystemExit as exc:\n"
+        "    assert exc.code == 0, exc.code\n"
+        "ours = ('queueworks.client', 'queueworks.cli.', 'queueworks.task')\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith(ours))))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, cluster.redis_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "ok", lines
+    imported = set(lines[1].split())
+    assert imported == {
+        "queueworks.cli.failures",
+        "queueworks.cli.group",
+        "queueworks.cli.health",
+        "queueworks.cli.options",
+    }, imported
+
+
 def test_dashboard_service_serves_its_healthcheck(
     cluster: Cluster, tmp_path: Path, r: redis.Redis
 ) -> None:

@@ -8,6 +8,19 @@ import any part of queueworks; only ``group`` imports ``workers/`` and ``control
 nothing imports this package but ``queueworks.__main__``.
 """
 
-from queueworks.cli.group import main
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from queueworks.cli.group import main
 
 __all__ = ["main"]
+
+
+def __getattr__(name: str) -> Any:
+    """``main``, imported when first used: importing one command's module (say
+    ``queueworks.cli.health``) does not import the group and every other command."""
+    if name != "main":
+        raise AttributeError(f"module 'queueworks.cli' has no attribute {name!r}")
+    from queueworks.cli.group import main
+
+    return main

@@ -18,7 +18,6 @@ import click
 import pydantic
 import redis
 
-from queueworks.client.sync import BadRecord
 from queueworks.errors import (
     AdminError,
     EvictingRedis,
@@ -28,6 +27,7 @@ from queueworks.errors import (
     SubmitError,
     TaskNotFound,
 )
+from queueworks.protocol.records import BadRecord
 from queueworks.transport.connection import UNAVAILABLE
 
 EXIT_ERROR = 1

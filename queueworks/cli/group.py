@@ -1,6 +1,6 @@
 """The ``queueworks`` command: the group, and the commands that start processes (worker,
 controller, demo); the others come from ``queueworks.cli`` (enqueue, submit, info, dead,
-health, dashboard, autoscale, redis), assembled here.
+health, dashboard, autoscale, redis), each imported when named (``COMMANDS``).
 
 Settings come from flags and ``QUEUEWORKS_*`` environment variables (flags win); every
 option's help names its default and its variable, both read from ``Settings``. Expected
@@ -15,6 +15,7 @@ running handler.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from pathlib import Path
@@ -22,15 +23,7 @@ from typing import Any
 
 import click
 
-from queueworks.cli.autoscale import autoscale
-from queueworks.cli.dashboard_server import dashboard
-from queueworks.cli.dead import dead
-from queueworks.cli.devserver import redis_command
-from queueworks.cli.enqueue import enqueue
 from queueworks.cli.failures import BadInput, CliError, OneLineErrors
-from queueworks.cli.health import health
-from queueworks.cli.info import info
-from queueworks.cli.job import job
 from queueworks.cli.options import (
     ENV,
     PROCESSES,
@@ -43,13 +36,43 @@ from queueworks.cli.options import (
     setting,
     settings_from_flags,
 )
-from queueworks.cli.queue_actions import queue
-from queueworks.cli.schedules import schedule, schedules, unschedule
-from queueworks.cli.submit import submit
 from queueworks.process import ColdStop, install_pass_on_signals, install_stop_signals
 
+# the commands of modules of their own, by name, imported when named (or listed, by
+# --help): `queueworks health`, a container's health check run every few seconds, imports
+# what it uses and not every command's client
+COMMANDS = {
+    "submit": "queueworks.cli.submit:submit",
+    "enqueue": "queueworks.cli.enqueue:enqueue",
+    "schedule": "queueworks.cli.schedules:schedule",
+    "schedules": "queueworks.cli.schedules:schedules",
+    "unschedule": "queueworks.cli.schedules:unschedule",
+    "queue": "queueworks.cli.queue_actions:queue",
+    "job": "queueworks.cli.job:job",
+    "info": "queueworks.cli.info:info",
+    "dead": "queueworks.cli.dead:dead",
+    "health": "queueworks.cli.health:health",
+    "dashboard": "queueworks.cli.dashboard_server:dashboard",
+    "autoscale": "queueworks.cli.autoscale:autoscale",
+    "redis": "queueworks.cli.devserver:redis_command",
+}
 
-@click.group(cls=OneLineErrors)
+
+class Commands(OneLineErrors):
+    """The group: its own commands (``worker``, ``controller``, ``demo``) and those of
+    ``COMMANDS``, each imported when first named."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*self.commands, *COMMANDS})
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, _, name = COMMANDS[cmd_name].partition(":")
+            self.add_command(getattr(importlib.import_module(module), name), cmd_name)
+        return self.commands.get(cmd_name)
+
+
+@click.group(cls=Commands)
 @click.version_option(package_name="queueworks")
 @option(
     "--debug",
@@ -67,24 +90,6 @@ def main(debug: bool) -> None:
     credentials refused, no such task, missing extra), 2 bad usage or input, 3 `submit
     --wait` whose task did not fully succeed, or `enqueue --wait` whose job died.
     """
-
-
-for command in (
-    submit,
-    enqueue,
-    schedule,
-    schedules,
-    unschedule,
-    queue,
-    job,
-    info,
-    dead,
-    health,
-    dashboard,
-    autoscale,
-):
-    main.add_command(command)
-main.add_command(redis_command)
 
 
 def otel_flag(f: Any) -> Any:
