@@ -227,6 +227,10 @@ IMPORTERS = {  # the only places that import modules named by data, and why
     "queueworks/contrib/django/results.py",
     # a typed job's parameter names for its page: behind the dashboard's own --allow
     "queueworks/dashboard/arguments.py",
+    # a public name's module, or a command's, on first use: from the file's own table of
+    # constant module names, never from data
+    "queueworks/__init__.py",
+    "queueworks/cli/group.py",
 }
 
 
