@@ -131,9 +131,11 @@ def test_queueworks_runs_the_scenario_and_repeats_nothing(tmp_path: Path) -> Non
     assert qw["repeated_samples"] == 0
     assert all(c["repeated_steps"] == 0 for c in qw["changes"])
     assert qw["aborted_steps"] <= 4, qw  # a kill or a leave aborts the step in flight
-    # a graceful leave needs no failure detection in queueworks
+    # a graceful leave needs no failure detection in queueworks: the step at the new size
+    # comes before the heartbeat TTL (3 s) could have told anyone (about 1 s; 2.01 s once
+    # on a loaded machine, so the bound is the TTL itself)
     remove = qw["changes"][2]
-    assert remove["what"].startswith("remove") and remove["to_new_size"] < 2.0, remove
+    assert remove["what"].startswith("remove") and remove["to_new_size"] < 3.0, remove
 
 
 @pytest.mark.system
